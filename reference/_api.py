@@ -1,0 +1,400 @@
+"""Array functions of the reference: Ziv's loop around the row engine."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import mpmath
+import numpy as np
+
+from softmaxtheory.spec import (
+    RowKind,
+    Schedule,
+    as_logits,
+    check_entropy_eps,
+    classify_rows,
+    resolve_schedule,
+)
+
+from . import _engine as eng
+from ._rounding import BinaryFormat, format_for, round_ball
+
+__all__ = [
+    "MAX_PRECISION",
+    "PrecisionError",
+    "adaptive_softmax",
+    "adaptive_softmax_mp",
+    "beta",
+    "beta_mp",
+    "entropy",
+    "entropy_mp",
+    "evaluate_row",
+    "precisions",
+    "softmax",
+    "softmax_mp",
+]
+
+#: Largest working precision (bits) Ziv's loop tries before giving up.
+MAX_PRECISION = 960
+
+Acceptor = Callable[[tuple, float, "int | None"], Any]
+
+
+class PrecisionError(ArithmeticError):
+    """The reference could not certify a result below :data:`MAX_PRECISION` bits.
+
+    This happens only when a value lies (within :math:`2^{-960}`) on a rounding
+    boundary that the exact value may or may not cross, for example an entropy
+    that equals the threshold of a user schedule with a jump. The reference
+    says so rather than guess.
+    """
+
+
+def precisions(start: int) -> Iterator[int]:
+    """Working precisions of Ziv's loop: ``start``, doubling, ending at the cap."""
+    p = start
+    while p < MAX_PRECISION:
+        yield p
+        p *= 2
+    yield MAX_PRECISION
+
+
+def _float_acceptor(fmt: BinaryFormat) -> Acceptor:
+    def accept(mid: tuple, rel: float, extra: int | None) -> float | None:
+        return round_ball(mid, rel, fmt, extra)
+
+    return accept
+
+
+def _mp_acceptor(prec: int) -> Acceptor:
+    target = math.ldexp(1.0, -prec)
+
+    def accept(mid: tuple, rel: float, extra: int | None) -> mpmath.mpf | None:
+        if mid[1] == 0:
+            return mpmath.mp.make_mpf(mid) if extra is None else None
+        if extra is not None and extra - (mid[2] + mid[3] - 1) >= -prec - 1:
+            return None
+        total = rel + (math.ldexp(1.0, extra - (mid[2] + mid[3] - 1)) if extra is not None else 0)
+        return mpmath.mp.make_mpf(mid) if total <= target else None
+
+    return accept
+
+
+_WANTS = frozenset({"softmax", "entropy", "beta", "adaptive"})
+
+
+def evaluate_row(
+    row: eng.PreparedRow,
+    want: frozenset[str],
+    accept: Acceptor,
+    *,
+    start: int,
+    qmin: int | None,
+    schedule: Schedule,
+    entropy_eps: float,
+) -> dict[str, Any]:
+    """Certify the wanted results of one regular row (Ziv's loop).
+
+    Parameters
+    ----------
+    row : PreparedRow
+        The row in exact arithmetic.
+    want : frozenset of str
+        Any of ``"softmax"``, ``"entropy"``, ``"beta"``, ``"adaptive"``.
+    accept : callable
+        Ziv's rounding test: ``accept(mid, rel, extra_log2)`` returns the
+        certified value or ``None``.
+    start : int
+        First working precision.
+    qmin : int or None
+        Exponent of the least subnormal of the target format (sets the dead-item
+        cutoff); ``None`` keeps every item (exact values).
+    schedule : Schedule
+        The temperature schedule.
+    entropy_eps : float
+        The entropy mode.
+
+    Returns
+    -------
+    dict
+        ``"softmax"`` and ``"adaptive"``: lists of certified values over the
+        whole row (masked entries 0); ``"entropy"``, ``"beta"``: certified values.
+
+    Raises
+    ------
+    PrecisionError
+        When :data:`MAX_PRECISION` is reached.
+    """
+    for p in precisions(start):
+        C = math.inf if qmin is None else eng.cutoff(row.n, p, qmin)
+        try:
+            result = _attempt(row, want, accept, p, C, schedule, entropy_eps)
+        except eng.Undecided:
+            continue
+        if result is not None:
+            return result
+    raise PrecisionError(
+        f"could not certify the {'/'.join(sorted(want))} of a row of {row.n} items within "
+        f"{MAX_PRECISION} bits: a value lies too close to a rounding boundary or to the "
+        "threshold of a schedule with a jump"
+    )
+
+
+def _row_values(row: eng.PreparedRow, ep: eng.ExpPass, p: int, accept: Acceptor) -> list | None:
+    vals, rel, one, one_rel = eng.coefficients(ep, p)
+    out: list = [0.0] * row.n
+    one_v = accept(one, one_rel, None)
+    if one_v is None:
+        return None
+    for pos in row.index[row.ones].tolist():
+        out[pos] = one_v
+    positions = row.index[ep.alive].tolist()
+    for pos, v, r in zip(positions, vals, rel.tolist(), strict=True):
+        c = accept(v, r, None)
+        if c is None:
+            return None
+        out[pos] = c
+    return out
+
+
+def _attempt(
+    row: eng.PreparedRow,
+    want: frozenset[str],
+    accept: Acceptor,
+    p: int,
+    C: float,
+    schedule: Schedule,
+    entropy_eps: float,
+) -> dict[str, Any] | None:
+    wants_beta = bool(want & {"beta", "adaptive"})
+    need_h = "entropy" in want or (wants_beta and schedule.needs_entropy)
+    result: dict[str, Any] = {}
+    ep1 = None
+    if need_h or "softmax" in want:
+        ep1 = eng.exp_pass(row, None, p, C, want_t=need_h and entropy_eps == 0.0)
+    H = None
+    if need_h:
+        assert ep1 is not None
+        H = eng.entropy_ball(row, ep1, p, entropy_eps, C)
+        if "entropy" in want:
+            h = accept(H.mid, H.rel, H.extra_log2)
+            if h is None:
+                return None
+            result["entropy"] = h
+    if "softmax" in want:
+        assert ep1 is not None
+        values = _row_values(row, ep1, p, accept)
+        if values is None:
+            return None
+        result["softmax"] = values
+    if wants_beta:
+        b = eng.beta_ball(schedule, H, row.n_eff, p)
+        if "beta" in want:
+            bv = accept(b.mid, b.rel, b.extra_log2)
+            if bv is None:
+                return None
+            result["beta"] = bv
+        if "adaptive" in want:
+            if b.mid == mpmath.libmp.fone and b.rel == 0.0:
+                if "softmax" in result:
+                    result["adaptive"] = result["softmax"]
+                    return result
+                ep2 = ep1 or eng.exp_pass(row, None, p, C, want_t=False)
+            else:
+                ep2 = eng.exp_pass(row, b, p, C, want_t=False)
+            values = _row_values(row, ep2, p, accept)
+            if values is None:
+                return None
+            result["adaptive"] = values
+    return result
+
+
+def _evaluate(
+    x: Any,
+    want: str,
+    dtype: Any,
+    schedule: Schedule | None = None,
+    entropy_eps: float = 0.0,
+) -> np.ndarray:
+    arr = as_logits(x, "x")
+    fmt = format_for(dtype)
+    schedule = resolve_schedule(schedule)
+    entropy_eps = check_entropy_eps(entropy_eps)
+    vector = want in ("softmax", "adaptive")
+    out = np.zeros(arr.shape if vector else arr.shape[:-1], dtype=fmt.dtype)
+    kinds = classify_rows(arr)
+    accept = _float_acceptor(fmt)
+    wants = frozenset({want})
+    for idx in np.ndindex(arr.shape[:-1]):
+        kind = kinds[idx]
+        if kind == RowKind.INVALID:
+            out[idx] = np.nan
+        elif kind != RowKind.REGULAR:
+            if not vector:
+                out[idx] = 1.0 if want == "beta" else 0.0
+        else:
+            row = eng.prepare_row(arr[idx])
+            start = fmt.precision + 40 + row.n.bit_length()
+            res = evaluate_row(
+                row,
+                wants,
+                accept,
+                start=start,
+                qmin=fmt.qmin,
+                schedule=schedule,
+                entropy_eps=entropy_eps,
+            )
+            out[idx] = res[want]
+    return out
+
+
+def softmax(x: Any, *, dtype: Any = np.float64) -> np.ndarray:
+    r"""Correctly rounded softmax along the last axis.
+
+    .. math:: \operatorname{softmax}(x)_i = e^{x_i - m} / \textstyle\sum_j e^{x_j - m}
+
+    Parameters
+    ----------
+    x : array_like
+        Logits of shape ``(..., n)``; their exact binary values are used.
+    dtype : numpy dtype, default float64
+        Output format: float64, float32 or float16.
+
+    Returns
+    -------
+    numpy.ndarray
+        Every value is the exact softmax rounded once to nearest-even in `dtype`.
+
+    Examples
+    --------
+    >>> from softmaxtheory import reference
+    >>> reference.softmax([0.0, 0.0, float("-inf"), 0.0, 0.0])
+    array([0.25, 0.25, 0.  , 0.25, 0.25])
+    """
+    return _evaluate(x, "softmax", dtype)
+
+
+def entropy(x: Any, *, entropy_eps: float = 0.0, dtype: Any = np.float64) -> np.ndarray:
+    r"""Correctly rounded entropy (nats) of the softmax of each row.
+
+    .. math:: H = -\textstyle\sum_i p_i \log(p_i + \varepsilon), \quad p = \operatorname{softmax}(x)
+
+    with :math:`\varepsilon` = `entropy_eps` (``0.0``: the exact entropy).
+
+    Examples
+    --------
+    >>> from softmaxtheory import reference
+    >>> float(reference.entropy([1.0, 1.0]))  # log 2
+    0.6931471805599453
+    """
+    return _evaluate(x, "entropy", dtype, entropy_eps=entropy_eps)
+
+
+def beta(
+    x: Any,
+    *,
+    schedule: Schedule | None = None,
+    entropy_eps: float = 0.0,
+    dtype: Any = np.float64,
+) -> np.ndarray:
+    r"""Correctly rounded inverse temperature :math:`\beta` of each row.
+
+    Examples
+    --------
+    >>> from softmaxtheory import reference
+    >>> float(reference.beta([3.0, 1.0, 0.0, 0.0, -1.0, 2.0]))
+    1.3711009898451306
+    """
+    return _evaluate(x, "beta", dtype, schedule=schedule, entropy_eps=entropy_eps)
+
+
+def adaptive_softmax(
+    x: Any,
+    *,
+    schedule: Schedule | None = None,
+    entropy_eps: float = 0.0,
+    dtype: Any = np.float64,
+) -> np.ndarray:
+    r"""Correctly rounded adaptive softmax :math:`\operatorname{softmax}(\beta(H(x))\,x)`.
+
+    Parameters
+    ----------
+    x : array_like
+        Logits of shape ``(..., n)``.
+    schedule : Schedule, optional
+        Temperature schedule; default :class:`~softmaxtheory.spec.PaperPolynomial`.
+    entropy_eps : float, default 0.0
+        Entropy mode (``1e-9`` reproduces the paper's listing).
+    dtype : numpy dtype, default float64
+        Output format.
+
+    Returns
+    -------
+    numpy.ndarray
+        The exact values rounded once to `dtype`.
+    """
+    return _evaluate(x, "adaptive", dtype, schedule=schedule, entropy_eps=entropy_eps)
+
+
+def _evaluate_mp(
+    x: Any, want: str, prec: int, schedule: Schedule | None = None, entropy_eps: float = 0.0
+) -> Any:
+    arr = as_logits(x, "x")
+    if arr.ndim != 1:
+        raise ValueError(f"x must be one row (1-d) for the mp functions, got shape {arr.shape}")
+    if isinstance(prec, bool) or not isinstance(prec, int) or not 8 <= prec <= 800:
+        raise ValueError(f"prec must be an int in [8, 800], got {prec!r}")
+    schedule = resolve_schedule(schedule)
+    entropy_eps = check_entropy_eps(entropy_eps)
+    vector = want in ("softmax", "adaptive")
+    kind = classify_rows(arr)[()]
+    if kind == RowKind.INVALID:
+        return [mpmath.mpf("nan")] * arr.shape[0] if vector else mpmath.mpf("nan")
+    if kind != RowKind.REGULAR:
+        if vector:
+            return [mpmath.mpf(0)] * arr.shape[0]
+        return mpmath.mpf(1 if want == "beta" else 0)
+    row = eng.prepare_row(arr)
+    res = evaluate_row(
+        row,
+        frozenset({want}),
+        _mp_acceptor(prec),
+        start=prec + 20 + row.n.bit_length(),
+        qmin=None,
+        schedule=schedule,
+        entropy_eps=entropy_eps,
+    )
+    value = res[want]
+    if vector:
+        return [v if isinstance(v, mpmath.mpf) else mpmath.mpf(v) for v in value]
+    return value
+
+
+def softmax_mp(x: Any, *, prec: int = 113) -> list[mpmath.mpf]:
+    """Softmax of one row as mpf values with relative error at most ``2**-prec``.
+
+    The values are certified by the same error analysis as the rounded results;
+    every item is kept (none is dropped as negligible).
+    """
+    return _evaluate_mp(x, "softmax", prec)
+
+
+def entropy_mp(x: Any, *, prec: int = 113, entropy_eps: float = 0.0) -> mpmath.mpf:
+    """Entropy of one row as an mpf with relative error at most ``2**-prec``."""
+    return _evaluate_mp(x, "entropy", prec, entropy_eps=entropy_eps)
+
+
+def beta_mp(
+    x: Any, *, prec: int = 113, schedule: Schedule | None = None, entropy_eps: float = 0.0
+) -> mpmath.mpf:
+    """Inverse temperature of one row as an mpf with relative error at most ``2**-prec``."""
+    return _evaluate_mp(x, "beta", prec, schedule=schedule, entropy_eps=entropy_eps)
+
+
+def adaptive_softmax_mp(
+    x: Any, *, prec: int = 113, schedule: Schedule | None = None, entropy_eps: float = 0.0
+) -> list[mpmath.mpf]:
+    """Adaptive softmax of one row as mpf values with relative error at most ``2**-prec``."""
+    return _evaluate_mp(x, "adaptive", prec, schedule=schedule, entropy_eps=entropy_eps)

@@ -1,0 +1,462 @@
+r"""Error-bounded evaluation of one row at a given working precision.
+
+Every quantity is computed with mpmath's raw arithmetic (``mpmath.libmp``) at
+a working precision of :math:`p` bits, together with a rigorous bound on its
+error, so that Ziv's rounding test (:func:`._rounding.round_ball`) can decide
+the correctly rounded result. The bounds use:
+
+* basic operations (``+ - * /``) of mpmath are correctly rounded: relative
+  error at most :math:`u = 2^{-p}`; with ``prec=0`` they are exact;
+* ``exp`` and ``log`` have relative error at most :math:`\kappa u` with
+  :math:`\kappa = 8` (mpmath aims at < 1 ulp; eight is a safety margin);
+* recursive summation of :math:`n` terms of one sign at :math:`p_s = p +
+  \lceil\log_2(n+1)\rceil + 2` bits has relative error at most
+  :math:`(n+1) 2^{-p_s} \le u/4`;
+* items whose scaled logit :math:`y_i = \beta z_i` lies below :math:`-C` are
+  *dead*: their coefficient is below :math:`e^{-C}`, far below half the least
+  subnormal of the target format, and their mass is carried as an absolute
+  error :math:`n_{\mathrm{dead}} e^{-C}` (and :math:`n_{\mathrm{dead}} C e^{-C}`
+  in the entropy).
+
+A bound is a pair (``rel``, ``extra_log2``): :math:`|v - \tilde v| \le
+\mathrm{rel}\,|\tilde v| + 2^{\mathrm{extra}}`. Relative bounds never underflow,
+so the subnormal range is handled exactly. Float arithmetic on bounds is made
+safe by the factor ``SLACK`` applied at every step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from mpmath.libmp import (
+    fone,
+    fzero,
+    from_float,
+    from_int,
+    from_rational,
+    mpf_add,
+    mpf_div,
+    mpf_exp,
+    mpf_log,
+    mpf_mul,
+    mpf_sub,
+    round_nearest,
+    to_float,
+)
+
+from softmaxtheory.spec import Constant, LogLength, Polynomial, Schedule
+
+__all__ = [
+    "Ball",
+    "ExpPass",
+    "PreparedRow",
+    "Undecided",
+    "beta_ball",
+    "coefficients",
+    "cutoff",
+    "entropy_ball",
+    "exp_pass",
+    "prepare_row",
+]
+
+RN = round_nearest
+KAPPA = 8.0
+SLACK = 1.0 + 2.0**-20
+_TINY_EXP = -700.0  # floats of exp below e**-700 are replaced by e**-700 (an upper bound)
+
+
+class Undecided(Exception):
+    """The working precision cannot decide a branch (raise it and retry)."""
+
+
+@dataclass(frozen=True)
+class Ball:
+    """A value with a rigorous error bound ``rel * |mid| + 2**extra_log2``."""
+
+    mid: tuple
+    rel: float
+    extra_log2: int | None = None
+
+    def abs_bound(self) -> float:
+        """An upper bound of the absolute error, as a float (never rounded down)."""
+        bound = abs(to_float(self.mid)) * self.rel * SLACK
+        if self.extra_log2 is not None:
+            bound += math.ldexp(1.0, max(self.extra_log2, -1074))
+        return bound
+
+
+def _mag(x: tuple) -> int:
+    """Return ``k`` with ``|x| < 2**k`` (``x`` non-zero mpf tuple)."""
+    return x[2] + x[3]
+
+
+def _max_log2(*ks: int | None) -> int | None:
+    vals = [k for k in ks if k is not None]
+    if not vals:
+        return None
+    return max(vals) + len(vals).bit_length()
+
+
+@dataclass
+class PreparedRow:
+    """A regular row, shifted by its maximum, in exact arithmetic.
+
+    Attributes
+    ----------
+    n : int
+        Length of the row (masked entries included).
+    index : numpy.ndarray
+        Positions of the unmasked entries.
+    z : list of tuple
+        Exact shifted logits :math:`z_i = x_i - \\max x \\le 0` (mpf tuples).
+    zabs, zlow : numpy.ndarray
+        Upper and lower float bounds of :math:`|z_i|` (``inf`` beyond range).
+    ones : numpy.ndarray
+        ``z_i == 0`` exactly (the maxima).
+    """
+
+    n: int
+    index: np.ndarray
+    z: list
+    zabs: np.ndarray
+    zlow: np.ndarray
+    ones: np.ndarray
+
+    @property
+    def n_eff(self) -> int:
+        """Number of unmasked items."""
+        return len(self.z)
+
+
+def prepare_row(x: np.ndarray) -> PreparedRow:
+    """Prepare a regular float row (finite values and ``-inf`` only, one finite)."""
+    x = np.asarray(x, dtype=np.float64)
+    index = np.flatnonzero(x > -np.inf)
+    xu = x[index]
+    m = float(xu.max())
+    fm = from_float(m)
+    z = [mpf_sub(from_float(v), fm, 0) for v in xu.tolist()]
+    with np.errstate(over="ignore"):
+        zf = m - xu  # |z| rounded to nearest (inf on overflow)
+    return PreparedRow(
+        n=x.shape[0],
+        index=index,
+        z=z,
+        zabs=zf * (1.0 + 2.0**-50),
+        zlow=zf * (1.0 - 2.0**-50),
+        ones=xu == m,
+    )
+
+
+def cutoff(n: int, p: int, qmin: int) -> float:
+    """The dead-item cutoff :math:`C` for a row of `n` items at precision `p`.
+
+    :math:`n e^{-C} \\le 2^{-\\max(-q_{\\min}, p) - 40}`.
+    """
+    return math.log(2.0) * (max(-qmin, p) + 40 + n.bit_length()) + 8.0
+
+
+def _dead_log2(n_dead: int, C: float) -> int | None:
+    """Return ``k`` with ``n_dead * max(1, C) * exp(-C) <= 2**k``."""
+    if n_dead == 0:
+        return None
+    return math.ceil(math.log2(n_dead) + math.log2(max(C, 1.0)) - C / math.log(2.0)) + 1
+
+
+@dataclass
+class ExpPass:
+    """Exponentials of one pass, their sums and error bounds.
+
+    ``e[k]`` approximates :math:`e^{y_k}` for ``alive[k]`` (ones excluded) with
+    relative error ``rel_e[k]`` (relative to the computed value);
+    ``s = c + sigma`` with ``s_rel``; ``t`` approximates
+    :math:`\\sum_i e^{z_i} z_i` (entropy passes only).
+    """
+
+    alive: np.ndarray
+    e: list
+    rel_e: np.ndarray
+    ef: np.ndarray
+    c: int
+    sigma: tuple
+    sigma_rel: float
+    dead_log2: int | None
+    s: tuple
+    s_rel: float
+    t: tuple | None = None
+    t_rel: float = 0.0
+    t_dead_log2: int | None = None
+
+
+def exp_pass(row: PreparedRow, beta: Ball | None, p: int, C: float, want_t: bool) -> ExpPass:
+    """Compute :math:`e^{\\beta z_i}`, their sum and (optionally) :math:`\\sum e^{z_i} z_i`.
+
+    Parameters
+    ----------
+    row : PreparedRow
+        The row.
+    beta : Ball or None
+        The inverse temperature; ``None`` means exactly 1.
+    p : int
+        Working precision in bits.
+    C : float
+        Dead-item cutoff.
+    want_t : bool
+        Also accumulate :math:`t = \\sum_i e^{z_i} z_i` (requires ``beta=None``).
+    """
+    u = math.ldexp(1.0, -p)
+    n = row.n_eff
+    ps = p + (n + 1).bit_length() + 2
+    sum_rel = (n + 1) * math.ldexp(1.0, -ps) * SLACK
+    nonones = np.flatnonzero(~row.ones)
+    c = row.n_eff - nonones.size
+    if beta is None:
+        bf, brel = 1.0, 0.0
+        ymag_low = row.zlow[nonones]
+        a = np.zeros(nonones.size)
+    else:
+        bf = abs(to_float(beta.mid))
+        brel = beta.rel
+        if beta.extra_log2 is not None:
+            raise ValueError("beta must carry a purely relative bound")
+        ymag_low = bf * (1.0 - brel - 2.0**-50) * row.zlow[nonones]
+        with np.errstate(invalid="ignore", over="ignore"):
+            a = bf * (1.0 + 2.0**-50) * row.zabs[nonones] * (u + brel + u * brel) * SLACK
+    live = ~(ymag_low > C)
+    alive = nonones[live]
+    a = a[live]
+    n_dead = nonones.size - alive.size
+    with np.errstate(over="ignore", invalid="ignore"):
+        em1 = np.expm1(a)
+        rel_true = em1 + KAPPA * u * (1.0 + em1)
+        rel_e = np.where(rel_true < 0.5, rel_true / (1.0 - rel_true), np.inf) * SLACK
+        ylow = np.maximum(bf * (1.0 - 1e-9) * row.zlow[alive], 0.0)
+        ef = np.exp(np.maximum(-ylow + a, _TINY_EXP)) * (1.0 + 1e-9)
+
+    z = row.z
+    es = []
+    append = es.append
+    sigma = fzero
+    t = fzero
+    if beta is None:
+        if want_t:
+            for k in alive.tolist():
+                zk = z[k]
+                ek = mpf_exp(zk, p, RN)
+                append(ek)
+                sigma = mpf_add(sigma, ek, ps, RN)
+                t = mpf_add(t, mpf_mul(ek, zk, p, RN), ps, RN)
+        else:
+            for k in alive.tolist():
+                ek = mpf_exp(z[k], p, RN)
+                append(ek)
+                sigma = mpf_add(sigma, ek, ps, RN)
+    else:
+        if want_t:
+            raise ValueError("t is only accumulated in the beta = 1 entropy pass")
+        b = beta.mid
+        for k in alive.tolist():
+            ek = mpf_exp(mpf_mul(b, z[k], p, RN), p, RN)
+            append(ek)
+            sigma = mpf_add(sigma, ek, ps, RN)
+
+    sigma_f = to_float(sigma)
+    max_rel = float(rel_e.max()) if rel_e.size else 0.0
+    sigma_rel = (max_rel + sum_rel) * SLACK
+    dead_log2 = _dead_log2(n_dead, C)
+    s = mpf_add(from_int(c), sigma, 0)  # exact
+    s_f = c + sigma_f
+    dead_rel = math.ldexp(1.0, dead_log2) if dead_log2 is not None else 0.0
+    s_rel = ((sigma_f / s_f) * sigma_rel + dead_rel) * SLACK if s_f > 0 else math.inf
+    result = ExpPass(
+        alive=alive,
+        e=es,
+        rel_e=rel_e,
+        ef=ef,
+        c=c,
+        sigma=sigma,
+        sigma_rel=sigma_rel,
+        dead_log2=dead_log2,
+        s=s,
+        s_rel=s_rel,
+    )
+    if want_t:
+        result.t = t
+        result.t_rel = (max_rel + u + sum_rel) * SLACK
+        result.t_dead_log2 = dead_log2
+    return result
+
+
+def entropy_ball(row: PreparedRow, ep: ExpPass, p: int, entropy_eps: float, C: float) -> Ball:
+    """Entropy of the row from a ``beta = 1`` pass (with ``t`` when ``eps == 0``)."""
+    u = math.ldexp(1.0, -p)
+    if entropy_eps == 0.0:
+        return _entropy_exact_mode(ep, p, u)
+    return _entropy_eps_mode(row, ep, p, u, entropy_eps, C)
+
+
+def _entropy_exact_mode(ep: ExpPass, p: int, u: float) -> Ball:
+    r"""H = log s - t / s with s = c + sigma >= 1 and t <= 0: two non-negative parts."""
+    if ep.c < 1:
+        raise ValueError("an exact row has at least one maximum")
+    if ep.sigma == fzero:
+        # only maxima are alive: H = log c exactly, up to the dead mass
+        if ep.c == 1:
+            return Ball(fzero, 0.0, _max_log2(ep.dead_log2, ep.t_dead_log2))
+        log_c = mpf_log(from_int(ep.c), p, RN)
+        return Ball(log_c, (KAPPA * u) * SLACK, _max_log2(ep.dead_log2, ep.t_dead_log2))
+    sigma_f = to_float(ep.sigma)
+    # L = log(c + sigma)
+    if ep.c == 1:
+        mag = _mag(ep.sigma)
+        if mag < -p:
+            # log1p(sigma) = sigma - sigma^2/2 + ..., |error| <= sigma^2 / 2 < 2**(2 mag - 1)
+            L = ep.sigma
+            L_rel = ep.sigma_rel
+            L_extra = _max_log2(ep.dead_log2, 2 * mag - 1)
+        else:
+            pl = p + 8 + max(0, -mag)
+            L = mpf_log(ep.s, pl, RN)
+            # |dL| <= |d sigma| and L >= sigma / (1 + sigma)
+            L_rel = (ep.sigma_rel * (1.0 + sigma_f) + KAPPA * math.ldexp(1.0, 8 - pl)) * SLACK
+            L_extra = ep.dead_log2
+    else:
+        L = mpf_log(ep.s, p + 8, RN)
+        Lf = to_float(L)
+        L_rel = (ep.s_rel / (1.0 - ep.s_rel) / (Lf * (1 - 1e-9)) + KAPPA * u) * SLACK
+        L_extra = None
+    # Q = -t / s >= 0
+    Q = mpf_div(ep.t, ep.s, p, RN)
+    Q_rel = (ep.t_rel + ep.s_rel + u + 2 * ep.t_rel * ep.s_rel) * (1 + 2 * ep.s_rel) * SLACK
+    H = mpf_sub(L, Q, p, RN)
+    rel = (max(L_rel, Q_rel) + u) * (1 + u) * SLACK
+    return Ball(H, rel, _max_log2(L_extra, ep.t_dead_log2))
+
+
+def _entropy_eps_mode(
+    row: PreparedRow, ep: ExpPass, p: int, u: float, eps: float, C: float
+) -> Ball:
+    r"""H = -sum p_i log(p_i + eps): terms of either sign, absolute bounds."""
+    ps = p + (row.n_eff + 1).bit_length() + 2
+    eps_m = from_float(eps)
+    s_f = to_float(ep.s)
+    Rs = ep.s_rel / (1.0 - ep.s_rel) if ep.s_rel < 0.5 else math.inf
+    total = fzero
+    abs_terms = 0.0
+    err = 0.0
+    pieces = [(ep.e, ep.rel_e, ep.ef)]
+    if ep.c:
+        pieces.append(([fone] * ep.c, np.zeros(ep.c), np.ones(ep.c)))
+    for es, rel_e, ef in pieces:
+        Rp = (rel_e + Rs + u) * (1 + 2 * Rs) * SLACK
+        pf = ef / (s_f * (1 - 1e-9))
+        for k, ek in enumerate(es):
+            pk = mpf_div(ek, ep.s, p, RN)
+            w = mpf_add(pk, eps_m, p, RN)
+            lam = mpf_log(w, p, RN)
+            term = mpf_mul(pk, lam, p, RN)
+            total = mpf_add(total, term, ps, RN)
+            lam_f = abs(to_float(lam))
+            Rw = Rp[k] + u
+            e_lam = (Rw / (1.0 - Rw) if Rw < 0.5 else math.inf) + KAPPA * u * lam_f
+            t_abs = pf[k] * lam_f
+            abs_terms += t_abs
+            err += pf[k] * e_lam + t_abs * (Rp[k] + u)
+    err = (err + abs_terms * (row.n_eff + 1) * math.ldexp(1.0, -ps) + row.n_eff * 1e-300) * SLACK
+    H = mpf_sub(fzero, total, p, RN)
+    Hf = abs(to_float(H))
+    rel = err / Hf if Hf > 0 else math.inf
+    dead_mass = _dead_log2(row.n_eff - ep.c - len(ep.e), C)
+    extra = None
+    if dead_mass is not None:
+        extra = dead_mass + max(0, math.ceil(math.log2(max(abs(math.log(eps)), 1.0)))) + 1
+    return Ball(H, rel * SLACK, extra)
+
+
+def _rational_mpf(value: object, p: int) -> tuple[tuple, float]:
+    """A Fraction as an mpf tuple rounded at ``p`` bits, with its relative error."""
+    num, den = value.numerator, value.denominator  # type: ignore[attr-defined]
+    if den & (den - 1) == 0 and abs(num).bit_length() <= p:
+        return from_rational(num, den, p, RN), 0.0
+    return from_rational(num, den, p, RN), math.ldexp(1.0, -p)
+
+
+def beta_ball(schedule: Schedule, H: Ball | None, n_eff: int, p: int) -> Ball:
+    """Inverse temperature of a regular row, with its relative error bound.
+
+    Raises
+    ------
+    Undecided
+        When a schedule with a jump cannot tell on which side of its threshold
+        the entropy lies at this precision.
+    """
+    u = math.ldexp(1.0, -p)
+    if isinstance(schedule, Constant):
+        mid, rel = _rational_mpf(schedule.exact_beta, p)
+        return Ball(mid, rel)
+    if isinstance(schedule, LogLength):
+        if n_eff == 1:
+            return Ball(fzero, 0.0)
+        s_mid, s_rel = _rational_mpf(schedule.exact_s, p)
+        log_n = mpf_log(from_int(n_eff), p, RN)
+        return Ball(mpf_mul(s_mid, log_n, p, RN), (s_rel + KAPPA * u + u) * 1.01)
+    if isinstance(schedule, Polynomial):
+        if H is None:
+            raise ValueError("an entropy schedule needs the entropy")
+        return _polynomial_beta(schedule, H, p, u)
+    raise TypeError(f"the reference does not know the schedule {schedule!r}")
+
+
+def _polynomial_beta(schedule: Polynomial, H: Ball, p: int, u: float) -> Ball:
+    Hf = to_float(H.mid)
+    EH = H.abs_bound()
+    theta = schedule.exact_threshold
+    tf = float(theta)
+    theta_m, _ = _rational_mpf(theta, p + 20)
+    margin = abs(tf) * math.ldexp(1.0, -p - 18) + EH
+    diff = to_float(mpf_sub(H.mid, theta_m, p + 20, RN))
+    if diff <= -margin:
+        return Ball(fone, 0.0)
+    coeffs = schedule.exact_coefficients
+    cm = [from_rational(c.numerator, c.denominator, p, RN) for c in coeffs]
+    acc = fzero
+    for c in cm:
+        acc = mpf_add(mpf_mul(acc, H.mid, p, RN), c, p, RN)
+    hmax = abs(Hf) + EH
+    d = len(coeffs) - 1
+    size = sum(abs(float(c)) * hmax ** (d - i) for i, c in enumerate(coeffs))
+    slope = sum(abs(float(c)) * (d - i) * hmax ** max(d - i - 1, 0) for i, c in enumerate(coeffs))
+    EP = ((2 * d + 3) * u * size + slope * EH) * 1.01
+    Pf = to_float(acc)
+    if diff > margin:
+        if Pf + EP <= 1.0:
+            return Ball(fone, 0.0)
+        if Pf - EP >= 1.0:
+            return Ball(acc, EP / (Pf - EP) * SLACK)
+        return Ball(acc if Pf > 1.0 else fone, EP * SLACK)
+    # the entropy straddles the threshold
+    if schedule.jumps_at_threshold:
+        raise Undecided("entropy too close to the threshold of a schedule with a jump")
+    # continuous there: beta is within EP of max(P, 1) on both sides
+    if Pf + EP <= 1.0:
+        return Ball(fone, 0.0)
+    return Ball(acc if Pf > 1.0 else fone, EP * SLACK)
+
+
+def coefficients(ep: ExpPass, p: int) -> tuple[list, np.ndarray, tuple, float]:
+    """Coefficients :math:`e_i / s` of the alive items and of the maxima.
+
+    Returns
+    -------
+    alive_values, alive_rel, max_value, max_rel
+        mpf tuples and relative error bounds; ``max_value = 1 / s``.
+    """
+    u = math.ldexp(1.0, -p)
+    Rs = ep.s_rel / (1.0 - ep.s_rel) if ep.s_rel < 0.5 else math.inf
+    s = ep.s
+    vals = [mpf_div(e, s, p, RN) for e in ep.e]
+    rel = (ep.rel_e + Rs + u + 2 * ep.rel_e * Rs) * SLACK
+    one = mpf_div(fone, s, p, RN)
+    return vals, rel, one, (Rs + u) * SLACK

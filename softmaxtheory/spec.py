@@ -1,0 +1,406 @@
+r"""The specification: the one source of truth every backend reads.
+
+Every backend of :mod:`softmaxtheory` computes the same mathematical functions
+along the last axis of an ``(..., n)`` array :math:`x`:
+
+.. math::
+
+    \operatorname{softmax}(x)_i = \frac{e^{x_i - m}}{\sum_j e^{x_j - m}},
+    \qquad m = \max_j x_j,
+
+    H(x) = -\sum_i p_i \log p_i \quad (p = \operatorname{softmax}(x),\ 0 \log 0 = 0),
+
+    \operatorname{adaptive\_softmax}(x) = \operatorname{softmax}\bigl(\beta(H(x))\, x\bigr).
+
+The inverse temperature :math:`\beta` comes from a *schedule*. Schedules are
+values (frozen dataclasses), not code paths: each backend interprets them.
+
+* :class:`PaperPolynomial` (the default): the published schedule
+  :math:`\beta(H) = \max(P(H), 1)` if :math:`H > 0.5`, else :math:`1`, with
+  :math:`P(H) = -0.037H^4 + 0.481H^3 - 2.3H^2 + 4.917H - 1.791`.
+* :class:`Polynomial`: the same rule with user coefficients and threshold.
+* :class:`Constant`: a fixed :math:`\beta`.
+* :class:`LogLength`: Scalable-Softmax, :math:`\beta = s \log n_{\mathrm{eff}}`
+  where :math:`n_{\mathrm{eff}}` counts the unmasked items of the row.
+
+Decimal parameters are kept as exact decimal strings; the mpmath reference uses
+their exact values and float backends use the nearest float.
+
+Special values (every backend, every function):
+
+=====================================  ====================================  ==============  =========
+input row                              softmax / adaptive                    entropy         β
+=====================================  ====================================  ==============  =========
+contains ``-inf`` (and some finite)    ``-inf`` entries are exactly 0,       of the          from
+                                       the rest as if they were absent       unmasked items  that H
+all ``-inf`` (fully masked)            all zeros                             0               1
+contains NaN or ``+inf``               all NaN                               NaN             NaN
+``n = 0``                              empty                                 0               1
+=====================================  ====================================  ==============  =========
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "ENTROPY_THRESHOLD",
+    "PAPER_COEFFICIENTS",
+    "PAPER_ENTROPY_EPS",
+    "Constant",
+    "LogLength",
+    "PaperPolynomial",
+    "Polynomial",
+    "RowKind",
+    "Schedule",
+    "as_logits",
+    "check_entropy_eps",
+    "classify_rows",
+    "exact_value",
+    "resolve_schedule",
+]
+
+#: Coefficients of the paper's polynomial :math:`P(H)`, highest degree first
+#: (``numpy.polyval`` order), as exact decimal strings.
+PAPER_COEFFICIENTS: tuple[str, ...] = ("-0.037", "0.481", "-2.3", "4.917", "-1.791")
+
+#: The entropy (nats) at or below which the paper's schedule leaves β = 1.
+ENTROPY_THRESHOLD: str = "0.5"
+
+#: The numerical guard of the paper's listing, ``H = -sum p log(p + 1e-9)``.
+PAPER_ENTROPY_EPS: float = 1e-9
+
+Number = str | float | int | Fraction
+
+
+def exact_value(value: Number, name: str) -> Fraction:
+    """Return the exact rational value of a schedule parameter.
+
+    Parameters
+    ----------
+    value : str, float, int or Fraction
+        A decimal string is read exactly (``"0.1"`` is one tenth); a float is
+        taken at its exact binary value.
+    name : str
+        The parameter's name, used in error messages.
+
+    Returns
+    -------
+    Fraction
+        The exact value.
+
+    Raises
+    ------
+    TypeError
+        If `value` is not a number or a decimal string.
+    ValueError
+        If `value` is not finite or not a valid decimal.
+    """
+    if isinstance(value, bool) or not isinstance(value, str | float | int | Fraction):
+        raise TypeError(f"{name} must be a decimal string or a real number, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    try:
+        return Fraction(value)
+    except (ValueError, ZeroDivisionError) as exc:
+        raise ValueError(f"{name} must be a finite decimal, got {value!r}") from exc
+
+
+class Schedule(abc.ABC):
+    """Base class of temperature schedules (values, interpreted by each backend).
+
+    Subclasses define :attr:`needs_entropy` and :meth:`beta_float`.
+    """
+
+    #: Whether β depends on the row's entropy (so the entropy pass is needed).
+    needs_entropy: bool = False
+
+    @abc.abstractmethod
+    def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:
+        """Evaluate β in float64 from a row's entropy and unmasked count.
+
+        This is the float semantics that float backends reproduce; NaN entropies
+        give NaN and ``n_eff == 0`` gives 1 (the special-value table).
+
+        Parameters
+        ----------
+        entropy : array_like
+            Row entropies :math:`H` in nats.
+        n_eff : array_like of int
+            Number of unmasked items of each row.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64 values of β, broadcast over the inputs.
+        """
+
+
+@dataclass(frozen=True)
+class Polynomial(Schedule):
+    r"""Entropy-driven polynomial schedule.
+
+    .. math::
+
+        \beta(H) = \begin{cases} \max(P(H), 1) & H > \theta \\ 1 & H \le \theta \end{cases},
+        \qquad P(H) = \sum_{k=0}^{d} c_k H^{d-k}.
+
+    Parameters
+    ----------
+    coefficients : sequence of str or float
+        :math:`c_0, \dots, c_d`, highest degree first. Decimal strings are exact.
+    threshold : str or float, default ``"0.5"``
+        :math:`\theta`, in nats.
+
+    Notes
+    -----
+    The rule is continuous at :math:`\theta` exactly when :math:`P(\theta) \le 1`
+    (see :attr:`jumps_at_threshold`); the published polynomial has
+    :math:`P(0.5) = 0.1503125`.
+    """
+
+    coefficients: tuple[Number, ...]
+    threshold: Number = ENTROPY_THRESHOLD
+
+    needs_entropy = True
+
+    def __post_init__(self) -> None:
+        coefficients = tuple(self.coefficients)
+        if not coefficients:
+            raise ValueError("coefficients must hold at least one value")
+        for i, c in enumerate(coefficients):
+            exact_value(c, f"coefficients[{i}]")
+        exact_value(self.threshold, "threshold")
+        object.__setattr__(self, "coefficients", coefficients)
+
+    @property
+    def exact_coefficients(self) -> tuple[Fraction, ...]:
+        """The coefficients as exact rationals, highest degree first."""
+        return tuple(exact_value(c, "coefficient") for c in self.coefficients)
+
+    @property
+    def exact_threshold(self) -> Fraction:
+        """The threshold as an exact rational."""
+        return exact_value(self.threshold, "threshold")
+
+    def polynomial_exact(self, h: Fraction) -> Fraction:
+        """Evaluate :math:`P` exactly at a rational point (Horner)."""
+        acc = Fraction(0)
+        for c in self.exact_coefficients:
+            acc = acc * h + c
+        return acc
+
+    @property
+    def jumps_at_threshold(self) -> bool:
+        r"""Whether β jumps at the threshold, i.e. :math:`P(\theta) > 1` exactly."""
+        return self.polynomial_exact(self.exact_threshold) > 1
+
+    def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
+        h = np.asarray(entropy, dtype=np.float64)
+        coeffs = np.array([float(c) for c in self.exact_coefficients])
+        with np.errstate(invalid="ignore", over="ignore"):
+            p = np.polyval(coeffs, h)
+            beta = np.where(h > float(self.exact_threshold), np.maximum(p, 1.0), 1.0)
+        beta = np.where(np.isnan(h), np.nan, beta)
+        return np.broadcast_to(beta, np.broadcast(h, np.asarray(n_eff)).shape).copy()
+
+
+class PaperPolynomial(Polynomial):
+    """The published schedule: :data:`PAPER_COEFFICIENTS` above :data:`ENTROPY_THRESHOLD`.
+
+    Examples
+    --------
+    >>> from softmaxtheory.spec import PaperPolynomial
+    >>> schedule = PaperPolynomial()
+    >>> schedule.coefficients
+    ('-0.037', '0.481', '-2.3', '4.917', '-1.791')
+    >>> float(schedule.polynomial_exact(schedule.exact_threshold))
+    0.1503125
+    """
+
+    def __init__(self) -> None:
+        super().__init__(PAPER_COEFFICIENTS, ENTROPY_THRESHOLD)
+
+    def __repr__(self) -> str:
+        return "PaperPolynomial()"
+
+
+@dataclass(frozen=True)
+class Constant(Schedule):
+    r"""A fixed inverse temperature :math:`\beta > 0` (``Constant(1)`` is plain softmax).
+
+    Parameters
+    ----------
+    beta : str or float
+        The inverse temperature; a decimal string is exact.
+    """
+
+    beta: Number
+
+    needs_entropy = False
+
+    def __post_init__(self) -> None:
+        if exact_value(self.beta, "beta") <= 0:
+            raise ValueError(f"beta must be > 0, got {self.beta!r}")
+
+    @property
+    def exact_beta(self) -> Fraction:
+        """β as an exact rational."""
+        return exact_value(self.beta, "beta")
+
+    def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
+        n = np.asarray(n_eff)
+        shape = np.broadcast(np.asarray(entropy), n).shape
+        return np.full(shape, float(exact_value(self.beta, "beta")))
+
+
+@dataclass(frozen=True)
+class LogLength(Schedule):
+    r"""Scalable-Softmax: :math:`\beta = s \log n_{\mathrm{eff}}`.
+
+    :math:`n_{\mathrm{eff}}` is the number of unmasked items in the row.
+
+    Parameters
+    ----------
+    s : str or float
+        The scale :math:`s > 0`.
+    """
+
+    s: Number
+
+    needs_entropy = False
+
+    def __post_init__(self) -> None:
+        if exact_value(self.s, "s") <= 0:
+            raise ValueError(f"s must be > 0, got {self.s!r}")
+
+    @property
+    def exact_s(self) -> Fraction:
+        """The scale :math:`s` as an exact rational."""
+        return exact_value(self.s, "s")
+
+    def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
+        n = np.asarray(n_eff, dtype=np.float64)
+        shape = np.broadcast(np.asarray(entropy), n).shape
+        with np.errstate(divide="ignore"):
+            beta = float(exact_value(self.s, "s")) * np.log(n)
+        return np.broadcast_to(np.where(n == 0, 1.0, beta), shape).copy()
+
+
+def resolve_schedule(schedule: Schedule | None) -> Schedule:
+    """Return `schedule`, or :class:`PaperPolynomial` when it is ``None``.
+
+    Raises
+    ------
+    TypeError
+        If `schedule` is not a :class:`Schedule`.
+    """
+    if schedule is None:
+        return PaperPolynomial()
+    if not isinstance(schedule, Schedule):
+        raise TypeError(
+            "schedule must be a softmaxtheory.spec.Schedule (PaperPolynomial(), "
+            f"Constant(beta), LogLength(s) or Polynomial(...)), got {schedule!r}"
+        )
+    return schedule
+
+
+def check_entropy_eps(entropy_eps: float) -> float:
+    """Validate the entropy mode: ``0.0`` (exact) or a guard ``eps > 0``.
+
+    With ``eps > 0`` the entropy is :math:`-\\sum_i p_i \\log(p_i + \\varepsilon)`,
+    the paper's listing uses ``1e-9`` (:data:`PAPER_ENTROPY_EPS`).
+
+    Raises
+    ------
+    TypeError
+        If `entropy_eps` is not a real number.
+    ValueError
+        If it is negative, NaN or infinite.
+    """
+    if isinstance(entropy_eps, bool) or not isinstance(entropy_eps, int | float | np.floating):
+        raise TypeError(f"entropy_eps must be a float, got {entropy_eps!r}")
+    eps = float(entropy_eps)
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"entropy_eps must be finite and >= 0, got {entropy_eps!r}")
+    return eps
+
+
+_FLOAT_KINDS = (np.float16, np.float32, np.float64)
+
+
+def as_logits(x: Any, name: str = "x") -> np.ndarray:
+    """Validate and convert logits to a floating array with a last axis.
+
+    Integer input is promoted to float64; float16, float32 and float64 are
+    kept. Anything else (bool, complex, object, strings, 0-d) is refused.
+
+    Parameters
+    ----------
+    x : array_like
+        Logits of shape ``(..., n)``.
+    name : str
+        The argument's name, for error messages.
+
+    Returns
+    -------
+    numpy.ndarray
+        The logits, float16/32/64.
+
+    Raises
+    ------
+    TypeError
+        For a dtype that is not real floating or integer.
+    ValueError
+        For a 0-d input (there is no axis to normalise along).
+    """
+    arr = np.asarray(x)
+    if arr.dtype.kind in "iu":
+        arr = arr.astype(np.float64)
+    elif arr.dtype.type not in _FLOAT_KINDS:
+        raise TypeError(
+            f"{name} must be a real floating or integer array, got dtype {arr.dtype}"
+        )
+    if arr.ndim == 0:
+        raise ValueError(f"{name} must have at least one axis (shape (..., n)), got a 0-d array")
+    return arr
+
+
+class RowKind(enum.IntEnum):
+    """Which row of the special-value table a row falls in."""
+
+    REGULAR = 0  #: finite values, possibly some ``-inf`` (masked) ones
+    EMPTY = 1  #: ``n = 0``
+    MASKED = 2  #: every entry is ``-inf``
+    INVALID = 3  #: contains NaN or ``+inf``
+
+
+def classify_rows(x: np.ndarray) -> np.ndarray:
+    """Classify each row of `x` (last axis) by the special-value table.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Floating logits of shape ``(..., n)``.
+
+    Returns
+    -------
+    numpy.ndarray
+        Integer array of :class:`RowKind` values, shape ``x.shape[:-1]``.
+    """
+    kinds = np.full(x.shape[:-1], RowKind.REGULAR, dtype=np.int8)
+    if x.shape[-1] == 0:
+        kinds[...] = RowKind.EMPTY
+        return kinds
+    invalid = np.any(np.isnan(x) | (x == np.inf), axis=-1)
+    masked = np.all(x == -np.inf, axis=-1)
+    kinds[masked] = RowKind.MASKED
+    kinds[invalid] = RowKind.INVALID
+    return kinds
