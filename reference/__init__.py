@@ -27,12 +27,16 @@ from ._api import (
     softmax_mp,
 )
 from ._rounding import FORMATS, BinaryFormat, round_exact
+from .attention import adaptive_attention
+from .streaming import StreamState
 
 __all__ = [
     "FORMATS",
     "MAX_PRECISION",
     "BinaryFormat",
     "PrecisionError",
+    "StreamState",
+    "adaptive_attention",
     "adaptive_softmax",
     "adaptive_softmax_mp",
     "beta",

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 from mpmath.libmp import (
     fone,
-    fzero,
     from_float,
     from_int,
     from_rational,
+    fzero,
     mpf_add,
     mpf_div,
     mpf_exp,
@@ -101,7 +101,7 @@ def _max_log2(*ks: int | None) -> int | None:
 
 @dataclass
 class PreparedRow:
-    """A regular row, shifted by its maximum, in exact arithmetic.
+    r"""A regular row, shifted by its maximum, in exact arithmetic.
 
     Attributes
     ----------
@@ -151,7 +151,7 @@ def prepare_row(x: np.ndarray) -> PreparedRow:
 
 
 def cutoff(n: int, p: int, qmin: int) -> float:
-    """The dead-item cutoff :math:`C` for a row of `n` items at precision `p`.
+    r"""The dead-item cutoff :math:`C` for a row of `n` items at precision `p`.
 
     :math:`n e^{-C} \\le 2^{-\\max(-q_{\\min}, p) - 40}`.
     """
@@ -167,7 +167,7 @@ def _dead_log2(n_dead: int, C: float) -> int | None:
 
 @dataclass
 class ExpPass:
-    """Exponentials of one pass, their sums and error bounds.
+    r"""Exponentials of one pass, their sums and error bounds.
 
     ``e[k]`` approximates :math:`e^{y_k}` for ``alive[k]`` (ones excluded) with
     relative error ``rel_e[k]`` (relative to the computed value);
@@ -191,7 +191,7 @@ class ExpPass:
 
 
 def exp_pass(row: PreparedRow, beta: Ball | None, p: int, C: float, want_t: bool) -> ExpPass:
-    """Compute :math:`e^{\\beta z_i}`, their sum and (optionally) :math:`\\sum e^{z_i} z_i`.
+    r"""Compute :math:`e^{\\beta z_i}`, their sum and (optionally) :math:`\\sum e^{z_i} z_i`.
 
     Parameters
     ----------

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FORMATS", "BinaryFormat", "format_for", "round_exact", "round_ball"]
+__all__ = ["FORMATS", "BinaryFormat", "format_for", "round_ball", "round_exact"]
 
 
 @dataclass(frozen=True)
 class BinaryFormat:
-    """An IEEE binary floating-point format.
+    r"""An IEEE binary floating-point format.
 
     Attributes
     ----------
@@ -76,7 +76,7 @@ def format_for(dtype: object, name: str = "dtype") -> BinaryFormat:
 
 
 def round_exact(sign: int, man: int, exp: int, fmt: BinaryFormat) -> float:
-    """Round :math:`(-1)^{sign} \\cdot man \\cdot 2^{exp}` to `fmt`, nearest-even.
+    r"""Round :math:`(-1)^{sign} \\cdot man \\cdot 2^{exp}` to `fmt`, nearest-even.
 
     Parameters
     ----------
@@ -118,7 +118,7 @@ def round_exact(sign: int, man: int, exp: int, fmt: BinaryFormat) -> float:
 def round_ball(
     mpf: tuple, rel: float, fmt: BinaryFormat, extra_log2: int | None = None
 ) -> float | None:
-    """Ziv's rounding test for a value known within a relative and an absolute bound.
+    r"""Ziv's rounding test for a value known within a relative and an absolute bound.
 
     Parameters
     ----------
@@ -168,4 +168,3 @@ def round_ball(
     if lo == hi:
         return 0.0 if hi == 0.0 else hi
     return None
-

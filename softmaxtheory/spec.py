@@ -28,15 +28,15 @@ their exact values and float backends use the nearest float.
 
 Special values (every backend, every function):
 
-=====================================  ====================================  ==============  =========
-input row                              softmax / adaptive                    entropy         β
-=====================================  ====================================  ==============  =========
-contains ``-inf`` (and some finite)    ``-inf`` entries are exactly 0,       of the          from
-                                       the rest as if they were absent       unmasked items  that H
-all ``-inf`` (fully masked)            all zeros                             0               1
-contains NaN or ``+inf``               all NaN                               NaN             NaN
-``n = 0``                              empty                                 0               1
-=====================================  ====================================  ==============  =========
+=================================  ==========================  ==============  =====
+input row                          softmax / adaptive          entropy         β
+=================================  ==========================  ==============  =====
+contains ``-inf`` (some finite)    ``-inf`` entries exactly    of the          from
+                                   0, the rest as if absent    unmasked items  that H
+all ``-inf`` (fully masked)        all zeros                   0               1
+contains NaN or ``+inf``           all NaN                     NaN             NaN
+``n = 0``                          empty                       0               1
+=================================  ==========================  ==============  =====
 """
 
 from __future__ import annotations
@@ -313,7 +313,7 @@ def resolve_schedule(schedule: Schedule | None) -> Schedule:
 
 
 def check_entropy_eps(entropy_eps: float) -> float:
-    """Validate the entropy mode: ``0.0`` (exact) or a guard ``eps > 0``.
+    r"""Validate the entropy mode: ``0.0`` (exact) or a guard ``eps > 0``.
 
     With ``eps > 0`` the entropy is :math:`-\\sum_i p_i \\log(p_i + \\varepsilon)`,
     the paper's listing uses ``1e-9`` (:data:`PAPER_ENTROPY_EPS`).
@@ -365,9 +365,7 @@ def as_logits(x: Any, name: str = "x") -> np.ndarray:
     if arr.dtype.kind in "iu":
         arr = arr.astype(np.float64)
     elif arr.dtype.type not in _FLOAT_KINDS:
-        raise TypeError(
-            f"{name} must be a real floating or integer array, got dtype {arr.dtype}"
-        )
+        raise TypeError(f"{name} must be a real floating or integer array, got dtype {arr.dtype}")
     if arr.ndim == 0:
         raise ValueError(f"{name} must have at least one axis (shape (..., n)), got a 0-d array")
     return arr

@@ -34,14 +34,21 @@ def round_to(value: mpmath.mpf, dtype) -> float:
         if not np.isfinite(cand):
             continue
         d = abs(Fraction(float(cand)) - frac)
-        key = (d, int(np.frombuffer(cand.tobytes(), dtype=np.uint16 if t is np.float16 else np.uint32)[0]) & 1)
+        bits = np.uint16 if t is np.float16 else np.uint32
+        key = (d, int(np.frombuffer(cand.tobytes(), dtype=bits)[0]) & 1)
         if best is None or key < best[0]:
             best = (key, cand)
     return float(best[1])
 
 
-def exact_row(x, *, prec: int = 2600, schedule_coeffs=PAPER, threshold=Fraction(1, 2),
-              entropy_eps: float = 0.0):
+def exact_row(
+    x,
+    *,
+    prec: int = 2600,
+    schedule_coeffs=PAPER,
+    threshold=Fraction(1, 2),
+    entropy_eps: float = 0.0,
+):
     """Return (softmax, H, beta, adaptive) of one regular row as mpf lists at `prec` bits."""
     with mpmath.workprec(prec):
         xs = [mpmath.mpf(float(v)) for v in np.asarray(x, dtype=np.float64)]

@@ -1,0 +1,87 @@
+"""Sphinx configuration for the softmaxtheory documentation.
+
+Builds offline: MathJax is bundled into the output by ``sphinx-mathjax-offline``
+and no extension fetches anything from the network (no intersphinx).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+sys.path.insert(0, str(DOCS / "_ext"))
+
+project = "softmaxtheory"
+author = "softmaxtheory developers"
+copyright = "2025, softmaxtheory developers"  # noqa: A001
+
+try:
+    import softmaxtheory
+
+    release = softmaxtheory.__version__
+except ImportError:  # pragma: no cover - the docs need the package installed
+    release = "unknown"
+version = ".".join(release.split(".")[:2])
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.mathjax",
+    # ships MathJax 3 and points mathjax_path at the bundled copy
+    "sphinx-mathjax-offline",
+    "sphinx.ext.doctest",
+    "sphinx.ext.viewcode",
+    "theorem_tests",
+]
+
+# -- MathJax, offline ---------------------------------------------------------
+# sphinx-mathjax-offline copies its MathJax tree to _static/mathjax; pin the
+# path here as well so that no CDN default can ever leak into the pages.
+mathjax_path = "mathjax/tex-chtml.js"
+
+# -- theorem-tests directive ---------------------------------------------------
+# The folder scanned (with ``ast``) for @pytest.mark.theorem markers; relative
+# paths are taken from this file's folder.
+theorem_tests_dir = "../tests"
+
+# -- general -------------------------------------------------------------------
+root_doc = "index"
+exclude_patterns = ["_build"]
+templates_path: list[str] = []
+primary_domain = "py"
+pygments_style = "sphinx"
+nitpicky = True
+
+# -- autodoc / napoleon --------------------------------------------------------
+autodoc_default_options = {
+    "members": True,
+    "member-order": "bysource",
+}
+autodoc_typehints = "description"
+autodoc_typehints_format = "short"
+autodoc_preserve_defaults = True
+napoleon_google_docstring = False
+napoleon_numpy_docstring = True
+napoleon_use_ivar = True
+napoleon_use_rtype = True
+napoleon_preprocess_types = True
+
+# -- doctest -------------------------------------------------------------------
+doctest_global_setup = """
+import math
+import numpy as np
+import mpmath
+from softmaxtheory import reference
+"""
+
+# -- html ----------------------------------------------------------------------
+html_theme = "alabaster"
+html_title = f"softmaxtheory {release}"
+html_theme_options = {
+    "description": "Softmax dispersion and adaptive temperature, computable and checkable",
+    "fixed_sidebar": True,
+    "show_relbars": True,
+}
+html_static_path: list[str] = []
+html_last_updated_fmt = None

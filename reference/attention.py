@@ -1,0 +1,336 @@
+r"""Certified adaptive attention.
+
+For queries :math:`q_i`, keys :math:`k_j` and values :math:`v_j`,
+
+.. math::
+
+    x_{ij} = \mathrm{scale}\; q_i \cdot k_j + \mathrm{mask}_{ij}, \qquad
+    \mathrm{out}_i = \sum_j \operatorname{softmax}\bigl(\beta_i x_{i}\bigr)_j\, v_j,
+
+with one :math:`\beta_i = \beta(H(x_i))` per query row. The logits are exact:
+products and sums of the floats' exact binary values (the scale is a float; by
+default the float64 value of ``1 / math.sqrt(d)``, as fused attention kernels
+compute it). Each output is rounded once to the target format.
+
+Values tied in the row (equal :math:`x_{ij}`) share a coefficient, so their
+values are first summed exactly; an output whose grouped sums all vanish is an
+exact zero, returned as ``+0.0``.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cmp_to_key
+from typing import Any
+
+import numpy as np
+from mpmath.libmp import (
+    fnan,
+    from_float,
+    fzero,
+    mpf_abs,
+    mpf_add,
+    mpf_cmp,
+    mpf_div,
+    mpf_mul,
+    mpf_sub,
+    round_up,
+    to_float,
+)
+
+from softmaxtheory.spec import Schedule, check_entropy_eps, resolve_schedule
+
+from . import _engine as eng
+from ._api import PrecisionError, precisions
+from ._rounding import BinaryFormat, format_for, round_ball
+
+__all__ = ["adaptive_attention"]
+
+RN = eng.RN
+
+
+def _as_float_array(a: Any, name: str) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.dtype.kind in "iu":
+        arr = arr.astype(np.float64)
+    elif arr.dtype.type not in (np.float16, np.float32, np.float64):
+        raise TypeError(f"{name} must be a real floating or integer array, got dtype {arr.dtype}")
+    if arr.ndim < 2:
+        raise ValueError(f"{name} must have shape (..., length, features), got {arr.shape}")
+    return arr.astype(np.float64)
+
+
+def _logit_rows(
+    q: np.ndarray, k: np.ndarray, scale: float, add_mask: np.ndarray, keep: np.ndarray
+) -> list[list]:
+    """Exact logits of one batch entry: a list (per query) of mpf tuples or None (masked)."""
+    scale_m = from_float(scale)
+    kq = [[from_float(v) for v in row] for row in k.tolist()]
+    k_bad = ~np.all(np.isfinite(k), axis=-1)
+    rows = []
+    for i, qrow in enumerate(q.tolist()):
+        qm = [from_float(v) for v in qrow]
+        q_bad = not all(math.isfinite(v) for v in qrow)
+        logits: list = []
+        for j, krow in enumerate(kq):
+            if not keep[i, j]:
+                logits.append(None)
+                continue
+            addend = float(add_mask[i, j])
+            if q_bad or k_bad[j] or math.isnan(addend) or addend == math.inf:
+                logits.append(fnan)
+                continue
+            if addend == -math.inf:
+                logits.append(None)
+                continue
+            dot = fzero
+            for a, b in zip(qm, krow, strict=True):
+                dot = mpf_add(dot, mpf_mul(a, b, 0), 0)
+            x = mpf_mul(dot, scale_m, 0)
+            if addend:
+                x = mpf_add(x, from_float(addend), 0)
+            logits.append(x)
+        rows.append(logits)
+    return rows
+
+
+def _prepare(logits: list) -> eng.PreparedRow:
+    index = np.array([j for j, x in enumerate(logits) if x is not None], dtype=np.intp)
+    xs = [logits[j] for j in index.tolist()]
+    m = max(xs, key=cmp_to_key(mpf_cmp))
+    z = [mpf_sub(x, m, 0) for x in xs]
+    zf = np.array([-to_float(d) for d in z], dtype=np.float64)
+    return eng.PreparedRow(
+        n=len(logits),
+        index=index,
+        z=z,
+        zabs=zf * (1.0 + 2.0**-50),
+        zlow=zf * (1.0 - 2.0**-50),
+        ones=np.array([d == fzero for d in z], dtype=bool),
+    )
+
+
+def _ieee_sum(values: np.ndarray) -> float:
+    """IEEE meaning of a weighted sum with positive weights over non-finite values."""
+    if np.any(np.isnan(values)):
+        return math.nan
+    pos = np.any(values == np.inf)
+    neg = np.any(values == -np.inf)
+    if pos and neg:
+        return math.nan
+    return math.inf if pos else -math.inf
+
+
+def _certify_row(
+    row: eng.PreparedRow,
+    vcols: np.ndarray,
+    fmt: BinaryFormat,
+    schedule: Schedule,
+    entropy_eps: float,
+) -> list[float]:
+    """Certified outputs of one query row (regular row, finite values)."""
+    # group the unmasked keys by exact logit; sum their values exactly per group
+    groups: dict = {}
+    for pos, d in enumerate(row.z):
+        groups.setdefault(d, []).append(pos)
+    dv = vcols.shape[1]
+    vm = [[from_float(val) for val in vrow] for vrow in vcols.tolist()]
+    group_sums: dict = {}
+    for d, members in groups.items():
+        sums = []
+        for c in range(dv):
+            acc = fzero
+            for pos in members:
+                acc = mpf_add(acc, vm[pos][c], 0)
+            sums.append(acc)
+        group_sums[d] = sums
+    vmax = float(np.max(np.abs(vcols))) if vcols.size else 0.0
+    for p in precisions(fmt.precision + 40 + row.n.bit_length()):
+        C = eng.cutoff(row.n, p, fmt.qmin) + math.log1p(vmax)
+        try:
+            H = None
+            if schedule.needs_entropy:
+                ep1 = eng.exp_pass(row, None, p, C, want_t=entropy_eps == 0.0)
+                H = eng.entropy_ball(row, ep1, p, entropy_eps, C)
+            b = eng.beta_ball(schedule, H, row.n_eff, p)
+        except eng.Undecided:
+            continue
+        exact_one = b.mid == eng.fone and b.rel == 0.0
+        ep = eng.exp_pass(row, None if exact_one else b, p, C, want_t=False)
+        vals, rel, one, one_rel = eng.coefficients(ep, p)
+        coeff = {eng.fzero: (one, one_rel)}
+        for k, v, r in zip(ep.alive.tolist(), vals, rel.tolist(), strict=True):
+            coeff[row.z[k]] = (v, r)
+        outputs = _combine(coeff, group_sums, dv, p, ep.dead_log2, vmax, fmt)
+        if outputs is not None:
+            return outputs
+    raise PrecisionError("could not certify an attention output within the precision cap")
+
+
+def _combine(
+    coeff: dict,
+    group_sums: dict,
+    dv: int,
+    p: int,
+    dead_log2: int | None,
+    vmax: float,
+    fmt: BinaryFormat,
+) -> list[float] | None:
+    u = math.ldexp(1.0, -p)
+    ps = p + (len(coeff) + 1).bit_length() + 2
+    live = [(coeff[d], sums) for d, sums in group_sums.items() if d in coeff]
+    max_rel = max((r for (_, r), _ in live), default=0.0)
+    factor = (max_rel + 2 * u + (len(live) + 1) * math.ldexp(1.0, -ps)) * eng.SLACK
+    extra = None
+    if dead_log2 is not None and vmax > 0:
+        extra = dead_log2 + math.frexp(vmax)[1] + 1
+    out = []
+    for c in range(dv):
+        total = fzero
+        mass = fzero
+        for (alpha, _), sums in live:
+            vsum = sums[c]
+            if vsum == fzero:
+                continue
+            term = mpf_mul(alpha, vsum, p, RN)
+            total = mpf_add(total, term, ps, RN)
+            mass = mpf_add(mass, mpf_abs(term), 60, round_up)
+        if mass == fzero:
+            rel = 0.0
+        elif total == fzero:
+            return None
+        else:
+            ratio = to_float(mpf_div(mass, mpf_abs(total), 60, round_up), rnd="u")
+            rel = ratio * factor * eng.SLACK
+        value = round_ball(total, rel, fmt, extra)
+        if value is None:
+            return None
+        out.append(value)
+    return out
+
+
+def adaptive_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    scale: float | None = None,
+    is_causal: bool = False,
+    schedule: Schedule | None = None,
+    entropy_eps: float = 0.0,
+    dtype: Any = np.float64,
+) -> np.ndarray:
+    r"""Certified adaptive attention, each output correctly rounded.
+
+    Parameters
+    ----------
+    q : array_like, shape (..., L, d)
+        Queries.
+    k : array_like, shape (..., S, d)
+        Keys.
+    v : array_like, shape (..., S, dv)
+        Values. Leading dimensions of `q`, `k`, `v` broadcast.
+    mask : array_like, optional
+        Broadcastable to ``(..., L, S)``. Boolean: ``True`` takes part in
+        attention (the SDPA convention). Floating: added to the logits
+        (``-inf`` masks).
+    scale : float, optional
+        Logit scale; default ``1 / math.sqrt(d)`` evaluated in float64.
+    is_causal : bool, default False
+        Mask keys ``j > i`` (top-left aligned); cannot be combined with `mask`.
+    schedule : Schedule, optional
+        Temperature schedule (default :class:`~softmaxtheory.spec.PaperPolynomial`);
+        ``Constant(1)`` gives plain attention.
+    entropy_eps : float, default 0.0
+        Entropy mode.
+    dtype : numpy dtype, default float64
+        Output format.
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., L, dv)
+        Outputs. A query whose keys are all masked gives zeros; a NaN or
+        ``+inf`` logit gives a NaN row; a non-finite value propagates as in IEEE
+        arithmetic with positive weights.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from softmaxtheory.reference import adaptive_attention
+    >>> q = np.array([[1.0, 0.0]]); k = np.array([[1.0, 0.0], [0.0, 1.0]])
+    >>> v = np.array([[1.0], [-1.0]])
+    >>> adaptive_attention(q, k, v, scale=0.0)
+    array([[0.]])
+    """
+    qa = _as_float_array(q, "q")
+    ka = _as_float_array(k, "k")
+    va = _as_float_array(v, "v")
+    if qa.shape[-1] != ka.shape[-1]:
+        raise ValueError(f"q and k must share the feature size, got {qa.shape} and {ka.shape}")
+    if ka.shape[-2] != va.shape[-2]:
+        raise ValueError(f"k and v must share the key length, got {ka.shape} and {va.shape}")
+    fmt = format_for(dtype)
+    schedule = resolve_schedule(schedule)
+    entropy_eps = check_entropy_eps(entropy_eps)
+    L, d = qa.shape[-2:]
+    S, dv = va.shape[-2:]
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d else 1.0
+    elif isinstance(scale, bool) or not isinstance(scale, int | float | np.floating):
+        raise TypeError(f"scale must be a float, got {scale!r}")
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+    try:
+        lead = np.broadcast_shapes(qa.shape[:-2], ka.shape[:-2], va.shape[:-2])
+    except ValueError as exc:
+        raise ValueError(f"q, k, v leading dimensions do not broadcast: {exc}") from exc
+    keep = np.ones((L, S), dtype=bool)
+    add = np.zeros((L, S))
+    if is_causal:
+        if mask is not None:
+            raise ValueError("pass either mask or is_causal=True, not both")
+        keep = np.tril(keep)
+    if mask is not None:
+        marr = np.asarray(mask)
+        try:
+            target = np.broadcast_shapes(marr.shape, (*lead, L, S))
+        except ValueError as exc:
+            raise ValueError(
+                f"mask of shape {marr.shape} does not broadcast to {(*lead, L, S)}"
+            ) from exc
+        lead = target[:-2]
+        if marr.dtype == bool:
+            keep = marr
+        elif marr.dtype.kind in "fiu":
+            add = marr.astype(np.float64)
+        else:
+            raise TypeError(f"mask must be boolean or floating, got dtype {marr.dtype}")
+    keep = np.broadcast_to(keep, (*lead, L, S))
+    add = np.broadcast_to(add, (*lead, L, S))
+    qb = np.broadcast_to(qa, (*lead, L, d))
+    kb = np.broadcast_to(ka, (*lead, S, d))
+    vb = np.broadcast_to(va, (*lead, S, dv))
+    out = np.zeros((*lead, L, dv), dtype=fmt.dtype)
+    for idx in np.ndindex(*lead):
+        rows = _logit_rows(qb[idx], kb[idx], scale, add[idx], keep[idx])
+        for i, logits in enumerate(rows):
+            live = [x for x in logits if x is not None]
+            if not live:
+                continue  # fully masked: zeros
+            if any(x == fnan for x in live):
+                out[(*idx, i)] = np.nan
+                continue
+            row = _prepare(logits)
+            vrows = vb[idx][row.index]
+            finite = np.isfinite(vrows)
+            result = np.zeros(dv)
+            bad_cols = ~np.all(finite, axis=0)
+            good = np.flatnonzero(~bad_cols)
+            if good.size:
+                result[good] = _certify_row(row, vrows[:, good], fmt, schedule, entropy_eps)
+            for c in np.flatnonzero(bad_cols).tolist():
+                result[c] = _ieee_sum(vrows[:, c])
+            out[(*idx, i)] = result
+    return out

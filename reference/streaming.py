@@ -1,0 +1,280 @@
+r"""The exact streaming monoid of theorem T7.
+
+A row's streaming state is :math:`S(x) = (m, s, t)` with :math:`m = \max x`,
+:math:`s = \sum_i e^{x_i - m}` and :math:`t = \sum_i e^{x_i - m}(x_i - m)`.
+Two states merge by
+
+.. math::
+
+    M = \max(m_1, m_2), \quad
+    s = \sum_{k} s_k e^{m_k - M}, \quad
+    t = \sum_{k} \bigl(t_k + s_k (m_k - M)\bigr) e^{m_k - M},
+
+and the entropy is :math:`H = \log s - t/s`.
+
+:class:`StreamState` keeps :math:`s` and :math:`t` in closed form, as the
+multiset of exact dyadic shifts :math:`d_i = x_i - m` (a map from shift to
+multiplicity): :math:`s = \sum c_d e^{d}` and :math:`t = \sum c_d\, d\, e^{d}`.
+Rescaling by :math:`e^{m_k - M}` is then the exact shift
+:math:`d \mapsto d + (m_k - M)`, so merges are exact, associative and
+commutative, and any chunking or merge tree yields the identical state. Numbers
+are produced only when read, with the reference's certified rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import mpmath
+import numpy as np
+from mpmath.libmp import from_float, fzero, mpf_add, mpf_sub, to_float
+
+from softmaxtheory.spec import Schedule, as_logits, check_entropy_eps, resolve_schedule
+
+from . import _engine as eng
+from ._api import _float_acceptor, evaluate_row, precisions
+from ._rounding import format_for
+
+__all__ = ["StreamState"]
+
+
+class StreamState:
+    r"""Exact streaming state :math:`(m, s, t)` of a row fed in chunks.
+
+    ``StreamState()`` is the identity :math:`(-\infty, 0, 0)`. States are
+    immutable: :meth:`update`, :meth:`merge` and ``+`` return new states.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from softmaxtheory.reference import StreamState, entropy
+    >>> x = np.array([0.5, -1.0, 2.0, 2.0, float("-inf"), 0.25])
+    >>> left = StreamState.from_logits(x[:2])
+    >>> right = StreamState().update(x[2:4]).update(x[4:])
+    >>> whole = left + right
+    >>> whole == StreamState.from_logits(x)
+    True
+    >>> whole.entropy() == entropy(x)
+    True
+    >>> whole.normalize(x[2:4]).tolist() == whole.normalize(x)[2:4].tolist()
+    True
+    """
+
+    __slots__ = ("_cache", "_invalid", "_m", "_terms")
+
+    def __init__(self) -> None:
+        self._m = -math.inf
+        self._terms: Counter = Counter()
+        self._invalid = False
+        self._cache: dict = {}
+
+    @classmethod
+    def _make(cls, m: float, terms: Counter, invalid: bool) -> StreamState:
+        state = cls()
+        state._m = m
+        state._terms = terms
+        state._invalid = invalid
+        return state
+
+    @classmethod
+    def from_logits(cls, chunk: Any) -> StreamState:
+        """The state :math:`S(x)` of one chunk (a 1-d array of logits).
+
+        ``-inf`` entries are masked (ignored); NaN or ``+inf`` make the state
+        invalid, and every reading of it NaN.
+        """
+        arr = as_logits(chunk, "chunk")
+        if arr.ndim != 1:
+            raise ValueError(f"chunk must be 1-d, got shape {arr.shape}")
+        arr = arr.astype(np.float64)
+        if np.any(np.isnan(arr) | (arr == np.inf)):
+            return cls._make(math.nan, Counter(), True)
+        live = arr[arr > -np.inf]
+        if live.size == 0:
+            return cls()
+        values, counts = np.unique(live, return_counts=True)
+        m = float(values[-1])
+        fm = from_float(m)
+        terms = Counter(
+            {
+                mpf_sub(from_float(v), fm, 0): int(c)
+                for v, c in zip(values.tolist(), counts.tolist(), strict=True)
+            }
+        )
+        return cls._make(m, terms, False)
+
+    def update(self, chunk: Any) -> StreamState:
+        """Return ``self ⊕ S(chunk)``."""
+        return self.merge(StreamState.from_logits(chunk))
+
+    def merge(self, other: StreamState) -> StreamState:
+        """Return ``self ⊕ other`` (exact; associative and commutative)."""
+        if not isinstance(other, StreamState):
+            raise TypeError(f"can only merge with a StreamState, got {type(other).__name__}")
+        if self._invalid or other._invalid:
+            return StreamState._make(math.nan, Counter(), True)
+        if not other._terms:
+            return self
+        if not self._terms:
+            return other
+        M = max(self._m, other._m)
+        fM = from_float(M)
+        terms: Counter = Counter()
+        for state in (self, other):
+            shift = mpf_sub(from_float(state._m), fM, 0)
+            for d, c in state._terms.items():
+                terms[mpf_add(d, shift, 0) if shift != fzero else d] += c
+        return StreamState._make(M, terms, False)
+
+    __add__ = merge
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StreamState):
+            return NotImplemented
+        if self._invalid or other._invalid:
+            return self._invalid and other._invalid
+        return self._m == other._m and self._terms == other._terms
+
+    def __hash__(self) -> int:
+        return hash((self._invalid, self._m, frozenset(self._terms.items())))
+
+    def __repr__(self) -> str:
+        if self._invalid:
+            return "StreamState(invalid: NaN or +inf seen)"
+        return f"StreamState(m={self._m!r}, count={self.count})"
+
+    @property
+    def m(self) -> float:
+        """The running maximum (``-inf`` for the identity, NaN if invalid)."""
+        return self._m
+
+    @property
+    def count(self) -> int:
+        """Number of unmasked items fed."""
+        return sum(self._terms.values())
+
+    @property
+    def invalid(self) -> bool:
+        """Whether a NaN or ``+inf`` was fed."""
+        return self._invalid
+
+    def _row(self) -> eng.PreparedRow:
+        row = self._cache.get("row")
+        if row is None:
+            z = [d for d, c in self._terms.items() for _ in range(c)]
+            zf = np.array([-to_float(d) for d in z], dtype=np.float64)
+            row = eng.PreparedRow(
+                n=len(z),
+                index=np.arange(len(z)),
+                z=z,
+                zabs=zf * (1.0 + 2.0**-50),
+                zlow=zf * (1.0 - 2.0**-50),
+                ones=np.array([d == fzero for d in z], dtype=bool),
+            )
+            self._cache["row"] = row
+        return row
+
+    def _sums_mp(self, which: str, prec: int) -> mpmath.mpf:
+        if self._invalid:
+            return mpmath.mpf("nan")
+        if not self._terms:
+            return mpmath.mpf(0)
+        row = self._row()
+        target = math.ldexp(1.0, -prec)
+        for p in precisions(prec + 20 + row.n.bit_length()):
+            ep = eng.exp_pass(row, None, p, math.inf, want_t=True)
+            mid, rel = (ep.s, ep.s_rel) if which == "s" else (ep.t, ep.t_rel)
+            if rel <= target:
+                return mpmath.mp.make_mpf(mid)
+        raise ArithmeticError("could not reach the requested precision")  # pragma: no cover
+
+    def s_mp(self, prec: int = 113) -> mpmath.mpf:
+        r""":math:`s = \sum e^{x_i - m}` with relative error at most ``2**-prec``."""
+        return self._sums_mp("s", prec)
+
+    def t_mp(self, prec: int = 113) -> mpmath.mpf:
+        r""":math:`t = \sum e^{x_i - m}(x_i - m)` with relative error at most ``2**-prec``."""
+        return self._sums_mp("t", prec)
+
+    def _read(self, want: str, schedule: Schedule | None, entropy_eps: float, dtype: Any) -> Any:
+        fmt = format_for(dtype)
+        schedule = resolve_schedule(schedule)
+        entropy_eps = check_entropy_eps(entropy_eps)
+        key = (want, schedule, entropy_eps, fmt.name)
+        if key not in self._cache:
+            row = self._row()
+            self._cache[key] = evaluate_row(
+                row,
+                frozenset({want}),
+                _float_acceptor(fmt),
+                start=fmt.precision + 40 + row.n.bit_length(),
+                qmin=fmt.qmin,
+                schedule=schedule,
+                entropy_eps=entropy_eps,
+            )[want]
+        return self._cache[key]
+
+    def entropy(self, *, entropy_eps: float = 0.0, dtype: Any = np.float64) -> float:
+        """Correctly rounded entropy of everything fed (``log s - t/s``)."""
+        fmt = format_for(dtype)
+        if self._invalid:
+            return math.nan
+        if not self._terms:
+            return 0.0
+        return float(fmt.dtype.type(self._read("entropy", None, entropy_eps, dtype)))
+
+    def beta(
+        self,
+        *,
+        schedule: Schedule | None = None,
+        entropy_eps: float = 0.0,
+        dtype: Any = np.float64,
+    ) -> float:
+        """Correctly rounded inverse temperature of everything fed."""
+        fmt = format_for(dtype)
+        if self._invalid:
+            return math.nan
+        if not self._terms:
+            return 1.0
+        return float(fmt.dtype.type(self._read("beta", schedule, entropy_eps, dtype)))
+
+    def normalize(
+        self,
+        chunk: Any,
+        *,
+        schedule: Schedule | None = None,
+        entropy_eps: float = 0.0,
+        dtype: Any = np.float64,
+    ) -> np.ndarray:
+        """Second pass: adaptive-softmax coefficients of a chunk that was fed.
+
+        Returns the coefficients of the chunk's items relative to the whole row,
+        correctly rounded; pass ``schedule=Constant(1)`` for plain softmax.
+
+        Raises
+        ------
+        ValueError
+            If the chunk holds a value that was never fed to this state.
+        """
+        arr = as_logits(chunk, "chunk")
+        if arr.ndim != 1:
+            raise ValueError(f"chunk must be 1-d, got shape {arr.shape}")
+        fmt = format_for(dtype)
+        out = np.zeros(arr.shape, dtype=fmt.dtype)
+        if self._invalid:
+            out[...] = np.nan
+            return out
+        values = self._read("adaptive", schedule, entropy_eps, dtype) if self._terms else []
+        row = self._row()
+        table = dict(zip(row.z, values, strict=True))
+        fm = from_float(self._m) if self._terms else None
+        for i, v in enumerate(arr.astype(np.float64).tolist()):
+            if v == -math.inf:
+                continue
+            d = mpf_sub(from_float(v), fm, 0) if fm is not None else None
+            if d not in table:
+                raise ValueError(f"chunk[{i}] = {v!r} was never fed to this state")
+            out[i] = table[d]
+        return out
