@@ -5,6 +5,8 @@ Subcommands:
 ``softmaxtheory reference``
     Evaluate the certified reference on logits given on the command line or in
     a ``.npy`` file; print n, H, β and the correctly rounded coefficients.
+``softmaxtheory bench``
+    Time the backends and print a table (``--json`` too).
 """
 
 from __future__ import annotations
@@ -208,7 +210,46 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     ref.add_argument("--dtype", choices=("float64", "float32", "float16"), default="float64")
     ref.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ref.add_argument("--max-items", type=int, default=20, metavar="N", help="items shown per row")
-    return parser, {"reference": ref}
+    bench = sub.add_parser(
+        "bench",
+        help="time the library's backends",
+        description=(
+            "Time the certified reference on one long row (best of --repeat runs) and print "
+            "a table; progress goes to stderr."
+        ),
+    )
+    bench.add_argument("--n", type=int, default=16384, help="row length (default 16384)")
+    bench.add_argument("--repeat", type=int, default=3, help="runs per case (best is kept)")
+    bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser, {"reference": ref, "bench": bench}
+
+
+def _bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from . import bench
+
+    if args.n < 1:
+        parser.error("--n must be >= 1")
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
+    print(f"timing the reference on one row of {args.n} items ...", file=sys.stderr)
+    results = bench.run_reference(n=args.n, repeat=args.repeat)
+    if args.json:
+        doc = {"machine": bench.machine(), "reference": bench.as_dicts(results)}
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    info = bench.machine()
+    print(
+        f"machine: {info['processor']}, {info['cpus']} CPUs, Python {info['python']}, "
+        f"mpmath {info['mpmath']} ({info['mpmath_backend']} backend)"
+    )
+    print(f"{'case':<40} {'dtype':<8} {'n':>7} {'beta':>8} {'seconds':>9} {'items/s':>10}")
+    for r in results:
+        print(
+            f"{r.case:<40} {r.dtype:<8} {r.n:>7} {r.beta:>8.4f} {r.seconds:>9.3f} "
+            f"{r.items_per_second:>10.0f}"
+        )
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -216,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, subparsers = _build_parser()
     args = parser.parse_args(argv)
     sub = subparsers[args.command]
+    if args.command == "bench":
+        return _bench_command(args, sub)
     if args.max_items < 0:
         sub.error("--max-items must be >= 0")
     return _reference_command(args, sub)
