@@ -305,7 +305,7 @@ def beta(
     --------
     >>> from softmaxtheory import reference
     >>> float(reference.beta([3.0, 1.0, 0.0, 0.0, -1.0, 2.0]))
-    1.3711009898451306
+    1.4297950165956688
     """
     return _evaluate(x, "beta", dtype, schedule=schedule, entropy_eps=entropy_eps)
 

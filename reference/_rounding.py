@@ -147,6 +147,8 @@ def round_ball(
         if extra_log2 is None:
             return 0.0
         return 0.0 if extra_log2 < fmt.qmin - 1 else None
+    if rel == 0.0 and extra_log2 is None:
+        return round_exact(sign, man, exp, fmt)
     # widen the significand so that one unit lies far below the error bound
     widen = max(0, 64 + 53 - man.bit_length())
     man <<= widen

@@ -56,7 +56,7 @@ class StreamState:
     >>> whole = left + right
     >>> whole == StreamState.from_logits(x)
     True
-    >>> whole.entropy() == entropy(x)
+    >>> whole.entropy() == float(entropy(x))
     True
     >>> whole.normalize(x[2:4]).tolist() == whole.normalize(x)[2:4].tolist()
     True

@@ -1,0 +1,181 @@
+"""The certified attention oracle (reference.adaptive_attention)."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from independent import PAPER, round_to
+
+from softmaxtheory.reference import adaptive_attention, adaptive_softmax
+from softmaxtheory.spec import Constant
+
+
+def naive_attention(q, k, v, keep, add, scale, adaptive=True, prec=3000):
+    """Independent per-row evaluation with plain mpmath formulas."""
+    L, S, dv = q.shape[0], k.shape[0], v.shape[1]
+    out = []
+    with mpmath.workprec(prec):
+        for i in range(L):
+            xs = []
+            for j in range(S):
+                if not keep[i, j] or add[i, j] == -np.inf:
+                    xs.append(None)
+                    continue
+                dot = mpmath.fsum(
+                    mpmath.mpf(float(a)) * mpmath.mpf(float(b)) for a, b in zip(q[i], k[j])
+                )
+                xs.append(dot * mpmath.mpf(scale) + mpmath.mpf(float(add[i, j])))
+            live = [x for x in xs if x is not None]
+            if not live:
+                out.append([0.0] * dv)
+                continue
+            m = max(live)
+            e = [mpmath.exp(x - m) if x is not None else mpmath.mpf(0) for x in xs]
+            s = mpmath.fsum(e)
+            p = [ei / s for ei in e]
+            beta = mpmath.mpf(1)
+            if adaptive:
+                H = -mpmath.fsum(pi * mpmath.log(pi) for pi in p if pi != 0)
+                if H > mpmath.mpf("0.5"):
+                    P = mpmath.mpf(0)
+                    for c in PAPER:
+                        P = P * H + mpmath.mpf(c.numerator) / c.denominator
+                    beta = max(P, mpmath.mpf(1))
+            ea = [mpmath.exp(beta * (x - m)) if x is not None else mpmath.mpf(0) for x in xs]
+            sa = mpmath.fsum(ea)
+            out.append(
+                [
+                    mpmath.fsum(ea[j] / sa * mpmath.mpf(float(v[j, c])) for j in range(S))
+                    for c in range(dv)
+                ]
+            )
+    return out
+
+
+def _check(q, k, v, keep, add, scale, dtype=np.float64, **kw):
+    mask = None
+    if not keep.all():
+        mask = keep
+    elif np.any(add != 0):
+        mask = add
+    got = adaptive_attention(q, k, v, mask=mask, scale=scale, dtype=dtype, **kw)
+    want = naive_attention(q, k, v, keep, add, scale, adaptive="schedule" not in kw)
+    for i, row in enumerate(want):
+        assert got[i].tolist() == [
+            round_to(val, dtype) if not isinstance(val, float) else val for val in row
+        ], i
+
+
+arrays = st.integers(min_value=0, max_value=2**32 - 1).map(np.random.default_rng)
+
+
+@settings(max_examples=25)
+@given(
+    rng=arrays,
+    L=st.integers(1, 4),
+    S=st.integers(1, 6),
+    d=st.integers(1, 4),
+    spread=st.sampled_from([0.5, 3.0, 20.0]),
+    masked=st.booleans(),
+)
+@example(rng=np.random.default_rng(0), L=2, S=5, d=3, spread=3.0, masked=True)
+def test_matches_independent_evaluation(rng, L, S, d, spread, masked):
+    q = rng.normal(size=(L, d)) * spread
+    k = rng.normal(size=(S, d))
+    v = rng.normal(size=(S, 2))
+    keep = rng.random((L, S)) > 0.3 if masked else np.ones((L, S), dtype=bool)
+    _check(q, k, v, keep, np.zeros((L, S)), 1.0 / math.sqrt(d))
+
+
+def test_float32_output_and_additive_mask():
+    rng = np.random.default_rng(3)
+    q, k, v = rng.normal(size=(3, 4)) * 4, rng.normal(size=(6, 4)), rng.normal(size=(6, 3))
+    add = rng.normal(size=(3, 6))
+    add[0, 2] = -np.inf
+    _check(q, k, v, np.ones((3, 6), dtype=bool), add, 0.5, dtype=np.float32)
+
+
+def test_plain_attention_with_constant_one():
+    rng = np.random.default_rng(4)
+    q, k, v = rng.normal(size=(3, 2)) * 5, rng.normal(size=(5, 2)), rng.normal(size=(5, 2))
+    _check(q, k, v, np.ones((3, 5), dtype=bool), np.zeros((3, 5)), 1.0, schedule=Constant(1))
+
+
+def test_identity_values_give_the_adaptive_softmax():
+    rng = np.random.default_rng(5)
+    q = rng.integers(-4, 5, size=(4, 3)).astype(float)
+    k = rng.integers(-4, 5, size=(7, 3)).astype(float)
+    logits = q @ k.T  # exact: small integers
+    out = adaptive_attention(q, k, np.eye(7), scale=1.0)
+    assert np.array_equal(out, adaptive_softmax(logits))
+
+
+def test_causal_mask_top_left():
+    rng = np.random.default_rng(6)
+    q, k, v = rng.normal(size=(4, 2)), rng.normal(size=(4, 2)), rng.normal(size=(4, 2))
+    out = adaptive_attention(q, k, v, is_causal=True)
+    assert np.array_equal(out[0], v[0])  # the first query sees only the first key
+    keep = np.tril(np.ones((4, 4), dtype=bool))
+    assert np.array_equal(out, adaptive_attention(q, k, v, mask=keep))
+
+
+def test_special_rows():
+    q = np.array([[1.0, 0.0], [np.nan, 0.0], [0.0, 1.0]])
+    k = np.array([[1.0, 0.0], [0.0, 1.0]])
+    v = np.array([[1.0, 2.0], [3.0, 4.0]])
+    keep = np.array([[True, True], [True, True], [False, False]])
+    out = adaptive_attention(q, k, v, mask=keep)
+    assert np.all(np.isnan(out[1]))
+    assert out[2].tolist() == [0.0, 0.0]  # fully masked query: zeros
+    assert np.all(np.isfinite(out[0]))
+    # non-finite values propagate like IEEE arithmetic with positive weights
+    v2 = np.array([[np.inf, np.nan], [1.0, -np.inf]])
+    out2 = adaptive_attention(q[:1], k, v2)
+    assert out2[0, 0] == np.inf and np.isnan(out2[0, 1])
+    # a masked key's non-finite value does not matter
+    out3 = adaptive_attention(q[:1], k, v2, mask=np.array([[False, True]]))
+    assert out3[0].tolist() == [1.0, -np.inf]
+
+
+def test_exact_zero_output():
+    q = np.array([[1.0, 1.0]])
+    k = np.array([[1.0, 0.0], [0.0, 1.0]])  # tied logits
+    v = np.array([[1.0], [-1.0]])
+    assert adaptive_attention(q, k, v).tolist() == [[0.0]]
+
+
+def test_broadcast_leading_dimensions():
+    rng = np.random.default_rng(7)
+    q = rng.normal(size=(2, 3, 3, 4))
+    k = rng.normal(size=(1, 3, 5, 4))
+    v = rng.normal(size=(2, 1, 5, 2))
+    out = adaptive_attention(q, k, v)
+    assert out.shape == (2, 3, 3, 2)
+    assert np.array_equal(out[1, 2], adaptive_attention(q[1, 2], k[0, 2], v[1, 0]))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"q": np.zeros(3)}, ValueError, "q must have shape"),
+        ({"k": np.zeros((5, 3))}, ValueError, "feature size"),
+        ({"v": np.zeros((4, 2))}, ValueError, "key length"),
+        ({"q": np.zeros((2, 4), dtype=complex)}, TypeError, "q must be a real"),
+        ({"mask": np.zeros((2, 5), dtype=bool), "is_causal": True}, ValueError, "not both"),
+        ({"mask": np.zeros((3, 3))}, ValueError, "does not broadcast"),
+        ({"mask": np.array([["a"] * 5] * 2)}, TypeError, "mask must be boolean"),
+        ({"scale": math.nan}, ValueError, "scale must be finite"),
+        ({"scale": "1"}, TypeError, "scale must be a float"),
+    ],
+)
+def test_errors_name_the_argument(kwargs, error, match):
+    args = {"q": np.zeros((2, 4)), "k": np.zeros((5, 4)), "v": np.zeros((5, 2))}
+    opts = {key: kwargs.pop(key) for key in list(kwargs) if key not in args}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        adaptive_attention(args["q"], args["k"], args["v"], **opts)

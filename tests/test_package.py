@@ -1,0 +1,102 @@
+"""Packaging, lazy imports, docstring examples and the README's examples."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import softmaxtheory
+
+ROOT = Path(__file__).resolve().parent.parent
+
+MODULES = [
+    "softmaxtheory",
+    "softmaxtheory.spec",
+    "softmaxtheory.cli",
+    "softmaxtheory.bench",
+    "softmaxtheory.reference",
+    "softmaxtheory.reference._api",
+    "softmaxtheory.reference._engine",
+    "softmaxtheory.reference._rounding",
+    "softmaxtheory.reference.attention",
+    "softmaxtheory.reference.streaming",
+    "softmaxtheory.accelerated",
+]
+
+
+def _run(code: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd="/"
+    ).stdout
+
+
+def test_import_is_lazy():
+    out = _run(
+        "import sys, softmaxtheory, softmaxtheory.reference, softmaxtheory.accelerated\n"
+        "print(sorted(m for m in ('numba', 'torch', 'hypothesis', 'triton') if m in sys.modules))"
+    )
+    assert out.strip() == "[]"
+
+
+def test_three_packages_map_to_their_folders():
+    import softmaxtheory.accelerated as acc
+    import softmaxtheory.reference as ref
+
+    assert Path(ref.__file__).parent.name == "reference"
+    assert Path(acc.__file__).parent.name == "accelerated"
+    assert Path(softmaxtheory.__file__).parent.name == "softmaxtheory"
+    assert "reference" not in sys.modules and "accelerated" not in sys.modules
+
+
+def test_bare_folder_names_are_never_imported():
+    for path in ROOT.glob("**/*.py"):
+        if ".venv" in path.parts or "_build" in path.parts:
+            continue
+        text = path.read_text()
+        for bad in ("import reference", "from reference", "import accelerated", "from accelerated"):
+            assert f"\n{bad}" not in text, f"{path} imports a bare top-level folder name"
+
+
+def test_lazy_submodules_and_errors():
+    assert softmaxtheory.spec.PAPER_COEFFICIENTS == softmaxtheory.PAPER_COEFFICIENTS
+    assert "reference" in dir(softmaxtheory)
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        softmaxtheory.nonexistent  # noqa: B018
+
+
+def test_accelerated_reports_optional_packages():
+    from softmaxtheory import accelerated
+
+    report = accelerated.available()
+    assert set(report) == {"numba", "torch", "triton"}
+    assert all(isinstance(v, bool) for v in report.values())
+    importlib.util.find_spec("numpy")  # the probe works for an installed package
+    assert report["torch"] == (importlib.util.find_spec("torch") is not None)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_modules_declare_all(name):
+    module = importlib.import_module(name)
+    assert isinstance(module.__all__, list | tuple)
+    for attr in module.__all__:
+        assert hasattr(module, attr), f"{name}.__all__ names missing {attr}"
+
+
+def test_readme_examples_run():
+    result = doctest.testfile(
+        str(ROOT / "README.md"), module_relative=False, optionflags=doctest.NORMALIZE_WHITESPACE
+    )
+    assert result.attempted >= 5
+    assert result.failed == 0

@@ -1,0 +1,131 @@
+"""The specification: constants, schedules, validation and row classification."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from softmaxtheory import reference
+from softmaxtheory.spec import (
+    ENTROPY_THRESHOLD,
+    PAPER_COEFFICIENTS,
+    PAPER_ENTROPY_EPS,
+    Constant,
+    LogLength,
+    PaperPolynomial,
+    Polynomial,
+    RowKind,
+    as_logits,
+    check_entropy_eps,
+    classify_rows,
+    exact_value,
+    resolve_schedule,
+)
+
+
+def test_fixed_constants():
+    assert PAPER_COEFFICIENTS == ("-0.037", "0.481", "-2.3", "4.917", "-1.791")
+    assert ENTROPY_THRESHOLD == "0.5"
+    assert PAPER_ENTROPY_EPS == 1e-9
+
+
+def test_paper_polynomial_exact_values():
+    sched = PaperPolynomial()
+    assert sched.exact_coefficients == tuple(Fraction(c) for c in PAPER_COEFFICIENTS)
+    assert sched.polynomial_exact(Fraction(1, 2)) == Fraction("0.1503125")
+    assert not sched.jumps_at_threshold
+    assert sched == PaperPolynomial() and repr(sched) == "PaperPolynomial()"
+    assert resolve_schedule(None) == sched
+    assert sched.needs_entropy
+
+
+def test_user_polynomial_with_a_jump():
+    jump = Polynomial(("2",), "0.5")  # P = 2 above the threshold
+    assert jump.jumps_at_threshold
+    assert not Polynomial(("1",), "0.5").jumps_at_threshold  # continuous: P(theta) = 1
+
+
+@given(st.floats(min_value=0.0, max_value=12.0))
+def test_float_beta_follows_the_rule(h):
+    got = float(PaperPolynomial().beta_float(h, 10))
+    p = np.polyval([float(c) for c in PAPER_COEFFICIENTS], h)
+    assert got == (max(p, 1.0) if h > 0.5 else 1.0)
+    assert got >= 1.0
+
+
+def test_float_beta_of_each_schedule_and_special_values():
+    assert np.isnan(PaperPolynomial().beta_float(np.nan, 3))
+    assert Constant(2).beta_float(np.array([0.1, 5.0]), 3).tolist() == [2.0, 2.0]
+    assert LogLength("0.5").beta_float(0.0, np.array([0, 1, 4])).tolist() == [
+        1.0,
+        0.0,
+        0.5 * np.log(4),
+    ]
+
+
+def test_float_beta_is_close_to_the_certified_beta():
+    rng = np.random.default_rng(2)
+    for scale in (0.3, 1.0, 2.0, 4.0):
+        x = rng.normal(size=(8, 40)) * scale
+        h = reference.entropy(x)
+        n = np.full(8, 40)
+        np.testing.assert_allclose(
+            PaperPolynomial().beta_float(h, n), reference.beta(x), rtol=1e-13
+        )
+        np.testing.assert_allclose(
+            LogLength("0.3").beta_float(h, n), reference.beta(x, schedule=LogLength("0.3"))
+        )
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: Constant(0), ValueError, "beta must be > 0"),
+        (lambda: Constant(float("nan")), ValueError, "beta must be finite"),
+        (lambda: Constant("abc"), ValueError, "beta must be a finite decimal"),
+        (lambda: Constant(True), TypeError, "beta must be"),
+        (lambda: LogLength(-1), ValueError, "s must be > 0"),
+        (lambda: Polynomial(()), ValueError, "at least one"),
+        (lambda: Polynomial(("1", None)), TypeError, r"coefficients\[1\]"),
+        (lambda: Polynomial(("1",), float("inf")), ValueError, "threshold must be finite"),
+        (lambda: resolve_schedule("paper"), TypeError, "schedule must be"),
+        (lambda: check_entropy_eps(-1e-9), ValueError, "entropy_eps"),
+        (lambda: check_entropy_eps("1e-9"), TypeError, "entropy_eps"),
+    ],
+)
+def test_invalid_parameters(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_exact_value_reads_decimals_exactly():
+    assert exact_value("0.1", "x") == Fraction(1, 10)
+    assert exact_value(0.1, "x") == Fraction(0.1)
+    assert exact_value(3, "x") == 3
+
+
+def test_as_logits_dtypes():
+    assert as_logits([1, 2]).dtype == np.float64
+    assert as_logits(np.zeros(3, dtype=np.float16)).dtype == np.float16
+    assert as_logits(np.zeros(3, dtype=np.float32)).dtype == np.float32
+    for bad in (np.array([True]), np.array([1j]), np.array(["a"]), np.array([None], dtype=object)):
+        with pytest.raises(TypeError, match="x must be a real"):
+            as_logits(bad)
+    with pytest.raises(ValueError, match="at least one axis"):
+        as_logits(3.0)
+
+
+def test_classify_rows():
+    x = np.array([[0.0, -np.inf], [-np.inf, -np.inf], [np.nan, 0.0], [np.inf, 0.0], [1.0, 2.0]])
+    assert classify_rows(x).tolist() == [
+        RowKind.REGULAR,
+        RowKind.MASKED,
+        RowKind.INVALID,
+        RowKind.INVALID,
+        RowKind.REGULAR,
+    ]
+    assert classify_rows(np.zeros((3, 0))).tolist() == [RowKind.EMPTY] * 3
