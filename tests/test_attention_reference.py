@@ -10,8 +10,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from independent import PAPER, round_to
-
 from softmaxtheory.reference import adaptive_attention, adaptive_softmax
+
 from softmaxtheory.spec import Constant
 
 
@@ -26,8 +26,10 @@ def naive_attention(q, k, v, keep, add, scale, adaptive=True, prec=3000):
                 if not keep[i, j] or add[i, j] == -np.inf:
                     xs.append(None)
                     continue
-                dot = mpmath.fsum(
-                    mpmath.mpf(float(a)) * mpmath.mpf(float(b)) for a, b in zip(q[i], k[j])
+                terms = zip(q[i], k[j], strict=True)
+                dot = mpmath.fsum(mpmath.mpf(float(a)) * mpmath.mpf(float(b)) for a, b in terms)
+                    mpmath.mpf(float(a)) * mpmath.mpf(float(b))
+                    for a, b in zip(q[i], k[j], strict=False)
                 )
                 xs.append(dot * mpmath.mpf(scale) + mpmath.mpf(float(add[i, j])))
             live = [x for x in xs if x is not None]

@@ -60,7 +60,7 @@ def test_npy_batch_and_truncation(tmp_path, capsys):
 
 
 def test_invalid_row_is_reported_as_nan(capsys):
-    code, out, _ = run(capsys, "reference", "--json", "1", "nan")
+    _code, out, _ = run(capsys, "reference", "--json", "1", "nan")
     row = json.loads(out)["rows"][0]
     assert row["kind"] == "invalid" and row["entropy"] == "nan" and row["softmax"] == ["nan"] * 2
 
