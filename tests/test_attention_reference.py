@@ -28,9 +28,6 @@ def naive_attention(q, k, v, keep, add, scale, adaptive=True, prec=3000):
                     continue
                 terms = zip(q[i], k[j], strict=True)
                 dot = mpmath.fsum(mpmath.mpf(float(a)) * mpmath.mpf(float(b)) for a, b in terms)
-                    mpmath.mpf(float(a)) * mpmath.mpf(float(b))
-                    for a, b in zip(q[i], k[j], strict=False)
-                )
                 xs.append(dot * mpmath.mpf(scale) + mpmath.mpf(float(add[i, j])))
             live = [x for x in xs if x is not None]
             if not live:
