@@ -66,7 +66,11 @@ def run_reference(n: int = 16384, repeat: int = 3, seed: int = 0) -> list[BenchR
         for dtype in (np.float64, np.float32):
             for fname in ("adaptive_softmax", "softmax"):
                 fn = getattr(reference, fname)
-                seconds = _best_time(lambda fn=fn, row=row, dtype=dtype: fn(row, dtype=dtype), repeat)
+
+                def call(fn=fn, row=row, dtype=dtype):
+                    return fn(row, dtype=dtype)
+
+                seconds = _best_time(call, repeat)
                 results.append(
                     BenchResult(
                         case=f"reference.{fname} ({label})",
