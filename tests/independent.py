@@ -23,7 +23,8 @@ def round_to(value: mpmath.mpf, dtype) -> float:
         return math.nan
     if value == 0 or mpmath.mag(value) < -1200:  # far below every format's least subnormal
         return 0.0
-    frac = Fraction(*value.as_integer_ratio())
+    sign, man, exp, _ = value._mpf_  # value == (-1)**sign * man * 2**exp
+    frac = (-1) ** sign * Fraction(int(man)) * Fraction(2) ** int(exp)
     f64 = float(frac)  # correctly rounded to float64
     if np.dtype(dtype) == np.float64:
         return f64
