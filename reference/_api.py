@@ -127,11 +127,15 @@ def evaluate_row(
     PrecisionError
         When :data:`MAX_PRECISION` is reached.
     """
+    keep_all = qmin is None
     for p in precisions(start):
-        C = math.inf if qmin is None else eng.cutoff(row.n, p, qmin)
+        C = math.inf if keep_all else eng.cutoff(row.n, p, qmin)
         try:
             result = _attempt(row, want, accept, p, C, schedule, entropy_eps)
         except eng.Undecided:
+            # a jump cannot be decided: drop nothing from now on (the mass of the
+            # negligible items may be what separates the entropy from the threshold)
+            keep_all = True
             continue
         if result is not None:
             return result

@@ -34,14 +34,19 @@ from mpmath.libmp import (
     fone,
     from_float,
     from_int,
+    from_man_exp,
     from_rational,
     fzero,
+    mpf_abs,
     mpf_add,
+    mpf_cmp,
     mpf_div,
     mpf_exp,
     mpf_log,
     mpf_mul,
     mpf_sub,
+    round_ceiling,
+    round_floor,
     round_nearest,
     to_float,
 )
@@ -140,13 +145,9 @@ def prepare_row(x: np.ndarray) -> PreparedRow:
     z = [mpf_sub(from_float(v), fm, 0) for v in xu.tolist()]
     with np.errstate(over="ignore"):
         zf = m - xu  # |z| rounded to nearest (inf on overflow)
+        zabs = zf * (1.0 + 2.0**-50)
     return PreparedRow(
-        n=x.shape[0],
-        index=index,
-        z=z,
-        zabs=zf * (1.0 + 2.0**-50),
-        zlow=zf * (1.0 - 2.0**-50),
-        ones=xu == m,
+        n=x.shape[0], index=index, z=z, zabs=zabs, zlow=zf * (1.0 - 2.0**-50), ones=xu == m
     )
 
 
@@ -221,8 +222,8 @@ def exp_pass(row: PreparedRow, beta: Ball | None, p: int, C: float, want_t: bool
         brel = beta.rel
         if beta.extra_log2 is not None:
             raise ValueError("beta must carry a purely relative bound")
-        ymag_low = bf * (1.0 - brel - 2.0**-50) * row.zlow[nonones]
         with np.errstate(invalid="ignore", over="ignore"):
+            ymag_low = bf * (1.0 - brel - 2.0**-50) * row.zlow[nonones]
             a = bf * (1.0 + 2.0**-50) * row.zabs[nonones] * (u + brel + u * brel) * SLACK
     live = ~(ymag_low > C)
     alive = nonones[live]
@@ -266,9 +267,14 @@ def exp_pass(row: PreparedRow, beta: Ball | None, p: int, C: float, want_t: bool
     max_rel = float(rel_e.max()) if rel_e.size else 0.0
     sigma_rel = (max_rel + sum_rel) * SLACK
     dead_log2 = _dead_log2(n_dead, C)
-    s = mpf_add(from_int(c), sigma, 0)  # exact
     s_f = c + sigma_f
     dead_rel = math.ldexp(1.0, dead_log2) if dead_log2 is not None else 0.0
+    if c and sigma != fzero and -_mag(sigma) > 2 * ps + 64:
+        # sigma is far below c's last bit: round the sum instead of holding it exactly
+        s = mpf_add(from_int(c), sigma, 2 * ps + 64, RN)
+        dead_rel += math.ldexp(1.0, -min(2 * ps + 63, 1070))
+    else:
+        s = mpf_add(from_int(c), sigma, 0)  # exact
     s_rel = ((sigma_f / s_f) * sigma_rel + dead_rel) * SLACK if s_f > 0 else math.inf
     result = ExpPass(
         alive=alive,
@@ -413,12 +419,17 @@ def _polynomial_beta(schedule: Polynomial, H: Ball, p: int, u: float) -> Ball:
     Hf = to_float(H.mid)
     EH = H.abs_bound()
     theta = schedule.exact_threshold
-    tf = float(theta)
-    theta_m, _ = _rational_mpf(theta, p + 20)
-    margin = abs(tf) * math.ldexp(1.0, -p - 18) + EH
-    diff = to_float(mpf_sub(H.mid, theta_m, p + 20, RN))
-    if diff <= -margin:
-        return Ball(fone, 0.0)
+    # the ball [H_lo, H_hi] and theta in [t_lo, t_hi], compared exactly
+    radius = mpf_mul(mpf_abs(H.mid), from_float(H.rel * SLACK), 30, round_ceiling)
+    if H.extra_log2 is not None:
+        radius = mpf_add(radius, from_man_exp(1, H.extra_log2), 30, round_ceiling)
+    h_lo = mpf_sub(H.mid, radius, p + 20, round_floor)
+    h_hi = mpf_add(H.mid, radius, p + 20, round_ceiling)
+    t_lo = from_rational(theta.numerator, theta.denominator, p + 20, round_floor)
+    t_hi = from_rational(theta.numerator, theta.denominator, p + 20, round_ceiling)
+    if mpf_cmp(h_hi, t_lo) <= 0 and (mpf_cmp(h_hi, t_lo) < 0 or t_lo == t_hi):
+        return Ball(fone, 0.0)  # H <= theta
+    straddles = mpf_cmp(h_lo, t_hi) <= 0
     coeffs = schedule.exact_coefficients
     cm = [from_rational(c.numerator, c.denominator, p, RN) for c in coeffs]
     acc = fzero
@@ -429,20 +440,20 @@ def _polynomial_beta(schedule: Polynomial, H: Ball, p: int, u: float) -> Ball:
     size = sum(abs(float(c)) * hmax ** (d - i) for i, c in enumerate(coeffs))
     slope = sum(abs(float(c)) * (d - i) * hmax ** max(d - i - 1, 0) for i, c in enumerate(coeffs))
     EP = ((2 * d + 3) * u * size + slope * EH) * 1.01
-    Pf = to_float(acc)
-    if diff > margin:
-        if Pf + EP <= 1.0:
-            return Ball(fone, 0.0)
-        if Pf - EP >= 1.0:
-            return Ball(acc, EP / (Pf - EP) * SLACK)
-        return Ball(acc if Pf > 1.0 else fone, EP * SLACK)
-    # the entropy straddles the threshold
-    if schedule.jumps_at_threshold:
+    # decide max(P, 1) with exact comparisons of the bounds P -/+ EP against 1
+    EPm = from_float(EP)
+    above = mpf_cmp(mpf_sub(acc, EPm, p + 10, round_floor), fone) >= 0
+    below = mpf_cmp(mpf_add(acc, EPm, p + 10, round_ceiling), fone) <= 0
+    if straddles and schedule.jumps_at_threshold:
+        # the entropy straddles the threshold of a schedule that jumps there
         raise Undecided("entropy too close to the threshold of a schedule with a jump")
-    # continuous there: beta is within EP of max(P, 1) on both sides
-    if Pf + EP <= 1.0:
+    # past the threshold, or straddling it where the rule is continuous (P(theta) <= 1):
+    # beta is within EP of max(P, 1) on both sides
+    if below:
         return Ball(fone, 0.0)
-    return Ball(acc if Pf > 1.0 else fone, EP * SLACK)
+    if above:
+        return Ball(acc, EP / (to_float(acc) * (1 - 1e-9) - EP) * SLACK)
+    return Ball(acc if mpf_cmp(acc, fone) > 0 else fone, EP * SLACK)
 
 
 def coefficients(ep: ExpPass, p: int) -> tuple[list, np.ndarray, tuple, float]:

@@ -137,8 +137,9 @@ def round_ball(
     -------
     float or None
         The correctly rounded value of every real in the ball, hence of the exact
-        value, or ``None`` when the ball contains a rounding boundary. An exact
-        zero is returned as ``+0.0``.
+        value, or ``None`` when the ball contains a rounding boundary or, for a
+        non-zero approximation, zero itself. An exactly zero approximation whose
+        ball lies below half the least subnormal gives ``+0.0``.
     """
     sign, man, exp, _ = mpf
     if not (rel >= 0.0 and math.isfinite(rel)):
@@ -162,11 +163,7 @@ def round_ball(
     if extra_log2 is not None:
         err += 1 << (extra_log2 - exp) if extra_log2 >= exp else 1
     if err >= man:
-        lo = round_exact(1 - sign, err - man, exp, fmt)
-        hi = round_exact(sign, man + err, exp, fmt)
-        return 0.0 if lo == 0.0 and hi == 0.0 else None
+        return None  # the ball holds zero: the sign of the result is not decided yet
     lo = round_exact(sign, man - err, exp, fmt)
     hi = round_exact(sign, man + err, exp, fmt)
-    if lo == hi:
-        return 0.0 if hi == 0.0 else hi
-    return None
+    return hi if lo == hi else None

@@ -145,8 +145,9 @@ def _certify_row(
             sums.append(acc)
         group_sums[d] = sums
     vmax = float(np.max(np.abs(vcols))) if vcols.size else 0.0
+    keep_all = False
     for p in precisions(fmt.precision + 40 + row.n.bit_length()):
-        C = eng.cutoff(row.n, p, fmt.qmin) + math.log1p(vmax)
+        C = math.inf if keep_all else eng.cutoff(row.n, p, fmt.qmin) + math.log1p(vmax)
         try:
             H = None
             if schedule.needs_entropy:
@@ -154,6 +155,7 @@ def _certify_row(
                 H = eng.entropy_ball(row, ep1, p, entropy_eps, C)
             b = eng.beta_ball(schedule, H, row.n_eff, p)
         except eng.Undecided:
+            keep_all = True  # see evaluate_row: negligible mass may decide a jump
             continue
         exact_one = b.mid == eng.fone and b.rel == 0.0
         ep = eng.exp_pass(row, None if exact_one else b, p, C, want_t=False)
