@@ -14,7 +14,7 @@ sys.path.insert(0, str(DOCS / "_ext"))
 
 project = "softmaxtheory"
 author = "softmaxtheory developers"
-copyright = "2025, softmaxtheory developers"  # noqa: A001
+copyright = "2025, softmaxtheory developers"
 
 try:
     import softmaxtheory
@@ -44,6 +44,12 @@ mathjax_path = "mathjax/tex-chtml.js"
 # The folder scanned (with ``ast``) for @pytest.mark.theorem markers; relative
 # paths are taken from this file's folder.
 theorem_tests_dir = "../tests"
+# A theorem with no marked test is a warning of type "theorem_tests.empty"; add
+# it to suppress_warnings only while the tests are being written.
+
+# Warn about "\\name" inside math (an r-string docstring that kept doubled
+# backslashes renders as a line break and a word). Override with -D math_lint=0.
+math_lint = True
 
 # -- general -------------------------------------------------------------------
 root_doc = "index"
@@ -59,6 +65,7 @@ autodoc_default_options = {
     "member-order": "bysource",
 }
 autodoc_typehints = "description"
+autodoc_typehints_description_target = "documented"
 autodoc_typehints_format = "short"
 autodoc_preserve_defaults = True
 napoleon_google_docstring = False
@@ -66,6 +73,41 @@ napoleon_numpy_docstring = True
 napoleon_use_ivar = True
 napoleon_use_rtype = True
 napoleon_preprocess_types = True
+# Bare type names of the numpydoc sections, resolved to their documented target.
+napoleon_type_aliases = {
+    "Schedule": "softmaxtheory.spec.Schedule",
+    "BinaryFormat": "softmaxtheory.reference.BinaryFormat",
+    "Fraction": "fractions.Fraction",
+}
+
+# -- nitpicky, with targeted exceptions ---------------------------------------------
+# There is no intersphinx (the build is offline), so objects of the standard
+# library, numpy and mpmath have no target; numpydoc's informal type words
+# ("array_like", "sequence", "numpy dtype", "shape (..., n)") have none either.
+nitpick_ignore = [
+    ("py:class", "array_like"),
+    ("py:class", "sequence"),
+    ("py:class", "callable"),
+    ("py:class", "numpy dtype"),
+    ("py:class", "float64"),
+    ("py:class", "numpy.ndarray"),
+    ("py:class", "numpy.dtype"),
+    ("py:class", "np.ndarray"),
+    ("py:class", "np.dtype"),
+    ("py:class", "mpmath.mpf"),
+    ("py:class", "mpmath.ctx_mp_python.mpf"),
+    ("py:class", "fractions.Fraction"),
+    ("py:class", "abc.ABC"),
+    ("py:class", "enum.IntEnum"),
+    ("py:obj", "False"),
+    ("py:obj", "True"),
+]
+nitpick_ignore_regex = [
+    # the pieces of a numpydoc shape annotation such as "shape (..., L, d)"
+    ("py:class", r"shape \(.*"),
+    ("py:class", r"[A-Za-z]"),
+    ("py:class", r"[A-Za-z_]\w*\)"),
+]
 
 # -- doctest -------------------------------------------------------------------
 doctest_global_setup = """

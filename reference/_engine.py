@@ -115,7 +115,7 @@ class PreparedRow:
     index : numpy.ndarray
         Positions of the unmasked entries.
     z : list of tuple
-        Exact shifted logits :math:`z_i = x_i - \\max x \\le 0` (mpf tuples).
+        Exact shifted logits :math:`z_i = x_i - \max x \le 0` (mpf tuples).
     zabs, zlow : numpy.ndarray
         Upper and lower float bounds of :math:`|z_i|` (``inf`` beyond range).
     ones : numpy.ndarray
@@ -154,7 +154,7 @@ def prepare_row(x: np.ndarray) -> PreparedRow:
 def cutoff(n: int, p: int, qmin: int) -> float:
     r"""The dead-item cutoff :math:`C` for a row of `n` items at precision `p`.
 
-    :math:`n e^{-C} \\le 2^{-\\max(-q_{\\min}, p) - 40}`.
+    :math:`n e^{-C} \le 2^{-\max(-q_{\min}, p) - 40}`.
     """
     return math.log(2.0) * (max(-qmin, p) + 40 + n.bit_length()) + 8.0
 
@@ -173,7 +173,7 @@ class ExpPass:
     ``e[k]`` approximates :math:`e^{y_k}` for ``alive[k]`` (ones excluded) with
     relative error ``rel_e[k]`` (relative to the computed value);
     ``s = c + sigma`` with ``s_rel``; ``t`` approximates
-    :math:`\\sum_i e^{z_i} z_i` (entropy passes only).
+    :math:`\sum_i e^{z_i} z_i` (entropy passes only).
     """
 
     alive: np.ndarray
@@ -192,7 +192,7 @@ class ExpPass:
 
 
 def exp_pass(row: PreparedRow, beta: Ball | None, p: int, C: float, want_t: bool) -> ExpPass:
-    r"""Compute :math:`e^{\\beta z_i}`, their sum and (optionally) :math:`\\sum e^{z_i} z_i`.
+    r"""Compute :math:`e^{\beta z_i}`, their sum and (optionally) :math:`\sum e^{z_i} z_i`.
 
     Parameters
     ----------
@@ -205,7 +205,7 @@ def exp_pass(row: PreparedRow, beta: Ball | None, p: int, C: float, want_t: bool
     C : float
         Dead-item cutoff.
     want_t : bool
-        Also accumulate :math:`t = \\sum_i e^{z_i} z_i` (requires ``beta=None``).
+        Also accumulate :math:`t = \sum_i e^{z_i} z_i` (requires ``beta=None``).
     """
     u = math.ldexp(1.0, -p)
     n = row.n_eff

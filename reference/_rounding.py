@@ -35,9 +35,9 @@ class BinaryFormat:
     precision : int
         Significand bits :math:`P` (hidden bit included).
     qmin : int
-        Exponent of the smallest subnormal, :math:`2^{q_{\\min}}`.
+        Exponent of the smallest subnormal, :math:`2^{q_{\min}}`.
     emax : int
-        Largest finite values lie in :math:`[2^{e_{\\max}}, 2^{e_{\\max}+1})`.
+        Largest finite values lie in :math:`[2^{e_{\max}}, 2^{e_{\max}+1})`.
     """
 
     name: str
@@ -76,7 +76,7 @@ def format_for(dtype: object, name: str = "dtype") -> BinaryFormat:
 
 
 def round_exact(sign: int, man: int, exp: int, fmt: BinaryFormat) -> float:
-    r"""Round :math:`(-1)^{sign} \\cdot man \\cdot 2^{exp}` to `fmt`, nearest-even.
+    r"""Round :math:`(-1)^{sign} \cdot man \cdot 2^{exp}` to `fmt`, nearest-even.
 
     Parameters
     ----------

@@ -315,7 +315,7 @@ def resolve_schedule(schedule: Schedule | None) -> Schedule:
 def check_entropy_eps(entropy_eps: float) -> float:
     r"""Validate the entropy mode: ``0.0`` (exact) or a guard ``eps > 0``.
 
-    With ``eps > 0`` the entropy is :math:`-\\sum_i p_i \\log(p_i + \\varepsilon)`,
+    With ``eps > 0`` the entropy is :math:`-\sum_i p_i \log(p_i + \varepsilon)`,
     the paper's listing uses ``1e-9`` (:data:`PAPER_ENTROPY_EPS`).
 
     Raises

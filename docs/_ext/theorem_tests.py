@@ -80,7 +80,9 @@ def _theorems_of_call(node: ast.expr) -> list[str] | None:
     if not isinstance(node, ast.Call):
         return None
     func = node.func
-    if not (isinstance(func, ast.Attribute) and func.attr == "theorem" and _is_mark_attr(func.value)):
+    if not (
+        isinstance(func, ast.Attribute) and func.attr == "theorem" and _is_mark_attr(func.value)
+    ):
         return None
     names = [
         arg.value
@@ -192,14 +194,25 @@ def _iter_tests(
             yield from walk_class(stmt, "", inherited)
 
 
+_SCAN_CACHE: dict[tuple[str, str, int, int], dict[str, list[TheoremTest]]] = {}
+
+
 def scan_file(path: Path, display: str) -> dict[str, list[TheoremTest]]:
-    """Map each theorem named in one test file to its tests.
+    """Map each theorem named in one test file to its tests (cached by mtime and size).
 
     Raises
     ------
     SyntaxError
         If the file does not parse.
     """
+    stat = path.stat()
+    key = (str(path), display, stat.st_mtime_ns, stat.st_size)
+    if key not in _SCAN_CACHE:
+        _SCAN_CACHE[key] = _scan_file(path, display)
+    return _SCAN_CACHE[key]
+
+
+def _scan_file(path: Path, display: str) -> dict[str, list[TheoremTest]]:
     source = path.read_text(encoding="utf-8")
     tree = ast.parse(source, filename=str(path))
     module, aliases = _module_marks(tree)
@@ -276,13 +289,23 @@ class TheoremTestsDirective(SphinxDirective):
             return []
         config = self.env.config
         folder = (Path(self.env.app.confdir) / config.theorem_tests_dir).resolve()
-        tests, errors, files = find_theorem_tests(
-            folder, theorem, config.theorem_tests_patterns
-        )
+        if not folder.is_dir():
+            logger.warning(
+                "theorem-tests: theorem_tests_dir %s is not a folder",
+                folder,
+                location=location,
+                type="theorem_tests",
+                subtype="folder",
+            )
+        tests, errors, files = find_theorem_tests(folder, theorem, config.theorem_tests_patterns)
         for path in files:
             self.env.note_dependency(str(path))
         _pages(self.env).add(self.env.docname)
+        reported = _reported(self.env.app)
         for path, exc in errors:
+            if str(path) in reported:
+                continue
+            reported.add(str(path))
             logger.warning(
                 "theorem-tests: cannot parse %s: %s",
                 path,
@@ -313,17 +336,24 @@ class TheoremTestsDirective(SphinxDirective):
                 para += nodes.Text(" \N{EM DASH} " + test.summary)
             item += para
             bullets += item
-        intro = nodes.paragraph(
-            text=(
-                f"{len(tests)} test{'s' if len(tests) != 1 else ''} "
-                f"carr{'y' if len(tests) != 1 else 'ies'} the marker "
-                f"@pytest.mark.theorem(\"{theorem}\"):"
-            )
+        plural = len(tests) != 1
+        intro = nodes.paragraph()
+        intro += nodes.Text(
+            f"{len(tests)} test{'s' if plural else ''} carr{'y' if plural else 'ies'} the marker "
         )
+        intro += nodes.literal(text=f'@pytest.mark.theorem("{theorem}")')
+        intro += nodes.Text(":")
         return [intro, bullets]
 
 
 # -- keep the pages fresh ----------------------------------------------------------------
+
+
+def _reported(app: Sphinx) -> set[str]:
+    """Files whose parse error was already reported in this build."""
+    if not hasattr(app, "theorem_tests_reported"):
+        app.theorem_tests_reported = set()  # type: ignore[attr-defined]
+    return app.theorem_tests_reported  # type: ignore[attr-defined]
 
 
 def _pages(env: BuildEnvironment) -> set[str]:
@@ -336,9 +366,7 @@ def _purge(app: Sphinx, env: BuildEnvironment, docname: str) -> None:
     _pages(env).discard(docname)
 
 
-def _merge(
-    app: Sphinx, env: BuildEnvironment, docnames: set[str], other: BuildEnvironment
-) -> None:
+def _merge(app: Sphinx, env: BuildEnvironment, docnames: set[str], other: BuildEnvironment) -> None:
     _pages(env).update(_pages(other) & set(docnames))
 
 
@@ -348,13 +376,43 @@ def _outdated(
     return sorted(d for d in _pages(env) if d in env.found_docs and d not in removed)
 
 
+# -- a reader's check of the math ---------------------------------------------------
+
+_DOUBLED_BACKSLASH = re.compile(r"\\\\[A-Za-z]")
+
+
+def _lint_math(app: Sphinx, doctree: nodes.document) -> None:
+    """Warn about ``\\\\name`` in math: a raw docstring that kept doubled backslashes.
+
+    In TeX ``\\\\`` is a line break, so ``\\\\sum`` renders as a break and the
+    word "sum" instead of the symbol.
+    """
+    if not app.config.math_lint:
+        return
+    for node in doctree.findall(lambda n: isinstance(n, nodes.math | nodes.math_block)):
+        text = node.astext()
+        match = _DOUBLED_BACKSLASH.search(text)
+        if match:
+            logger.warning(
+                "math has a doubled backslash before a command name (%s): %s -- "
+                "a raw docstring must write \\name with one backslash",
+                match.group(0),
+                text,
+                location=node,
+                type="math_lint",
+                subtype="backslash",
+            )
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     """Register the directive and its configuration values."""
     app.add_config_value("theorem_tests_dir", "../tests", "env", types=[str])
     app.add_config_value(
         "theorem_tests_patterns", ("test_*.py", "*_test.py"), "env", types=[tuple, list]
     )
+    app.add_config_value("math_lint", True, "env", types=[bool])
     app.add_directive("theorem-tests", TheoremTestsDirective)
+    app.connect("doctree-read", _lint_math)
     app.connect("env-purge-doc", _purge)
     app.connect("env-merge-info", _merge)
     app.connect("env-get-outdated", _outdated)
