@@ -177,7 +177,7 @@ def _attempt(
     result: dict[str, Any] = {}
     ep1 = None
     if need_h or "softmax" in want:
-        ep1 = eng.exp_pass(row, None, p, C, want_t=need_h and entropy_eps == 0.0)
+        ep1 = eng.exp_pass(row, None, p, C, want_t=need_h)
     H = None
     if need_h:
         assert ep1 is not None

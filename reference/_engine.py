@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 from mpmath.libmp import (
@@ -44,6 +45,7 @@ from mpmath.libmp import (
     mpf_exp,
     mpf_log,
     mpf_mul,
+    mpf_neg,
     mpf_sub,
     round_ceiling,
     round_floor,
@@ -268,7 +270,8 @@ def exp_pass(row: PreparedRow, beta: Ball | None, p: int, C: float, want_t: bool
     sigma_rel = (max_rel + sum_rel) * SLACK
     dead_log2 = _dead_log2(n_dead, C)
     s_f = c + sigma_f
-    dead_rel = math.ldexp(1.0, dead_log2) if dead_log2 is not None else 0.0
+    # (a dead mass below the float range is bounded by 2**-1070, an over-estimate)
+    dead_rel = math.ldexp(1.0, max(dead_log2, -1070)) if dead_log2 is not None else 0.0
     if c and sigma != fzero and -_mag(sigma) > 2 * ps + 64:
         # sigma is far below c's last bit: round the sum instead of holding it exactly
         s = mpf_add(from_int(c), sigma, 2 * ps + 64, RN)
@@ -296,11 +299,12 @@ def exp_pass(row: PreparedRow, beta: Ball | None, p: int, C: float, want_t: bool
 
 
 def entropy_ball(row: PreparedRow, ep: ExpPass, p: int, entropy_eps: float, C: float) -> Ball:
-    """Entropy of the row from a ``beta = 1`` pass (with ``t`` when ``eps == 0``)."""
+    """Entropy of the row from a ``beta = 1`` pass that accumulated ``t``."""
     u = math.ldexp(1.0, -p)
+    H = _entropy_exact_mode(ep, p, u)
     if entropy_eps == 0.0:
-        return _entropy_exact_mode(ep, p, u)
-    return _entropy_eps_mode(row, ep, p, u, entropy_eps, C)
+        return H
+    return _entropy_eps_mode(ep, p, u, entropy_eps, C, H)
 
 
 def _entropy_exact_mode(ep: ExpPass, p: int, u: float) -> Ball:
@@ -341,44 +345,70 @@ def _entropy_exact_mode(ep: ExpPass, p: int, u: float) -> Ball:
     return Ball(H, rel, _max_log2(L_extra, ep.t_dead_log2))
 
 
-def _entropy_eps_mode(
-    row: PreparedRow, ep: ExpPass, p: int, u: float, eps: float, C: float
-) -> Ball:
-    r"""H = -sum p_i log(p_i + eps): terms of either sign, absolute bounds."""
-    ps = p + (row.n_eff + 1).bit_length() + 2
+def _log1p(r: tuple, p: int) -> tuple[tuple, float]:
+    r""":math:`\log(1 + r)` for an exact ``r > -1``, with its relative error bound."""
+    if r == fzero:
+        return fzero, 0.0
+    mag = _mag(r)
+    if mag < -p:
+        # log1p(r) = r (1 - r/2 + ...): relative error below |r| <= 2**-p
+        return r, math.ldexp(1.0, -p)
+    pl = p + 8 + max(0, -mag)
+    # 1 + r is exact; the extra -mag bits keep the result's relative accuracy near r = 0
+    return mpf_log(mpf_add(fone, r, 0), pl, RN), KAPPA * math.ldexp(1.0, -p - 6)
+
+
+def _entropy_eps_mode(ep: ExpPass, p: int, u: float, eps: float, C: float, H: Ball) -> Ball:
+    r"""Guarded entropy :math:`-\sum_i p_i \log(p_i + \varepsilon) = H - G`.
+
+    With :math:`G = \sum_i p_i \log(1 + \varepsilon / p_i) \ge 0`, a sum of positive
+    terms, and :math:`H \ge 0` the exact entropy, the only cancellation left is the
+    final subtraction, whose relative error the Ziv loop sees directly.
+    """
     eps_m = from_float(eps)
-    s_f = to_float(ep.s)
+    if ep.sigma == fzero and ep.dead_log2 is None:
+        # every unmasked item is a maximum: p_i = 1/c exactly and H_eps = -log(1/c + eps)
+        d = Fraction(1, ep.c) + Fraction(eps) - 1
+        if d == 0:
+            return Ball(fzero, 0.0)
+        lam, lam_rel = _log1p(from_rational(d.numerator, d.denominator, p + 8, RN), p)
+        return Ball(mpf_neg(lam), (lam_rel + math.ldexp(1.0, -p - 7)) * SLACK)
     Rs = ep.s_rel / (1.0 - ep.s_rel) if ep.s_rel < 0.5 else math.inf
+    ps = p + (len(ep.e) + 2).bit_length() + 2
     total = fzero
-    abs_terms = 0.0
-    err = 0.0
-    pieces = [(ep.e, ep.rel_e, ep.ef)]
+    worst = 0.0
+
+    def term(e: tuple, rel_e: float) -> tuple[tuple, float]:
+        pk = mpf_div(e, ep.s, p, RN)
+        Rp = (rel_e + Rs + u + 2 * rel_e * Rs) * SLACK
+        lam, lam_rel = _log1p(mpf_div(eps_m, pk, p, RN), p)
+        Rr = (Rp + u) / (1.0 - Rp - u) if Rp < 0.25 else math.inf
+        return mpf_mul(pk, lam, p, RN), (Rp + Rr + lam_rel + u) * (1 + 4 * Rr) * SLACK
+
+    for e, rel_e in zip(ep.e, ep.rel_e.tolist(), strict=True):
+        g, r = term(e, rel_e)
+        total = mpf_add(total, g, ps, RN)
+        worst = max(worst, r)
     if ep.c:
-        pieces.append(([fone] * ep.c, np.zeros(ep.c), np.ones(ep.c)))
-    for es, rel_e, ef in pieces:
-        Rp = (rel_e + Rs + u) * (1 + 2 * Rs) * SLACK
-        pf = ef / (s_f * (1 - 1e-9))
-        for k, ek in enumerate(es):
-            pk = mpf_div(ek, ep.s, p, RN)
-            w = mpf_add(pk, eps_m, p, RN)
-            lam = mpf_log(w, p, RN)
-            term = mpf_mul(pk, lam, p, RN)
-            total = mpf_add(total, term, ps, RN)
-            lam_f = abs(to_float(lam))
-            Rw = Rp[k] + u
-            e_lam = (Rw / (1.0 - Rw) if Rw < 0.5 else math.inf) + KAPPA * u * lam_f
-            t_abs = pf[k] * lam_f
-            abs_terms += t_abs
-            err += pf[k] * e_lam + t_abs * (Rp[k] + u)
-    err = (err + abs_terms * (row.n_eff + 1) * math.ldexp(1.0, -ps) + row.n_eff * 1e-300) * SLACK
-    H = mpf_sub(fzero, total, p, RN)
-    Hf = abs(to_float(H))
-    rel = err / Hf if Hf > 0 else math.inf
-    dead_mass = _dead_log2(row.n_eff - ep.c - len(ep.e), C)
-    extra = None
-    if dead_mass is not None:
-        extra = dead_mass + max(0, math.ceil(math.log2(max(abs(math.log(eps)), 1.0)))) + 1
-    return Ball(H, rel * SLACK, extra)
+        g, r = term(fone, 0.0)
+        total = mpf_add(total, mpf_mul(g, from_int(ep.c), p, RN), ps, RN)
+        worst = max(worst, r + u)
+    G_rel = (worst + (len(ep.e) + 2) * math.ldexp(1.0, -ps)) * SLACK
+    G_extra = None
+    if ep.dead_log2 is not None:
+        # a dead item has p <= e**-C: p log(1 + eps/p) <= C e**-C + e**-C log(1 + eps)
+        G_extra = ep.dead_log2 + 1 + math.ceil(math.log2(1.0 + math.log1p(eps)))
+    mid = mpf_sub(H.mid, total, p, RN)
+    if mid == fzero:
+        return Ball(mid, math.inf)
+    mass = mpf_add(
+        mpf_mul(mpf_abs(H.mid), from_float(H.rel), 60, round_ceiling),
+        mpf_mul(total, from_float(G_rel), 60, round_ceiling),
+        60,
+        round_ceiling,
+    )
+    ratio = to_float(mpf_div(mass, mpf_abs(mid), 60, round_ceiling), rnd="u")
+    return Ball(mid, (ratio + u) * SLACK, _max_log2(H.extra_log2, G_extra))
 
 
 def _rational_mpf(value: object, p: int) -> tuple[tuple, float]:

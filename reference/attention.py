@@ -151,7 +151,7 @@ def _certify_row(
         try:
             H = None
             if schedule.needs_entropy:
-                ep1 = eng.exp_pass(row, None, p, C, want_t=entropy_eps == 0.0)
+                ep1 = eng.exp_pass(row, None, p, C, want_t=True)
                 H = eng.entropy_ball(row, ep1, p, entropy_eps, C)
             b = eng.beta_ball(schedule, H, row.n_eff, p)
         except eng.Undecided:

@@ -219,6 +219,7 @@ class StreamState:
     def entropy(self, *, entropy_eps: float = 0.0, dtype: Any = np.float64) -> float:
         """Correctly rounded entropy of everything fed (``log s - t/s``)."""
         fmt = format_for(dtype)
+        check_entropy_eps(entropy_eps)
         if self._invalid:
             return math.nan
         if not self._terms:
@@ -234,6 +235,8 @@ class StreamState:
     ) -> float:
         """Correctly rounded inverse temperature of everything fed."""
         fmt = format_for(dtype)
+        resolve_schedule(schedule)
+        check_entropy_eps(entropy_eps)
         if self._invalid:
             return math.nan
         if not self._terms:
@@ -262,6 +265,8 @@ class StreamState:
         if arr.ndim != 1:
             raise ValueError(f"chunk must be 1-d, got shape {arr.shape}")
         fmt = format_for(dtype)
+        resolve_schedule(schedule)
+        check_entropy_eps(entropy_eps)
         out = np.zeros(arr.shape, dtype=fmt.dtype)
         if self._invalid:
             out[...] = np.nan

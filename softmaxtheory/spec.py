@@ -361,7 +361,10 @@ def as_logits(x: Any, name: str = "x") -> np.ndarray:
     ValueError
         For a 0-d input (there is no axis to normalise along).
     """
-    arr = np.asarray(x)
+    try:
+        arr = np.asarray(x)
+    except ValueError as exc:  # ragged nested sequences
+        raise ValueError(f"{name} must be a rectangular array of shape (..., n): {exc}") from exc
     if arr.dtype.kind in "iu":
         arr = arr.astype(np.float64)
     elif arr.dtype.type not in _FLOAT_KINDS:

@@ -131,8 +131,22 @@ def two_level_entropy(k: int, j: int, d):
     return mpmath.log(s) + j * e * d / s
 
 
-def two_level_row_for_entropy(k: int, j: int, target, guess: float) -> float:
-    """The float64 d nearest the solution of H([0]*k + [-d]*j) = target."""
+def two_level_row_for_entropy(k: int, j: int, target, guess: float | None = None) -> float:
+    """A float64 d (within an ulp or so) solving H([0]*k + [-d]*j) = target.
+
+    H decreases from log(k + j) at d = 0 to log k as d grows: bisection.
+    """
     with mpmath.workprec(300):
-        d = mpmath.findroot(lambda d: two_level_entropy(k, j, d) - target, guess)
-        return float(d)
+        target = mpmath.mpf(target)
+        if not mpmath.log(k) < target < mpmath.log(k + j):
+            raise ValueError("target entropy out of reach of this row shape")
+        lo, hi = mpmath.mpf(0), mpmath.mpf(1)
+        while two_level_entropy(k, j, hi) > target:
+            hi *= 2
+        for _ in range(120):
+            mid = (lo + hi) / 2
+            if two_level_entropy(k, j, mid) > target:
+                lo = mid
+            else:
+                hi = mid
+        return float(lo)

@@ -117,6 +117,8 @@ def test_as_logits_dtypes():
             as_logits(bad)
     with pytest.raises(ValueError, match="at least one axis"):
         as_logits(3.0)
+    with pytest.raises(ValueError, match="x must be a rectangular array"):
+        as_logits([[1.0, 2.0], [3.0]])
 
 
 def test_classify_rows():

@@ -1,0 +1,250 @@
+"""Invalid arguments raise clear errors that name the argument; nothing is silently coerced."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+from softmaxtheory.reference import StreamState
+
+from softmaxtheory import reference
+from softmaxtheory.spec import Constant, LogLength, PaperPolynomial, Polynomial
+
+ARRAY_FUNCS = {
+    "softmax": reference.softmax,
+    "entropy": reference.entropy,
+    "beta": reference.beta,
+    "adaptive_softmax": reference.adaptive_softmax,
+}
+MP_FUNCS = {
+    "softmax_mp": reference.softmax_mp,
+    "entropy_mp": reference.entropy_mp,
+    "beta_mp": reference.beta_mp,
+    "adaptive_softmax_mp": reference.adaptive_softmax_mp,
+}
+ALL_FUNCS = {**ARRAY_FUNCS, **MP_FUNCS}
+
+
+def names(arg: str) -> str:
+    """A regex: the message names the argument as a word."""
+    return rf"\b{re.escape(arg)}\b"
+
+
+BAD_DTYPE_INPUTS = {
+    "complex": np.array([1.0 + 2.0j, 0.0]),
+    "complex-list": [1j, 2.0],
+    "object": np.array([1.0, None], dtype=object),
+    "object-numbers": np.array([1.0, 2.0], dtype=object),
+    "none": None,
+    "bool": np.array([True, False]),
+    "bool-list": [True, False, True],
+    "str": ["1.0", "2.0"],
+    "str-scalar": "abc",
+    "bytes": np.array([b"1", b"2"]),
+    "datetime": np.array(["2024-01-01"], dtype="datetime64[D]"),
+    "timedelta": np.array([1, 2], dtype="timedelta64[s]"),
+    "structured": np.zeros(2, dtype=[("a", "f8")]),
+}
+
+
+@pytest.mark.parametrize("func", sorted(ALL_FUNCS))
+@pytest.mark.parametrize("case", sorted(BAD_DTYPE_INPUTS))
+def test_bad_input_dtype_is_a_type_error_naming_x(func, case) -> None:
+    with pytest.raises(TypeError, match=names("x")):
+        ALL_FUNCS[func](BAD_DTYPE_INPUTS[case])
+
+
+@pytest.mark.parametrize("func", sorted(ALL_FUNCS))
+@pytest.mark.parametrize("value", [1.0, 0, np.float64(2.0), np.array(3.0), np.float32(1.0)])
+def test_zero_d_input_is_a_value_error_naming_x(func, value) -> None:
+    with pytest.raises(ValueError, match=names("x")):
+        ALL_FUNCS[func](value)
+
+
+@pytest.mark.parametrize("func", sorted(MP_FUNCS))
+def test_mp_functions_take_one_row(func) -> None:
+    with pytest.raises(ValueError, match=names("x")):
+        MP_FUNCS[func](np.zeros((2, 3)))
+
+
+@pytest.mark.parametrize("func", sorted(MP_FUNCS))
+@pytest.mark.parametrize("prec", [0, 4, 7, 100_000, 113.0, "113", True, None])
+def test_mp_functions_reject_bad_prec(func, prec) -> None:
+    with pytest.raises((ValueError, TypeError), match=names("prec")):
+        MP_FUNCS[func]([0.0, 1.0], prec=prec)
+
+
+@pytest.mark.parametrize("func", sorted(ARRAY_FUNCS))
+@pytest.mark.parametrize(
+    "dtype", ["int32", np.int64, np.uint8, "bogus", np.complex128, object, bool, "float128", "U3"]
+)
+def test_bad_output_dtype_is_a_value_error_naming_dtype(func, dtype) -> None:
+    with pytest.raises(ValueError, match=names("dtype")):
+        ARRAY_FUNCS[func]([0.0, 1.0], dtype=dtype)
+    # also for rows that never reach the arithmetic
+    with pytest.raises(ValueError, match=names("dtype")):
+        ARRAY_FUNCS[func](np.zeros((2, 0)), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", np.float32, np.dtype("f2")])
+def test_valid_output_dtype_spellings(dtype) -> None:
+    assert reference.softmax([0.0, 1.0], dtype=dtype).dtype == np.dtype(dtype)
+
+
+SCHEDULE_FUNCS = {
+    "beta": reference.beta,
+    "adaptive_softmax": reference.adaptive_softmax,
+    "beta_mp": reference.beta_mp,
+    "adaptive_softmax_mp": reference.adaptive_softmax_mp,
+}
+
+
+@pytest.mark.parametrize("func", sorted(SCHEDULE_FUNCS))
+@pytest.mark.parametrize(
+    "schedule", ["paper", 2.0, 1, PaperPolynomial, Constant, ("-0.037", "0.481"), lambda h: 1.0]
+)
+def test_bad_schedule_is_a_type_error_naming_schedule(func, schedule) -> None:
+    for x in ([0.0, 1.0], [float("-inf")], []):
+        with pytest.raises(TypeError, match=names("schedule")):
+            SCHEDULE_FUNCS[func](x, schedule=schedule)
+
+
+@pytest.mark.parametrize(
+    ("make", "exc", "arg"),
+    [
+        (lambda: Constant(0), ValueError, "beta"),
+        (lambda: Constant(-1), ValueError, "beta"),
+        (lambda: Constant("-0.5"), ValueError, "beta"),
+        (lambda: Constant("0"), ValueError, "beta"),
+        (lambda: Constant(math.nan), ValueError, "beta"),
+        (lambda: Constant(math.inf), ValueError, "beta"),
+        (lambda: Constant("abc"), ValueError, "beta"),
+        (lambda: Constant(True), TypeError, "beta"),
+        (lambda: Constant(None), TypeError, "beta"),
+        (lambda: LogLength(0), ValueError, "s"),
+        (lambda: LogLength(-2.0), ValueError, "s"),
+        (lambda: LogLength(math.nan), ValueError, "s"),
+        (lambda: LogLength("x"), ValueError, "s"),
+        (lambda: Polynomial(()), ValueError, "coefficients"),
+        (lambda: Polynomial([]), ValueError, "coefficients"),
+        (lambda: Polynomial(("1", "x")), ValueError, "coefficients"),
+        (lambda: Polynomial((1.0, math.inf)), ValueError, "coefficients"),
+        (lambda: Polynomial((1.0, None)), TypeError, "coefficients"),
+        (lambda: Polynomial(("1",), threshold="nan"), ValueError, "threshold"),
+        (lambda: Polynomial(("1",), threshold=math.nan), ValueError, "threshold"),
+        (lambda: Polynomial(("1",), threshold=None), TypeError, "threshold"),
+    ],
+)
+def test_invalid_schedule_parameters(make, exc, arg) -> None:
+    with pytest.raises(exc, match=names(arg)):
+        make()
+
+
+EPS_FUNCS = {
+    "entropy": reference.entropy,
+    "beta": reference.beta,
+    "adaptive_softmax": reference.adaptive_softmax,
+    "entropy_mp": reference.entropy_mp,
+    "beta_mp": reference.beta_mp,
+    "adaptive_softmax_mp": reference.adaptive_softmax_mp,
+}
+
+
+@pytest.mark.parametrize("func", sorted(EPS_FUNCS))
+@pytest.mark.parametrize(
+    ("eps", "exc"),
+    [
+        (-1e-9, ValueError),
+        (-0.5, ValueError),
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        (-math.inf, ValueError),
+        ("1e-9", TypeError),
+        (None, TypeError),
+        (True, TypeError),
+        (1e-9j, TypeError),
+        ([1e-9], TypeError),
+    ],
+)
+def test_bad_entropy_eps(func, eps, exc) -> None:
+    for x in ([0.0, 1.0], [float("-inf")], [], [math.nan]):
+        with pytest.raises(exc, match=names("entropy_eps")):
+            EPS_FUNCS[func](x, entropy_eps=eps)
+
+
+@pytest.mark.parametrize("eps", [0, 0.0, 1e-9, np.float32(1e-9), np.float64(0.25), 1])
+def test_valid_entropy_eps_spellings(eps) -> None:
+    h = reference.entropy([0.0, 1.0], entropy_eps=eps)
+    assert np.isfinite(h)
+
+
+def test_keyword_only_options() -> None:
+    with pytest.raises(TypeError):
+        reference.softmax([0.0, 1.0], np.float32)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        reference.beta([0.0, 1.0], Constant(2))  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------------
+# StreamState
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk", [np.array([1j]), [True], ["a"], np.array([None], dtype=object)])
+def test_stream_bad_chunk_dtype(chunk) -> None:
+    with pytest.raises(TypeError, match=names("chunk")):
+        StreamState.from_logits(chunk)
+    with pytest.raises(TypeError, match=names("chunk")):
+        StreamState().update(chunk)
+
+
+@pytest.mark.parametrize("chunk", [np.zeros((2, 2)), 1.0, np.array(2.0)])
+def test_stream_chunk_must_be_one_row(chunk) -> None:
+    with pytest.raises(ValueError, match=names("chunk")):
+        StreamState.from_logits(chunk)
+    with pytest.raises(ValueError, match=names("chunk")):
+        StreamState.from_logits([0.0]).normalize(chunk)
+
+
+@pytest.mark.parametrize("other", [None, 1.0, (0.0, 1.0, 0.0), [0.0]])
+def test_stream_merge_with_non_state(other) -> None:
+    with pytest.raises(TypeError):
+        StreamState().merge(other)
+    with pytest.raises(TypeError):
+        StreamState.from_logits([1.0]) + other
+
+
+def test_stream_normalize_refuses_values_never_fed() -> None:
+    s = StreamState.from_logits([0.0, 1.0])
+    with pytest.raises(ValueError, match=names("chunk")):
+        s.normalize([0.5])
+    with pytest.raises(ValueError, match=names("chunk")):
+        StreamState().normalize([0.0])
+
+
+STATES = {
+    "regular": lambda: StreamState.from_logits([0.0, 1.0]),
+    # nothing to compute for these two, but the arguments must still be checked
+    "identity": StreamState,
+    "invalid": lambda: StreamState.from_logits([math.nan]),
+}
+READINGS = {
+    "entropy-eps-negative": (lambda s: s.entropy(entropy_eps=-1.0), ValueError, "entropy_eps"),
+    "beta-eps-string": (lambda s: s.beta(entropy_eps="1e-9"), TypeError, "entropy_eps"),
+    "beta-schedule": (lambda s: s.beta(schedule="paper"), TypeError, "schedule"),
+    "normalize-schedule": (lambda s: s.normalize([], schedule=2.0), TypeError, "schedule"),
+    "normalize-eps": (lambda s: s.normalize([], entropy_eps=math.nan), ValueError, "entropy_eps"),
+    "entropy-dtype": (lambda s: s.entropy(dtype="int8"), ValueError, "dtype"),
+    "beta-dtype": (lambda s: s.beta(dtype=bool), ValueError, "dtype"),
+    "normalize-dtype": (lambda s: s.normalize([], dtype=np.complex64), ValueError, "dtype"),
+}
+
+
+@pytest.mark.parametrize("state", sorted(STATES))
+@pytest.mark.parametrize("reading", sorted(READINGS))
+def test_stream_readings_validate_their_arguments(state, reading) -> None:
+    call, exc, arg = READINGS[reading]
+    with pytest.raises(exc, match=names(arg)):
+        call(STATES[state]())
