@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ._layout import install_source_tree_finder
 from .spec import (
     ENTROPY_THRESHOLD,
     PAPER_COEFFICIENTS,
@@ -25,6 +26,8 @@ from .spec import (
 )
 
 __version__ = "0.1.0"
+
+install_source_tree_finder(__file__)
 
 __all__ = [
     "ENTROPY_THRESHOLD",

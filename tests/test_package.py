@@ -105,3 +105,19 @@ def test_readme_examples_run():
     )
     assert result.attempted >= 5
     assert result.failed == 0
+
+
+def test_subpackages_import_from_a_checkout_without_the_install():
+    """In the repository root the folder softmaxtheory/ shadows an installed package."""
+    code = (
+        "import sys\n"
+        "sys.meta_path = [f for f in sys.meta_path if 'editable' not in type(f).__module__]\n"
+        "import softmaxtheory.reference, softmaxtheory.accelerated\n"
+        "print(softmaxtheory.reference.__file__)\n"
+        "print(softmaxtheory.reference.softmax([0.0, 0.0]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT
+    ).stdout.splitlines()
+    assert Path(out[0]) == ROOT / "reference" / "__init__.py"
+    assert out[1] == "[0.5 0.5]"
