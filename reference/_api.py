@@ -287,6 +287,21 @@ def entropy(x: Any, *, entropy_eps: float = 0.0, dtype: Any = np.float64) -> np.
 
     with :math:`\varepsilon` = `entropy_eps` (``0.0``: the exact entropy).
 
+    Parameters
+    ----------
+    x : array_like
+        Logits of shape ``(..., n)``; their exact binary values are used.
+    entropy_eps : float, default 0.0
+        Entropy mode; ``1e-9`` reproduces the paper's listing.
+    dtype : numpy dtype, default float64
+        Output format: float64, float32 or float16.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``x.shape[:-1]``: each row's entropy rounded once to `dtype`
+        (0 for empty and fully masked rows, NaN for rows with NaN or ``+inf``).
+
     Examples
     --------
     >>> from softmaxtheory import reference
@@ -304,6 +319,32 @@ def beta(
     dtype: Any = np.float64,
 ) -> np.ndarray:
     r"""Correctly rounded inverse temperature :math:`\beta` of each row.
+
+    For the default schedule, :math:`\beta = \max(P(H), 1)` if :math:`H > 0.5`
+    and 1 otherwise, with the paper's polynomial :math:`P` evaluated exactly.
+
+    Parameters
+    ----------
+    x : array_like
+        Logits of shape ``(..., n)``.
+    schedule : Schedule, optional
+        Temperature schedule; default :class:`~softmaxtheory.spec.PaperPolynomial`.
+    entropy_eps : float, default 0.0
+        Entropy mode used by entropy-driven schedules.
+    dtype : numpy dtype, default float64
+        Output format.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``x.shape[:-1]``: β rounded once to `dtype` (1 for empty and fully
+        masked rows, NaN for rows with NaN or ``+inf``).
+
+    Raises
+    ------
+    PrecisionError
+        For a user schedule with a jump, when the entropy lies within
+        :math:`2^{-960}` of its threshold.
 
     Examples
     --------
