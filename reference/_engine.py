@@ -136,6 +136,19 @@ class PreparedRow:
         """Number of unmasked items."""
         return len(self.z)
 
+    @classmethod
+    def from_shifts(cls, z: list, n: int, index: np.ndarray) -> PreparedRow:
+        """A row from exact shifted logits (mpf tuples, maximum exactly 0)."""
+        zf = np.array([-to_float(d) for d in z], dtype=np.float64)  # |z|, rounded down
+        return cls(
+            n=n,
+            index=index,
+            z=z,
+            zabs=zf * (1.0 + 2.0**-50),
+            zlow=zf * (1.0 - 2.0**-50),
+            ones=np.array([d == fzero for d in z], dtype=bool),
+        )
+
 
 def prepare_row(x: np.ndarray) -> PreparedRow:
     """Prepare a regular float row (finite values and ``-inf`` only, one finite)."""

@@ -98,16 +98,7 @@ def _prepare(logits: list) -> eng.PreparedRow:
     index = np.array([j for j, x in enumerate(logits) if x is not None], dtype=np.intp)
     xs = [logits[j] for j in index.tolist()]
     m = max(xs, key=cmp_to_key(mpf_cmp))
-    z = [mpf_sub(x, m, 0) for x in xs]
-    zf = np.array([-to_float(d) for d in z], dtype=np.float64)
-    return eng.PreparedRow(
-        n=len(logits),
-        index=index,
-        z=z,
-        zabs=zf * (1.0 + 2.0**-50),
-        zlow=zf * (1.0 - 2.0**-50),
-        ones=np.array([d == fzero for d in z], dtype=bool),
-    )
+    return eng.PreparedRow.from_shifts([mpf_sub(x, m, 0) for x in xs], len(logits), index)
 
 
 def _ieee_sum(values: np.ndarray) -> float:

@@ -29,7 +29,7 @@ from typing import Any
 
 import mpmath
 import numpy as np
-from mpmath.libmp import from_float, fzero, mpf_add, mpf_sub, to_float
+from mpmath.libmp import from_float, fzero, mpf_add, mpf_sub
 
 from softmaxtheory.spec import Schedule, as_logits, check_entropy_eps, resolve_schedule
 
@@ -164,15 +164,7 @@ class StreamState:
         row = self._cache.get("row")
         if row is None:
             z = [d for d, c in self._terms.items() for _ in range(c)]
-            zf = np.array([-to_float(d) for d in z], dtype=np.float64)
-            row = eng.PreparedRow(
-                n=len(z),
-                index=np.arange(len(z)),
-                z=z,
-                zabs=zf * (1.0 + 2.0**-50),
-                zlow=zf * (1.0 - 2.0**-50),
-                ones=np.array([d == fzero for d in z], dtype=bool),
-            )
+            row = eng.PreparedRow.from_shifts(z, len(z), np.arange(len(z)))
             self._cache["row"] = row
         return row
 
