@@ -71,7 +71,6 @@ __all__ = [
 RN = round_nearest
 KAPPA = 8.0
 SLACK = 1.0 + 2.0**-20
-_TINY_EXP = -700.0  # floats of exp below e**-700 are replaced by e**-700 (an upper bound)
 
 
 class Undecided(Exception):
@@ -88,10 +87,13 @@ class Ball:
 
     def abs_bound(self) -> float:
         """An upper bound of the absolute error, as a float (never rounded down)."""
-        bound = abs(to_float(self.mid)) * self.rel * SLACK
+        radius = mpf_mul(mpf_abs(self.mid), from_float(self.rel), 60, round_ceiling)
         if self.extra_log2 is not None:
-            bound += math.ldexp(1.0, max(self.extra_log2, -1074))
-        return bound
+            radius = mpf_add(radius, from_man_exp(1, self.extra_log2), 60, round_ceiling)
+        if radius == fzero:
+            return 0.0
+        # below the float range, the least subnormal is still an upper bound
+        return max(to_float(radius, rnd="u"), 5e-324)
 
 
 def _mag(x: tuple) -> int:
@@ -194,7 +196,6 @@ class ExpPass:
     alive: np.ndarray
     e: list
     rel_e: np.ndarray
-    ef: np.ndarray
     c: int
     sigma: tuple
     sigma_rel: float
@@ -248,8 +249,6 @@ def exp_pass(row: PreparedRow, beta: Ball | None, p: int, C: float, want_t: bool
         em1 = np.expm1(a)
         rel_true = em1 + KAPPA * u * (1.0 + em1)
         rel_e = np.where(rel_true < 0.5, rel_true / (1.0 - rel_true), np.inf) * SLACK
-        ylow = np.maximum(bf * (1.0 - 1e-9) * row.zlow[alive], 0.0)
-        ef = np.exp(np.maximum(-ylow + a, _TINY_EXP)) * (1.0 + 1e-9)
 
     z = row.z
     es = []
@@ -296,7 +295,6 @@ def exp_pass(row: PreparedRow, beta: Ball | None, p: int, C: float, want_t: bool
         alive=alive,
         e=es,
         rel_e=rel_e,
-        ef=ef,
         c=c,
         sigma=sigma,
         sigma_rel=sigma_rel,
