@@ -82,9 +82,6 @@ def _mp_acceptor(prec: int) -> Acceptor:
     return accept
 
 
-_WANTS = frozenset({"softmax", "entropy", "beta", "adaptive"})
-
-
 def evaluate_row(
     row: eng.PreparedRow,
     want: frozenset[str],
@@ -181,7 +178,7 @@ def _attempt(
     H = None
     if need_h:
         assert ep1 is not None
-        H = eng.entropy_ball(row, ep1, p, entropy_eps, C)
+        H = eng.entropy_ball(ep1, p, entropy_eps)
         if "entropy" in want:
             h = accept(H.mid, H.rel, H.extra_log2)
             if h is None:

@@ -309,13 +309,13 @@ def exp_pass(row: PreparedRow, beta: Ball | None, p: int, C: float, want_t: bool
     return result
 
 
-def entropy_ball(row: PreparedRow, ep: ExpPass, p: int, entropy_eps: float, C: float) -> Ball:
+def entropy_ball(ep: ExpPass, p: int, entropy_eps: float) -> Ball:
     """Entropy of the row from a ``beta = 1`` pass that accumulated ``t``."""
     u = math.ldexp(1.0, -p)
     H = _entropy_exact_mode(ep, p, u)
     if entropy_eps == 0.0:
         return H
-    return _entropy_eps_mode(ep, p, u, entropy_eps, C, H)
+    return _entropy_eps_mode(ep, p, u, entropy_eps, H)
 
 
 def _entropy_exact_mode(ep: ExpPass, p: int, u: float) -> Ball:
@@ -369,7 +369,7 @@ def _log1p(r: tuple, p: int) -> tuple[tuple, float]:
     return mpf_log(mpf_add(fone, r, 0), pl, RN), KAPPA * math.ldexp(1.0, -p - 6)
 
 
-def _entropy_eps_mode(ep: ExpPass, p: int, u: float, eps: float, C: float, H: Ball) -> Ball:
+def _entropy_eps_mode(ep: ExpPass, p: int, u: float, eps: float, H: Ball) -> Ball:
     r"""Guarded entropy :math:`-\sum_i p_i \log(p_i + \varepsilon) = H - G`.
 
     With :math:`G = \sum_i p_i \log(1 + \varepsilon / p_i) \ge 0`, a sum of positive

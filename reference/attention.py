@@ -143,7 +143,7 @@ def _certify_row(
             H = None
             if schedule.needs_entropy:
                 ep1 = eng.exp_pass(row, None, p, C, want_t=True)
-                H = eng.entropy_ball(row, ep1, p, entropy_eps, C)
+                H = eng.entropy_ball(ep1, p, entropy_eps)
             b = eng.beta_ball(schedule, H, row.n_eff, p)
         except eng.Undecided:
             keep_all = True  # see evaluate_row: negligible mass may decide a jump

@@ -190,10 +190,17 @@ class StreamState:
         r""":math:`t = \sum e^{x_i - m}(x_i - m)` with relative error at most ``2**-prec``."""
         return self._sums_mp("t", prec)
 
-    def _read(self, want: str, schedule: Schedule | None, entropy_eps: float, dtype: Any) -> Any:
+    def _read(
+        self, want: str, schedule: Schedule | None, entropy_eps: float, dtype: Any, empty: Any
+    ) -> Any:
+        """Validate the options, then the certified reading (cached) or its special value."""
         fmt = format_for(dtype)
         schedule = resolve_schedule(schedule)
         entropy_eps = check_entropy_eps(entropy_eps)
+        if self._invalid:
+            return math.nan
+        if not self._terms:
+            return empty
         key = (want, schedule, entropy_eps, fmt.name)
         if key not in self._cache:
             row = self._row()
@@ -210,13 +217,7 @@ class StreamState:
 
     def entropy(self, *, entropy_eps: float = 0.0, dtype: Any = np.float64) -> float:
         """Correctly rounded entropy of everything fed (``log s - t/s``)."""
-        fmt = format_for(dtype)
-        check_entropy_eps(entropy_eps)
-        if self._invalid:
-            return math.nan
-        if not self._terms:
-            return 0.0
-        return float(fmt.dtype.type(self._read("entropy", None, entropy_eps, dtype)))
+        return self._read("entropy", None, entropy_eps, dtype, 0.0)
 
     def beta(
         self,
@@ -226,14 +227,7 @@ class StreamState:
         dtype: Any = np.float64,
     ) -> float:
         """Correctly rounded inverse temperature of everything fed."""
-        fmt = format_for(dtype)
-        resolve_schedule(schedule)
-        check_entropy_eps(entropy_eps)
-        if self._invalid:
-            return math.nan
-        if not self._terms:
-            return 1.0
-        return float(fmt.dtype.type(self._read("beta", schedule, entropy_eps, dtype)))
+        return self._read("beta", schedule, entropy_eps, dtype, 1.0)
 
     def normalize(
         self,
@@ -256,14 +250,11 @@ class StreamState:
         arr = as_logits(chunk, "chunk")
         if arr.ndim != 1:
             raise ValueError(f"chunk must be 1-d, got shape {arr.shape}")
-        fmt = format_for(dtype)
-        resolve_schedule(schedule)
-        check_entropy_eps(entropy_eps)
-        out = np.zeros(arr.shape, dtype=fmt.dtype)
+        values = self._read("adaptive", schedule, entropy_eps, dtype, [])
+        out = np.zeros(arr.shape, dtype=format_for(dtype).dtype)
         if self._invalid:
             out[...] = np.nan
             return out
-        values = self._read("adaptive", schedule, entropy_eps, dtype) if self._terms else []
         row = self._row()
         table = dict(zip(row.z, values, strict=True))
         fm = from_float(self._m) if self._terms else None
