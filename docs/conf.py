@@ -91,6 +91,8 @@ nitpick_ignore = [
     ("py:class", "numpy dtype"),
     ("py:class", "float64"),
     ("py:class", "numpy.ndarray"),
+    ("py:class", "numpy.float64"),
+    ("py:class", "torch.Tensor"),
     ("py:class", "numpy.dtype"),
     ("py:class", "np.ndarray"),
     ("py:class", "np.dtype"),
@@ -114,7 +116,7 @@ doctest_global_setup = """
 import math
 import numpy as np
 import mpmath
-from softmaxtheory import reference
+from softmaxtheory import bounds, reference
 """
 
 # -- html ----------------------------------------------------------------------

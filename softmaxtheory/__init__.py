@@ -39,7 +39,7 @@ __all__ = [
     "__version__",
 ]
 
-_SUBMODULES = frozenset({"spec", "reference", "accelerated", "cli"})
+_SUBMODULES = frozenset({"spec", "bounds", "reference", "accelerated", "cli"})
 
 
 def __getattr__(name: str) -> Any:

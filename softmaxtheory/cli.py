@@ -25,7 +25,7 @@ from .spec import Constant, LogLength, PaperPolynomial, Polynomial, Schedule
 __all__ = ["COMMANDS", "main", "parse_float", "parse_schedule"]
 
 #: The subcommands, each implemented by the module ``softmaxtheory._cmd_<name>``.
-COMMANDS: tuple[str, ...] = ("reference", "bench")
+COMMANDS: tuple[str, ...] = ("reference", "bounds", "check", "bench")
 
 
 def parse_schedule(text: str) -> Schedule:

@@ -1,0 +1,279 @@
+"""``softmaxtheory bounds``: dispersion limits for a logit spread (a table, JSON or a plot)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+import numpy as np
+
+from .cli import parse_float
+
+__all__ = ["DEFAULT_SIZES", "add_parser", "compute", "run"]
+
+#: The lengths of the table: 16, 32, ..., 16384 (the paper's evaluation sizes).
+DEFAULT_SIZES: tuple[int, ...] = tuple(16 * 2**k for k in range(11))
+
+STATISTICS = ("max", "mean", "median")
+
+
+def _parse_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"sizes must be integers, got {text!r}") from exc
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"sizes must be integers >= 1, got {text!r}")
+    return sizes
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register the ``bounds`` subcommand on `sub` and return its parser."""
+    p = sub.add_parser(
+        "bounds",
+        help="dispersion limits for a logit spread (T1, T2, T3, T6)",
+        description=(
+            "Print the dispersion limits of softmax for logits of a given spread: the size "
+            "from which every coefficient is below EPS, the largest and smallest coefficient "
+            "and the entropy floor at each length, with and without the paper's adaptive "
+            "temperature, and the length from which that temperature is 1. Give the spread, "
+            "or a .npy of logits to measure it (-inf entries are masks). Every decimal shown "
+            "is correctly rounded to the digits shown."
+        ),
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--spread", type=parse_float, metavar="DELTA", help="the logit spread")
+    src.add_argument("--npy", metavar="FILE", help="a .npy of logits (..., n) to measure")
+    p.add_argument(
+        "--statistic",
+        choices=STATISTICS,
+        default="max",
+        help="with --npy: which row spread to use (default max, the worst case)",
+    )
+    p.add_argument("--eps", type=parse_float, default=0.5, help="coefficient level (default 0.5)")
+    p.add_argument("--beta", type=parse_float, default=1.0, help="inverse temperature (default 1)")
+    p.add_argument(
+        "--sizes",
+        type=_parse_sizes,
+        default=DEFAULT_SIZES,
+        metavar="N,N,...",
+        help="lengths of the table (default 16,32,...,16384)",
+    )
+    p.add_argument("--digits", type=int, default=6, help="significant digits shown (default 6)")
+    p.add_argument("--json", action="store_true", help="print JSON (float64 values) instead")
+    p.add_argument("--plot", metavar="FILE", help="also write a PNG of the bounds against n")
+    return p
+
+
+def _measure(path: str, statistic: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    from .bounds import empirical_spread
+
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        parser.error(f"cannot read {path}: {exc}")
+    try:
+        spreads = np.atleast_1d(empirical_spread(arr))
+    except (TypeError, ValueError) as exc:
+        parser.error(f"{path}: {exc}")
+    bad = int(np.sum(np.isnan(spreads)))
+    good = spreads[~np.isnan(spreads)]
+    if good.size == 0:
+        parser.error(f"{path}: no row has a finite spread (every row holds NaN or +inf)")
+    if not np.all(np.isfinite(good)):
+        parser.error(f"{path}: a row's spread overflows float64")
+    value = {"max": np.max, "mean": np.mean, "median": np.median}[statistic](good)
+    return {
+        "file": path,
+        "rows": int(spreads.size),
+        "rows_with_nan_or_inf": bad,
+        "items_per_row": int(arr.shape[-1]) if arr.ndim else 0,
+        "spread_mean": float(np.mean(good)),
+        "spread_std": float(np.std(good)),
+        "spread_min": float(np.min(good)),
+        "spread_max": float(np.max(good)),
+        "statistic": statistic,
+        "spread": float(value),
+    }
+
+
+def compute(
+    spread: float, eps: float, beta: float, sizes: tuple[int, ...], digits: int = 6
+) -> dict[str, Any]:
+    """Every number the command prints, as a dict (floats and exact ints, plus decimal strings)."""
+    from . import bounds
+
+    beta_max = bounds.adaptive_beta_max()
+    h_on, h_off = bounds.adaptive_window()
+    n_off = bounds.adaptive_switch_off_size(spread)
+    rows = []
+    for n in sizes:
+        adaptive_beta = 1.0 if n >= n_off else math.nextafter(beta_max, math.inf)
+        rows.append(
+            {
+                "n": n,
+                "max_coefficient": bounds.max_coefficient(n, spread, beta),
+                "adaptive_max_coefficient": bounds.adaptive_max_coefficient(n, spread),
+                "min_coefficient": bounds.min_coefficient(n, spread, beta),
+                "entropy_lower_bound": bounds.entropy_lower_bound(n, spread, beta),
+                "text": {
+                    "max_coefficient": bounds._certified_text(n, spread, beta, "max", digits),
+                    "adaptive_max_coefficient": bounds._certified_text(
+                        n, spread, adaptive_beta, "max", digits
+                    ),
+                    "min_coefficient": bounds._certified_text(n, spread, beta, "min", digits),
+                    "entropy_lower_bound": bounds._certified_text(
+                        n, spread, beta, "entropy", digits
+                    ),
+                },
+            }
+        )
+    return {
+        "spread": spread,
+        "eps": eps,
+        "beta": beta,
+        "dispersion_size": bounds.dispersion_size(eps, spread, beta),
+        "adaptive_dispersion_size": bounds.adaptive_dispersion_size(eps, spread),
+        "adaptive_switch_off_size": n_off,
+        "adaptive_beta_max": beta_max,
+        "adaptive_window": [h_on, h_off],
+        "rows": rows,
+    }
+
+
+def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if not 0.0 < args.eps < 1.0:
+        parser.error(f"--eps must lie strictly between 0 and 1, got {args.eps!r}")
+    if not (math.isfinite(args.beta) and args.beta > 0):
+        parser.error(f"--beta must be finite and > 0, got {args.beta!r}")
+    if args.spread is not None and not (math.isfinite(args.spread) and args.spread >= 0):
+        parser.error(f"--spread must be finite and >= 0, got {args.spread!r}")
+    if not 1 <= args.digits <= 17:
+        parser.error(f"--digits must be between 1 and 17, got {args.digits}")
+
+
+def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
+    out = sys.stdout
+    if measured is not None:
+        out.write(
+            f"measured {measured['rows']} rows of {measured['items_per_row']} items in "
+            f"{measured['file']}: spread mean {measured['spread_mean']:.4g} ± "
+            f"{measured['spread_std']:.4g}, range [{measured['spread_min']:.4g}, "
+            f"{measured['spread_max']:.4g}]"
+        )
+        if measured["rows_with_nan_or_inf"]:
+            out.write(f"; {measured['rows_with_nan_or_inf']} rows with NaN or +inf skipped")
+        out.write(f"\nusing the {measured['statistic']}: spread {doc['spread']!r}\n\n")
+    beta = doc["beta"]
+    bt = "" if beta == 1.0 else f" at beta = {beta!r}"
+    out.write(f"dispersion limits for logit spread {doc['spread']!r}{bt}\n")
+    out.write(
+        f"  every coefficient is < {doc['eps']!r} once n >= {doc['dispersion_size']}"
+        "   (dispersion size, T2)\n"
+    )
+    h_on, h_off = doc["adaptive_window"]
+    out.write(
+        f"  adaptive temperature (the paper's polynomial): beta <= {doc['adaptive_beta_max']!r},"
+        f" > 1 only for entropies in ({h_on!r}, {h_off!r})\n"
+    )
+    out.write(
+        f"    beta = 1 for every row once n >= {doc['adaptive_switch_off_size']}"
+        "   (switch-off size, T6)\n"
+    )
+    out.write(
+        f"    every adaptive coefficient is < {doc['eps']!r} once n >= "
+        f"{doc['adaptive_dispersion_size']}\n\n"
+    )
+    headers = ("n", "max coef", "max coef (adaptive)", "min coef", "entropy floor (nats)")
+    widths = [max(8, len(str(doc["rows"][-1]["n"]))), 14, 20, 14, 20]
+    out.write("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)) + "\n")
+    for r in doc["rows"]:
+        t = r["text"]
+        cells = (
+            str(r["n"]),
+            t["max_coefficient"],
+            t["adaptive_max_coefficient"],
+            t["min_coefficient"],
+            t["entropy_lower_bound"],
+        )
+        out.write("  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)) + "\n")
+    if beta != 1.0:
+        out.write("(the adaptive column applies the schedule to the logits as given, beta = 1)\n")
+
+
+def _plot(doc: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from . import bounds
+
+    n_star = doc["dispersion_size"]
+    n_off = doc["adaptive_switch_off_size"]
+    top = max(max(r["n"] for r in doc["rows"]), 4 * min(n_star, 10**12), 4 * min(n_off, 10**12))
+    ns = np.unique(np.geomspace(2, top, 300).astype(np.int64))
+    spread, beta = doc["spread"], doc["beta"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+    ax.loglog(ns, bounds.max_coefficient(ns, spread, beta), label="max coefficient (T1)")
+    ax.loglog(
+        ns,
+        bounds.adaptive_max_coefficient(ns, spread),
+        label="max coefficient, adaptive temperature (T6)",
+    )
+    ax.loglog(ns, bounds.min_coefficient(ns, spread, beta), label="min coefficient (T1)")
+    ax.loglog(ns, 1.0 / ns, color="grey", linewidth=0.8, linestyle=":", label="1/n")
+    ax.axhline(doc["eps"], color="black", linewidth=0.8, linestyle="--", label=f"ε = {doc['eps']}")
+    if n_star <= top:
+        ax.axvline(n_star, color="tab:red", linewidth=0.8, label=f"dispersion size {n_star}")
+    if n_off <= top:
+        ax.axvline(n_off, color="tab:purple", linewidth=0.8, label=f"switch-off size {n_off}")
+    ax.set_xlabel("number of items n")
+    ax.set_ylabel("coefficient bound")
+    bt = "" if beta == 1.0 else f", β = {beta}"
+    ax.set_title(f"Softmax dispersion limits for logit spread {spread}{bt}")
+    ax.grid(True, which="both", linewidth=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Compute the limits and print them; return the exit status."""
+    _check(args, parser)
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(
+                "softmaxtheory bounds: --plot needs matplotlib, which is not installed; "
+                "install it with: pip install 'softmaxtheory[plot]'",
+                file=sys.stderr,
+            )
+            return 1
+    measured = None
+    spread = args.spread
+    if args.npy is not None:
+        measured = _measure(args.npy, args.statistic, parser)
+        spread = measured["spread"]
+    try:
+        doc = compute(spread, args.eps, args.beta, args.sizes, args.digits)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.json:
+        out = {k: v for k, v in doc.items() if k != "rows"}
+        out["rows"] = [{k: v for k, v in r.items() if k != "text"} for r in doc["rows"]]
+        if measured is not None:
+            out["measured"] = measured
+        json.dump(out, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_table(doc, measured)
+    if args.plot is not None:
+        _plot(doc, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0

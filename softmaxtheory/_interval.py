@@ -1,0 +1,209 @@
+r"""Rigorous interval arithmetic on mpmath raw numbers, and certified rounding.
+
+An interval is a pair ``(lo, hi)`` of mpmath raw floats (``_mpf_`` tuples) with
+``lo <= hi`` that contains the exact value. Arithmetic uses mpmath's ``mpi_*``
+primitives at an explicit precision (mpmath's global contexts are never read or
+changed). Additions, multiplications and divisions are rounded outward by
+mpmath itself. The results of ``exp`` and ``log`` are further widened by
+:math:`2^{4-p}` relative, so the enclosure holds as long as mpmath's directed
+``exp`` and ``log`` are within 16 units of :math:`2^{-p}` of the exact value,
+the same kind of assumption the reference makes (and tests) for its own
+evaluation.
+
+A value is *certified* by Ziv's strategy: evaluate the enclosure at precision
+:math:`p`; if both ends round to the same float (or the same decimal string),
+that is the correctly rounded result, by monotonicity of rounding; otherwise
+double :math:`p`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from decimal import Decimal
+from fractions import Fraction
+from typing import TypeVar
+
+from mpmath import libmp
+
+__all__ = [
+    "CertificationError",
+    "Interval",
+    "certify",
+    "decimal_of",
+    "float_of",
+    "iv_add",
+    "iv_div",
+    "iv_exact",
+    "iv_exp",
+    "iv_fraction",
+    "iv_log1p",
+    "iv_mul",
+    "iv_sub",
+    "to_fraction",
+]
+
+Raw = tuple
+Interval = tuple[Raw, Raw]
+T = TypeVar("T")
+
+#: Precision at which certification starts, and the cap after which it gives up.
+START_PRECISION = 64
+MAX_PRECISION = 1 << 22
+
+
+class CertificationError(ArithmeticError):
+    """The value could not be certified below :data:`MAX_PRECISION` bits."""
+
+
+def iv_exact(value: int | float) -> Interval:
+    """The point interval of an int or a float (exact: mpmath floats are unbounded)."""
+    raw = libmp.from_int(value) if isinstance(value, int) else libmp.from_float(value)
+    return (raw, raw)
+
+
+def iv_fraction(value: Fraction, prec: int) -> Interval:
+    """An enclosure of a rational number."""
+    num = iv_exact(value.numerator)
+    if value.denominator == 1:
+        return num
+    return libmp.mpi_div(num, iv_exact(value.denominator), prec)
+
+
+def iv_add(a: Interval, b: Interval, prec: int) -> Interval:
+    """Outward-rounded ``a + b``."""
+    return libmp.mpi_add(a, b, prec)
+
+
+def iv_sub(a: Interval, b: Interval, prec: int) -> Interval:
+    """Outward-rounded ``a - b``."""
+    return libmp.mpi_sub(a, b, prec)
+
+
+def iv_mul(a: Interval, b: Interval, prec: int) -> Interval:
+    """Outward-rounded ``a * b``."""
+    return libmp.mpi_mul(a, b, prec)
+
+
+def iv_div(a: Interval, b: Interval, prec: int) -> Interval:
+    """Outward-rounded ``a / b`` (`b` must not contain zero)."""
+    return libmp.mpi_div(a, b, prec)
+
+
+def _widen(iv: Interval, prec: int) -> Interval:
+    lo, hi = iv
+    slack = libmp.from_man_exp(1, 4 - prec)
+    lo = libmp.mpf_sub(lo, libmp.mpf_mul(libmp.mpf_abs(lo), slack), prec, libmp.round_floor)
+    hi = libmp.mpf_add(hi, libmp.mpf_mul(libmp.mpf_abs(hi), slack), prec, libmp.round_ceiling)
+    return lo, hi
+
+
+def iv_exp(a: Interval, prec: int) -> Interval:
+    """An enclosure of ``exp(a)``."""
+    return _widen(libmp.mpi_exp(a, prec), prec)
+
+
+def iv_log1p(a: Interval, prec: int) -> Interval:
+    r"""An enclosure of :math:`\log(1 + a)` for :math:`a \ge 0`.
+
+    Small arguments use :math:`a - a^2/2 \le \log(1+a) \le a`, which keeps the
+    relative accuracy that ``log(1 + a)`` would lose when :math:`1 + a` rounds
+    to 1.
+    """
+    lo, hi = a
+    if libmp.mpf_lt(lo, libmp.fzero):
+        raise ValueError("iv_log1p needs a non-negative argument")
+    if libmp.mpf_lt(hi, libmp.from_man_exp(1, -prec // 2)):
+        half = (libmp.from_man_exp(1, -1),) * 2
+        low = iv_sub((lo, lo), iv_mul(iv_mul((lo, lo), (lo, lo), prec), half, prec), prec)[0]
+        # log1p is increasing and log1p(t) >= t - t**2/2 for t >= 0
+        return (low if libmp.mpf_gt(low, libmp.fzero) else libmp.fzero, hi)
+    one = iv_exact(1)
+    return _widen(libmp.mpi_log(iv_add(one, a, prec), prec), prec)
+
+
+def to_fraction(raw: Raw) -> Fraction:
+    """The exact rational value of an mpmath raw float."""
+    sign, man, exp, _ = raw
+    if man == 0:
+        return Fraction(0)
+    value = Fraction(man << exp) if exp >= 0 else Fraction(man, 1 << -exp)
+    return -value if sign else value
+
+
+def _round_float(raw: Raw) -> float:
+    from softmaxtheory.reference._rounding import FORMATS, round_exact
+
+    sign, man, exp, _ = raw
+    return round_exact(sign, man, exp, FORMATS["float64"])
+
+
+def float_of(iv: Interval) -> float | None:
+    """The float64 both ends of `iv` round to (nearest, ties to even), else ``None``."""
+    lo, hi = _round_float(iv[0]), _round_float(iv[1])
+    return lo if lo == hi else None
+
+
+def _decimal(value: Fraction, digits: int) -> str:
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    e = len(str(value.numerator)) - len(str(value.denominator))  # 10**(e-1) <= value < 10**(e+1)
+    if value >= Fraction(10) ** e:
+        e += 1
+    # now 10**(e-1) <= value < 10**e
+    scale = Fraction(10) ** (digits - e)
+    scaled = value * scale
+    m = round(scaled)  # half to even
+    if m == 10**digits:
+        m //= 10
+        e += 1
+    sci = e - 1  # value = m * 10**(e - digits) = d.ddd * 10**sci
+    if -4 <= sci < digits:
+        text = f"{Decimal(m).scaleb(e - digits):f}"
+    else:
+        mant = str(m)
+        body = mant[0] + ("." + mant[1:] if digits > 1 else "")
+        text = f"{body}e{sci:+03d}"
+    return sign + text
+
+
+def decimal_of(iv: Interval, digits: int) -> str | None:
+    """The decimal string, `digits` significant digits, both ends of `iv` round to, else ``None``.
+
+    Rounding is to nearest, ties to even, applied to the exact values of the ends.
+    """
+    lo = _decimal(to_fraction(iv[0]), digits)
+    hi = _decimal(to_fraction(iv[1]), digits)
+    return lo if lo == hi else None
+
+
+def certify(enclose: Callable[[int], Interval], accept: Callable[[Interval], T | None]) -> T:
+    """Ziv's loop: raise the precision of `enclose` until `accept` decides.
+
+    Parameters
+    ----------
+    enclose : callable
+        ``enclose(prec)`` returns an interval containing the exact value, whose
+        width shrinks as ``prec`` grows.
+    accept : callable
+        Returns the decided result for an interval, or ``None``.
+
+    Raises
+    ------
+    CertificationError
+        If no decision is reached below :data:`MAX_PRECISION` bits.
+    """
+    prec = START_PRECISION
+    while prec <= MAX_PRECISION:
+        result = accept(enclose(prec))
+        if result is not None:
+            return result
+        prec *= 2
+    raise CertificationError(f"value not decided at {MAX_PRECISION} bits")
+
+
+def magnitude_bits(x: float) -> int:
+    """A generous estimate of the bits needed to hold :math:`e^{x}` as an integer."""
+    return max(0, math.ceil(x * 1.4426950408889634)) + 8

@@ -1,0 +1,551 @@
+"""softmaxtheory.bounds: T1, T2, T3, T6 and T9 as computable, correctly rounded limits."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+from independent import PAPER, round_to
+
+from softmaxtheory import bounds, reference
+from softmaxtheory.spec import Constant, LogLength, PaperPolynomial, Polynomial
+
+POW2_BETAS = (0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def exact_max(n: int, spread: float, beta: float, prec: int = 3000) -> mpmath.mpf:
+    with mpmath.workprec(prec):
+        return 1 / (1 + (n - 1) * mpmath.exp(-mpmath.mpf(beta) * mpmath.mpf(spread)))
+
+
+def exact_min(n: int, spread: float, beta: float, prec: int = 3000) -> mpmath.mpf:
+    with mpmath.workprec(prec):
+        return 1 / (1 + (n - 1) * mpmath.exp(mpmath.mpf(beta) * mpmath.mpf(spread)))
+
+
+def exact_floor_size(eps: float, exponent: float, prec: int = 4000) -> int:
+    """floor((1/eps - 1) e^exponent) + 2 at `prec` bits (eps and exponent are exact floats)."""
+    with mpmath.workprec(prec):
+        scale = 1 / mpmath.mpf(eps) - 1
+        return int(mpmath.floor(scale * mpmath.exp(mpmath.mpf(exponent)))) + 2
+
+
+def paper_poly(h):
+    acc = mpmath.mpf(0)
+    for c in PAPER:
+        acc = acc * h + mpmath.mpf(c.numerator) / c.denominator
+    return acc
+
+
+spreads = st.floats(0.0, 40.0, allow_nan=False)
+sizes = st.integers(1, 10**6)
+
+
+# ---------------------------------------------------------------- T1: values and violations
+
+
+@pytest.mark.theorem("T1")
+@given(n=sizes, spread=spreads, beta=st.sampled_from(POW2_BETAS) | st.floats(0.01, 8.0))
+@example(n=1, spread=3.0, beta=1.0)
+@example(n=10**6, spread=0.0, beta=1.0)
+def test_coefficient_bounds_are_correctly_rounded(n, spread, beta):
+    assert bounds.max_coefficient(n, spread, beta) == round_to(exact_max(n, spread, beta), "f8")
+    assert bounds.min_coefficient(n, spread, beta) == round_to(exact_min(n, spread, beta), "f8")
+
+
+@st.composite
+def boxed_rows(draw, max_size=40):
+    """A row of logits inside [a, a + spread], with the spread rounded up to a float."""
+    a = draw(st.floats(-50.0, 50.0))
+    width = draw(st.floats(0.0, 20.0))
+    n = draw(st.integers(1, max_size))
+    fracs = draw(st.lists(st.floats(0.0, 1.0), min_size=n, max_size=n))
+    corners = draw(st.booleans())
+    if corners:  # many items on the two ends of the box
+        fracs = [float(round(f)) for f in fracs]
+    x = np.array([a + f * width for f in fracs])
+    lo, hi = Fraction(float(x.min())), Fraction(float(x.max()))
+    spread = float(hi - lo)
+    if Fraction(spread) < hi - lo:
+        spread = math.nextafter(spread, math.inf)
+    return x, spread
+
+
+@pytest.mark.theorem("T1")
+@given(boxed_rows())
+@example((np.array([0.0]), 0.0))
+@example((np.array([2.0, 0.0, 0.0, 0.0]), 2.0))
+def test_no_reference_coefficient_escapes_the_sandwich(case):
+    x, spread = case
+    alpha = reference.softmax(x)
+    n = x.shape[0]
+    # correctly rounded values on both sides: rounding is monotone, so the exact
+    # inequality survives it
+    assert alpha.max() <= bounds.max_coefficient(n, spread)
+    assert alpha.min() >= bounds.min_coefficient(n, spread)
+
+
+@pytest.mark.theorem("T1")
+@given(n=st.integers(1, 5000), k=st.integers(0, 200), beta=st.sampled_from(POW2_BETAS))
+@example(n=8, k=32, beta=1.0)
+def test_bounds_are_attained_by_the_extremal_rows(n, k, beta):
+    spread = k / 16  # dyadic: beta * spread is exact
+    top = np.zeros(n)
+    top[0] = beta * spread
+    bottom = np.full(n, beta * spread)
+    bottom[0] = 0.0
+    assert reference.softmax(top)[0] == bounds.max_coefficient(n, spread, beta)
+    assert reference.softmax(bottom)[0] == bounds.min_coefficient(n, spread, beta)
+
+
+# ---------------------------------------------------------------- T3
+
+
+@pytest.mark.theorem("T3")
+@given(boxed_rows())
+@example((np.zeros(7), 0.0))
+def test_entropy_never_below_the_floor(case):
+    x, spread = case
+    n = x.shape[0]
+    h = float(reference.entropy(x))
+    floor = bounds.entropy_lower_bound(n, spread)
+    assert floor <= h <= float(reference.entropy(np.zeros(n)))
+    assert floor >= math.log(n) - spread - 1e-12 * max(1.0, math.log(n))
+
+
+@pytest.mark.theorem("T3")
+@given(n=sizes, spread=spreads, beta=st.floats(0.01, 8.0))
+@example(n=10**6, spread=40.0, beta=8.0)  # (n-1) e^{-320}: the log1p branch
+def test_entropy_floor_is_correctly_rounded(n, spread, beta):
+    with mpmath.workprec(3000):
+        exact = mpmath.log1p((n - 1) * mpmath.exp(-mpmath.mpf(beta) * mpmath.mpf(spread)))
+    assert bounds.entropy_lower_bound(n, spread, beta) == round_to(exact, "f8")
+
+
+@pytest.mark.theorem("T3")
+@pytest.mark.parametrize("n", [1, 2, 3, 1000, 4096])
+def test_entropy_floor_is_attained_by_uniform_rows(n):
+    assert bounds.entropy_lower_bound(n, 0.0) == float(reference.entropy(np.zeros(n)))
+
+
+# ---------------------------------------------------------------- T2
+
+
+@pytest.mark.theorem("T2")
+@given(
+    eps=st.floats(1e-6, 1.0, exclude_max=True, exclude_min=True),
+    spread=st.floats(0.0, 30.0),
+    beta=st.floats(0.05, 4.0),
+)
+@example(eps=0.5, spread=5.69, beta=1.0)
+@example(eps=0.25, spread=0.0, beta=1.0)
+def test_dispersion_size_is_the_exact_threshold(eps, spread, beta):
+    n_star = bounds.dispersion_size(eps, spread, beta)
+    assert isinstance(n_star, int) and n_star >= 2
+    e = Fraction(eps)
+    with mpmath.workprec(3000):
+        below = exact_max(n_star, spread, beta)
+        above = exact_max(n_star - 1, spread, beta)
+        eps_mp = mpmath.mpf(e.numerator) / e.denominator
+        assert below < eps_mp <= above  # n* disperses, n* - 1 does not
+
+
+def boundary_cases():
+    """Spreads that put (1/eps - 1) e^spread within a few ulps of an integer."""
+    cases = []
+    for eps in (0.5, 0.25, 0.1):
+        scale = 1 / eps - 1
+        for target in (2, 3, 10, 297, 1000, 65536, 10**6, 2**40):
+            centre = math.log(target / scale)
+            if centre < 0:
+                continue
+            spread = centre
+            for _ in range(3):
+                spread = math.nextafter(spread, -math.inf)
+            for _ in range(7):
+                if spread >= 0:
+                    cases.append((eps, spread))
+                spread = math.nextafter(spread, math.inf)
+    return cases
+
+
+@pytest.mark.theorem("T2")
+def test_dispersion_size_at_integer_boundaries():
+    naive_wrong = 0
+    for eps, spread in boundary_cases():
+        expected = exact_floor_size(eps, spread)
+        got = bounds.dispersion_size(eps, spread)
+        assert got == expected, (eps, spread)
+        naive = math.floor((1 / eps - 1) * math.exp(spread)) + 2
+        naive_wrong += naive != expected
+    # the cases are hard: a float evaluation of the formula gets some of them wrong
+    assert naive_wrong > 0
+
+
+@pytest.mark.theorem("T2")
+@pytest.mark.parametrize(("eps", "expected"), [(0.5, 3), (0.25, 5), (0.2, 5), (0.75, 2)])
+def test_dispersion_size_of_uniform_rows(eps, expected):
+    # 1/n < eps  <=>  n > 1/eps, decided in exact rationals: 0.5 and 0.25 are exact, so
+    # n = 2 and n = 4 tie and do not count; the float 0.2 is 0.2000000000000000111..., so
+    # 1/5 < eps already
+    assert bounds.dispersion_size(eps, 0.0) == expected
+
+
+@pytest.mark.theorem("T2")
+def test_gemma_worked_example():
+    assert bounds.dispersion_size(0.5, 5.69) == 297
+    assert bounds.max_coefficient(297, 5.69) < 0.5 <= bounds.max_coefficient(296, 5.69)
+
+
+def test_huge_spreads_stay_finite_and_exact():
+    assert bounds.max_coefficient(10, 800.0) == 1.0
+    assert bounds.min_coefficient(10, 800.0) == 0.0  # e^-800 / 9 is below half the least subnormal
+    assert bounds.min_coefficient(2, 700.0) == round_to(exact_min(2, 700.0, 1.0), "f8")
+    with mpmath.workprec(4000):
+        expected = int(mpmath.floor(mpmath.exp(800))) + 2
+    assert bounds.dispersion_size(0.5, 800.0) == expected
+    assert bounds.entropy_lower_bound(10**6, 700.0) > 0.0
+    assert bounds.adaptive_switch_off_size(800.0) > 10**340
+
+
+def test_size_limit_is_a_clear_error():
+    with pytest.raises(ValueError, match="spread \\* beta"):
+        bounds.dispersion_size(0.5, 1e7)
+
+
+# ---------------------------------------------------------------- T6
+
+
+def independent_constants():
+    with mpmath.workprec(600):
+        h_star = mpmath.findroot(lambda h: mpmath.diff(paper_poly, h), mpmath.mpf("4.4"))
+        h_on = mpmath.findroot(lambda h: paper_poly(h) - 1, mpmath.mpf("0.85"))
+        h_off = mpmath.findroot(lambda h: paper_poly(h) - 1, mpmath.mpf("5.9"))
+        return h_star, paper_poly(h_star), h_on, h_off
+
+
+@pytest.mark.theorem("T6")
+def test_adaptive_constants_are_correctly_rounded():
+    h_star, beta_max, h_on, h_off = independent_constants()
+    assert bounds.adaptive_beta_max() == round_to(beta_max, "f8")
+    assert bounds.adaptive_beta_argmax() == round_to(h_star, "f8")
+    assert bounds.adaptive_window() == (round_to(h_on, "f8"), round_to(h_off, "f8"))
+    assert str(bounds.adaptive_beta_max()).startswith("2.4213877066")
+    assert str(bounds.adaptive_window()[0]).startswith("0.8485819960")
+    assert str(bounds.adaptive_window()[1]).startswith("5.9445208279")
+
+
+@pytest.mark.theorem("T6")
+@given(boxed_rows(max_size=60))
+@example((np.array([3.0, 0.0, 0.0, 0.0, 0.0]), 3.0))
+def test_adaptive_coefficients_obey_t1_with_beta_max(case):
+    x, spread = case
+    n = x.shape[0]
+    beta = float(reference.beta(x))
+    assert 1.0 <= beta <= bounds.adaptive_beta_max()
+    alpha = reference.adaptive_softmax(x)
+    assert alpha.max() <= bounds.max_coefficient(n, spread, bounds.adaptive_beta_max())
+    assert alpha.max() <= bounds.adaptive_max_coefficient(n, spread)
+    assert alpha.min() >= bounds.min_coefficient(n, spread, bounds.adaptive_beta_max())
+
+
+@pytest.mark.theorem("T6")
+@given(spread=st.floats(0.0, 1.0), seed=st.integers(0, 2**32 - 1))
+@example(spread=0.0, seed=0)
+@example(spread=1.0, seed=1)
+def test_beta_is_one_from_the_switch_off_size(spread, seed):
+    n = bounds.adaptive_switch_off_size(spread)
+    rng = np.random.default_rng(seed)
+    for size in (n, n + 17):
+        x = rng.uniform(0.0, spread, size=size)
+        x[0], x[-1] = 0.0, spread  # use the whole spread
+        assert float(reference.beta(x)) == 1.0
+
+
+@pytest.mark.theorem("T6")
+def test_switch_off_size_is_tight_for_uniform_rows():
+    n = bounds.adaptive_switch_off_size(0.0)
+    h_off = independent_constants()[3]
+    with mpmath.workprec(600):
+        assert n == int(mpmath.floor(mpmath.exp(h_off) - 1)) + 2 == 382
+    assert float(reference.beta(np.zeros(n))) == 1.0
+    assert float(reference.beta(np.zeros(n - 1))) > 1.0
+
+
+@pytest.mark.theorem("T6")
+@given(spread=st.floats(0.0, 30.0))
+@example(spread=5.69)
+def test_switch_off_size_matches_the_formula(spread):
+    h_off = independent_constants()[3]
+    with mpmath.workprec(2000):
+        y = (mpmath.exp(h_off) - 1) * mpmath.exp(mpmath.mpf(spread))
+        expected = int(mpmath.floor(y)) + 2
+    assert bounds.adaptive_switch_off_size(spread) == expected
+
+
+def test_adaptive_max_coefficient_switches_at_n_off():
+    n_off = bounds.adaptive_switch_off_size(5.69)
+    beta_max = bounds.adaptive_beta_max()
+    # the float just above beta_max, so that the bound is never below the exact one
+    beta_up = math.nextafter(beta_max, math.inf)
+    assert bounds.adaptive_max_coefficient(n_off - 1, 5.69) == bounds.max_coefficient(
+        n_off - 1, 5.69, beta_up
+    )
+    assert bounds.adaptive_max_coefficient(n_off, 5.69) == bounds.max_coefficient(n_off, 5.69)
+
+
+def exact_adaptive_max(n: int, spread: float) -> mpmath.mpf:
+    beta = 1.0 if n >= bounds.adaptive_switch_off_size(spread) else BETA_MAX_UP
+    return exact_max(n, spread, beta)
+
+
+BETA_MAX_UP = math.nextafter(bounds.adaptive_beta_max(), math.inf)
+
+
+@given(eps=st.floats(0.01, 0.99), spread=st.floats(0.0, 12.0))
+@example(eps=0.5, spread=5.69)
+@example(eps=0.99, spread=0.0)
+@example(eps=0.01, spread=0.0)
+def test_adaptive_dispersion_size_is_the_first_size_from_which_the_bound_stays_below(eps, spread):
+    n = bounds.adaptive_dispersion_size(eps, spread)
+    n_off = bounds.adaptive_switch_off_size(spread)
+    e = Fraction(eps)
+    with mpmath.workprec(3000):
+        eps_mp = mpmath.mpf(e.numerator) / e.denominator
+        assert exact_adaptive_max(n, spread) < eps_mp
+        # the bound only drops at n_off, so below n it is >= eps except where it jumps
+        assert n == 2 or exact_adaptive_max(n - 1, spread) >= eps_mp or n == n_off
+        assert n <= n_off or exact_adaptive_max(n_off, spread) >= eps_mp
+
+
+def test_constant_and_loglength_schedules():
+    assert bounds.adaptive_beta_max(Constant(2)) == 2.0
+    assert bounds.adaptive_beta_max(LogLength(1)) == math.inf
+    assert bounds.adaptive_dispersion_size(0.5, 3.0, Constant(2)) == bounds.dispersion_size(
+        0.5, 3.0, 2.0
+    )
+    with pytest.raises(ValueError, match="schedule"):
+        bounds.adaptive_window(Constant(2))
+    with pytest.raises(ValueError, match="schedule"):
+        bounds.adaptive_switch_off_size(1.0, LogLength(1))
+
+
+def test_user_polynomials():
+    # beta = max(H, 1) above 0.5: window (1, inf), unbounded
+    linear = Polynomial(("1", "0"), "0.5")
+    assert bounds.adaptive_window(linear) == (1.0, math.inf)
+    assert bounds.adaptive_beta_max(linear) == math.inf
+    with pytest.raises(ValueError, match="never switches off"):
+        bounds.adaptive_switch_off_size(1.0, linear)
+    # a jump at the threshold: P = 3 - H, theta = 1 -> beta = 2 just above 1, window (1, 2)
+    jump = Polynomial(("-1", "3"), "1")
+    assert bounds.adaptive_window(jump) == (1.0, 2.0)
+    assert bounds.adaptive_beta_max(jump) == 2.0
+    assert bounds.adaptive_switch_off_size(0.0, jump) == math.floor(math.e**2 - 1) + 2
+    # a peak at a rational point: P = 2 - (H - 3)^2 -> peak 2 at H = 3, window (2, 4)
+    peak = Polynomial(("-1", "6", "-7"), "0.5")
+    assert bounds.adaptive_window(peak) == (2.0, 4.0)
+    assert (bounds.adaptive_beta_argmax(peak), bounds.adaptive_beta_max(peak)) == (3.0, 2.0)
+    # a polynomial whose maximum lies below the threshold does not count there
+    low = Polynomial(("-1", "0", "5"), "3")  # 5 - H^2: above 1 only for H < 2 <= theta
+    with pytest.raises(ValueError, match="no window"):
+        bounds.adaptive_window(low)
+    assert bounds.adaptive_beta_max(low) == 1.0
+    assert bounds.adaptive_window(PaperPolynomial()) == bounds.adaptive_window()
+
+
+# ---------------------------------------------------------------- T9
+
+
+@pytest.mark.theorem("T9")
+@given(q=st.floats(0.0, 1e6), k=st.floats(0.0, 1e6), scale=st.floats(1e-3, 10.0, exclude_min=False))
+def test_spread_from_norms_is_correctly_rounded(q, k, scale):
+    exact = 2 * Fraction(scale) * Fraction(q) * Fraction(k)
+    assert bounds.spread_from_norms(q, k, scale) == float(exact)
+
+
+def exact_vec(v):
+    return [Fraction(float(t)) for t in v]
+
+
+def exact_dot(a, b):
+    return sum((x * y for x, y in zip(a, b, strict=True)), Fraction(0))
+
+
+def exact_matvec(w, x):
+    return [exact_dot(exact_vec(row), x) for row in w]
+
+
+@pytest.mark.theorem("T9")
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    d_model=st.integers(1, 6),
+    d_head=st.integers(1, 4),
+    input_norm=st.floats(0.1, 10.0),
+    biased=st.booleans(),
+)
+@example(seed=0, d_model=4, d_head=2, input_norm=1.0, biased=False)
+def test_logits_from_weights_never_exceed_the_bound(seed, d_model, d_head, input_norm, biased):
+    rng = np.random.default_rng(seed)
+    wq = rng.normal(size=(d_head, d_model))
+    wk = rng.normal(size=(d_head, d_model))
+    bq = rng.normal(size=d_head) if biased else None
+    bk = rng.normal(size=d_head) if biased else None
+    scale = 1 / math.sqrt(d_head)
+    bound = Fraction(
+        bounds.spread_from_weights(wq, wk, input_norm, bias_q=bq, bias_k=bk, scale=scale)
+    )
+    # inputs inside the ball, some on its sphere along the top singular directions
+    inputs = rng.normal(size=(6, d_model))
+    inputs /= np.linalg.norm(inputs, axis=1, keepdims=True)
+    inputs *= rng.uniform(0, input_norm, size=(6, 1))
+    _, _, vt_q = np.linalg.svd(wq)
+    _, _, vt_k = np.linalg.svd(wk)
+    extremal = [vt_q[0], -vt_q[0], vt_k[0], -vt_k[0]]
+    inputs = np.vstack([inputs, *(v * input_norm * (1 - 1e-15) for v in extremal)])
+    xs = [exact_vec(x) for x in inputs]
+    zero = [Fraction(0)] * d_head
+    queries = [
+        [a + b for a, b in zip(exact_matvec(wq, x), exact_vec(bq) if biased else zero, strict=True)]
+        for x in xs
+    ]
+    keys = [
+        [a + b for a, b in zip(exact_matvec(wk, x), exact_vec(bk) if biased else zero, strict=True)]
+        for x in xs
+    ]
+    s = Fraction(scale)
+    for q in queries:
+        logits = [s * exact_dot(q, k) for k in keys]
+        assert max(logits) - min(logits) <= bound
+
+
+@pytest.mark.theorem("T9")
+def test_spread_from_weights_is_nearly_attained():
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(3, 5))
+    _, sv, vt = np.linalg.svd(w)
+    bound = bounds.spread_from_weights(w, w, 2.0)
+    # query and keys along the top right singular vector: logits +-|q||k|
+    q = w @ (2.0 * vt[0])
+    k_plus, k_minus = w @ (2.0 * vt[0]), w @ (-2.0 * vt[0])
+    attained = float(q @ k_plus - q @ k_minus)
+    assert attained <= bound <= attained * (1 + 1e-12)
+    assert bound == pytest.approx(2 * (2 * sv[0]) ** 2, rel=1e-13)
+
+
+def test_spread_from_weights_per_head_and_layout():
+    rng = np.random.default_rng(2)
+    w_q = rng.normal(size=(4, 8, 2))  # 4 heads, (d_model, d_head) layout
+    w_k = rng.normal(size=(4, 8, 2))
+    per_head = bounds.spread_from_weights(w_q, w_k, 1.5, scale=0.5)
+    assert per_head.shape == (4,)
+    for h in range(4):
+        # the transposed (d_head, d_model) layout of nn.Linear gives the same bound
+        transposed = bounds.spread_from_weights(w_q[h].T, w_k[h].T, 1.5, scale=0.5)
+        assert transposed == pytest.approx(per_head[h], rel=1e-14)
+
+
+# ---------------------------------------------------------------- measurement
+
+
+def test_empirical_spread_ignores_masks_and_reports_bad_rows():
+    x = np.array(
+        [
+            [0.0, 2.5, -np.inf, 1.0],
+            [-np.inf, -np.inf, -np.inf, -np.inf],
+            [3.0, -np.inf, -np.inf, -np.inf],
+            [0.0, np.nan, 1.0, 2.0],
+            [0.0, np.inf, 1.0, 2.0],
+        ]
+    )
+    out = bounds.empirical_spread(x)
+    assert out[:3].tolist() == [2.5, 0.0, 0.0]
+    assert np.isnan(out[3]) and np.isnan(out[4])
+
+
+def test_empirical_spread_axes_and_dtypes():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(3, 5, 7)).astype(np.float32)
+    for axis in (0, 1, 2, -1, (1, 2)):
+        expected = np.ptp(x.astype(np.float64), axis=axis)
+        np.testing.assert_array_equal(bounds.empirical_spread(x, axis=axis), expected)
+    assert bounds.empirical_spread([1, 5, 3]) == 4.0  # integers
+    # the exact difference 2e308 overflows float64
+    assert bounds.empirical_spread(np.array([-1e308, 1e308])) == math.inf
+    with pytest.raises(ValueError, match="axis"):
+        bounds.empirical_spread(x, axis=3)
+    with pytest.raises(TypeError, match="complex"):
+        bounds.empirical_spread(np.array([1j, 2.0]))
+    with pytest.raises(ValueError, match="dimension"):
+        bounds.empirical_spread(3.0)
+
+
+def test_empirical_spread_of_torch_tensors():
+    torch = pytest.importorskip("torch")
+    x = torch.tensor([[0.0, 1.5, float("-inf")], [2.0, -2.0, 0.0]], dtype=torch.bfloat16)
+    np.testing.assert_array_equal(bounds.empirical_spread(x), [1.5, 4.0])
+    y = torch.randn(2, 3, requires_grad=True)
+    assert bounds.empirical_spread(y).shape == (2,)
+
+
+# ---------------------------------------------------------------- API shape and errors
+
+
+def test_broadcasting_matches_scalar_calls():
+    n = np.array([[1], [16], [4096]])
+    spread = np.array([0.0, 2.0, 5.69, 40.0])
+    out = bounds.max_coefficient(n, spread)
+    assert out.shape == (3, 4) and out.dtype == np.float64
+    for i in range(3):
+        for j in range(4):
+            assert out[i, j] == bounds.max_coefficient(int(n[i, 0]), float(spread[j]))
+    sizes_ = bounds.dispersion_size([0.5, 0.1], 5.69)
+    assert sizes_.dtype == object and sizes_.tolist() == [297, bounds.dispersion_size(0.1, 5.69)]
+    big = bounds.max_coefficient(10**30, 1.0)  # beyond int64
+    assert big == round_to(exact_max(10**30, 1.0, 1.0), "f8")
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: bounds.max_coefficient(0, 1.0), "n"),
+        (lambda: bounds.max_coefficient(2.5, 1.0), "n"),
+        (lambda: bounds.min_coefficient(3, -1.0), "spread"),
+        (lambda: bounds.min_coefficient(3, math.nan), "spread"),
+        (lambda: bounds.entropy_lower_bound(3, math.inf), "spread"),
+        (lambda: bounds.max_coefficient(3, 1.0, beta=0.0), "beta"),
+        (lambda: bounds.max_coefficient(3, 1.0, beta=-2.0), "beta"),
+        (lambda: bounds.dispersion_size(0.0, 1.0), "eps"),
+        (lambda: bounds.dispersion_size(1.0, 1.0), "eps"),
+        (lambda: bounds.dispersion_size(math.nan, 1.0), "eps"),
+        (lambda: bounds.dispersion_size([0.5, 1.5], 1.0), "eps"),
+        (lambda: bounds.adaptive_switch_off_size(-1.0), "spread"),
+        (lambda: bounds.spread_from_norms(-1.0, 1.0), "query_norm"),
+        (lambda: bounds.spread_from_norms(1.0, 1.0, scale=0.0), "scale"),
+        (lambda: bounds.spread_from_weights(np.eye(2), np.eye(2), -1.0), "input_norm"),
+        (lambda: bounds.spread_from_weights(np.ones(2), np.eye(2), 1.0), "w_q"),
+        (lambda: bounds.spread_from_weights(np.eye(2), np.eye(2) * np.nan, 1.0), "w_k"),
+        (lambda: bounds.max_coefficient([1, 2], [1.0, 2.0, 3.0]), "broadcast"),
+    ],
+)
+def test_invalid_arguments_name_the_argument(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: bounds.max_coefficient(True, 1.0),
+        lambda: bounds.max_coefficient(3, 1j),
+        lambda: bounds.max_coefficient("3", 1.0),
+    ],
+)
+def test_wrong_types_are_type_errors(call):
+    with pytest.raises(TypeError):
+        call()

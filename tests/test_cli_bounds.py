@@ -1,0 +1,154 @@
+"""``softmaxtheory bounds``: every printed decimal is correctly rounded; errors are clear."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from decimal import Decimal
+
+import mpmath
+import numpy as np
+import pytest
+
+from softmaxtheory import bounds
+from softmaxtheory.cli import main
+
+MAX = re.compile(r"^\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$")
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def exact_values(n: int, spread: float, beta: float) -> dict[str, mpmath.mpf]:
+    beta_up = np.nextafter(bounds.adaptive_beta_max(), np.inf)
+    adaptive = 1.0 if n >= bounds.adaptive_switch_off_size(spread) else float(beta_up)
+    with mpmath.workprec(3000):
+        s, b = mpmath.mpf(spread), mpmath.mpf(beta)
+        return {
+            "max": 1 / (1 + (n - 1) * mpmath.exp(-b * s)),
+            "adaptive": 1 / (1 + (n - 1) * mpmath.exp(-mpmath.mpf(adaptive) * s)),
+            "min": 1 / (1 + (n - 1) * mpmath.exp(b * s)),
+            "entropy": mpmath.log1p((n - 1) * mpmath.exp(-b * s)),
+        }
+
+
+def assert_correctly_rounded(text: str, exact: mpmath.mpf, digits: int) -> None:
+    """`text` has `digits` significant digits and lies within half a unit of its last one."""
+    d = Decimal(text)
+    sig = d.as_tuple()
+    assert len(sig.digits) == digits, text
+    half_unit = Decimal(5).scaleb(sig.exponent - 1)
+    with mpmath.workprec(3000):
+        err = abs(mpmath.mpf(str(d)) - exact)
+        assert err <= mpmath.mpf(str(half_unit)), (text, mpmath.nstr(exact, 30))
+
+
+@pytest.mark.parametrize(
+    ("spread", "beta", "digits"), [(5.69, 1.0, 6), (2.0, 0.5, 4), (30.0, 1.0, 9)]
+)
+def test_table_values_are_correctly_rounded(capsys, spread, beta, digits):
+    code, out, _ = run(
+        capsys, "bounds", "--spread", str(spread), "--beta", str(beta), "--digits", str(digits)
+    )
+    assert code == 0
+    rows = [MAX.match(line) for line in out.splitlines()]
+    rows = [m for m in rows if m]
+    assert [int(m.group(1)) for m in rows] == [16 * 2**k for k in range(11)]
+    for m in rows:
+        exact = exact_values(int(m.group(1)), spread, beta)
+        for text, key in zip(m.groups()[1:], ("max", "adaptive", "min", "entropy"), strict=True):
+            assert_correctly_rounded(text, exact[key], digits)
+    assert f"once n >= {bounds.dispersion_size(0.5, spread, beta)} " in out
+    assert f"once n >= {bounds.adaptive_switch_off_size(spread)} " in out
+
+
+def test_gemma_example(capsys):
+    code, out, _ = run(capsys, "bounds", "--spread", "5.69", "--eps", "0.5")
+    assert code == 0
+    assert "every coefficient is < 0.5 once n >= 297" in out
+    assert "beta <= 2.421387706631524" in out
+    assert "(0.8485819960098693, 5.9445208279051425)" in out
+    assert "once n >= 112635" in out
+
+
+def test_json(capsys):
+    code, out, _ = run(capsys, "bounds", "--spread", "800", "--json", "--sizes", "16,1000000")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["dispersion_size"] == bounds.dispersion_size(0.5, 800.0)  # a 347-digit integer
+    assert doc["adaptive_switch_off_size"] == bounds.adaptive_switch_off_size(800.0)
+    assert [r["n"] for r in doc["rows"]] == [16, 1000000]
+    row = doc["rows"][1]
+    assert row["max_coefficient"] == 1.0
+    assert row["min_coefficient"] == bounds.min_coefficient(10**6, 800.0)
+    assert row["entropy_lower_bound"] == bounds.entropy_lower_bound(10**6, 800.0)
+
+
+def test_measures_a_npy_file(tmp_path, capsys):
+    x = np.array([[0.0, 3.0, -np.inf, 1.0], [0.0, 1.0, 2.0, 0.5], [0.0, np.nan, 1.0, 1.0]])
+    path = tmp_path / "logits.npy"
+    np.save(path, x)
+    code, out, _ = run(capsys, "bounds", "--npy", str(path), "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["spread"] == 3.0
+    assert doc["measured"]["rows_with_nan_or_inf"] == 1
+    assert doc["measured"]["spread_mean"] == 2.5
+    code, out, _ = run(capsys, "bounds", "--npy", str(path), "--statistic", "mean")
+    assert code == 0
+    assert "using the mean: spread 2.5" in out
+    assert f"once n >= {bounds.dispersion_size(0.5, 2.5)} " in out
+
+
+def test_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "bounds.png"
+    code, _, err = run(capsys, "bounds", "--spread", "5.69", "--plot", str(path))
+    assert code == 0 and f"wrote {path}" in err
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 10_000
+
+
+def test_plot_without_matplotlib(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    code, _, err = run(capsys, "bounds", "--spread", "1", "--plot", str(tmp_path / "x.png"))
+    assert code == 1
+    assert "pip install 'softmaxtheory[plot]'" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bounds"], "one of the arguments --spread --npy is required"),
+        (["bounds", "--spread", "1", "--npy", "x.npy"], "not allowed with"),
+        (["bounds", "--spread", "-1"], "--spread must be finite and >= 0"),
+        (["bounds", "--spread", "nan"], "--spread must be finite and >= 0"),
+        (["bounds", "--spread", "1", "--eps", "1.5"], "--eps must lie strictly between 0 and 1"),
+        (["bounds", "--spread", "1", "--beta", "0"], "--beta must be finite and > 0"),
+        (["bounds", "--spread", "1", "--sizes", "0,16"], "sizes must be integers >= 1"),
+        (["bounds", "--spread", "1", "--digits", "30"], "--digits must be between 1 and 17"),
+        (["bounds", "--spread", "1e7"], "too large"),
+        (["bounds", "--npy", "/nonexistent/x.npy"], "cannot read"),
+    ],
+)
+def test_usage_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_console_entry_point():
+    out = subprocess.run(
+        [sys.executable, "-m", "softmaxtheory", "bounds", "--spread", "5.69", "--sizes", "297"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "once n >= 297" in out
