@@ -80,7 +80,7 @@ def test_json(capsys):
     code, out, _ = run(capsys, "bounds", "--spread", "800", "--json", "--sizes", "16,1000000")
     assert code == 0
     doc = json.loads(out)
-    assert doc["dispersion_size"] == bounds.dispersion_size(0.5, 800.0)  # a 347-digit integer
+    assert doc["dispersion_size"] == bounds.dispersion_size(0.5, 800.0)  # a 348-digit integer
     assert doc["adaptive_switch_off_size"] == bounds.adaptive_switch_off_size(800.0)
     assert [r["n"] for r in doc["rows"]] == [16, 1000000]
     row = doc["rows"][1]
