@@ -99,7 +99,9 @@ def _widen(iv: Interval, prec: int) -> Interval:
 
 
 def iv_exp(a: Interval, prec: int) -> Interval:
-    """An enclosure of ``exp(a)``."""
+    """An enclosure of ``exp(a)`` (exact for the point 0, whose exponential is 1)."""
+    if a[0] == libmp.fzero and a[1] == libmp.fzero:
+        return iv_exact(1)
     return _widen(libmp.mpi_exp(a, prec), prec)
 
 

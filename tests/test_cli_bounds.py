@@ -152,3 +152,11 @@ def test_console_entry_point():
         check=True,
     ).stdout
     assert "once n >= 297" in out
+
+
+def test_exact_decimal_ties_are_decided(capsys):
+    # spread 0: every coefficient is exactly 1/n, and 1/4 = 0.25, 1/16 = 0.0625 are decimal
+    # ties at 1 and 3 digits; they round to even
+    code, out, _ = run(capsys, "bounds", "--spread", "0", "--sizes", "4,16", "--digits", "1")
+    assert code == 0
+    assert [line.split()[1] for line in out.splitlines() if MAX.match(line)] == ["0.2", "0.06"]
