@@ -9,6 +9,8 @@ from typing import Any
 
 __all__ = ["add_parser", "run"]
 
+SECTIONS = ("kernels", "reference")
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Register the ``bench`` subcommand on `sub` and return its parser."""
@@ -16,40 +18,104 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "bench",
         help="time the library's backends",
         description=(
-            "Time the certified reference on one long row (best of --repeat runs) and print "
-            "a table; progress goes to stderr."
+            "Time the Numba CPU kernels against scipy and torch (ratios to torch.softmax, "
+            "elements/s, GB/s against a bandwidth measured in the same run) and the certified "
+            "reference on one long row; print a table; progress goes to stderr."
         ),
     )
-    bench.add_argument("--n", type=int, default=16384, help="row length (default 16384)")
-    bench.add_argument("--repeat", type=int, default=3, help="runs per case (best is kept)")
+    bench.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="device to time (default cpu)"
+    )
+    bench.add_argument(
+        "--section",
+        action="append",
+        choices=SECTIONS,
+        help="section to run (repeatable; default: kernels, or reference when only --n is given)",
+    )
+    bench.add_argument(
+        "--n", type=int, default=None, help="row length of the reference section (default 16384)"
+    )
+    bench.add_argument("--repeat", type=int, default=None, help="runs per case (best is kept)")
+    bench.add_argument("--quick", action="store_true", help="small shapes, few repeats")
+    bench.add_argument(
+        "--dtype", action="append", choices=("float32", "float64"), help="kernel dtypes"
+    )
+    bench.add_argument("--threads", type=int, default=None, help="Numba and torch threads")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return bench
 
 
+def _fmt_kernels(results: list[Any], info: dict[str, Any]) -> list[str]:
+    lines = [
+        f"threads: {info['threads']} (numba and torch); measured bandwidth "
+        f"{info['bandwidth_gb_per_second']:.1f} GB/s (parallel copy, read + write); "
+        "GB/s counts 2 reads + 1 write",
+        f"{'shape':<14} {'dtype':<8} {'rows':<7} {'backend':<24} {'ms':>9} "
+        f"{'x torch':>8} {'Melem/s':>9} {'GB/s':>6} {'%bw':>5}",
+    ]
+    for r in results:
+        ratio = "" if r.ratio_to_torch_softmax is None else f"{r.ratio_to_torch_softmax:.2f}"
+        shape = f"{r.shape[0]}x{r.shape[1]}"
+        lines.append(
+            f"{shape:<14} {r.dtype:<8} {r.rows:<7} {r.backend:<24} {r.seconds * 1e3:>9.3f} "
+            f"{ratio:>8} {r.elements_per_second / 1e6:>9.1f} {r.gb_per_second:>6.1f} "
+            f"{100 * r.bandwidth_fraction:>5.0f}"
+        )
+    return lines
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the benchmarks and print the results; return the exit status."""
+    if args.device != "cpu":
+        from .bench_torch import run_device
+
+        return run_device(args)
     from . import bench
 
-    if args.n < 1:
+    if args.n is not None and args.n < 1:
         parser.error("--n must be >= 1")
-    if args.repeat < 1:
+    if args.repeat is not None and args.repeat < 1:
         parser.error("--repeat must be >= 1")
-    print(f"timing the reference on one row of {args.n} items ...", file=sys.stderr)
-    results = bench.run_reference(n=args.n, repeat=args.repeat)
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be >= 1")
+    sections = args.section or (["reference"] if args.n is not None else ["kernels"])
+    doc: dict[str, Any] = {"machine": bench.machine()}
+    lines: list[str] = []
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    if "kernels" in sections:
+        shapes = bench.QUICK_SHAPES if args.quick else bench.KERNEL_SHAPES
+        repeat = args.repeat or (2 if args.quick else 10)
+        dtypes = tuple(args.dtype or ("float32", "float64"))
+        results, info = bench.run_kernels(shapes, dtypes, repeat, args.threads, say)
+        doc["kernels"] = bench.as_dicts(results)
+        doc["kernel_run"] = info
+        lines += _fmt_kernels(results, info)
+    if "reference" in sections:
+        n = args.n or (256 if args.quick else 16384)
+        repeat = args.repeat or (1 if args.quick else 3)
+        say(f"timing the reference on one row of {n} items ...")
+        results = bench.run_reference(n=n, repeat=repeat)
+        doc["reference"] = bench.as_dicts(results)
+        lines.append(
+            f"{'case':<40} {'dtype':<8} {'n':>7} {'beta':>8} {'seconds':>9} {'items/s':>10}"
+        )
+        for r in results:
+            lines.append(
+                f"{r.case:<40} {r.dtype:<8} {r.n:>7} {r.beta:>8.4f} {r.seconds:>9.3f} "
+                f"{r.items_per_second:>10.0f}"
+            )
     if args.json:
-        doc = {"machine": bench.machine(), "reference": bench.as_dicts(results)}
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    info = bench.machine()
+    info = doc["machine"]
     print(
         f"machine: {info['processor']}, {info['cpus']} CPUs, Python {info['python']}, "
         f"mpmath {info['mpmath']} ({info['mpmath_backend']} backend)"
     )
-    print(f"{'case':<40} {'dtype':<8} {'n':>7} {'beta':>8} {'seconds':>9} {'items/s':>10}")
-    for r in results:
-        print(
-            f"{r.case:<40} {r.dtype:<8} {r.n:>7} {r.beta:>8.4f} {r.seconds:>9.3f} "
-            f"{r.items_per_second:>10.0f}"
-        )
+    for line in lines:
+        print(line)
     return 0

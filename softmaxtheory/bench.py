@@ -1,5 +1,10 @@
 """Benchmarks printed by ``softmaxtheory bench`` (measured, never asserted in tests).
 
+The kernel section (:func:`run_kernels`) times :mod:`softmaxtheory.accelerated.cpu`
+against ``scipy.special.softmax``, ``torch.softmax`` and a straightforward torch
+adaptive softmax, as ratios to ``torch.softmax``, with elements/s and GB/s
+against a memory bandwidth measured in the same run.
+
 The reference section times the certified mpmath oracle on one long row whose
 entropy lies in the window where the paper's schedule sharpens (β > 1), so
 both passes run, and on the same row for plain softmax.
@@ -15,7 +20,38 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BenchResult", "as_dicts", "machine", "reference_rows", "run_reference"]
+__all__ = [
+    "BenchResult",
+    "KernelResult",
+    "as_dicts",
+    "kernel_rows",
+    "machine",
+    "measure_bandwidth",
+    "reference_rows",
+    "run_kernels",
+    "run_reference",
+]
+
+#: The shapes of the kernel section: three batches and one long row.
+KERNEL_SHAPES: tuple[tuple[int, int], ...] = ((4096, 64), (1024, 1024), (64, 16384), (1, 1 << 24))
+#: Small shapes for ``--quick`` (the long row still exceeds one chunk).
+QUICK_SHAPES: tuple[tuple[int, int], ...] = ((64, 64), (8, 1024), (1, 1 << 17))
+
+
+@dataclass(frozen=True)
+class KernelResult:
+    """One timed kernel case: best wall time, ratio to torch.softmax, throughput."""
+
+    backend: str
+    shape: tuple[int, int]
+    dtype: str
+    rows: str
+    beta_gt1_fraction: float
+    seconds: float
+    ratio_to_torch_softmax: float | None
+    elements_per_second: float
+    gb_per_second: float
+    bandwidth_fraction: float
 
 
 @dataclass(frozen=True)
@@ -84,6 +120,116 @@ def run_reference(n: int = 16384, repeat: int = 3, seed: int = 0) -> list[BenchR
     return results
 
 
+def kernel_rows(shape: tuple[int, int], kind: str, dtype: Any, seed: int = 0) -> np.ndarray:
+    """Random rows whose β under the paper schedule is > 1 (``kind="beta>1"``) or 1.
+
+    Gaussian logits of standard deviation 1/2. β > 1: short rows as they are
+    (H ≈ log n − 1/8 ≈ 4), long rows with 64 items lifted to carry ~90% of the
+    mass (H ≈ 4.5). β = 1: long rows as they are (H ≈ log n > H_off), short rows
+    with one dominant item (H < H_on).
+    """
+    rows, n = shape
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(size=(rows, n), dtype=np.float64) * 0.5
+    if kind == "beta>1" and n > 256:
+        x[:, :64] += np.log(10.0 * n / 64)  # 64 items carry ~90% of the mass: H near 4.5
+    elif kind != "beta>1" and n <= 256:
+        x[:, 0] += 30.0  # one dominant item: H < H_on
+    return x.astype(dtype)
+
+
+def measure_bandwidth(nbytes: int = 1 << 28, repeat: int = 5) -> float:
+    """Memory bandwidth (bytes/s) of a parallel copy (read + write counted)."""
+    from softmaxtheory.accelerated import _cpu_kernels as k
+
+    src = np.ones(nbytes // 8)
+    dst = np.empty_like(src)
+    k.parallel_copy(src, dst)
+    return 2 * src.nbytes / _best_time(lambda: k.parallel_copy(src, dst), repeat)
+
+
+def _torch_adaptive(torch: Any, x: Any) -> Any:
+    """The straightforward torch adaptive softmax (the paper's listing, exact entropy)."""
+    logp = torch.log_softmax(x, dim=-1)
+    p = logp.exp()
+    h = -(p * logp).nan_to_num().sum(-1, keepdim=True)
+    poly = ((((-0.037 * h) + 0.481) * h - 2.3) * h + 4.917) * h - 1.791
+    beta = torch.where(h > 0.5, torch.clamp(poly, min=1.0), torch.ones_like(h))
+    return torch.softmax(beta * x, dim=-1)
+
+
+def run_kernels(
+    shapes: tuple[tuple[int, int], ...] = KERNEL_SHAPES,
+    dtypes: tuple[str, ...] = ("float32", "float64"),
+    repeat: int = 10,
+    threads: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[KernelResult], dict[str, Any]]:
+    """Time every backend on every shape, dtype and row kind; return results and run info."""
+    import numba
+
+    from softmaxtheory.accelerated import cpu
+
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is optional
+        torch = None
+    try:
+        from scipy import special
+    except ImportError:  # pragma: no cover - scipy is optional
+        special = None
+    if threads is not None:
+        numba.set_num_threads(threads)
+    nthreads = numba.get_num_threads()
+    if torch is not None:
+        torch.set_num_threads(nthreads)
+    say = progress or (lambda _msg: None)
+    say("measuring memory bandwidth ...")
+    bandwidth = measure_bandwidth()
+    results: list[KernelResult] = []
+    for shape in shapes:
+        for dtype in dtypes:
+            for kind in ("beta>1", "beta=1"):
+                say(f"timing {shape} {dtype} {kind} ...")
+                x = kernel_rows(shape, kind, dtype)
+                frac = float(np.mean(cpu.beta(x) > 1.0))
+                out = np.empty_like(x)
+                cases: dict[str, Callable[[], Any]] = {
+                    "cpu.adaptive_softmax": lambda x=x, out=out: cpu.adaptive_softmax(x, out=out),
+                    "cpu.softmax": lambda x=x, out=out: cpu.softmax(x, out=out),
+                }
+                if special is not None:
+                    cases["scipy.special.softmax"] = lambda x=x: special.softmax(x, axis=-1)
+                if torch is not None:
+                    tx = torch.from_numpy(x)
+                    cases["torch.softmax"] = lambda tx=tx: torch.softmax(tx, dim=-1)
+                    cases["torch adaptive (plain)"] = lambda tx=tx: _torch_adaptive(torch, tx)
+                reps = max(1, repeat if x.size < (1 << 22) else min(repeat, 5))
+                times = {}
+                for name, fn in cases.items():
+                    fn()
+                    times[name] = _best_time(fn, reps)
+                base = times.get("torch.softmax")
+                nbytes = 3 * x.nbytes  # 2 reads + 1 write
+                for name, sec in times.items():
+                    results.append(
+                        KernelResult(
+                            backend=name,
+                            shape=shape,
+                            dtype=dtype,
+                            rows=kind,
+                            beta_gt1_fraction=frac,
+                            seconds=sec,
+                            ratio_to_torch_softmax=None if base is None else sec / base,
+                            elements_per_second=x.size / sec,
+                            gb_per_second=nbytes / sec / 1e9,
+                            bandwidth_fraction=nbytes / sec / bandwidth,
+                        )
+                    )
+    info = {"threads": nthreads, "bandwidth_gb_per_second": bandwidth / 1e9}
+    return results, info
+
+
 def machine() -> dict[str, Any]:
     """A short description of the machine the benchmark ran on."""
     import os
@@ -101,6 +247,6 @@ def machine() -> dict[str, Any]:
     }
 
 
-def as_dicts(results: list[BenchResult]) -> list[dict[str, Any]]:
+def as_dicts(results: list[Any]) -> list[dict[str, Any]]:
     """Results as plain dictionaries (for JSON)."""
     return [asdict(r) for r in results]

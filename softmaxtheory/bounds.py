@@ -133,8 +133,7 @@ def _elementwise(func: Any, args: dict[str, Any], checks: dict[str, Any], *, dty
         shape = np.broadcast_shapes(*(a.shape for a in arrays.values()))
     except ValueError as exc:
         raise ValueError(
-            "arguments do not broadcast: "
-            + ", ".join(f"{k} {a.shape}" for k, a in arrays.items())
+            "arguments do not broadcast: " + ", ".join(f"{k} {a.shape}" for k, a in arrays.items())
         ) from exc
     if shape == ():
         values = {k: checks[k](a[()], k) for k, a in arrays.items()}

@@ -1,0 +1,824 @@
+r"""Numba kernels of :mod:`softmaxtheory.accelerated.cpu` (private).
+
+Everything numerical lives in this one module so that Numba's on-disk cache
+(``cache=True``), which is keyed on the source file of each function, can never
+mix code from two versions.
+
+Floating-point discipline
+-------------------------
+* The exponentials :func:`exp64` and :func:`exp32` are compiled with
+  ``fastmath={"contract"}`` only: fused multiply-adds are allowed (they make the
+  Cody-Waite reduction and the polynomial *more* accurate), reassociation is not,
+  so the round-to-integer trick ``(y + 1.5·2^52) − 1.5·2^52`` and the two-part
+  reduction ``(y − k·ln2_hi) − k·ln2_lo`` are kept as written.
+* The loops that call them are compiled with ``{"reassoc", "contract", "arcp",
+  "nsz"}``: sums may be reordered (that is what lets them vectorise), NaN and
+  infinities keep their IEEE meaning (no ``nnan``/``ninf``). Fast-math flags are
+  attached per instruction, so after inlining the exponential's instructions still
+  carry none of the loop's flags.
+* Sums are blocked: :data:`BLOCK` items are summed by the vectorised loop, and the
+  block sums are added with Neumaier's compensated summation in a flag-free
+  helper.
+* The β of a polynomial schedule is evaluated with the same Horner recurrence,
+  from zero and without contraction, as :func:`numpy.polyval`, so it is bitwise
+  what :meth:`softmaxtheory.spec.Polynomial.beta_float` gives for the same
+  entropy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic, overload
+
+__all__: list[str] = []
+
+BLOCK = 1024
+CHUNK = 1 << 16
+
+_EXP_FLAGS = {"contract"}
+_LOOP_FLAGS = {"reassoc", "contract", "arcp", "nsz"}
+
+# schedule codes
+SCHED_POLY = 0
+SCHED_CONST = 1
+
+
+@intrinsic
+def _bits64(typingctx, x):
+    sig = types.int64(types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return sig, codegen
+
+
+@intrinsic
+def _float64_from_bits(typingctx, x):
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _bits32(typingctx, x):
+    sig = types.int32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@intrinsic
+def _float32_from_bits(typingctx, x):
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+# ---------------------------------------------------------------------------
+# exponentials on (-inf, 0] (and NaN)
+# ---------------------------------------------------------------------------
+
+_SHIFT64 = 6755399441055744.0  # 1.5 * 2**52
+_LOG2E64 = 1.4426950408889634
+_LN2HI64 = 6.93147180369123816490e-01  # 0x3FE62E42FEE00000: 21 trailing zero bits
+_LN2LO64 = 1.90821492927058770002e-10
+_SHIFT_BITS64 = 0x4338000000000000
+_TWO_M64 = 5.421010862427522e-20  # 2**-64
+
+
+@njit(fastmath=_EXP_FLAGS, cache=True)
+def exp64(x: float) -> float:
+    r""":math:`e^x` for float64 ``x <= 0`` (NaN in, NaN out; ``-inf`` gives 0).
+
+    Cody-Waite reduction :math:`x = k \ln 2 + r`, :math:`|r| \le \ln 2 / 2`,
+    degree-13 Taylor polynomial, scaling by :math:`2^{k+64}` then
+    :math:`2^{-64}` (one rounding for subnormal results). Positive ``x`` is
+    outside the domain and clamped to 0.
+    """
+    y = -746.0 if x < -746.0 else x
+    y = 0.0 if y > 0.0 else y
+    z = y * _LOG2E64 + _SHIFT64
+    k = z - _SHIFT64
+    r = (y - k * _LN2HI64) - k * _LN2LO64
+    p = 1.6059043836821613e-10  # 1/13!
+    p = p * r + 2.08767569878681e-09
+    p = p * r + 2.505210838544172e-08
+    p = p * r + 2.755731922398589e-07
+    p = p * r + 2.755731922398589e-06
+    p = p * r + 2.48015873015873e-05
+    p = p * r + 0.0001984126984126984
+    p = p * r + 0.001388888888888889
+    p = p * r + 0.008333333333333333
+    p = p * r + 0.041666666666666664
+    p = p * r + 0.16666666666666666
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    ki = _bits64(z) - _SHIFT_BITS64
+    scale = _float64_from_bits((ki + (1023 + 64)) << 52)
+    return (p * scale) * _TWO_M64
+
+
+_SHIFT32 = np.float32(12582912.0)  # 1.5 * 2**23
+_LOG2E32 = np.float32(1.4426950408889634)
+_LN2HI32 = np.float32(0.693359375)  # 355/512, 9 significant bits
+_LN2LO32 = np.float32(-2.12194440e-4)
+_SHIFT_BITS32 = 0x4B400000
+_TWO_M32 = np.float32(2.3283064365386963e-10)  # 2**-32
+_C32 = tuple(np.float32(1.0 / math.factorial(i)) for i in range(8))
+_LO32 = np.float32(-104.0)
+_ZERO32 = np.float32(0.0)
+
+
+@njit(fastmath=_EXP_FLAGS, cache=True)
+def exp32(x: np.float32) -> np.float32:
+    r""":math:`e^x` for float32 ``x <= 0``, computed in float32.
+
+    Same scheme as :func:`exp64` with a two-part :math:`\ln 2` of 9 + 24 bits and
+    a degree-7 Taylor polynomial.
+    """
+    y = _LO32 if x < _LO32 else x
+    y = _ZERO32 if y > _ZERO32 else y
+    z = y * _LOG2E32 + _SHIFT32
+    k = z - _SHIFT32
+    r = (y - k * _LN2HI32) - k * _LN2LO32
+    p = _C32[7]
+    p = p * r + _C32[6]
+    p = p * r + _C32[5]
+    p = p * r + _C32[4]
+    p = p * r + _C32[3]
+    p = p * r + _C32[2]
+    p = p * r + _C32[1]
+    p = p * r + _C32[0]
+    ki = _bits32(z) - np.int32(_SHIFT_BITS32)
+    scale = _float32_from_bits((ki + np.int32(127 + 32)) << np.int32(23))
+    return (p * scale) * _TWO_M32
+
+
+def fexp(x):  # pragma: no cover - replaced by the overload in jitted code
+    """Dtype-preserving exponential (the overload picks :func:`exp32`/:func:`exp64`)."""
+    raise NotImplementedError
+
+
+@overload(fexp)
+def _ol_fexp(x):
+    if x == types.float32:
+        return lambda x: exp32(x)
+    if x == types.float64:
+        return lambda x: exp64(x)
+    return None
+
+
+def as_like(v, like):  # pragma: no cover - replaced by the overload in jitted code
+    """Convert the float64 `v` to the type of `like`."""
+    raise NotImplementedError
+
+
+@overload(as_like)
+def _ol_as_like(v, like):
+    if like == types.float32:
+        return lambda v, like: np.float32(v)
+    return lambda v, like: np.float64(v)
+
+
+@njit(cache=True)
+def exp_array(x, out):
+    """Apply the kernel exponential element-wise (for tests and measurement)."""
+    for i in range(x.size):
+        out[i] = fexp(x[i])
+
+
+# ---------------------------------------------------------------------------
+# flag-free helpers
+# ---------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _neumaier(total, comp, value):
+    """One step of Neumaier's compensated summation: return (total, comp)."""
+    t = total + value
+    if abs(total) >= abs(value):
+        comp += (total - t) + value
+    else:
+        comp += (value - t) + total
+    return t, comp
+
+
+@njit(cache=True)
+def beta_poly(h, coeffs, threshold):
+    """β of a polynomial schedule, bitwise as ``Polynomial.beta_float``."""
+    if h != h:
+        return np.nan
+    p = 0.0
+    for c in coeffs:
+        p = p * h + c
+    if h > threshold:
+        return p if p > 1.0 else (1.0 if p == p else p)
+    return 1.0
+
+
+@njit(cache=True)
+def entropy_from_state(c, r, t):
+    r"""Entropy :math:`H = \log c + \operatorname{log1p}(r/c) - t/s`, :math:`s = c + r`.
+
+    `c` counts the items at the maximum, `r` sums :math:`e^{x-m}` over the others and
+    `t \le 0` sums :math:`e^{x-m}(x-m)`: three non-negative terms, no cancellation.
+    """
+    s = c + r
+    return math.log(c) + math.log1p(r / c) - t / s
+
+
+# ---------------------------------------------------------------------------
+# passes over x[lo:hi] (vectorised, reassociating)
+# ---------------------------------------------------------------------------
+
+
+def order_key(v):  # pragma: no cover - replaced by the overload in jitted code
+    """A signed integer with the order of the float `v` (its bits, negatives flipped)."""
+    raise NotImplementedError
+
+
+@overload(order_key)
+def _ol_order_key(v):
+    if v == types.float32:
+
+        def key32(v):
+            b = _bits32(v)
+            return np.int32(b ^ ((b >> np.int32(31)) & np.int32(0x7FFFFFFF)))
+
+        return key32
+    if v == types.float64:
+
+        def key64(v):
+            b = _bits64(v)
+            return b ^ ((b >> 63) & 0x7FFFFFFFFFFFFFFF)
+
+        return key64
+    return None
+
+
+@njit(cache=True)
+def _unkey32(k):
+    k = np.int32(k)
+    return _float32_from_bits(np.int32(k ^ ((k >> np.int32(31)) & np.int32(0x7FFFFFFF))))
+
+
+@njit(cache=True)
+def _unkey64(k):
+    return _float64_from_bits(k ^ ((k >> 63) & 0x7FFFFFFFFFFFFFFF))
+
+
+def unkey(k, arr):  # pragma: no cover - replaced by the overload in jitted code
+    """Inverse of :func:`order_key`."""
+    raise NotImplementedError
+
+
+@overload(unkey)
+def _ol_unkey(k, arr):
+    if arr.dtype == types.float32:
+        return lambda k, arr: _unkey32(k)
+    return lambda k, arr: _unkey64(k)
+
+
+def _neg_inf_like(arr):  # pragma: no cover - replaced by the overload in jitted code
+    raise NotImplementedError
+
+
+@overload(_neg_inf_like)
+def _ol_neg_inf_like(arr):
+    if arr.dtype == types.float32:
+        return lambda arr: np.float32(-np.inf)
+    return lambda arr: -np.inf
+
+
+@njit(cache=True)
+def pass_max(x, lo, hi):
+    """Return (maximum, number of NaNs) of ``x[lo:hi]``, ``-inf`` when empty.
+
+    The maximum is taken over integer order keys of the bits (an integer
+    reduction vectorises without fast-math flags); a NaN with the sign bit
+    clear would be the maximum, a negative one is below ``-inf``: both are
+    counted separately, and the caller treats any NaN as an invalid row.
+    """
+    xs = x[lo:hi]
+    k = order_key(_neg_inf_like(xs))
+    nnan = 0
+    for i in range(xs.size):
+        v = xs[i]
+        kv = order_key(v)
+        k = kv if kv > k else k
+        nnan += 1 if v != v else 0
+    return unkey(k, xs), nnan
+
+
+@njit(fastmath=_LOOP_FLAGS, cache=True)
+def _block_stats(x, lo, hi, m, out, store):
+    # accumulate in the input's precision within a block (float32 keeps 16 lanes)
+    zero = as_like(0.0, m)
+    one = as_like(1.0, m)
+    c = zero  # counts kept as floats (exact below 2**24): integer lanes would halve the width
+    n_eff = zero
+    r = zero
+    t = zero
+    xs = x[lo:hi]
+    os = out[lo:hi]
+    if store:
+        for i in range(xs.size):
+            d = xs[i] - m
+            e = fexp(d)
+            os[i] = e
+            r += e if d < zero else zero
+            t += e * (d if d > -np.inf else zero)
+            c += one if d == zero else zero
+            n_eff += one if d > -np.inf else zero
+    else:
+        for i in range(xs.size):
+            d = xs[i] - m
+            e = fexp(d)
+            r += e if d < zero else zero
+            t += e * (d if d > -np.inf else zero)
+            c += one if d == zero else zero
+            n_eff += one if d > -np.inf else zero
+    return np.int64(c), np.int64(n_eff), np.float64(r), np.float64(t)
+
+
+@njit(cache=True)
+def pass_stats(x, lo, hi, m, out, store):
+    """Return (c, n_eff, r, t) of ``x[lo:hi]`` about `m`; optionally store e^(x-m) in `out`.
+
+    `c`: items equal to `m`; `n_eff`: items above ``-inf``; `r`: sum of e^(x-m) over
+    items below `m`; `t`: sum of e^(x-m)(x-m). Blocks of :data:`BLOCK` are summed
+    vectorised; block sums are added with Neumaier's compensation.
+    """
+    c = 0
+    n_eff = 0
+    r = 0.0
+    rc = 0.0
+    t = 0.0
+    tc = 0.0
+    for b in range(lo, hi, BLOCK):
+        bc, bn, br, bt = _block_stats(x, b, min(b + BLOCK, hi), m, out, store)
+        c += bc
+        n_eff += bn
+        r, rc = _neumaier(r, rc, br)
+        t, tc = _neumaier(t, tc, bt)
+    return c, n_eff, r + rc, t + tc
+
+
+@njit(fastmath=_LOOP_FLAGS, cache=True)
+def _block_tempered(x, lo, hi, m, beta, out, store):
+    zero = as_like(0.0, m)
+    one = as_like(1.0, m)
+    c = zero
+    r = zero
+    xs = x[lo:hi]
+    os = out[lo:hi]
+    if store:
+        for i in range(xs.size):
+            d = xs[i] - m
+            y = as_like(beta, d) * d
+            e = fexp(y)
+            os[i] = e
+            r += e if d < zero else zero
+            c += one if d == zero else zero
+    else:
+        for i in range(xs.size):
+            d = xs[i] - m
+            y = as_like(beta, d) * d
+            e = fexp(y)
+            r += e if d < zero else zero
+            c += one if d == zero else zero
+    return np.int64(c), np.float64(r)
+
+
+@njit(cache=True)
+def pass_tempered(x, lo, hi, m, beta, out, store):
+    """Return (c, r) of the tempered exponentials e^(β(x-m)) (stored in `out` if asked)."""
+    c = 0
+    r = 0.0
+    rc = 0.0
+    for b in range(lo, hi, BLOCK):
+        bc, br = _block_tempered(x, b, min(b + BLOCK, hi), m, beta, out, store)
+        c += bc
+        r, rc = _neumaier(r, rc, br)
+    return c, r + rc
+
+
+@njit(fastmath=_LOOP_FLAGS, cache=True)
+def pass_scale(out, lo, hi, inv):
+    """``out[lo:hi] *= inv``, the product formed in float64 and rounded once."""
+    os = out[lo:hi]
+    for i in range(os.size):
+        os[i] = as_like(np.float64(os[i]) * inv, os[i])
+
+
+@njit(fastmath=_LOOP_FLAGS, cache=True)
+def pass_write(x, lo, hi, m, beta, inv, out):
+    """``out = e^(β(x-m)) * inv`` over ``[lo, hi)`` (β = 1 skips the product)."""
+    xs = x[lo:hi]
+    os = out[lo:hi]
+    if beta == 1.0:
+        for i in range(xs.size):
+            e = fexp(xs[i] - m)
+            os[i] = as_like(np.float64(e) * inv, e)
+    else:
+        for i in range(xs.size):
+            d = xs[i] - m
+            e = fexp(as_like(beta, d) * d)
+            os[i] = as_like(np.float64(e) * inv, e)
+
+
+@njit(fastmath=_LOOP_FLAGS, cache=True)
+def pass_fill(out, lo, hi, value):
+    """``out[lo:hi] = value``."""
+    os = out[lo:hi]
+    for i in range(os.size):
+        os[i] = as_like(value, os[i])
+
+
+@njit(cache=True)
+def pass_entropy_eps(x, lo, hi, m, inv_s, eps):
+    r"""Return :math:`\sum p \log(p + \varepsilon)` over ``[lo, hi)``, :math:`p = e^{x-m}/s`."""
+    acc = 0.0
+    comp = 0.0
+    for i in range(lo, hi):
+        p = np.float64(fexp(x[i] - m)) * inv_s
+        acc, comp = _neumaier(acc, comp, p * math.log(p + eps))
+    return acc + comp
+
+
+# ---------------------------------------------------------------------------
+# one row, in memory
+# ---------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def row_entropy(x, lo, hi, out, store, eps):
+    """Return (kind, m, c, n_eff, r, t, H) of the row ``x[lo:hi]``.
+
+    kind: 0 regular, 1 empty, 2 fully masked, 3 invalid (NaN or +inf).
+    """
+    if hi == lo:
+        return 1, -np.inf, 0, 0, 0.0, 0.0, 0.0
+    m, nnan = pass_max(x, lo, hi)
+    if nnan > 0 or m == np.inf:
+        return 3, np.nan, 0, 0, 0.0, 0.0, np.nan
+    if m == -np.inf:
+        return 2, m, 0, 0, 0.0, 0.0, 0.0
+    c, n_eff, r, t = pass_stats(x, lo, hi, m, out, store)
+    if eps > 0.0:
+        h = -pass_entropy_eps(x, lo, hi, m, 1.0 / (c + r), eps)
+    else:
+        h = entropy_from_state(c, r, t)
+    return 0, m, c, n_eff, r, t, h
+
+
+@njit(cache=True)
+def row_finish(x, lo, hi, out, kind, m, c, r, beta, have_e):
+    """Write the (adaptive) softmax of the row given its statistics and β."""
+    if kind == 3:
+        pass_fill(out, lo, hi, np.nan)
+        return
+    if kind != 0:
+        pass_fill(out, lo, hi, 0.0)
+        return
+    if beta == 1.0:
+        inv = 1.0 / (c + r)
+        if have_e:
+            pass_scale(out, lo, hi, inv)
+        else:
+            pass_write(x, lo, hi, m, 1.0, inv, out)
+        return
+    cb, rb = pass_tempered(x, lo, hi, m, beta, out, True)
+    pass_scale(out, lo, hi, 1.0 / (cb + rb))
+
+
+@njit(cache=True)
+def _beta_of(kind, h, kind_of_schedule, coeffs, threshold, const):
+    if kind == 3:
+        return np.nan
+    if kind != 0:
+        return 1.0
+    if kind_of_schedule == SCHED_CONST:
+        return const
+    return beta_poly(h, coeffs, threshold)
+
+
+# ---------------------------------------------------------------------------
+# batches of rows (parallel over rows)
+# ---------------------------------------------------------------------------
+
+
+@njit(parallel=True, cache=True)
+def rows_softmax(x, out):
+    """Softmax of each row of the 2-d C-contiguous `x` (n <= CHUNK)."""
+    nrow, n = x.shape
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    for i in prange(nrow):
+        lo = i * n
+        kind, m, c, _, r, _, _ = row_entropy(xf, lo, lo + n, of, True, 0.0)
+        row_finish(xf, lo, lo + n, of, kind, m, c, r, 1.0, True)
+
+
+@njit(parallel=True, cache=True)
+def rows_entropy(x, eps, h_out, neff_out):
+    """Entropy and unmasked count of each row."""
+    nrow, n = x.shape
+    xf = x.reshape(-1)
+    for i in prange(nrow):
+        lo = i * n
+        _, _, _, n_eff, _, _, h = row_entropy(xf, lo, lo + n, xf, False, eps)
+        h_out[i] = h
+        neff_out[i] = n_eff
+
+
+@njit(parallel=True, cache=True)
+def rows_adaptive(x, out, eps, kind_of_schedule, coeffs, threshold, const, beta_out):
+    """Adaptive softmax of each row, β from a polynomial or constant schedule."""
+    nrow, n = x.shape
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    store = kind_of_schedule != SCHED_CONST or const == 1.0
+    for i in prange(nrow):
+        lo = i * n
+        kind, m, c, _, r, _, h = row_entropy(xf, lo, lo + n, of, store, eps)
+        beta = _beta_of(kind, h, kind_of_schedule, coeffs, threshold, const)
+        beta_out[i] = beta
+        row_finish(xf, lo, lo + n, of, kind, m, c, r, beta, store)
+
+
+@njit(parallel=True, cache=True)
+def rows_stats(x, out, eps, kind_out, m_out, c_out, neff_out, r_out, h_out):
+    """First half of :func:`rows_adaptive` for any schedule: statistics, e^(x-m) stored."""
+    nrow, n = x.shape
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    for i in prange(nrow):
+        lo = i * n
+        kind, m, c, n_eff, r, _, h = row_entropy(xf, lo, lo + n, of, True, eps)
+        kind_out[i] = kind
+        m_out[i] = m
+        c_out[i] = c
+        neff_out[i] = n_eff
+        r_out[i] = r
+        h_out[i] = h
+
+
+@njit(parallel=True, cache=True)
+def rows_finish(x, out, kind, m, c, r, beta):
+    """Second half of :func:`rows_adaptive` given β per row."""
+    nrow, n = x.shape
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    for i in prange(nrow):
+        lo = i * n
+        row_finish(xf, lo, lo + n, of, kind[i], m[i], c[i], r[i], beta[i], True)
+
+
+# ---------------------------------------------------------------------------
+# one long row in fixed chunks (parallel over chunks, merged in a fixed order)
+# ---------------------------------------------------------------------------
+
+
+@njit(parallel=True, cache=True)
+def chunk_states(x, chunk, m_out, nnan_out, c_out, neff_out, r_out, t_out):
+    """Streaming state (m, c, n_eff, r, t) of every chunk of the 1-d `x`."""
+    n = x.size
+    nchunk = m_out.size
+    for k in prange(nchunk):
+        lo = k * chunk
+        hi = min(lo + chunk, n)
+        m, nnan = pass_max(x, lo, hi)
+        m_out[k] = m
+        nnan_out[k] = nnan
+        if nnan > 0 or m == np.inf or m == -np.inf:
+            c_out[k] = 0
+            neff_out[k] = 0
+            r_out[k] = 0.0
+            t_out[k] = 0.0
+        else:
+            c, n_eff, r, t = pass_stats(x, lo, hi, m, x, False)
+            c_out[k] = c
+            neff_out[k] = n_eff
+            r_out[k] = r
+            t_out[k] = t
+
+
+@njit(cache=True)
+def merge_state(m1, c1, n1, r1, t1, m2, c2, n2, r2, t2):
+    r"""The ⊕ of theorem T7 on states (m, c, n_eff, r, t); ``m = -inf`` is the identity.
+
+    With :math:`M = \max(m_1, m_2)` and :math:`s_k = c_k + r_k`, a state whose maximum
+    is below :math:`M` contributes :math:`s_k e^{m_k-M}` to `r` and
+    :math:`(t_k + s_k (m_k - M)) e^{m_k - M}` to `t` (every term :math:`\le 0`).
+    """
+    if m1 == -np.inf:
+        return m2, c2, n2, r2, t2
+    if m2 == -np.inf:
+        return m1, c1, n1, r1, t1
+    if m1 == m2:
+        return m1, c1 + c2, n1 + n2, r1 + r2, t1 + t2
+    if m1 < m2:
+        m1, c1, n1, r1, t1, m2, c2, n2, r2, t2 = m2, c2, n2, r2, t2, m1, c1, n1, r1, t1
+    delta = m2 - m1
+    w = math.exp(delta)
+    s2 = c2 + r2
+    return m1, c1, n1 + n2, r1 + s2 * w, t1 + (t2 + s2 * delta) * w
+
+
+@njit(cache=True)
+def merge_chunks(m, nnan, c, neff, r, t):
+    """Fold the chunk states left to right; return (invalid, m, c, n_eff, r, t)."""
+    bad = False
+    M = -np.inf
+    C = 0
+    N = 0
+    R = 0.0
+    T = 0.0
+    for k in range(m.size):
+        if nnan[k] > 0 or m[k] == np.inf:
+            bad = True
+        M, C, N, R, T = merge_state(M, C, N, R, T, m[k], c[k], neff[k], r[k], t[k])
+    return bad, M, C, N, R, T
+
+
+@njit(parallel=True, cache=True)
+def chunks_tempered(x, chunk, m, beta, out, store, c_out, r_out):
+    """Tempered sums of every chunk (e^(β(x-m)) stored in `out` if asked)."""
+    n = x.size
+    for k in prange(c_out.size):
+        lo = k * chunk
+        hi = min(lo + chunk, n)
+        c, r = pass_tempered(x, lo, hi, m, beta, out, store)
+        c_out[k] = c
+        r_out[k] = r
+
+
+@njit(parallel=True, cache=True)
+def chunks_write(x, chunk, m, beta, inv, out, nchunk):
+    """``out = e^(β(x-m)) * inv`` chunk by chunk."""
+    n = x.size
+    for k in prange(nchunk):
+        lo = k * chunk
+        pass_write(x, lo, min(lo + chunk, n), m, beta, inv, out)
+
+
+@njit(parallel=True, cache=True)
+def chunks_scale(out, chunk, inv, nchunk):
+    """``out *= inv`` chunk by chunk."""
+    n = out.size
+    for k in prange(nchunk):
+        lo = k * chunk
+        pass_scale(out, lo, min(lo + chunk, n), inv)
+
+
+@njit(parallel=True, cache=True)
+def chunks_entropy_eps(x, chunk, m, inv_s, eps, acc_out):
+    r""":math:`\sum p\log(p+\varepsilon)` of every chunk."""
+    n = x.size
+    for k in prange(acc_out.size):
+        lo = k * chunk
+        acc_out[k] = pass_entropy_eps(x, lo, min(lo + chunk, n), m, inv_s, eps)
+
+
+@njit(cache=True)
+def fold_sum(values):
+    """Neumaier sum of `values` left to right (a fixed order)."""
+    acc = 0.0
+    comp = 0.0
+    for v in values:
+        acc, comp = _neumaier(acc, comp, np.float64(v))
+    return acc + comp
+
+
+# ---------------------------------------------------------------------------
+# attention, streaming over key blocks
+# ---------------------------------------------------------------------------
+
+KEY_BLOCK = 128
+
+
+@njit(cache=True)
+def _logits_block(q, k, addmask, keep, i, j0, j1, scale, buf):
+    d = q.shape[1]
+    for j in range(j0, j1):
+        acc = 0.0
+        for f in range(d):
+            acc += np.float64(q[i, f]) * np.float64(k[j, f])
+        x = scale * acc + addmask[i, j]
+        buf[j - j0] = x if keep[i, j] else -np.inf
+
+
+@njit(parallel=True, cache=True)
+def attention_stats(q, k, addmask, keep, scale, eps, kind_out, m_out, neff_out, h_out):
+    """Pass 1 of adaptive attention for one batch entry: q (L, d), k (S, d).
+
+    The streaming state of each query's logits over key blocks (T7), then its
+    entropy; at most ``KEY_BLOCK`` logits are held at once.
+    """
+    L = q.shape[0]
+    S = k.shape[0]
+    for i in prange(L):
+        buf = np.empty(KEY_BLOCK)
+        M = -np.inf
+        C = 0
+        N = 0
+        R = 0.0
+        T = 0.0
+        bad = False
+        for j0 in range(0, S, KEY_BLOCK):
+            j1 = min(j0 + KEY_BLOCK, S)
+            _logits_block(q, k, addmask, keep, i, j0, j1, scale, buf)
+            m, nnan = pass_max(buf, 0, j1 - j0)
+            if nnan > 0 or m == np.inf:
+                bad = True
+                break
+            if m == -np.inf:
+                continue
+            c, n_eff, r, t = pass_stats(buf, 0, j1 - j0, m, buf, False)
+            M, C, N, R, T = merge_state(M, C, N, R, T, m, c, n_eff, r, t)
+        m_out[i] = M
+        neff_out[i] = N
+        if bad:
+            kind_out[i] = 3
+            h_out[i] = np.nan
+        elif M == -np.inf:
+            kind_out[i] = 2
+            h_out[i] = 0.0
+        elif eps > 0.0:
+            kind_out[i] = 0
+            inv_s = 1.0 / (C + R)
+            h_acc = 0.0
+            for j0 in range(0, S, KEY_BLOCK):
+                j1 = min(j0 + KEY_BLOCK, S)
+                _logits_block(q, k, addmask, keep, i, j0, j1, scale, buf)
+                h_acc += pass_entropy_eps(buf, 0, j1 - j0, M, inv_s, eps)
+            h_out[i] = -h_acc
+        else:
+            kind_out[i] = 0
+            h_out[i] = entropy_from_state(C, R, T)
+
+
+@njit(parallel=True, cache=True)
+def attention_apply(q, k, v, addmask, keep, scale, kind, m, beta, out):
+    """Pass 2 of adaptive attention: tempered weights accumulated into `out` (L, dv)."""
+    L = q.shape[0]
+    S = k.shape[0]
+    dv = v.shape[1]
+    for i in prange(L):
+        if kind[i] != 0:
+            fill = np.nan if kind[i] == 3 else 0.0
+            for f in range(dv):
+                out[i, f] = fill
+            continue
+        buf = np.empty(KEY_BLOCK)
+        acc = np.zeros(dv)
+        total = 0.0
+        M = m[i]
+        b = beta[i]
+        for j0 in range(0, S, KEY_BLOCK):
+            j1 = min(j0 + KEY_BLOCK, S)
+            _logits_block(q, k, addmask, keep, i, j0, j1, scale, buf)
+            for j in range(j1 - j0):
+                w = exp64(b * (buf[j] - M))
+                if w != 0.0:
+                    total += w
+                    for f in range(dv):
+                        acc[f] += w * v[j0 + j, f]
+        inv = 1.0 / total
+        for f in range(dv):
+            out[i, f] = acc[f] * inv
+
+
+def set_threads(n: int) -> None:
+    """Set Numba's thread count (a thin wrapper kept for the bench and tests)."""
+    numba.set_num_threads(n)
+
+
+@njit(parallel=True, cache=True)
+def parallel_copy(src, dst):
+    """``dst[:] = src`` in parallel blocks (the bandwidth probe of the benchmark)."""
+    n = src.size
+    nblock = (n + CHUNK - 1) // CHUNK
+    for b in prange(nblock):
+        lo = b * CHUNK
+        hi = min(lo + CHUNK, n)
+        s = src[lo:hi]
+        d = dst[lo:hi]
+        for i in range(s.size):
+            d[i] = s[i]

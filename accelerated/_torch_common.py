@@ -1,0 +1,121 @@
+r"""Shared pieces of the torch path: dtypes, validation, row statistics and β.
+
+Private module of :mod:`softmaxtheory.accelerated.torch`. The statistics of a
+row follow theorem T7: with :math:`z_j = x_j - \max x`,
+
+.. math::
+
+    s = \sum_j e^{z_j}, \qquad t = \sum_j e^{z_j} z_j, \qquad H = \log s - t / s,
+
+which has no :math:`0 \cdot \log 0` term (the listing's NaN on one-hot
+half-precision rows cannot occur) and is differentiable everywhere the row is
+regular. β follows :meth:`softmaxtheory.spec.Schedule.beta_float`: it is
+evaluated in float64 from the row's entropy and unmasked count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from softmaxtheory.spec import Constant, LogLength, Polynomial, Schedule
+
+__all__ = [
+    "HALF_DTYPES",
+    "as_float_tensor",
+    "beta_from_entropy",
+    "entropy_from_stats",
+    "stats_dtype",
+]
+
+#: Input dtypes whose statistics are kept in float32.
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the statistics of `dtype` inputs are computed in (float32 or float64)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def as_float_tensor(x: object, name: str) -> torch.Tensor:
+    """Validate a tensor argument; integer tensors are promoted to float64 (the spec).
+
+    Raises
+    ------
+    TypeError
+        If `x` is not a tensor, or its dtype is not real floating or integer.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype in _FLOAT_DTYPES:
+        return x
+    if not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool:
+        return x.to(torch.float64)
+    raise TypeError(f"{name} must be a real floating or integer tensor, got dtype {x.dtype}")
+
+
+def entropy_from_stats(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    r"""Entropy :math:`H = \log s - t/s` from the T7 statistics (``s = 0`` gives 0).
+
+    The result is clamped below at 0 (the true entropy is never negative; the
+    clamp only removes rounding error of one-hot rows).
+    """
+    empty = s == 0
+    s_safe = torch.where(empty, torch.ones_like(s), s)
+    h = torch.log(s_safe) - t / s_safe
+    h = torch.where(empty, torch.zeros_like(h), h)
+    return torch.clamp(h, min=0.0)
+
+
+def beta_from_entropy(
+    schedule: Schedule, entropy: torch.Tensor | None, n_eff: torch.Tensor
+) -> torch.Tensor:
+    r"""β of each row in float64, the semantics of ``Schedule.beta_float``.
+
+    Parameters
+    ----------
+    schedule : Schedule
+        The temperature schedule.
+    entropy : torch.Tensor or None
+        Row entropies (any float dtype; differentiable). ``None`` when the
+        schedule does not read the entropy.
+    n_eff : torch.Tensor
+        Number of unmasked items of each row (integer), broadcastable to the
+        rows; ``n_eff == 0`` gives β = 1.
+
+    Returns
+    -------
+    torch.Tensor
+        float64 β, shape of the rows.
+    """
+    n = n_eff.to(torch.float64)
+    if isinstance(schedule, Polynomial):
+        if entropy is None:
+            raise ValueError("the polynomial schedule needs the row entropies")
+        h = entropy.to(torch.float64)
+        coeffs = [float(c) for c in schedule.exact_coefficients]
+        p = torch.zeros_like(h)
+        for c in coeffs:  # Horner, as numpy.polyval
+            p = p * h + c
+        one = torch.ones_like(h)
+        beta = torch.where(h > float(schedule.exact_threshold), torch.maximum(p, one), one)
+        beta = torch.where(torch.isnan(h), h, beta)
+        return torch.broadcast_to(beta, torch.broadcast_shapes(h.shape, n.shape))
+    if isinstance(schedule, Constant):
+        value = float(schedule.exact_beta)
+        shape = n.shape if entropy is None else torch.broadcast_shapes(entropy.shape, n.shape)
+        return torch.full(shape, value, dtype=torch.float64, device=n.device)
+    if isinstance(schedule, LogLength):
+        s = float(schedule.exact_s)
+        beta = s * torch.log(torch.where(n == 0, torch.ones_like(n), n))
+        beta = torch.where(n == 0, torch.ones_like(beta), beta)
+        if entropy is not None:
+            beta = torch.broadcast_to(beta, torch.broadcast_shapes(entropy.shape, n.shape))
+        return beta
+    # A user subclass of Schedule: its float semantics through numpy (rows only).
+    h_np = entropy.detach().to("cpu", torch.float64).numpy() if entropy is not None else math.nan
+    values = schedule.beta_float(h_np, n_eff.detach().cpu().numpy())
+    return torch.as_tensor(values, dtype=torch.float64, device=n.device)

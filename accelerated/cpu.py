@@ -1,0 +1,750 @@
+r"""Numba CPU kernels: softmax, entropy, adaptive softmax and attention, streaming.
+
+The functions compute the specification of :mod:`softmaxtheory.spec` in
+floating point along any axis of float32 or float64 arrays (integers are
+promoted to float64; float16 is computed in float32 and returned as float16).
+Every special value of the spec's table is handled: ``-inf`` entries are
+masked, a fully masked row gives zeros (entropy 0, β = 1), a row with NaN or
+``+inf`` gives NaN, an empty row gives an empty result (entropy 0, β = 1).
+
+How it computes
+---------------
+A row of :math:`n` items takes two passes when β = 1 and three when β ≠ 1:
+
+1. the maximum :math:`m`, then the streaming state of theorem T7 — the count
+   :math:`c` of items at the maximum, :math:`r = \sum_{x_i<m} e^{x_i-m}` and
+   :math:`t = \sum_i e^{x_i-m}(x_i-m)` — while :math:`e^{x_i-m}` is stored in the
+   output. The entropy is :math:`H = \log c + \operatorname{log1p}(r/c) - t/s`,
+   :math:`s = c + r`: three non-negative terms, so no cancellation even for
+   one-hot rows;
+2. β from the schedule; if β = 1 the stored exponentials are scaled by
+   :math:`1/s` (one exponential per item), else :math:`e^{\beta(x_i-m)}` is
+   written, summed, and scaled.
+
+Rows are processed in parallel (``numba.prange``). A row longer than
+:data:`CHUNK` items is split into fixed chunks whose states are merged by
+⊕ in a fixed left-to-right order, so results are identical bit for bit for any
+thread count. The exponential is the kernel's own (no SVML in this llvmlite):
+Cody-Waite reduction and a Taylor polynomial, vectorised; see
+:doc:`/performance` for its measured error.
+
+Examples
+--------
+>>> import numpy as np
+>>> from softmaxtheory.accelerated import cpu
+>>> x = np.array([[0.0, 1.0, 2.0], [0.0, -np.inf, 0.0]])
+>>> p = cpu.softmax(x)
+>>> bool(np.allclose(p.sum(axis=-1), 1.0)), p[1].tolist()
+(True, [0.5, 0.0, 0.5])
+>>> float(cpu.entropy(x)[1]) == float(np.log(2))
+True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from softmaxtheory.spec import (
+    Constant,
+    Polynomial,
+    Schedule,
+    as_logits,
+    check_entropy_eps,
+    resolve_schedule,
+)
+
+from . import _cpu_kernels as _k
+
+__all__ = [
+    "CHUNK",
+    "StreamingSoftmax",
+    "adaptive_attention",
+    "adaptive_softmax",
+    "beta",
+    "entropy",
+    "set_num_threads",
+    "softmax",
+]
+
+#: Rows longer than this are processed in chunks of this many items (fixed, so
+#: the result does not depend on the thread count).
+CHUNK: int = _k.CHUNK
+
+
+def set_num_threads(n: int) -> None:
+    """Set the number of threads the kernels use (``numba.set_num_threads``)."""
+    import numba
+
+    numba.set_num_threads(int(n))
+
+
+# ---------------------------------------------------------------------------
+# argument handling
+# ---------------------------------------------------------------------------
+
+
+def _prepare(x: Any, axis: int) -> tuple[np.ndarray, np.dtype, int]:
+    arr = as_logits(x, "x")
+    if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    if not -arr.ndim <= axis < arr.ndim:
+        raise ValueError(f"axis {axis} is out of range for x of shape {arr.shape}")
+    axis = int(axis) % arr.ndim
+    in_dtype = arr.dtype
+    if arr.dtype == np.float16:
+        arr = arr.astype(np.float32)
+    work = np.ascontiguousarray(np.moveaxis(arr, axis, -1))
+    if not work.flags.writeable:  # one compiled signature: the kernels take writeable arrays
+        work = work.copy()
+    return work, in_dtype, axis
+
+
+def _check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, name: str = "out") -> None:
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(out).__name__}")
+    if out.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
+    if out.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {out.dtype}")
+
+
+def _schedule_args(schedule: Schedule) -> tuple[int, np.ndarray, float, float] | None:
+    """Kernel encoding of a polynomial or constant schedule; None for any other."""
+    if isinstance(schedule, Polynomial):
+        coeffs = np.array([float(c) for c in schedule.exact_coefficients])
+        return _k.SCHED_POLY, coeffs, float(schedule.exact_threshold), 1.0
+    if isinstance(schedule, Constant):
+        return _k.SCHED_CONST, np.zeros(1), 0.0, float(schedule.exact_beta)
+    return None
+
+
+def _rows2d(work: np.ndarray) -> np.ndarray:
+    n = work.shape[-1]
+    rows = int(np.prod(work.shape[:-1], dtype=np.int64))
+    return work.reshape(rows, n)
+
+
+# ---------------------------------------------------------------------------
+# long rows (chunked, fixed merge order)
+# ---------------------------------------------------------------------------
+
+
+def _long_row_state(row: np.ndarray) -> tuple[bool, float, int, int, float, float]:
+    nchunk = -(-row.size // CHUNK)
+    m = np.empty(nchunk, dtype=row.dtype)
+    nnan = np.empty(nchunk, dtype=np.int64)
+    c = np.empty(nchunk, dtype=np.int64)
+    neff = np.empty(nchunk, dtype=np.int64)
+    r = np.empty(nchunk)
+    t = np.empty(nchunk)
+    _k.chunk_states(row, CHUNK, m, nnan, c, neff, r, t)
+    bad, M, C, N, R, T = _k.merge_chunks(m.astype(np.float64), nnan, c, neff, r, t)
+    return bool(bad), float(M), int(C), int(N), float(R), float(T)
+
+
+def _long_row_entropy(row: np.ndarray, state: tuple, eps: float) -> tuple[int, float]:
+    bad, M, C, _, R, T = state
+    if bad:
+        return 3, math.nan
+    if M == -math.inf:
+        return 2, 0.0
+    if eps > 0.0:
+        nchunk = -(-row.size // CHUNK)
+        acc = np.empty(nchunk)
+        _k.chunks_entropy_eps(row, CHUNK, row.dtype.type(M), 1.0 / (C + R), eps, acc)
+        return 0, -float(_k.fold_sum(acc))
+    return 0, float(_k.entropy_from_state(C, R, T))
+
+
+def _long_row_write(row: np.ndarray, out: np.ndarray, kind: int, state: tuple, beta: float):
+    _, M, C, _, R, _ = state
+    nchunk = -(-row.size // CHUNK)
+    if kind != 0:
+        out[...] = np.nan if kind == 3 else 0.0
+        return
+    m = row.dtype.type(M)
+    if beta == 1.0:
+        _k.chunks_write(row, CHUNK, m, 1.0, 1.0 / (C + R), out, nchunk)
+        return
+    cb = np.empty(nchunk, dtype=np.int64)
+    rb = np.empty(nchunk)
+    _k.chunks_tempered(row, CHUNK, m, beta, out, True, cb, rb)
+    _k.chunks_scale(out, CHUNK, 1.0 / (int(cb.sum()) + float(_k.fold_sum(rb))), nchunk)
+
+
+# ---------------------------------------------------------------------------
+# public functions
+# ---------------------------------------------------------------------------
+
+
+def _stats_and_beta(
+    x2: np.ndarray, eps: float, schedule: Schedule
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Statistics of short rows with e^(x-m) stored; β from ``schedule.beta_float``."""
+    rows = x2.shape[0]
+    out = np.empty_like(x2)
+    kind = np.empty(rows, dtype=np.int64)
+    m = np.empty(rows, dtype=x2.dtype)
+    c = np.empty(rows, dtype=np.int64)
+    neff = np.empty(rows, dtype=np.int64)
+    r = np.empty(rows)
+    h = np.empty(rows)
+    _k.rows_stats(x2, out, eps, kind, m, c, neff, r, h)
+    beta = schedule.beta_float(h, neff)
+    beta[kind == 3] = np.nan
+    beta[(kind == 1) | (kind == 2)] = 1.0
+    return out, kind, m, c, r, h, beta
+
+
+def _run(
+    x: Any,
+    axis: int,
+    want: str,
+    schedule: Schedule | None,
+    entropy_eps: float,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.dtype, int, tuple[int, ...]]:
+    """Compute along `axis`; return (values, entropy, beta, input dtype, axis, moved shape).
+
+    When `out` is given it is checked; if it is C-contiguous, of the working dtype
+    and `axis` is the last one, the kernels write into it directly.
+    """
+    schedule = resolve_schedule(schedule)
+    eps = check_entropy_eps(entropy_eps)
+    work, in_dtype, axis = _prepare(x, axis)
+    moved_shape = work.shape
+    x2 = _rows2d(work)
+    rows, n = x2.shape
+    vector = want in ("softmax", "adaptive")
+    values = None
+    if out is not None:
+        _check_out(out, np.moveaxis(np.empty(moved_shape, dtype=bool), -1, axis).shape, in_dtype)
+        direct = (
+            axis == work.ndim - 1
+            and out.flags.c_contiguous
+            and out.flags.writeable
+            and out.dtype == work.dtype
+        )
+        if direct:
+            values = out.reshape(rows, n)
+    if vector and values is None:
+        values = np.empty_like(x2)
+    h = np.zeros(rows)
+    beta = np.ones(rows)
+    if rows == 0:
+        pass
+    elif n > CHUNK:
+        neff = np.zeros(rows, dtype=np.int64)
+        states = []
+        kinds = []
+        for i in range(rows):
+            state = _long_row_state(x2[i])
+            kind, hi = _long_row_entropy(x2[i], state, eps)
+            states.append(state)
+            kinds.append(kind)
+            h[i] = hi
+            neff[i] = state[3]
+        kinds_a = np.array(kinds)
+        if want in ("adaptive", "adaptive_beta"):
+            beta = schedule.beta_float(h, neff)
+        beta[kinds_a == 3] = np.nan
+        beta[kinds_a == 2] = 1.0
+        if vector:
+            for i in range(rows):
+                b = float(beta[i]) if want == "adaptive" else 1.0
+                _long_row_write(x2[i], values[i], kinds[i], states[i], b)
+    elif want == "softmax":
+        _k.rows_softmax(x2, values)
+        kinds_a = None
+    elif want == "entropy":
+        neff = np.empty(rows, dtype=np.int64)
+        _k.rows_entropy(x2, eps, h, neff)
+    else:
+        args = _schedule_args(schedule)
+        if args is not None:
+            sched, coeffs, threshold, const = args
+            _k.rows_adaptive(x2, values, eps, sched, coeffs, threshold, const, beta)
+        else:
+            tmp, kind, m, c, r, h, beta = _stats_and_beta(x2, eps, schedule)
+            values[...] = tmp
+            _k.rows_finish(x2, values, kind, m, c, r, beta)
+    return values, h, beta, in_dtype, axis, moved_shape
+
+
+def _deliver(
+    values: np.ndarray,
+    in_dtype: np.dtype,
+    axis: int,
+    moved_shape: tuple[int, ...],
+    out: np.ndarray | None,
+) -> np.ndarray:
+    if out is not None and np.shares_memory(values, out):
+        return out
+    result = np.moveaxis(values.reshape(moved_shape), -1, axis)
+    if in_dtype == np.float16:
+        result = result.astype(np.float16)
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+def softmax(x: Any, axis: int = -1, *, out: np.ndarray | None = None) -> np.ndarray:
+    r"""Softmax along `axis`: :math:`e^{x_i - m} / \sum_j e^{x_j - m}`.
+
+    Parameters
+    ----------
+    x : array_like
+        Logits (float16/32/64 or integer; integers become float64).
+    axis : int, default -1
+        The axis to normalise along.
+    out : numpy.ndarray, optional
+        Destination of the same shape and dtype as the result (any strides).
+
+    Returns
+    -------
+    numpy.ndarray
+        The probabilities, in the dtype of `x`.
+    """
+    values, _, _, in_dtype, axis, moved = _run(x, axis, "softmax", None, 0.0, out)
+    return _deliver(values, in_dtype, axis, moved, out)
+
+
+def entropy(x: Any, axis: int = -1, *, entropy_eps: float = 0.0) -> np.ndarray:
+    r"""Entropy :math:`-\sum_i p_i \log p_i` (nats) of the softmax along `axis`.
+
+    Parameters
+    ----------
+    x : array_like
+        Logits.
+    axis : int, default -1
+        The axis the distributions lie along (removed from the result).
+    entropy_eps : float, default 0.0
+        ``0`` for the exact entropy, ``eps > 0`` for
+        :math:`-\sum_i p_i \log(p_i + \varepsilon)` (the paper's listing).
+
+    Returns
+    -------
+    numpy.ndarray
+        Entropies in the dtype of `x` (computed in float64 from the row's
+        state), shape of `x` without `axis`.
+    """
+    _, h, _, in_dtype, axis, moved = _run(x, axis, "entropy", None, entropy_eps)
+    return h.reshape(moved[:-1]).astype(in_dtype)
+
+
+def beta(
+    x: Any, axis: int = -1, *, schedule: Schedule | None = None, entropy_eps: float = 0.0
+) -> np.ndarray:
+    """The inverse temperature β of each row, from its entropy and the schedule.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, shape of `x` without `axis`.
+    """
+    schedule = resolve_schedule(schedule)
+    work, _, _ = _prepare(x, axis)
+    x2 = _rows2d(work)
+    if x2.shape[0] == 0:
+        return np.ones(work.shape[:-1])
+    if x2.shape[1] > CHUNK:
+        _, _, b, _, _, moved = _run(x, axis, "adaptive_beta", schedule, entropy_eps)
+        return b.reshape(moved[:-1])
+    _, _, _, _, _, _, b = _stats_and_beta(x2, check_entropy_eps(entropy_eps), schedule)
+    return b.reshape(work.shape[:-1])
+
+
+def adaptive_softmax(
+    x: Any,
+    axis: int = -1,
+    *,
+    schedule: Schedule | None = None,
+    entropy_eps: float = 0.0,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    r"""Adaptive-temperature softmax :math:`\operatorname{softmax}(\beta(H(x))\,x)` along `axis`.
+
+    Parameters
+    ----------
+    x : array_like
+        Logits.
+    axis : int, default -1
+        The axis to normalise along.
+    schedule : Schedule, optional
+        Default :class:`~softmaxtheory.spec.PaperPolynomial`. Polynomial and
+        constant schedules are evaluated inside the kernel (bitwise as their
+        ``beta_float``); any other schedule through its ``beta_float`` between
+        the passes.
+    entropy_eps : float, default 0.0
+        The entropy mode (see :func:`entropy`).
+    out : numpy.ndarray, optional
+        Destination (same shape and dtype as the result; any strides).
+
+    Returns
+    -------
+    numpy.ndarray
+        The probabilities, in the dtype of `x`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from softmaxtheory.accelerated import cpu
+    >>> x = np.array([3.0, 1.0, 0.0, 0.0, -1.0, 2.0])
+    >>> p = cpu.adaptive_softmax(x)
+    >>> bool(p[0] > cpu.softmax(x)[0])
+    True
+    """
+    values, _, _, in_dtype, axis, moved = _run(x, axis, "adaptive", schedule, entropy_eps, out)
+    return _deliver(values, in_dtype, axis, moved, out)
+
+
+# ---------------------------------------------------------------------------
+# attention
+# ---------------------------------------------------------------------------
+
+
+def _attn_array(a: Any, name: str) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.dtype.kind in "iu":
+        arr = arr.astype(np.float64)
+    elif arr.dtype.type not in (np.float16, np.float32, np.float64):
+        raise TypeError(f"{name} must be a real floating or integer array, got dtype {arr.dtype}")
+    if arr.ndim < 2:
+        raise ValueError(f"{name} must have shape (..., length, features), got {arr.shape}")
+    return arr
+
+
+def adaptive_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any = None,
+    scale: float | None = None,
+    *,
+    schedule: Schedule | None = None,
+    entropy_eps: float = 0.0,
+) -> np.ndarray:
+    r"""Adaptive attention, streaming over key blocks (two passes, never the n×n matrix).
+
+    .. math::
+
+        x_{ij} = \mathrm{scale}\; q_i \cdot k_j + \mathrm{mask}_{ij}, \qquad
+        \mathrm{out}_i = \sum_j \operatorname{softmax}(\beta_i x_i)_j\, v_j .
+
+    Pass 1 folds each query's logits, one block of keys at a time, into the
+    streaming state of theorem T7 (its entropy, hence β); pass 2 recomputes the
+    logits block by block and accumulates the tempered weights times `v`.
+    Memory is :math:`O(n d)`; logits are formed in float64.
+
+    Parameters
+    ----------
+    q, k, v : array_like
+        Shapes ``(..., L, d)``, ``(..., S, d)``, ``(..., S, dv)``; leading
+        dimensions broadcast.
+    mask : array_like, optional
+        Broadcastable to ``(..., L, S)``: boolean (``True`` takes part) or
+        floating (added to the logits, ``-inf`` masks).
+    scale : float, optional
+        Default ``1 / sqrt(d)``.
+    schedule : Schedule, optional
+        Default :class:`~softmaxtheory.spec.PaperPolynomial`.
+    entropy_eps : float, default 0.0
+        The entropy mode.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(..., L, dv)``, float32 if every input is float32 (or float16),
+        else float64. A query whose keys are all masked gives zeros, a NaN or
+        ``+inf`` logit gives NaN.
+    """
+    qa, ka, va = _attn_array(q, "q"), _attn_array(k, "k"), _attn_array(v, "v")
+    if qa.shape[-1] != ka.shape[-1]:
+        raise ValueError(f"q and k must share the feature size, got {qa.shape} and {ka.shape}")
+    if ka.shape[-2] != va.shape[-2]:
+        raise ValueError(f"k and v must share the key length, got {ka.shape} and {va.shape}")
+    schedule = resolve_schedule(schedule)
+    eps = check_entropy_eps(entropy_eps)
+    L, d = qa.shape[-2:]
+    S, dv = va.shape[-2:]
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d else 1.0
+    elif isinstance(scale, bool) or not isinstance(scale, int | float | np.floating):
+        raise TypeError(f"scale must be a float, got {scale!r}")
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+    low = all(a.dtype in (np.float16, np.float32) for a in (qa, ka, va))
+    out_dtype = np.float32 if low else np.float64
+    try:
+        lead = np.broadcast_shapes(qa.shape[:-2], ka.shape[:-2], va.shape[:-2])
+    except ValueError as exc:
+        raise ValueError(f"q, k, v leading dimensions do not broadcast: {exc}") from exc
+    keep = np.ones((1, 1), dtype=bool)
+    add = np.zeros((1, 1))
+    if mask is not None:
+        marr = np.asarray(mask)
+        try:
+            target = np.broadcast_shapes(marr.shape, (*lead, L, S))
+        except ValueError as exc:
+            raise ValueError(
+                f"mask of shape {marr.shape} does not broadcast to {(*lead, L, S)}"
+            ) from exc
+        lead = target[:-2]
+        if marr.dtype == bool:
+            keep = marr
+        elif marr.dtype.kind in "fiu":
+            add = marr.astype(np.float64)
+        else:
+            raise TypeError(f"mask must be boolean or floating, got dtype {marr.dtype}")
+    keep_b = np.broadcast_to(keep, (*lead, L, S))
+    add_b = np.broadcast_to(add, (*lead, L, S))
+    qb = np.broadcast_to(qa.astype(np.float64), (*lead, L, d))
+    kb = np.broadcast_to(ka.astype(np.float64), (*lead, S, d))
+    vb = np.broadcast_to(va.astype(np.float64), (*lead, S, dv))
+    out = np.zeros((*lead, L, dv), dtype=np.float64)
+    kind = np.empty(L, dtype=np.int64)
+    m = np.empty(L)
+    neff = np.empty(L, dtype=np.int64)
+    h = np.empty(L)
+    for idx in np.ndindex(*lead):
+        qi = np.ascontiguousarray(qb[idx])
+        ki = np.ascontiguousarray(kb[idx])
+        vi = np.ascontiguousarray(vb[idx])
+        ai = np.ascontiguousarray(add_b[idx])
+        ke = np.ascontiguousarray(keep_b[idx])
+        _k.attention_stats(qi, ki, ai, ke, scale, eps, kind, m, neff, h)
+        b = schedule.beta_float(h, neff)
+        b[kind == 3] = np.nan
+        b[kind == 2] = 1.0
+        o = np.empty((L, dv))
+        _k.attention_apply(qi, ki, vi, ai, ke, scale, kind, m, b, o)
+        out[idx] = o
+    return out.astype(out_dtype)
+
+
+# ---------------------------------------------------------------------------
+# streaming object
+# ---------------------------------------------------------------------------
+
+
+class StreamingSoftmax:
+    r"""Adaptive softmax of one row too long for memory, fed in chunks.
+
+    The row is read in two or three passes over its chunks (in any chunking
+    and any order within a pass):
+
+    1. :meth:`update` with every chunk builds the streaming state
+       :math:`(m, c, r, t)` of theorem T7; states of separately fed parts
+       combine with :meth:`merge` (or ``+``). Then :meth:`entropy` and
+       :meth:`beta` are available.
+    2. Only when β ≠ 1 (:attr:`needs_tempered_pass`): :meth:`update_tempered`
+       with every chunk sums :math:`e^{\beta(x - m)}` (merge these too).
+    3. :meth:`normalize` returns each chunk's probabilities.
+
+    Parameters
+    ----------
+    schedule : Schedule, optional
+        Default :class:`~softmaxtheory.spec.PaperPolynomial`; ``Constant(1)``
+        gives the plain softmax (always two passes).
+    dtype : numpy dtype, default float64
+        float32 or float64: chunks are converted to it, results returned in it.
+
+    Notes
+    -----
+    Only the exact entropy mode is streamable (:math:`-\sum p\log(p+\varepsilon)`
+    needs the normaliser before the sum). Merging is the fixed-order float ⊕ of
+    T7; different chunkings give results equal within the documented error, and
+    the same chunking gives identical bits for any thread count.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from softmaxtheory.accelerated import cpu
+    >>> x = np.linspace(-3.0, 3.0, 10)
+    >>> chunks = [x[:4], x[4:]]
+    >>> state = cpu.StreamingSoftmax()
+    >>> for c in chunks:
+    ...     _ = state.update(c)
+    >>> if state.needs_tempered_pass:
+    ...     for c in chunks:
+    ...         _ = state.update_tempered(c)
+    >>> p = np.concatenate([state.normalize(c) for c in chunks])
+    >>> bool(np.allclose(p, cpu.adaptive_softmax(x)))
+    True
+    """
+
+    def __init__(self, schedule: Schedule | None = None, dtype: Any = np.float64) -> None:
+        self.schedule = resolve_schedule(schedule)
+        dt = np.dtype(dtype)
+        if dt not in (np.float32, np.float64):
+            raise TypeError(f"dtype must be float32 or float64, got {dt}")
+        self.dtype = dt
+        self._bad = False
+        self._m = -math.inf
+        self._c = 0
+        self._n = 0
+        self._r = 0.0
+        self._t = 0.0
+        self._count = 0
+        self._tb_c = 0
+        self._tb_r = 0.0
+        self._tb_count = 0
+        self._beta: float | None = None
+
+    # -- pass 1 ------------------------------------------------------------
+    def _chunk(self, chunk: Any) -> np.ndarray:
+        arr = as_logits(chunk, "chunk")
+        if arr.ndim != 1:
+            raise ValueError(f"chunk must be 1-d, got shape {arr.shape}")
+        arr = np.ascontiguousarray(arr, dtype=self.dtype)
+        # the kernels are compiled for writeable arrays only (a read-only memory map is copied)
+        return arr if arr.flags.writeable else arr.copy()
+
+    def update(self, chunk: Any) -> StreamingSoftmax:
+        """Fold a chunk of logits into the state (pass 1); returns self."""
+        if self._tb_count:
+            raise RuntimeError("update() after the tempered pass started: make a new state")
+        arr = self._chunk(chunk)
+        if arr.size == 0:
+            return self
+        if arr.size > CHUNK:
+            bad, M, C, N, R, T = _long_row_state(arr)
+        else:
+            m = np.empty(1, dtype=self.dtype)
+            nnan = np.empty(1, dtype=np.int64)
+            c = np.empty(1, dtype=np.int64)
+            ne = np.empty(1, dtype=np.int64)
+            r = np.empty(1)
+            t = np.empty(1)
+            _k.chunk_states(arr, CHUNK, m, nnan, c, ne, r, t)
+            bad = bool(nnan[0] > 0 or m[0] == np.inf)
+            M, C, N, R, T = float(m[0]), int(c[0]), int(ne[0]), float(r[0]), float(t[0])
+        self._fold(bad, M, C, N, R, T, arr.size)
+        return self
+
+    def _fold(self, bad: bool, M: float, C: int, N: int, R: float, T: float, count: int) -> None:
+        self._bad = self._bad or bad
+        if not bad:
+            self._m, self._c, self._n, self._r, self._t = _k.merge_state(
+                self._m, self._c, self._n, self._r, self._t, M, C, N, R, T
+            )
+        self._count += count
+        self._beta = None
+
+    def merge(self, other: StreamingSoftmax) -> StreamingSoftmax:
+        """Return a new state ``self ⊕ other`` (both passes' sums are merged)."""
+        if not isinstance(other, StreamingSoftmax):
+            raise TypeError(f"can only merge with a StreamingSoftmax, got {type(other).__name__}")
+        if other.schedule != self.schedule or other.dtype != self.dtype:
+            raise ValueError("cannot merge states with different schedules or dtypes")
+        new = StreamingSoftmax(self.schedule, self.dtype)
+        new._fold(self._bad, self._m, self._c, self._n, self._r, self._t, self._count)
+        new._fold(other._bad, other._m, other._c, other._n, other._r, other._t, other._count)
+        if self._tb_count or other._tb_count:
+            if self._m != other._m and self._tb_count and other._tb_count:
+                raise ValueError("tempered sums of states with different maxima cannot be merged")
+            new._tb_c = self._tb_c + other._tb_c
+            new._tb_r = self._tb_r + other._tb_r
+            new._tb_count = self._tb_count + other._tb_count
+        return new
+
+    __add__ = merge
+
+    @property
+    def count(self) -> int:
+        """Items seen in pass 1 (masked included)."""
+        return self._count
+
+    @property
+    def n_eff(self) -> int:
+        """Unmasked items seen in pass 1."""
+        return self._n
+
+    @property
+    def max(self) -> float:
+        """The running maximum (``-inf`` when empty or fully masked, NaN if invalid)."""
+        return math.nan if self._bad else self._m
+
+    def entropy(self) -> float:
+        """Entropy of the row seen so far (nats); 0 if empty/masked, NaN if invalid."""
+        if self._bad:
+            return math.nan
+        if self._m == -math.inf:
+            return 0.0
+        return float(_k.entropy_from_state(self._c, self._r, self._t))
+
+    def beta(self) -> float:
+        """β of the row from the schedule (1 if empty or masked, NaN if invalid)."""
+        if self._beta is None:
+            if self._bad:
+                self._beta = math.nan
+            elif self._m == -math.inf:
+                self._beta = 1.0
+            else:
+                self._beta = float(self.schedule.beta_float(self.entropy(), self._n))
+        return self._beta
+
+    @property
+    def needs_tempered_pass(self) -> bool:
+        """Whether pass 2 (:meth:`update_tempered`) is needed before :meth:`normalize`."""
+        b = self.beta()
+        return b == b and b != 1.0 and self._m != -math.inf
+
+    # -- pass 2 ------------------------------------------------------------
+    def update_tempered(self, chunk: Any) -> StreamingSoftmax:
+        r"""Add :math:`\sum e^{\beta(x-m)}` of a chunk (pass 2); returns self."""
+        arr = self._chunk(chunk)
+        b = self.beta()
+        if not self.needs_tempered_pass:
+            return self
+        nchunk = max(1, -(-arr.size // CHUNK))
+        cb = np.zeros(nchunk, dtype=np.int64)
+        rb = np.zeros(nchunk)
+        if arr.size:
+            _k.chunks_tempered(arr, CHUNK, self.dtype.type(self._m), b, arr, False, cb, rb)
+        self._tb_c += int(cb.sum())
+        self._tb_r += float(_k.fold_sum(rb))
+        self._tb_count += arr.size
+        return self
+
+    # -- pass 3 ------------------------------------------------------------
+    def normalize(self, chunk: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """The (adaptive) softmax values of a chunk of the row, given the complete state."""
+        arr = self._chunk(chunk)
+        if out is None:
+            out = np.empty(arr.shape, dtype=self.dtype)
+        else:
+            _check_out(out, arr.shape, self.dtype)
+            if not out.flags.c_contiguous:
+                raise ValueError("out must be C-contiguous")
+        if self._bad:
+            out[...] = np.nan
+            return out
+        if self._m == -math.inf:
+            out[...] = 0.0
+            return out
+        b = self.beta()
+        if b != 1.0:
+            if self._tb_count != self._count:
+                raise RuntimeError(
+                    f"β = {b} ≠ 1: feed every chunk to update_tempered() before normalize() "
+                    f"({self._tb_count} of {self._count} items seen)"
+                )
+            inv = 1.0 / (self._tb_c + self._tb_r)
+        else:
+            inv = 1.0 / (self._c + self._r)
+        nchunk = -(-arr.size // CHUNK)
+        if arr.size:
+            _k.chunks_write(arr, CHUNK, self.dtype.type(self._m), b, inv, out, nchunk)
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamingSoftmax(count={self._count}, max={self.max}, "
+            f"schedule={self.schedule!r}, dtype={self.dtype.name})"
+        )

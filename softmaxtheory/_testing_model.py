@@ -1,0 +1,473 @@
+r"""The error model of :mod:`softmaxtheory.testing` (private; numpy only).
+
+Everything here is derived in the documentation page *The error model*:
+
+* :class:`FloatFormat` describes the kernel's output format (bfloat16 too) and
+  its internal working precision;
+* :func:`ulp` and :func:`ulp_error` measure errors in units in the last place;
+* ``*_bound`` compute the a-priori bound of each output element from the input
+  alone (conditioning of the element, length of the row, schedule);
+* ``naive_*`` compute the naive same-precision algorithm (the baseline rule).
+
+The bounds are first order in the unit roundoff :math:`u` and are turned into
+relative errors with :math:`e^{r} - 1` (so that a large :math:`r` stays an
+upper bound).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .spec import Constant, LogLength, Polynomial, Schedule
+
+__all__ = [
+    "C_EXP",
+    "FORMATS",
+    "LAMBDA",
+    "SLACK",
+    "FloatFormat",
+    "RowConditioning",
+    "adaptive_rel_error",
+    "attention_bound",
+    "beta_error",
+    "entropy_abs_error",
+    "format_named",
+    "naive_adaptive_softmax",
+    "naive_attention",
+    "naive_beta",
+    "naive_entropy",
+    "naive_softmax",
+    "near_jump",
+    "round_to_format",
+    "row_conditioning",
+    "softmax_rel_error",
+    "summation_factor",
+    "ulp",
+    "ulp_error",
+]
+
+#: Error allowed in an ``exp`` or ``log`` evaluation, in units of :math:`u`.
+C_EXP = 4.0
+#: Confidence parameter of the probabilistic summation bound (Higham and Mary).
+LAMBDA = 8.0
+#: Safety factor applied to every first-order bound.
+SLACK = 2.0
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """A binary floating-point format.
+
+    Attributes
+    ----------
+    name : str
+        ``float64``, ``float32``, ``float16`` or ``bfloat16``.
+    precision : int
+        Significand bits, hidden bit included.
+    emin : int
+        Exponent of the smallest positive normal number.
+    qmin : int
+        Exponent of the smallest positive subnormal number.
+    """
+
+    name: str
+    precision: int
+    emin: int
+    qmin: int
+
+    @property
+    def u(self) -> float:
+        """Unit roundoff :math:`2^{-p}`."""
+        return math.ldexp(1.0, -self.precision)
+
+    @property
+    def tiny(self) -> float:
+        """Smallest positive normal number."""
+        return math.ldexp(1.0, self.emin)
+
+    @property
+    def internal(self) -> FloatFormat:
+        """The working precision: float32 for 16-bit formats, the format itself otherwise."""
+        return FORMATS["float32"] if self.precision < 24 else self
+
+
+FORMATS: dict[str, FloatFormat] = {
+    "float64": FloatFormat("float64", 53, -1022, -1074),
+    "float32": FloatFormat("float32", 24, -126, -149),
+    "float16": FloatFormat("float16", 11, -14, -24),
+    "bfloat16": FloatFormat("bfloat16", 8, -126, -133),
+}
+
+
+def format_named(name: object) -> FloatFormat:
+    """Return the :class:`FloatFormat` of a dtype name (numpy or torch spelling).
+
+    Raises
+    ------
+    ValueError
+        If the dtype is not one of float64, float32, float16 or bfloat16.
+    """
+    text = str(name).removeprefix("torch.")
+    if text not in FORMATS:
+        with contextlib.suppress(TypeError):
+            text = np.dtype(text).name  # type: ignore[call-overload]
+    if text not in FORMATS:
+        raise ValueError(f"dtype must be float64, float32, float16 or bfloat16, got {name!r}")
+    return FORMATS[text]
+
+
+def ulp(ref: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+    r"""Spacing of `fmt` at each value of `ref`: :math:`2^{\max(e, e_{\min}) - p + 1}`.
+
+    For zero, the smallest subnormal. Infinite or NaN values give NaN.
+    """
+    ref = np.asarray(ref, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        _, e = np.frexp(np.where(np.isfinite(ref), ref, 1.0))
+        expo = np.maximum(e.astype(np.int64) - 1, fmt.emin) - fmt.precision + 1
+        expo = np.where(ref == 0, fmt.qmin, expo)
+        out = np.ldexp(1.0, expo)
+    return np.where(np.isfinite(ref), out, np.nan)
+
+
+def ulp_error(got: np.ndarray, ref: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+    """``|got - ref|`` in ulps of `fmt` at `ref`; 0 for identical specials, inf for mismatches.
+
+    Two NaNs, or two equal infinities, count as equal; any other pair with a
+    non-finite member is an infinite error.
+    """
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    both_nan = np.isnan(got) & np.isnan(ref)
+    same = (got == ref) | both_nan
+    finite = np.isfinite(got) & np.isfinite(ref)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(got - ref) / ulp(ref, fmt)
+    return np.where(same, 0.0, np.where(finite, err, np.inf))
+
+
+def round_to_format(a: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+    """Round float64 values to `fmt` (nearest even) and return them as float64."""
+    a = np.asarray(a, dtype=np.float64)
+    if fmt.name in ("float64", "float32", "float16"):
+        with np.errstate(over="ignore"):
+            return a.astype(fmt.name).astype(np.float64)
+    # bfloat16: round the float32 value to 8 significant bits, nearest even
+    with np.errstate(over="ignore"):
+        f = a.astype(np.float32)
+    bits = f.view(np.uint32).astype(np.uint64)
+    finite = np.isfinite(f)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    out = np.where(finite, rounded, bits).astype(np.uint32).view(np.float32)
+    return out.astype(np.float64)
+
+
+def summation_factor(n: np.ndarray | int) -> np.ndarray:
+    r"""Growth factor :math:`\sigma(n)` of a sum of :math:`n` positive terms, in units of :math:`u`.
+
+    :math:`\sigma(n) = \min(n - 1, \lambda\sqrt{n}) + 1`: the worst case of any
+    summation order for short sums, the probabilistic bound of Higham and Mary
+    (2019) with :math:`\lambda` = :data:`LAMBDA` for long ones.
+    """
+    n = np.maximum(np.asarray(n, dtype=np.float64), 1.0)
+    return np.minimum(n - 1.0, LAMBDA * np.sqrt(n)) + 1.0
+
+
+@dataclass
+class RowConditioning:
+    """Float64 quantities of each row that the bounds depend on (shape ``(..., n)`` or ``(...)``).
+
+    Computed from the input only, never from the kernel's output.
+    """
+
+    z: np.ndarray  #: x - max x (0 at masked items)
+    absx: np.ndarray  #: |x| (0 at masked items)
+    absm: np.ndarray  #: |max x| per row
+    p: np.ndarray  #: softmax
+    H: np.ndarray  #: entropy per row
+    n_eff: np.ndarray  #: unmasked items per row
+    live: np.ndarray  #: False at masked items
+    regular: np.ndarray  #: row is regular (finite, at least one unmasked item)
+
+
+def row_conditioning(x: np.ndarray, entropy_eps: float = 0.0) -> RowConditioning:
+    """Compute :class:`RowConditioning` of float64 logits `x` of shape ``(..., n)``."""
+    x = np.asarray(x, dtype=np.float64)
+    live = x > -np.inf
+    finite = ~np.any(np.isnan(x) | (x == np.inf), axis=-1)
+    n_eff = np.sum(live, axis=-1)
+    regular = finite & (n_eff > 0)
+    xs = np.where(live & regular[..., None], x, 0.0)
+    m = np.max(np.where(live, xs, -np.inf), axis=-1, initial=-np.inf)
+    m = np.where(regular, m, 0.0)
+    z = np.where(live, xs - m[..., None], 0.0)
+    with np.errstate(under="ignore"):
+        e = np.where(live & regular[..., None], np.exp(z), 0.0)
+    s = np.sum(e, axis=-1)
+    p = e / np.where(s > 0, s, 1.0)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if entropy_eps:
+            terms = -p * np.log(p + entropy_eps)
+        else:
+            terms = np.where(p > 0, -p * np.log(np.where(p > 0, p, 1.0)), 0.0)
+    H = np.where(regular, np.sum(terms, axis=-1), 0.0)
+    return RowConditioning(z, np.abs(xs), np.abs(m), p, H, n_eff, live, regular)
+
+
+def softmax_rel_error(
+    cond: RowConditioning, beta: np.ndarray, u: float, scale_first: bool
+) -> np.ndarray:
+    r"""Relative error bound (in units of 1) of :math:`\operatorname{softmax}(\beta x)_i`, β exact.
+
+    .. math::
+
+        r_i = u\,\bigl(a_i + \textstyle\sum_j q_j a_j + 2C_{\exp} + \sigma(n) + 2\bigr),
+        \qquad a_i = 2\beta|z_i| \;(+\,2\beta(|x_i| + |m|) \text{ if scaled first})
+
+    where :math:`q = \operatorname{softmax}(\beta x)`.
+    """
+    b = np.asarray(beta, dtype=np.float64)[..., None]
+    a = 2.0 * b * np.abs(cond.z)
+    if scale_first:
+        a = a + 2.0 * b * (cond.absx + cond.absm[..., None])
+    q = _softmax_beta(cond, b)
+    mean_a = np.sum(q * a, axis=-1, keepdims=True)
+    sigma = summation_factor(cond.n_eff)[..., None]
+    return u * (a + mean_a + 2.0 * C_EXP + sigma + 2.0)
+
+
+def _softmax_beta(cond: RowConditioning, b: np.ndarray) -> np.ndarray:
+    with np.errstate(under="ignore", invalid="ignore"):
+        e = np.where(cond.live & cond.regular[..., None], np.exp(b * cond.z), 0.0)
+    s = np.sum(e, axis=-1, keepdims=True)
+    return e / np.where(s > 0, s, 1.0)
+
+
+def entropy_abs_error(cond: RowConditioning, u: float, entropy_eps: float = 0.0) -> np.ndarray:
+    r"""Absolute error bound of a row's entropy computed in unit roundoff `u`.
+
+    .. math::
+
+        \delta H = u\Bigl[\textstyle\sum_j p_j\, E_j\, \bigl(1 + |\log(p_j + \varepsilon)|\bigr)
+        + (\sigma(n) + C_{\exp} + 2)(1 + H)\Bigr]
+
+    with :math:`E_j = r_j / u` the softmax bound of item :math:`j` (β = 1).
+    """
+    r = softmax_rel_error(cond, np.ones(cond.H.shape), 1.0, scale_first=False)
+    with np.errstate(divide="ignore"):
+        lg = np.abs(np.log(np.where(cond.p + entropy_eps > 0, cond.p + entropy_eps, 1.0)))
+    first = np.sum(cond.p * r * (1.0 + lg), axis=-1)
+    sigma = summation_factor(cond.n_eff)
+    return u * (first + (sigma + C_EXP + 2.0) * (1.0 + np.abs(cond.H)))
+
+
+def _poly_parts(schedule: Polynomial) -> tuple[np.ndarray, float]:
+    coeffs = np.array([float(c) for c in schedule.exact_coefficients])
+    return coeffs, float(schedule.exact_threshold)
+
+
+def beta_error(
+    schedule: Schedule, cond: RowConditioning, dH: np.ndarray, u: float
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""β of each row and the bound on the error of a computed β.
+
+    :math:`\delta\beta = \max_\pm |\beta(H \pm 2\delta H) - \beta(H)|` (propagation of
+    the entropy's error, jumps excluded) plus the evaluation error of β in
+    unit roundoff `u`: :math:`(2d + 2)\,u \sum_k |c_k| H^{d-k}` for a degree-`d`
+    polynomial, :math:`3u\beta` for the other schedules.
+
+    Returns
+    -------
+    beta, dbeta : numpy.ndarray
+        Shape ``(...)`` each.
+    """
+    H = cond.H
+    beta = schedule.beta_float(H, cond.n_eff)
+    if not schedule.needs_entropy:
+        return beta, 3.0 * u * beta
+    assert isinstance(schedule, Polynomial)
+    coeffs, theta = _poly_parts(schedule)
+
+    def smooth(h: np.ndarray) -> np.ndarray:
+        # the branch of max(P, 1) without the threshold (a jump is handled by the caller)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.maximum(np.polyval(coeffs, h), 1.0)
+
+    hi = smooth(H + 2.0 * dH)
+    lo = smooth(np.maximum(H - 2.0 * dH, 0.0))
+    mid = smooth(H)
+    prop = np.maximum(np.abs(hi - mid), np.abs(lo - mid))
+    above = H + 2.0 * dH > theta
+    prop = np.where(above, prop, 0.0)
+    d = len(coeffs) - 1
+    with np.errstate(over="ignore", invalid="ignore"):
+        absval = np.polyval(np.abs(coeffs), np.abs(H) + 2.0 * dH)
+        reach = np.maximum(np.polyval(coeffs, H + 2.0 * dH), np.polyval(coeffs, H)) > 1.0
+    evaluation = np.where(above & (reach | (hi > 1.0)), (2 * d + 2) * u * absval, 0.0)
+    return beta, prop + evaluation
+
+
+def near_jump(schedule: Schedule, H: np.ndarray, dH: np.ndarray) -> np.ndarray:
+    """Rows whose entropy lies within its error bound of a jump of the schedule."""
+    if not isinstance(schedule, Polynomial) or not schedule.jumps_at_threshold:
+        return np.zeros(np.shape(H), dtype=bool)
+    theta = float(schedule.exact_threshold)
+    return np.abs(H - theta) <= 2.0 * dH + 4.0 * np.spacing(theta)
+
+
+def adaptive_rel_error(
+    cond: RowConditioning,
+    beta: np.ndarray,
+    dbeta: np.ndarray,
+    u: float,
+) -> np.ndarray:
+    r"""Relative error bound of each adaptive-softmax element.
+
+    The softmax bound at the row's β (scaling first allowed) plus
+    :math:`|z_i - \bar z_q|\,\delta\beta` with :math:`\bar z_q = \sum_j q_j z_j`.
+    """
+    r = softmax_rel_error(cond, beta, u, scale_first=True)
+    q = _softmax_beta(cond, np.asarray(beta)[..., None])
+    zbar = np.sum(q * cond.z, axis=-1, keepdims=True)
+    return r + np.abs(cond.z - zbar) * np.asarray(dbeta)[..., None]
+
+
+def attention_bound(
+    logits: np.ndarray,
+    logit_err: np.ndarray,
+    v: np.ndarray,
+    schedule: Schedule,
+    entropy_eps: float,
+    fmt: FloatFormat,
+) -> np.ndarray:
+    r"""Absolute error bound of each attention output (before the final rounding).
+
+    Parameters
+    ----------
+    logits : numpy.ndarray, shape (..., L, S)
+        Float64 logits (``-inf`` masked).
+    logit_err : numpy.ndarray, shape (..., L, S)
+        Bound on the absolute error of each computed logit.
+    v : numpy.ndarray, shape (..., S, dv)
+        Values.
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., L, dv)
+        :math:`\sum_j a_j |v_j| (r_j + \beta(e_j + \max_k e_k) + \sigma(S)u + u_{\text{out}})`.
+    """
+    ui = fmt.internal.u
+    cond = row_conditioning(logits, entropy_eps)
+    ex = np.where(cond.live, logit_err, 0.0)
+    emax = np.max(ex, axis=-1, initial=0.0)
+    dH = entropy_abs_error(cond, ui, entropy_eps) + np.sum(
+        cond.p * np.abs(cond.z - np.sum(cond.p * cond.z, -1, keepdims=True)) * 2 * ex, -1
+    )
+    beta, dbeta = beta_error(schedule, cond, dH, ui)
+    r = adaptive_rel_error(cond, beta, dbeta, ui)
+    r = r + 2.0 * beta[..., None] * (ex + emax[..., None]) + fmt.u
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = np.expm1(SLACK * r)
+    a = _softmax_beta(cond, np.asarray(beta)[..., None])
+    sigma = summation_factor(cond.n_eff)[..., None]
+    weight = a * (r + sigma * ui + fmt.u)
+    absv = np.abs(np.where(np.isfinite(v), v, 0.0))
+    return np.einsum("...ls,...sd->...ld", weight, absv)
+
+
+# ---------------------------------------------------------------------------
+# the naive same-precision algorithms (the baseline rule)
+# ---------------------------------------------------------------------------
+
+
+def _work(x: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64).astype(fmt.internal.name)
+
+
+def naive_softmax(x: np.ndarray, fmt: FloatFormat, beta: np.ndarray | None = None) -> np.ndarray:
+    """Textbook softmax in the working precision: scale, subtract the max, exp, sequential sum."""
+    w = _work(x, fmt)
+    with np.errstate(all="ignore"):
+        if beta is not None:
+            w = w * np.asarray(beta, dtype=w.dtype)[..., None]
+        m = np.max(w, axis=-1, keepdims=True, initial=-np.inf)
+        e = np.exp(w - m)
+        s = np.cumsum(e, axis=-1)[..., -1:] if w.shape[-1] else np.zeros_like(m)
+        y = e / s
+        y = np.where(np.isnan(y) & np.all(w == -np.inf, -1, keepdims=True), 0.0, y)
+    return round_to_format(y, fmt)
+
+
+def naive_entropy(x: np.ndarray, fmt: FloatFormat, entropy_eps: float = 0.0) -> np.ndarray:
+    """Textbook entropy in the working precision, as float64 (not rounded to `fmt`)."""
+    w = _work(x, fmt)
+    t = w.dtype.type
+    with np.errstate(all="ignore"):
+        m = np.max(w, axis=-1, keepdims=True, initial=-np.inf)
+        e = np.exp(w - m)
+        s = np.cumsum(e, axis=-1)[..., -1:] if w.shape[-1] else np.ones_like(m)
+        p = e / s
+        if entropy_eps:
+            terms = -p * np.log(p + t(entropy_eps))
+        else:
+            terms = np.where(p > 0, -p * np.log(np.where(p > 0, p, t(1))), t(0))
+        H = np.cumsum(terms, axis=-1)[..., -1] if w.shape[-1] else np.zeros(w.shape[:-1], t)
+        H = np.where(np.all(w == -np.inf, -1), t(0), H)
+    return H.astype(np.float64)
+
+
+def naive_beta(
+    x: np.ndarray, fmt: FloatFormat, schedule: Schedule, entropy_eps: float = 0.0
+) -> np.ndarray:
+    """β in the working precision (Horner for polynomials)."""
+    w = _work(x, fmt)
+    t = w.dtype.type
+    n_eff = np.sum(w > -np.inf, axis=-1)
+    if isinstance(schedule, Polynomial):
+        H = naive_entropy(x, fmt, entropy_eps).astype(t)
+        coeffs, theta = _poly_parts(schedule)
+        acc = np.zeros_like(H)
+        with np.errstate(all="ignore"):
+            for c in coeffs:
+                acc = acc * H + t(c)
+            return np.where(H > t(theta), np.maximum(acc, t(1)), t(1)).astype(np.float64)
+    if isinstance(schedule, Constant):
+        return np.full(w.shape[:-1], float(t(float(schedule.exact_beta))))
+    if isinstance(schedule, LogLength):
+        with np.errstate(divide="ignore"):
+            b = t(float(schedule.exact_s)) * np.log(n_eff.astype(t))
+        return np.where(n_eff == 0, 1.0, b).astype(np.float64)
+    return schedule.beta_float(naive_entropy(x, fmt, entropy_eps), n_eff)
+
+
+def naive_adaptive_softmax(
+    x: np.ndarray, fmt: FloatFormat, schedule: Schedule, entropy_eps: float = 0.0
+) -> np.ndarray:
+    """The paper's listing in the working precision: ``softmax(beta * x)``."""
+    return naive_softmax(x, fmt, naive_beta(x, fmt, schedule, entropy_eps))
+
+
+def naive_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    keep: np.ndarray,
+    add: np.ndarray,
+    scale: float,
+    schedule: Schedule,
+    entropy_eps: float,
+    fmt: FloatFormat,
+) -> np.ndarray:
+    """Attention as two matmuls in the working precision; logits and weights stored in `fmt`."""
+    wt = fmt.internal.name
+    with np.errstate(all="ignore"):
+        logits = (_work(q, fmt) @ np.swapaxes(_work(k, fmt), -1, -2)) * np.asarray(scale, wt)
+        logits = round_to_format(logits, fmt) + add
+        logits = np.where(keep, logits, -np.inf)
+        a = naive_adaptive_softmax(logits, fmt, schedule, entropy_eps)
+        out = a.astype(wt) @ _work(v, fmt)
+    return round_to_format(out, fmt)

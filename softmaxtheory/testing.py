@@ -1,0 +1,846 @@
+r"""Assertions that check a kernel's output against the certified reference.
+
+Four plain functions, usable with or without pytest (no Hypothesis needed):
+:func:`assert_softmax_close`, :func:`assert_entropy_close`,
+:func:`assert_adaptive_softmax_close` and :func:`assert_attention_close`.
+Each takes the kernel's output and its input (numpy arrays or torch tensors,
+float64/32/16 or bfloat16), computes the exact result with
+:mod:`softmaxtheory.reference`, measures the error of every element in units
+in the last place (ulps) of the kernel's dtype and accepts it when it lies
+within the error model (see the documentation page *The error model*):
+
+* ``mode="auto"`` (default): an element passes when its error is within the
+  a-priori bound derived for that element **or** within ``baseline_factor``
+  times the error of the naive same-precision algorithm plus ``floor_ulps``;
+* ``mode="bound"`` or ``mode="baseline"``: only one of the two rules;
+* ``mode="ulps"``: a fixed number of ulps, ``max_ulps``.
+
+The reference is the float64 correctly rounded value (certified by mpmath):
+for float32, float16 and bfloat16 kernels its error is far below their ulp,
+for float64 kernels it is at most half an ulp.
+
+On success each function returns an :class:`ErrorReport` with what it
+measured; on failure it raises :class:`KernelMismatch` (an
+:class:`AssertionError`) whose message names the worst element (index, value
+got, exact value, error in ulps, allowed ulps, the row's :math:`H` and
+:math:`\beta`) and a snippet that reproduces it; the report is attached as
+``exc.report``.
+
+Examples
+--------
+>>> import numpy as np
+>>> from softmaxtheory.testing import assert_softmax_close
+>>> x = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, -np.inf]], dtype=np.float32)
+>>> e = np.exp(x - x.max(axis=-1, keepdims=True))
+>>> report = assert_softmax_close(e / e.sum(axis=-1, keepdims=True), x)
+>>> report.dtype, report.max_ulp <= 1.0
+('float32', True)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import _testing_model as model
+from .spec import Constant, Polynomial, Schedule, check_entropy_eps, resolve_schedule
+
+__all__ = [
+    "MODES",
+    "ErrorReport",
+    "KernelMismatch",
+    "assert_adaptive_softmax_close",
+    "assert_attention_close",
+    "assert_entropy_close",
+    "assert_softmax_close",
+    "to_numpy",
+]
+
+#: The tolerance modes.
+MODES: tuple[str, ...] = ("auto", "bound", "baseline", "ulps")
+
+#: Rows up to this length are written out in full in a repro snippet.
+REPRO_ITEMS = 64
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """What an assertion measured.
+
+    Attributes
+    ----------
+    kind : str
+        ``softmax``, ``entropy``, ``adaptive_softmax`` or ``attention``.
+    dtype : str
+        The kernel's format; ulps are ulps of this format.
+    max_ulp : float
+        Largest error over all elements, in ulps (``inf`` for a NaN where a
+        number was due or vice versa).
+    max_rel_error : float
+        Largest relative error over the elements with a nonzero exact value.
+    worst_ratio : float
+        Largest error divided by the error allowed for that element (a pass
+        has ``worst_ratio <= 1``).
+    worst_index : tuple of int
+        Index of the element with the largest `worst_ratio`.
+    size : int
+        Number of elements checked.
+    passed : bool
+        Whether every element was accepted.
+    message : str
+        The description of the worst element (with a repro snippet).
+    """
+
+    kind: str
+    dtype: str
+    max_ulp: float
+    max_rel_error: float
+    worst_ratio: float
+    worst_index: tuple[int, ...]
+    size: int
+    passed: bool
+    message: str = field(default="", repr=False)
+
+    def __str__(self) -> str:
+        verdict = "pass" if self.passed else "FAIL"
+        return (
+            f"{self.kind} [{self.dtype}] {verdict}: max {_fmt_ulp(self.max_ulp)} ulp, "
+            f"max relative error {self.max_rel_error:.3g}, worst error/allowed "
+            f"{self.worst_ratio:.3g} over {self.size} elements"
+        )
+
+
+class KernelMismatch(AssertionError):
+    """A kernel's output is outside the error model; ``report`` holds the measurements."""
+
+    def __init__(self, message: str, report: ErrorReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+def _fmt_ulp(v: float) -> str:
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.3g}" if v < 1e4 else f"{v:.3e}"
+
+
+# ---------------------------------------------------------------------------
+# input conversion
+# ---------------------------------------------------------------------------
+
+
+def _is_torch(a: Any) -> bool:
+    return type(a).__module__.split(".")[0] == "torch" and hasattr(a, "detach")
+
+
+def to_numpy(a: Any, name: str) -> tuple[np.ndarray, str]:
+    """Convert a numpy array, torch tensor or sequence to numpy, exactly.
+
+    Returns
+    -------
+    array, dtype_name : numpy.ndarray, str
+        bfloat16 tensors become float32 arrays (exact) with the name
+        ``"bfloat16"``; integer input becomes float64.
+
+    Raises
+    ------
+    TypeError
+        For a dtype that is not real floating or integer.
+    """
+    if _is_torch(a):
+        t = a.detach().cpu()
+        dname = str(t.dtype).removeprefix("torch.")
+        if dname == "bfloat16":
+            return t.float().numpy(), "bfloat16"
+        if dname in ("float16", "float32", "float64"):
+            return t.numpy(), dname
+        if t.is_floating_point() or t.is_complex() or dname == "bool":
+            raise TypeError(f"{name} must be float64/32/16 or bfloat16, got torch.{dname}")
+        return t.numpy().astype(np.float64), "float64"
+    arr = np.asarray(a)
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.float64), "float64"
+    if arr.dtype.name not in ("float16", "float32", "float64"):
+        raise TypeError(f"{name} must be a real floating array, got dtype {arr.dtype}")
+    return arr, arr.dtype.name
+
+
+def _check_options(
+    mode: str, max_ulps: float | None, baseline_factor: float, floor_ulps: float
+) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "ulps" and (max_ulps is None or not max_ulps >= 0):
+        raise ValueError("mode='ulps' needs max_ulps >= 0")
+    if not baseline_factor >= 0 or not floor_ulps >= 0:
+        raise ValueError("baseline_factor and floor_ulps must be >= 0")
+
+
+# ---------------------------------------------------------------------------
+# the comparison
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Checked:
+    err: np.ndarray  # ulps
+    allowed: np.ndarray  # ulps
+    ref: np.ndarray
+    got: np.ndarray
+
+
+def _allowed(
+    bound_ulp: np.ndarray,
+    naive_ulp: np.ndarray,
+    mode: str,
+    max_ulps: float | None,
+    k: float,
+    floor: float,
+) -> np.ndarray:
+    base = k * naive_ulp + floor
+    if mode == "bound":
+        return bound_ulp
+    if mode == "baseline":
+        return base
+    if mode == "ulps":
+        return np.full(np.shape(bound_ulp), float(max_ulps or 0.0))
+    return np.maximum(bound_ulp, base)
+
+
+def _measure(
+    got: np.ndarray,
+    ref: np.ndarray,
+    bound_abs: np.ndarray,
+    naive: np.ndarray,
+    fmt: model.FloatFormat,
+    opts: dict,
+) -> _Checked:
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    err = model.ulp_error(got, ref, fmt)
+    sp = model.ulp(ref, fmt)
+    with np.errstate(invalid="ignore", over="ignore"):
+        bound_ulp = np.where(np.isfinite(sp), np.nan_to_num(bound_abs, nan=0.0) / sp, 0.0)
+    bound_ulp = bound_ulp + 0.5 + np.where(np.isfinite(sp), fmt.tiny / np.where(sp > 0, sp, 1), 0)
+    naive_err = model.ulp_error(naive, ref, fmt)
+    allowed = _allowed(bound_ulp, naive_err, **opts)
+    return _Checked(err, allowed, ref, got)
+
+
+def _summarise(
+    kind: str,
+    fmt: model.FloatFormat,
+    chk: _Checked,
+    describe: Any,
+) -> ErrorReport:
+    err, allowed = chk.err, chk.allowed
+    size = int(err.size)
+    if size == 0:
+        return ErrorReport(kind, fmt.name, 0.0, 0.0, 0.0, (), 0, True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(err == 0, 0.0, err / np.where(allowed > 0, allowed, 0.0))
+    ratio = np.where(np.isnan(ratio), np.inf, ratio)
+    flat = int(np.argmax(ratio))
+    worst = tuple(int(i) for i in np.unravel_index(flat, err.shape))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.abs(chk.got - chk.ref) / np.abs(chk.ref)
+    rel = np.where((chk.ref == 0) | (err == 0), 0.0, rel)
+    rel = np.where(np.isnan(rel), np.inf, rel)
+    passed = bool(ratio.flat[flat] <= 1.0)
+    report = ErrorReport(
+        kind,
+        fmt.name,
+        float(np.max(err)),
+        float(np.max(rel)),
+        float(ratio.flat[flat]),
+        worst,
+        size,
+        passed,
+    )
+    message = describe(report, chk) if not passed else ""
+    return ErrorReport(**{**report.__dict__, "message": message})
+
+
+def _row_literal(row: np.ndarray, dtype_name: str) -> str:
+    vals = ", ".join(_num(float(v)) for v in np.asarray(row, dtype=np.float64).ravel())
+    return f"np.array([{vals}], dtype={_np_dtype(dtype_name)})"
+
+
+def _num(v: float) -> str:
+    if math.isnan(v):
+        return "np.nan"
+    if math.isinf(v):
+        return "np.inf" if v > 0 else "-np.inf"
+    return repr(v)
+
+
+def _np_dtype(dtype_name: str) -> str:
+    # numpy has no bfloat16: bfloat16 values are exact in float32
+    return "np.float32" if dtype_name == "bfloat16" else f"np.{dtype_name}"
+
+
+def _input_lines(
+    name: str, x: np.ndarray, in_dtype: str, source: str | None, index: tuple[int, ...]
+) -> tuple[str, tuple[int, ...]]:
+    """Lines defining `name` as the kernel's input; the index of the worst row in it.
+
+    The whole input when it is small (a row's result may depend on the others,
+    when the kernel is wrong), else the rebuilding expression `source`, else the
+    row alone.
+    """
+    if x.size <= 4 * REPRO_ITEMS:
+        body = _array_literal(x, in_dtype)
+        line, picked = f"{name} = {body}", index
+    elif source is not None:
+        line, picked = f"{name} = {source}", index
+    else:
+        row = x[index]
+        if row.shape[-1] <= REPRO_ITEMS:
+            line = f"{name} = {_row_literal(row, in_dtype)}  # row {index} of the input"
+        else:
+            line = f"{name} = <your {name}>[{', '.join(map(str, index))}]  # {row.shape[-1]} items"
+        picked = ()
+    if in_dtype == "bfloat16":
+        line += "  # bfloat16 values (exact in float32): torch.from_numpy(x).to(torch.bfloat16)"
+    return line, picked
+
+
+def _failure_text(report: ErrorReport, chk: _Checked, what: str, row_info: str, repro: str) -> str:
+    i = report.worst_index
+    got = float(chk.got[i])
+    exact = float(chk.ref[i])
+    return (
+        f"{what} is outside the error model at index {i}:\n"
+        f"  got      {got!r}\n"
+        f"  exact    {exact!r}  (correctly rounded to float64)\n"
+        f"  error    {_fmt_ulp(float(chk.err[i]))} ulp of {report.dtype} "
+        f"(allowed {_fmt_ulp(float(chk.allowed[i]))})\n"
+        f"  {row_info}\n"
+        f"  over all {report.size} elements: max {_fmt_ulp(report.max_ulp)} ulp, max relative "
+        f"error {report.max_rel_error:.3g}\n"
+        f"repro:\n{repro}"
+    )
+
+
+def _row_h_beta(row: np.ndarray, schedule: Schedule, entropy_eps: float) -> str:
+    from . import reference
+
+    r = np.asarray(row)
+    try:
+        H = float(reference.entropy(r, entropy_eps=entropy_eps))
+        b = float(reference.beta(r, schedule=schedule, entropy_eps=entropy_eps))
+    except ArithmeticError:  # a row at the jump of a user schedule
+        return "row: H at the jump of the schedule"
+    return f"row: n = {r.shape[-1]}, H = {H!r} nats, beta = {b!r} ({schedule!r})"
+
+
+def _prepare_rowwise(actual: Any, logits: Any, dtype: Any, vector: bool) -> tuple:
+    got, got_dtype = to_numpy(actual, "actual")
+    x, in_dtype = to_numpy(logits, "logits")
+    fmt = model.format_named(dtype if dtype is not None else got_dtype)
+    if x.ndim == 0:
+        raise ValueError("logits must have at least one axis (shape (..., n))")
+    want = x.shape if vector else x.shape[:-1]
+    if got.shape != want:
+        raise KernelMismatch(
+            f"shape mismatch: the kernel returned shape {got.shape}, expected {want} for logits "
+            f"of shape {x.shape}",
+            ErrorReport("shape", fmt.name, math.inf, math.inf, math.inf, (), 0, False),
+        )
+    return got, x, fmt, in_dtype
+
+
+def _reference_rows(fn: Any, x: np.ndarray, **kw: Any) -> np.ndarray:
+    return np.asarray(fn(x, dtype=np.float64, **kw), dtype=np.float64)
+
+
+def _raise_or_return(report: ErrorReport) -> ErrorReport:
+    __tracebackhide__ = True
+    if not report.passed:
+        raise KernelMismatch(report.message, report)
+    return report
+
+
+def _repro_call(repro: str | None, call: str) -> str:
+    head = "import numpy as np\nfrom softmaxtheory import reference\n"
+    if repro:
+        head += repro.rstrip() + "\n"
+    return head + call
+
+
+def assert_softmax_close(
+    actual: Any,
+    logits: Any,
+    *,
+    dtype: Any = None,
+    mode: str = "auto",
+    max_ulps: float | None = None,
+    baseline_factor: float = 4.0,
+    floor_ulps: float = 2.0,
+    repro: str | None = None,
+    source: str | None = None,
+) -> ErrorReport:
+    r"""Check :math:`\operatorname{softmax}(x)` along the last axis.
+
+    Parameters
+    ----------
+    actual : array_like or torch.Tensor
+        The kernel's output, shape ``(..., n)``.
+    logits : array_like or torch.Tensor
+        The kernel's input :math:`x` (its exact values are used).
+    dtype : str, optional
+        The kernel's format (default: the dtype of `actual`); ``"bfloat16"``
+        for bfloat16 results given as float32.
+    mode : {"auto", "bound", "baseline", "ulps"}
+        Acceptance rule (see the module documentation).
+    max_ulps : float, optional
+        The tolerance of ``mode="ulps"``.
+    baseline_factor, floor_ulps : float
+        The baseline rule: error :math:`\le k \cdot e_{\text{naive}} + \text{floor}` (ulps).
+    repro : str, optional
+        Python lines that define ``kernel`` (for the repro snippet).
+    source : str, optional
+        An expression that rebuilds the logits (for long rows in the snippet).
+
+    Returns
+    -------
+    ErrorReport
+        The measurements.
+
+    Raises
+    ------
+    KernelMismatch
+        If an element is outside the error model (or the shape is wrong).
+    """
+    __tracebackhide__ = True
+    return _check_rowwise(
+        "softmax", actual, logits, Constant(1), 0.0, dtype,
+        dict(mode=mode, max_ulps=max_ulps, k=baseline_factor, floor=floor_ulps), repro, source,
+    )  # fmt: skip
+
+
+def assert_entropy_close(
+    actual: Any,
+    logits: Any,
+    *,
+    entropy_eps: float = 0.0,
+    dtype: Any = None,
+    mode: str = "auto",
+    max_ulps: float | None = None,
+    baseline_factor: float = 4.0,
+    floor_ulps: float = 2.0,
+    repro: str | None = None,
+    source: str | None = None,
+) -> ErrorReport:
+    r"""Check the entropy :math:`H = -\sum_i p_i \log(p_i + \varepsilon)` (nats) of each row.
+
+    Parameters
+    ----------
+    actual : array_like or torch.Tensor
+        The kernel's output, shape ``(...)``.
+    logits : array_like or torch.Tensor
+        The kernel's input, shape ``(..., n)``.
+    entropy_eps : float, default 0.0
+        The kernel's entropy mode (``1e-9``: the paper's listing).
+    dtype, mode, max_ulps, baseline_factor, floor_ulps, repro, source
+        As in :func:`assert_softmax_close`.
+
+    Returns
+    -------
+    ErrorReport
+        The measurements.
+
+    Raises
+    ------
+    KernelMismatch
+        If an element is outside the error model (or the shape is wrong).
+    """
+    __tracebackhide__ = True
+    return _check_rowwise(
+        "entropy", actual, logits, Constant(1), entropy_eps, dtype,
+        dict(mode=mode, max_ulps=max_ulps, k=baseline_factor, floor=floor_ulps), repro, source,
+    )  # fmt: skip
+
+
+def assert_adaptive_softmax_close(
+    actual: Any,
+    logits: Any,
+    *,
+    schedule: Schedule | None = None,
+    entropy_eps: float = 0.0,
+    dtype: Any = None,
+    mode: str = "auto",
+    max_ulps: float | None = None,
+    baseline_factor: float = 4.0,
+    floor_ulps: float = 2.0,
+    repro: str | None = None,
+    source: str | None = None,
+) -> ErrorReport:
+    r"""Check the adaptive softmax :math:`\operatorname{softmax}(\beta(H(x))\,x)`.
+
+    At a jump of a user schedule (a row whose entropy lies within its error
+    bound of the threshold) the values of either side are accepted.
+
+    Parameters
+    ----------
+    actual : array_like or torch.Tensor
+        The kernel's output, shape ``(..., n)``.
+    logits : array_like or torch.Tensor
+        The kernel's input.
+    schedule : Schedule, optional
+        The schedule the kernel implements (default: the paper's).
+    entropy_eps : float, default 0.0
+        The kernel's entropy mode.
+    dtype, mode, max_ulps, baseline_factor, floor_ulps, repro, source
+        As in :func:`assert_softmax_close`.
+
+    Returns
+    -------
+    ErrorReport
+        The measurements.
+
+    Raises
+    ------
+    KernelMismatch
+        If an element is outside the error model (or the shape is wrong).
+    """
+    __tracebackhide__ = True
+    return _check_rowwise(
+        "adaptive_softmax", actual, logits, schedule, entropy_eps, dtype,
+        dict(mode=mode, max_ulps=max_ulps, k=baseline_factor, floor=floor_ulps), repro, source,
+    )  # fmt: skip
+
+
+def _check_rowwise(
+    kind: str,
+    actual: Any,
+    logits: Any,
+    schedule: Schedule | None,
+    entropy_eps: float,
+    dtype: Any,
+    opts: dict,
+    repro: str | None,
+    source: str | None,
+) -> ErrorReport:
+    __tracebackhide__ = True
+    _check_options(opts["mode"], opts["max_ulps"], opts["k"], opts["floor"])
+    with np.errstate(all="ignore"):
+        return _check_rowwise_quiet(
+            kind, actual, logits, schedule, entropy_eps, dtype, opts, repro, source
+        )
+
+
+def _check_rowwise_quiet(
+    kind: str,
+    actual: Any,
+    logits: Any,
+    schedule: Schedule | None,
+    entropy_eps: float,
+    dtype: Any,
+    opts: dict,
+    repro: str | None,
+    source: str | None,
+) -> ErrorReport:
+    __tracebackhide__ = True
+    from . import reference
+
+    schedule = resolve_schedule(schedule)
+    entropy_eps = check_entropy_eps(entropy_eps)
+    vector = kind != "entropy"
+    got, x, fmt, in_dtype = _prepare_rowwise(actual, logits, dtype, vector)
+    ui = fmt.internal.u
+    cond = model.row_conditioning(x, entropy_eps)
+    if kind == "softmax":
+        ref = _reference_rows(reference.softmax, x)
+        rel = model.softmax_rel_error(cond, np.ones(cond.H.shape), ui, scale_first=False)
+        bound = np.expm1(model.SLACK * rel) * np.abs(ref)
+        naive = model.naive_softmax(x, fmt)
+        chk = _measure(got, ref, bound, naive, fmt, opts)
+    elif kind == "entropy":
+        ref = _reference_rows(reference.entropy, x, entropy_eps=entropy_eps)
+        bound = model.SLACK * model.entropy_abs_error(cond, ui, entropy_eps)
+        naive = model.round_to_format(model.naive_entropy(x, fmt, entropy_eps), fmt)
+        chk = _measure(got, ref, bound, naive, fmt, opts)
+    else:
+        chk = _check_adaptive(got, x, cond, fmt, schedule, entropy_eps, opts)
+    label = {"softmax": "softmax", "entropy": "entropy", "adaptive_softmax": "adaptive softmax"}
+
+    def describe(report: ErrorReport, c: _Checked) -> str:
+        idx = report.worst_index
+        ridx = idx[:-1] if vector else idx
+        row = x[ridx]
+        info = _row_h_beta(
+            row, schedule if kind == "adaptive_softmax" else Constant(1), entropy_eps
+        )
+        fn = {"softmax": "softmax", "entropy": "entropy", "adaptive_softmax": "adaptive_softmax"}
+        kw = ""
+        if kind != "softmax" and entropy_eps:
+            kw += f", entropy_eps={entropy_eps!r}"
+        if kind == "adaptive_softmax" and not _is_paper(schedule):
+            kw += f", schedule=softmaxtheory.spec.{schedule!r}"
+        lines, picked = _input_lines("x", x, in_dtype, source, ridx)
+        full = (*picked, idx[-1]) if vector else picked
+        pick = f"[{', '.join(map(str, full))}]" if full else ""
+        ref_x = "x"
+        call = (
+            lines
+            + f"\nprint(kernel(x){pick})  # {float(c.got[idx])!r}"
+            + f"\nprint(reference.{fn[kind]}({ref_x}{kw}){pick})  # {float(c.ref[idx])!r}"
+        )
+        if "softmaxtheory.spec" in kw:
+            call = "import softmaxtheory.spec\n" + call
+        return _failure_text(report, c, label[kind], info, _repro_call(repro, call))
+
+    return _raise_or_return(_summarise(kind, fmt, chk, describe))
+
+
+def _is_paper(schedule: Schedule) -> bool:
+    from .spec import PaperPolynomial
+
+    return isinstance(schedule, PaperPolynomial) or (
+        type(schedule) is Polynomial and schedule == PaperPolynomial()
+    )
+
+
+def _check_adaptive(
+    got: np.ndarray,
+    x: np.ndarray,
+    cond: model.RowConditioning,
+    fmt: model.FloatFormat,
+    schedule: Schedule,
+    entropy_eps: float,
+    opts: dict,
+) -> _Checked:
+    from . import reference
+
+    ui = fmt.internal.u
+    dH = model.entropy_abs_error(cond, ui, entropy_eps)
+    beta, dbeta = model.beta_error(schedule, cond, dH, ui)
+    jump = model.near_jump(schedule, cond.H, dH) & cond.regular
+    ref = np.zeros(x.shape)
+    try:
+        ref[...] = _reference_rows(
+            reference.adaptive_softmax, x, schedule=schedule, entropy_eps=entropy_eps
+        )
+    except reference.PrecisionError:
+        for idx in np.ndindex(x.shape[:-1]):
+            if jump[idx]:
+                continue  # decided below
+            ref[idx] = _reference_rows(
+                reference.adaptive_softmax, x[idx], schedule=schedule, entropy_eps=entropy_eps
+            )
+    rel = model.adaptive_rel_error(cond, beta, dbeta, ui)
+    bound = np.expm1(model.SLACK * rel) * np.abs(ref)
+    naive = model.naive_adaptive_softmax(x, fmt, schedule, entropy_eps)
+    chk = _measure(got, ref, bound, naive, fmt, opts)
+    if not np.any(jump):
+        return chk
+    # either side of the jump: beta = 1 (H at or below the threshold) or max(P(H), 1)
+    assert isinstance(schedule, Polynomial)
+    right = Polynomial(schedule.coefficients, threshold=-1)
+    for idx in zip(*np.nonzero(jump), strict=True):
+        row = x[idx]
+        best = None
+        for side in (Constant(1), right):
+            r = _reference_rows(
+                reference.adaptive_softmax, row, schedule=side, entropy_eps=entropy_eps
+            )
+            c1 = model.row_conditioning(row, entropy_eps)
+            b_side, _ = model.beta_error(side, c1, dH[idx], ui)
+            rel1 = model.adaptive_rel_error(c1, b_side, dbeta[idx], ui)
+            bnd = np.expm1(model.SLACK * rel1) * np.abs(r)
+            nv = model.naive_adaptive_softmax(row, fmt, side, entropy_eps)
+            c = _measure(got[idx], r, bnd, nv, fmt, opts)
+            score = float(np.max(c.err / np.maximum(c.allowed, 1e-300)))
+            if best is None or score < best[0]:
+                best = (score, c)
+        assert best is not None
+        c = best[1]
+        chk.err[idx], chk.allowed[idx], chk.ref[idx] = c.err, c.allowed, c.ref
+    return chk
+
+
+def assert_attention_close(
+    actual: Any,
+    logits_or_qkv: Any,
+    *,
+    mask: Any = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    schedule: Schedule | None = None,
+    entropy_eps: float = 0.0,
+    dtype: Any = None,
+    mode: str = "auto",
+    max_ulps: float | None = None,
+    baseline_factor: float = 4.0,
+    floor_ulps: float = 2.0,
+    repro: str | None = None,
+) -> ErrorReport:
+    r"""Check attention :math:`\mathrm{out}_i = \sum_j \operatorname{softmax}(\beta_i x_i)_j v_j`.
+
+    Parameters
+    ----------
+    actual : array_like or torch.Tensor
+        The kernel's output, shape ``(..., L, dv)``.
+    logits_or_qkv : tuple
+        ``(q, k, v)`` with shapes ``(..., L, d)``, ``(..., S, d)``, ``(..., S, dv)``;
+        the logits are :math:`x_{ij} = \mathrm{scale}\; q_i \cdot k_j` (+ mask).
+    mask : array_like, optional
+        Boolean (``True`` attends) or additive float mask, broadcastable to ``(..., L, S)``.
+    is_causal : bool, default False
+        Mask keys ``j > i``.
+    scale : float, optional
+        Default ``1 / sqrt(d)``.
+    schedule : Schedule, optional
+        Default: the paper's; ``Constant(1)`` is plain attention.
+    entropy_eps : float, default 0.0
+        The kernel's entropy mode.
+    dtype, mode, max_ulps, baseline_factor, floor_ulps, repro
+        As in :func:`assert_softmax_close`.
+
+    Returns
+    -------
+    ErrorReport
+        The measurements.
+
+    Raises
+    ------
+    KernelMismatch
+        If an element is outside the error model (or the shape is wrong).
+    """
+    __tracebackhide__ = True
+    from . import reference
+
+    opts = dict(mode=mode, max_ulps=max_ulps, k=baseline_factor, floor=floor_ulps)
+    _check_options(mode, max_ulps, baseline_factor, floor_ulps)
+    if not isinstance(logits_or_qkv, tuple | list) or len(logits_or_qkv) != 3:
+        raise TypeError("logits_or_qkv must be a tuple (q, k, v)")
+    schedule = resolve_schedule(schedule)
+    entropy_eps = check_entropy_eps(entropy_eps)
+    got, got_dtype = to_numpy(actual, "actual")
+    (q, in_dtype), (k, _), (v, _) = (
+        to_numpy(a, n) for a, n in zip(logits_or_qkv, "qkv", strict=True)
+    )
+    m = None
+    if mask is not None:
+        m = to_numpy(mask, "mask")[0] if not _is_bool(mask) else _bool_numpy(mask)
+    fmt = model.format_named(dtype if dtype is not None else got_dtype)
+    ref = np.asarray(
+        reference.adaptive_attention(
+            q, k, v, mask=m, scale=scale, is_causal=is_causal, schedule=schedule,
+            entropy_eps=entropy_eps, dtype=np.float64,
+        ),
+        dtype=np.float64,
+    )  # fmt: skip
+    if got.shape != ref.shape:
+        raise KernelMismatch(
+            f"shape mismatch: the kernel returned shape {got.shape}, expected {ref.shape}",
+            ErrorReport("shape", fmt.name, math.inf, math.inf, math.inf, (), 0, False),
+        )
+    with np.errstate(all="ignore"):
+        return _attention_quiet(got, q, k, v, m, in_dtype, ref, fmt, scale, is_causal,
+                                schedule, entropy_eps, opts, repro)  # fmt: skip
+
+
+def _attention_quiet(
+    got: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    m: np.ndarray | None,
+    in_dtype: str,
+    ref: np.ndarray,
+    fmt: model.FloatFormat,
+    scale: float | None,
+    is_causal: bool,
+    schedule: Schedule,
+    entropy_eps: float,
+    opts: dict,
+    repro: str | None,
+) -> ErrorReport:
+    __tracebackhide__ = True
+    d = q.shape[-1]
+    sc = (1.0 / math.sqrt(d) if d else 1.0) if scale is None else float(scale)
+    keep, add = _mask_parts(m, is_causal, q.shape[-2], k.shape[-2])
+    q64, k64, v64 = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    with np.errstate(all="ignore"):
+        logits = (q64 @ np.swapaxes(k64, -1, -2)) * sc + add
+        logits = np.where(keep, logits, -np.inf)
+        absdot = (np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2)) * abs(sc)
+    ui = fmt.internal.u
+    logit_err = (d + 2) * ui * absdot + fmt.u * np.abs(np.where(np.isfinite(logits), logits, 0))
+    lead = logits.shape[:-2]
+    vb = np.broadcast_to(v64, (*lead, *v64.shape[-2:]))
+    bound = model.attention_bound(logits, logit_err, vb, schedule, entropy_eps, fmt)
+    naive = model.naive_attention(q, k, v, keep, add, sc, schedule, entropy_eps, fmt)
+    chk = _measure(got, ref, bound, naive, fmt, opts)
+
+    def describe(report: ErrorReport, c: _Checked) -> str:
+        idx = report.worst_index
+        cond = model.row_conditioning(logits[idx[:-1]], entropy_eps)
+        b = schedule.beta_float(cond.H, cond.n_eff)
+        info = (
+            f"query row: {int(cond.n_eff)} keys attended, H ~ {float(cond.H):.6g} nats, "
+            f"beta ~ {float(b):.6g} ({schedule!r}; float64 estimates)"
+        )
+        lines = [f"{n} = np.asarray(<your {n}>)" for n in "qkv"]
+        if max(q.size, k.size, v.size) <= 3 * REPRO_ITEMS:
+            lines = [
+                f"{n} = {_array_literal(a, in_dtype)}"
+                for n, a in zip("qkv", (q, k, v), strict=True)
+            ]
+        kw = f"scale={scale!r}, is_causal={is_causal!r}"
+        if m is not None:
+            kw += ", mask=mask"
+            lines.append("mask = <your mask>")
+        if not _is_paper(schedule):
+            kw += f", schedule=softmaxtheory.spec.{schedule!r}"
+            lines.insert(0, "import softmaxtheory.spec")
+        if entropy_eps:
+            kw += f", entropy_eps={entropy_eps!r}"
+        call = "\n".join(lines) + (
+            f"\nprint(kernel(q, k, v){list(idx)!r})  # {float(c.got[idx])!r}"
+            f"\nprint(reference.adaptive_attention(q, k, v, {kw}){list(idx)!r})"
+            f"  # {float(c.ref[idx])!r}"
+        )
+        return _failure_text(report, c, "attention output", info, _repro_call(repro, call))
+
+    return _raise_or_return(_summarise("attention", fmt, chk, describe))
+
+
+def _array_literal(a: np.ndarray, dtype_name: str) -> str:
+    body = np.array2string(
+        np.asarray(a, dtype=np.float64), separator=", ", threshold=10**6, floatmode="unique"
+    )
+    body = body.replace("nan", "np.nan").replace("inf", "np.inf")
+    return f"np.array({body}, dtype={_np_dtype(dtype_name)})"
+
+
+def _is_bool(mask: Any) -> bool:
+    if _is_torch(mask):
+        return str(mask.dtype) == "torch.bool"
+    return np.asarray(mask).dtype == bool
+
+
+def _bool_numpy(mask: Any) -> np.ndarray:
+    if _is_torch(mask):
+        return mask.detach().cpu().numpy().astype(bool)
+    return np.asarray(mask, dtype=bool)
+
+
+def _mask_parts(
+    m: np.ndarray | None, is_causal: bool, L: int, S: int
+) -> tuple[np.ndarray, np.ndarray]:
+    keep = np.ones((L, S), dtype=bool)
+    add = np.zeros((L, S))
+    if is_causal:
+        keep = np.tril(keep)
+    if m is not None:
+        if m.dtype == bool:
+            keep = m
+        else:
+            add = np.asarray(m, dtype=np.float64)
+    return keep, add

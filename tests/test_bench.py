@@ -1,0 +1,56 @@
+"""``softmaxtheory bench --quick``: every backend is timed and reported (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from softmaxtheory.accelerated import cpu
+
+from softmaxtheory import bench
+from softmaxtheory.cli import main
+
+
+def test_quick_json_reports_every_backend(capsys) -> None:
+    code = main(["bench", "--quick", "--json", "--dtype", "float32"])
+    out = capsys.readouterr()
+    assert code == 0
+    doc = json.loads(out.out)
+    cases = doc["kernels"]
+    backends = {c["backend"] for c in cases}
+    assert {"cpu.adaptive_softmax", "cpu.softmax"} <= backends
+    assert {tuple(c["shape"]) for c in cases} == {tuple(s) for s in bench.QUICK_SHAPES}
+    assert all(c["seconds"] > 0 and c["gb_per_second"] > 0 for c in cases)
+    assert doc["kernel_run"]["bandwidth_gb_per_second"] > 0
+    assert "timing" in out.err and "bandwidth" in out.err
+
+
+def test_table_and_reference_section(capsys) -> None:
+    code = main(
+        ["bench", "--quick", "--section", "reference", "--section", "kernels", "--dtype", "float64"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "cpu.adaptive_softmax" in out and "reference.adaptive_softmax" in out
+    assert "measured bandwidth" in out
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (8, 1024), (1, 1 << 17), (4096, 64), (64, 16384)])
+def test_rows_have_the_beta_they_are_labelled_with(shape) -> None:
+    if shape[0] * shape[1] > 1 << 20:
+        shape = (4, shape[1])
+    sharp = bench.kernel_rows(shape, "beta>1", np.float32)
+    flat = bench.kernel_rows(shape, "beta=1", np.float32)
+    assert np.all(cpu.beta(sharp) > 1.0)
+    assert np.all(cpu.beta(flat) == 1.0)
+
+
+def test_usage_errors(capsys) -> None:
+    for argv in (["bench", "--threads", "0"], ["bench", "--repeat", "0"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+    assert "must be >= 1" in capsys.readouterr().err

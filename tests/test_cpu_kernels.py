@@ -1,0 +1,338 @@
+"""softmaxtheory.accelerated.cpu against the certified reference."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from softmaxtheory.accelerated import cpu
+from strategies_support import NEG_INF, logit_rows
+
+from softmaxtheory import reference
+from softmaxtheory.spec import Constant, LogLength, PaperPolynomial, Polynomial
+
+SCHEDULES = (None, Constant("2"), LogLength("0.5"), Polynomial(("1", "1"), "0.25"))
+U = {np.float64: 2.0**-53, np.float32: 2.0**-24}
+
+
+def ulp_error(got, exact, dtype) -> np.ndarray:
+    """|got - exact| in ulps of `dtype` at `exact` (subnormal spacing below the normal range)."""
+    got = np.asarray(got, dtype=np.float64)
+    exact = np.asarray(exact, dtype=np.float64)
+    spacing = np.spacing(np.abs(exact).astype(dtype)).astype(np.float64)
+    return np.abs(got - exact) / spacing
+
+
+def allowed_ulps(x, beta, dtype, h_ulps=8.0) -> np.ndarray:
+    """The documented error bound of one adaptive-softmax output, in ulps.
+
+    c0 + c1 |beta z| (rounding of z = x - m and of beta z) + |z| |dbeta| / u (the entropy's
+    error through the schedule: |dbeta| <= |P'(H)| |dH|, |P'| <= 6 for the schedules tested)
+    """
+    x = np.asarray(x, dtype=np.float64)
+    finite = x[np.isfinite(x)]
+    z = np.where(np.isfinite(x), x - (finite.max() if finite.size else 0.0), 0.0)
+    u = U[dtype]
+    dbeta = 6.0 * h_ulps * u * max(1.0, abs(beta) * 4.0)
+    return 12.0 + 3.0 * np.abs(beta * z) + np.abs(z) * dbeta / u
+
+
+def check_adaptive(row, dtype, schedule=None, eps=0.0) -> None:
+    x = np.asarray(row, dtype=dtype)
+    got = cpu.adaptive_softmax(x, schedule=schedule, entropy_eps=eps)
+    exact = reference.adaptive_softmax(x, schedule=schedule, entropy_eps=eps, dtype=dtype)
+    assert got.dtype == dtype
+    assert np.array_equal(np.isnan(got), np.isnan(exact))
+    b = float(reference.beta(x, schedule=schedule, entropy_eps=eps))
+    err = ulp_error(got, exact, dtype)
+    bound = allowed_ulps(x, b if b == b else 1.0, dtype)
+    ok = np.isnan(exact) | (err <= bound)
+    assert ok.all(), (x.tolist(), got.tolist(), exact.tolist(), err.max())
+
+
+def check_entropy(row, dtype, eps=0.0) -> None:
+    x = np.asarray(row, dtype=dtype)
+    got = cpu.entropy(x, entropy_eps=eps)
+    exact = reference.entropy(x, entropy_eps=eps, dtype=np.float64)
+    assert got.dtype == dtype
+    if np.isnan(exact):
+        assert np.isnan(got)
+        return
+    # float64: H from float64 exps (a few ulps); float32: from float32 exps, the
+    # same few ulps of float32, plus an absolute floor for H near 0
+    tol = 16 * U[dtype] * abs(float(exact)) + 4 * U[dtype] * max(1.0, math.log(max(x.size, 1)))
+    assert abs(float(got) - float(exact)) <= tol, (x.tolist(), float(got), float(exact))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@given(row=logit_rows(min_size=1, max_size=40, lo=-30.0, hi=30.0))
+@example(row=[0.0, -50.0])
+@example(row=[0.0, -745.0, -1000.0])
+@example(row=[1.0, 1.0, 1.0, 1.0])
+def test_adaptive_softmax_matches_reference(dtype, row) -> None:
+    check_adaptive(row, dtype)
+    check_entropy(row, dtype)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES[1:])
+@given(row=logit_rows(min_size=1, max_size=30, lo=-20.0, hi=20.0))
+@settings(max_examples=20)
+def test_every_schedule(schedule, row) -> None:
+    check_adaptive(row, np.float64, schedule)
+
+
+@given(row=logit_rows(min_size=1, max_size=30, lo=-20.0, hi=20.0))
+@settings(max_examples=20)
+def test_entropy_eps_mode(row) -> None:
+    check_adaptive(row, np.float64, None, 1e-9)
+    check_entropy(row, np.float64, 1e-9)
+
+
+ADVERSARIAL = {
+    "one_hot": [0.0] + [-60.0] * 20,
+    "near_one_hot": [0.0, -30.0, -31.0, -32.0],
+    "huge_magnitude": [1e300, 1e300 - 2e284, -1e300],
+    "subnormal_outputs": [0.0, -700.0, -740.0, -744.0],
+    "ties": [3.0, 3.0, 3.0, -1.0, -1.0],
+    "tiny_spread": [1.0, 1.0 + 2**-52, 1.0 - 2**-53],
+    "masked": [NEG_INF, 2.0, NEG_INF, -1.0],
+    "window": list(np.linspace(-4, 4, 40)),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_adversarial_rows(name, dtype) -> None:
+    row = np.asarray(ADVERSARIAL[name], dtype=np.float64)
+    if dtype == np.float32:
+        row = row[np.abs(row) < 1e30]
+    check_adaptive(row, dtype)
+    check_entropy(row, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_long_rows_against_reference(dtype) -> None:
+    rng = np.random.default_rng(7)
+    x = rng.normal(scale=3.0, size=3000)
+    x[:30] += 16.0
+    check_adaptive(x, dtype)
+    flat = rng.normal(scale=0.5, size=3000)
+    check_adaptive(flat, dtype)
+    assert float(cpu.beta(flat)) == 1.0 and float(cpu.beta(x)) > 1.0
+
+
+def test_chunked_row_against_unchunked_and_reference() -> None:
+    """A row longer than CHUNK takes the chunked path; it agrees with the row path."""
+    rng = np.random.default_rng(3)
+    n = cpu.CHUNK * 2 + 123
+    x = rng.normal(scale=2.0, size=n)
+    x[:200] += 14.0
+    got = cpu.adaptive_softmax(x)
+    # same row with the last item duplicated masked-out keeps its values: compare
+    # against the reference on a subsample via the exact beta and scaling
+    b = float(cpu.beta(x))
+    h = float(cpu.entropy(x))
+    assert b > 1.0
+    href = float(reference.entropy(x))
+    assert abs(h - href) <= 1e-12 * href
+    z = x - x.max()
+    ref = np.exp(b * z)
+    ref /= ref.sum()
+    assert np.max(np.abs(got - ref) / ref) < 1e-11
+    assert abs(got.sum() - 1.0) < 1e-12
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_identical_bits_for_any_thread_count(threads) -> None:
+    import numba
+
+    rng = np.random.default_rng(11)
+    long_row = rng.normal(scale=3.0, size=cpu.CHUNK * 3 + 5)
+    long_row[:300] += 12.0
+    batch = rng.normal(scale=3.0, size=(37, 700)).astype(np.float32)
+    previous = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        base = [cpu.adaptive_softmax(long_row), cpu.adaptive_softmax(batch), cpu.softmax(batch)]
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        again = [cpu.adaptive_softmax(long_row), cpu.adaptive_softmax(batch), cpu.softmax(batch)]
+    finally:
+        numba.set_num_threads(previous)
+    for a, b in zip(base, again, strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_polynomial_beta_is_bitwise_beta_float() -> None:
+    rng = np.random.default_rng(5)
+    x = rng.normal(scale=rng.uniform(0.1, 6.0, size=(200, 1)), size=(200, 50))
+    h = cpu.entropy(x)
+    sched = PaperPolynomial()
+    want = sched.beta_float(h, np.full(200, 50))
+    got = cpu.beta(x)
+    assert got.tobytes() == want.tobytes()
+
+
+SPECIAL = [
+    ([0.0, NEG_INF, 1.0], "masked"),
+    ([NEG_INF, NEG_INF], "all_masked"),
+    ([1.0, math.nan, 0.0], "nan"),
+    ([1.0, math.inf, 0.0], "plus_inf"),
+    ([math.nan, NEG_INF], "nan_masked"),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+@pytest.mark.parametrize(("row", "name"), SPECIAL)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_special_value_table(row, name, dtype, schedule) -> None:
+    x = np.asarray(row, dtype=dtype)
+    for fn in (cpu.softmax, cpu.adaptive_softmax):
+        kwargs = {} if fn is cpu.softmax else {"schedule": schedule}
+        got = fn(x, **kwargs)
+        assert got.dtype == dtype
+        if name in ("nan", "plus_inf", "nan_masked"):
+            assert np.isnan(got).all()
+        elif name == "all_masked":
+            assert got.tolist() == [0.0, 0.0]
+        else:
+            assert got[1] == 0.0 and got[0] > 0 and got[2] > 0
+    h = cpu.entropy(x)
+    b = cpu.beta(x, schedule=schedule)
+    if name in ("nan", "plus_inf", "nan_masked"):
+        assert np.isnan(h) and np.isnan(b)
+    elif name == "all_masked":
+        assert h == 0.0 and b == 1.0
+    else:
+        exact = reference.entropy(x, dtype=dtype)
+        assert abs(float(h) - float(exact)) <= 4 * float(np.spacing(exact))
+
+
+def test_empty_rows() -> None:
+    x = np.zeros((3, 0))
+    assert cpu.softmax(x).shape == (3, 0)
+    assert cpu.adaptive_softmax(x).shape == (3, 0)
+    assert cpu.entropy(x).tolist() == [0.0] * 3
+    assert cpu.beta(x).tolist() == [1.0] * 3
+    assert cpu.softmax(np.zeros((0, 5))).shape == (0, 5)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_axes_order_strides_and_out(dtype) -> None:
+    rng = np.random.default_rng(2)
+    x = rng.normal(scale=3.0, size=(4, 5, 6)).astype(dtype)
+    for axis in (0, 1, 2, -1, -2):
+        moved = np.moveaxis(x, axis, -1)
+        want = np.moveaxis(cpu.adaptive_softmax(np.ascontiguousarray(moved)), -1, axis)
+        got = cpu.adaptive_softmax(x, axis=axis)
+        assert got.tobytes() == np.ascontiguousarray(want).tobytes()
+        fortran = np.asfortranarray(x)
+        assert cpu.adaptive_softmax(fortran, axis=axis).tobytes() == got.tobytes()
+        out = np.empty((6, 5, 4), dtype=dtype).transpose()  # non-contiguous destination
+        res = cpu.adaptive_softmax(x, axis=axis, out=out)
+        assert res is out and np.array_equal(out, got)
+        assert np.array_equal(
+            cpu.softmax(x[:, ::2, :], axis=axis), cpu.softmax(x[:, ::2, :].copy(), axis=axis)
+        )
+        ent = cpu.entropy(x, axis=axis)
+        assert ent.shape == tuple(s for i, s in enumerate(x.shape) if i != axis % 3)
+
+
+def test_integer_input_is_float64() -> None:
+    assert cpu.softmax(np.arange(4)).dtype == np.float64
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: cpu.softmax(np.array([1 + 1j])), TypeError, "x must be a real floating"),
+        (lambda: cpu.softmax(np.array(["a"])), TypeError, "x must be a real floating"),
+        (lambda: cpu.softmax(np.float64(1.0)), ValueError, "at least one axis"),
+        (lambda: cpu.softmax(np.zeros(3), axis=1), ValueError, "axis 1 is out of range"),
+        (lambda: cpu.softmax(np.zeros(3), axis=0.5), TypeError, "axis must be an int"),
+        (lambda: cpu.softmax(np.zeros(3), out=np.zeros(4)), ValueError, "out must have shape"),
+        (
+            lambda: cpu.softmax(np.zeros(3), out=np.zeros(3, np.float32)),
+            TypeError,
+            "out must have dtype",
+        ),
+        (lambda: cpu.softmax(np.zeros(3), out=[0, 0, 0]), TypeError, "out must be a numpy array"),
+        (lambda: cpu.adaptive_softmax(np.zeros(3), schedule="paper"), TypeError, "schedule must"),
+        (lambda: cpu.entropy(np.zeros(3), entropy_eps=-1.0), ValueError, "entropy_eps"),
+        (
+            lambda: cpu.adaptive_attention(np.zeros((2, 3)), np.zeros((2, 4)), np.zeros((2, 1))),
+            ValueError,
+            "feature size",
+        ),
+        (
+            lambda: cpu.adaptive_attention(np.zeros(3), np.zeros((2, 3)), np.zeros((2, 1))),
+            ValueError,
+            "q must have shape",
+        ),
+        (
+            lambda: cpu.adaptive_attention(
+                np.zeros((2, 3)), np.zeros((2, 3)), np.zeros((2, 1)), mask=np.array(["x"])
+            ),
+            TypeError,
+            "mask must be",
+        ),
+    ],
+)
+def test_clear_errors(call, error, match) -> None:
+    with pytest.raises(error, match=match):
+        call()
+
+
+@given(q=st.integers(1, 4), s=st.integers(1, 300), d=st.integers(1, 6), seed=st.integers(0, 100))
+@settings(max_examples=15)
+def test_attention_matches_reference(q, s, d, seed) -> None:
+    rng = np.random.default_rng(seed)
+    qa = rng.normal(scale=2.0, size=(q, d))
+    ka = rng.normal(scale=2.0, size=(s, d))
+    va = rng.normal(size=(s, 2))
+    mask = rng.random((q, s)) < 0.8
+    got = cpu.adaptive_attention(qa, ka, va, mask=mask)
+    exact = reference.adaptive_attention(qa, ka, va, mask=mask)
+    scale = np.abs(va).max()
+    assert np.allclose(got, exact, rtol=0, atol=1e-11 * scale * max(1, s) ** 0.5)
+
+
+def test_attention_special_rows_and_schedules() -> None:
+    q = np.array([[1.0, 0.5], [0.0, 1.0], [2.0, -1.0]])
+    k = np.random.default_rng(0).normal(size=(200, 2)) * 2
+    v = np.random.default_rng(1).normal(size=(200, 3))
+    add = np.zeros((3, 200))
+    add[1, :] = -np.inf
+    add[2, 5] = np.nan
+    got = cpu.adaptive_attention(q, k, v, mask=add)
+    assert got[1].tolist() == [0.0] * 3 and np.isnan(got[2]).all()
+    for sched in SCHEDULES[1:]:
+        g = cpu.adaptive_attention(q[:1], k, v, schedule=sched)
+        e = reference.adaptive_attention(q[:1], k, v, schedule=sched)
+        assert np.allclose(g, e, rtol=0, atol=1e-11)
+    f32 = cpu.adaptive_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32))
+    assert f32.dtype == np.float32
+
+
+def test_warm_start_uses_the_cache() -> None:
+    """A fresh process imports and runs from the on-disk cache (no compilation)."""
+    code = (
+        "import numpy as np\n"
+        "from softmaxtheory.accelerated import cpu\n"
+        "cpu.adaptive_softmax(np.ones((2, 3)))\n"
+        "cpu.adaptive_softmax(np.ones((2, 3), np.float32))\n"
+        "from softmaxtheory.accelerated import _cpu_kernels as k\n"
+        "print(sum(len(k.rows_adaptive.stats.cache_hits.values()) for _ in [0]),"
+        " sum(k.rows_adaptive.stats.cache_misses.values()))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    hits, misses = (int(v) for v in out.stdout.split())
+    assert hits >= 1 and misses == 0

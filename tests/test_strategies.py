@@ -1,0 +1,117 @@
+"""softmaxtheory.strategies: the families, dtypes and targets they promise."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
+
+from softmaxtheory import reference
+from softmaxtheory import strategies as strat
+from softmaxtheory._testing_model import FORMATS, round_to_format
+
+
+def _examples(strategy, n=60):
+    out = []
+
+    @settings(max_examples=n, derandomize=True, database=None)
+    @given(strategy)
+    def collect(x):
+        out.append(x)
+
+    collect()
+    return out
+
+
+def test_branch_points_match_the_paper():
+    pts = strat.branch_points()
+    assert pts["threshold"] == 0.5
+    assert pts["H_on"] == pytest.approx(0.84858199600986, abs=1e-12)
+    assert pts["H_off"] == pytest.approx(5.94452082790514, abs=1e-12)
+    assert pts["H_star"] == pytest.approx(4.41240186596567, abs=1e-9)
+
+
+@pytest.mark.parametrize("target", [0.3, 0.5, 0.85, 4.4, 5.9445, 7.0])
+def test_row_with_entropy_hits_the_target(target):
+    row = strat.row_with_entropy(target, 2048, 1)
+    assert float(reference.entropy(row)) == pytest.approx(target, abs=1e-10)
+    assert strat.row_with_entropy(math.log(4) + 0.1, 4, 1) is None
+
+
+@pytest.mark.parametrize("family", strat.FAMILIES)
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_each_family_gives_regular_rows_of_the_dtype(family, dtype):
+    rows = _examples(strat.logit_rows(max_size=20, dtype=dtype, families=(family,)), 20)
+    np_dtype = np.float32 if dtype == "bfloat16" else np.dtype(dtype).type
+    for row in rows:
+        assert row.dtype == np_dtype and row.ndim == 1 and row.shape[0] >= 1
+        assert not np.any(np.isnan(row)) and not np.any(row == np.inf)
+        assert np.any(row > -np.inf)
+        if dtype == "bfloat16":  # values exact in bfloat16
+            assert np.array_equal(round_to_format(row, FORMATS["bfloat16"]), row)
+
+
+def test_families_cover_their_promises():
+    def has(family, pred, dtype="float64"):
+        rows = _examples(strat.logit_rows(max_size=30, dtype=dtype, families=(family,)), 40)
+        return any(pred(r) for r in rows)
+
+    assert has("masked", lambda r: np.any(r == -np.inf))
+    assert has("ties", lambda r: len(np.unique(r)) < len(r))
+    assert has("huge", lambda r: np.max(np.abs(r)) > 1e29)
+    assert has("subnormal", lambda r: np.any((r != 0) & (np.abs(r) < 2.3e-308)))
+    assert has("one_hot", lambda r: np.sum(r == r.max()) == 1 and np.min(r) <= r.max() - 20)
+    assert has("near_uniform", lambda r: 0 < np.ptp(r) < 3e-3)
+
+
+def test_entropy_family_spreads_over_the_window_and_branch_points():
+    family = strat.logit_rows(max_size=600, families=("entropy",))
+    rows = _examples(family, 80)
+    H = np.array([float(reference.entropy(r)) for r in rows])
+    pts = strat.branch_points()
+    assert np.sum((H > pts["H_on"]) & (H < pts["H_off"])) >= 20
+    search = settings(max_examples=2000, derandomize=True, database=None)
+    for name in ("threshold", "H_on", "H_off", "H_star"):
+        row = find(
+            family,
+            lambda r, h=pts[name]: abs(float(reference.entropy(r)) - h) < 2e-3,
+            settings=search,
+        )
+        assert abs(float(reference.entropy(row)) - pts[name]) < 2e-3, name
+
+
+def test_logit_batches_shapes():
+    for x in _examples(strat.logit_batches(strat.shapes(2, 3), max_size=10, dtype="float32"), 30):
+        assert x.dtype == np.float32 and 1 <= x.ndim <= 3 and 1 <= x.shape[-1] <= 10
+        assert np.all(np.any(x > -np.inf, axis=-1))
+
+
+@given(st.integers(0, 40).flatmap(lambda n: st.tuples(st.just(n), strat.chunkings(n))))
+@settings(max_examples=40)
+def test_chunkings_partition_the_row(args):
+    n, chunks = args
+    assert sum(chunks) == n
+    assert all(c >= 1 for c in chunks) or n == 0
+
+
+def test_attention_inputs():
+    for d in _examples(strat.attention_inputs("float32", masks=True, causal=True), 40):
+        q, k, v = d["q"], d["k"], d["v"]
+        assert q.dtype == k.dtype == v.dtype == np.float32
+        assert q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2]
+        if d["is_causal"]:
+            assert q.shape[-2] == k.shape[-2] and d["mask"] is None
+        if d["mask"] is not None:
+            assert d["mask"].shape == (q.shape[-2], k.shape[-2])
+            assert np.all(np.any(d["mask"], axis=-1))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"), [({"dtype": "int8"}, "dtype"), ({"min_size": 0}, "min_size")]
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _examples(strat.logit_rows(**kwargs), 1)

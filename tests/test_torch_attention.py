@@ -1,0 +1,312 @@
+"""softmaxtheory.accelerated.torch.adaptive_attention against the certified reference."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from softmaxtheory.accelerated.torch import adaptive_attention  # noqa: E402
+from test_torch_tolerances import attention_tolerance  # noqa: E402
+
+from softmaxtheory import reference as R  # noqa: E402, N812
+from softmaxtheory.spec import Constant, LogLength  # noqa: E402
+
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+BACKENDS = ["composition", "chunked"]
+
+
+def _qkv(dtype, L=5, S=7, D=4, Dv=3, seed=0, mag=2.0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 2, L, D, generator=g, dtype=torch.float64) * mag
+    k = torch.randn(2, 2, S, D, generator=g, dtype=torch.float64) * mag
+    v = torch.randn(2, 2, S, Dv, generator=g, dtype=torch.float64)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _masks(L=5, S=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.rand(L, S, generator=g) > 0.4
+    keep[2] = False  # a fully masked query
+    keep[0, 0] = True
+    add = torch.randn(L, S, generator=g, dtype=torch.float64)
+    add[~keep] = -math.inf
+    zero_inf = torch.zeros(L, S, dtype=torch.float64).masked_fill(~keep, -math.inf)
+    return {"none": None, "causal": "causal", "bool": keep, "bias": add, "zero_inf": zero_inf}
+
+
+def _run_and_check(dtype, mask_name, backend, schedule=None, entropy_eps=0.0):
+    q, k, v = _qkv(dtype)
+    mask = _masks()[mask_name]
+    causal = mask == "causal"
+    attn_mask = None if (mask is None or causal) else mask
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        attn_mask = attn_mask.to(dtype)
+    out = adaptive_attention(
+        q, k, v, attn_mask, is_causal=causal, schedule=schedule,
+        entropy_eps=entropy_eps, backend=backend,
+    )  # fmt: skip
+    assert out.dtype == dtype and out.shape == (2, 2, 5, 3)
+    qd, kd, vd = (t.double().numpy() for t in (q, k, v))
+    np_mask = None if attn_mask is None else attn_mask.double().numpy()
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        np_mask = attn_mask.numpy()
+    ref = R.adaptive_attention(
+        qd, kd, vd, mask=np_mask, is_causal=causal, schedule=schedule, entropy_eps=entropy_eps
+    )
+    keep = add = None
+    if np_mask is not None and np_mask.dtype == bool:
+        keep = np_mask
+    elif np_mask is not None:
+        add = np_mask
+    elif causal:
+        keep = np.tril(np.ones((5, 7), dtype=bool))
+    tol = attention_tolerance(qd, kd, vd, ref, dtype, keep=keep, add=add, schedule=schedule)
+    err = np.abs(out.double().numpy() - ref)
+    assert np.all(err <= tol), f"max err/tol {np.max(err / tol)}"
+    return out
+
+
+@pytest.mark.theorem("T10")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias", "zero_inf"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matches_reference(dtype, mask_name, backend):
+    out = _run_and_check(dtype, mask_name, backend)
+    if mask_name == "bool":
+        assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))  # fully masked
+
+
+@pytest.mark.parametrize("schedule", [Constant("1.7"), LogLength("0.6")], ids=repr)
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bool"])
+def test_other_schedules(schedule, mask_name):
+    _run_and_check(torch.float32, mask_name, "auto", schedule=schedule)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16], ids=str)
+def test_entropy_eps_mode(dtype):
+    _run_and_check(dtype, "causal", "auto", entropy_eps=1e-9)
+
+
+@pytest.mark.theorem("T10")
+def test_composition_entropy_identity():
+    """Pass 1 alone: H = LSE - scale q . Attn(q, K, K) equals the reference entropy."""
+    from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
+
+    q, k, v = _qkv(torch.float64, L=6, S=9)
+    p = A.prepare(q, k, v, None, False, None)
+    h = A._composition_entropy(p, detach_beta=True)
+    x = (p.scale * q @ k.transpose(-1, -2)).numpy()
+    np.testing.assert_allclose(h.numpy(), R.entropy(x), rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_one_hot_row_is_finite(dtype):
+    q = torch.zeros(1, 1, 1, 4, dtype=dtype)
+    q[..., 0] = 100.0
+    k = torch.zeros(1, 1, 5, 4, dtype=dtype)
+    k[..., 0, 0] = 100.0
+    v = torch.arange(5, dtype=dtype).reshape(1, 1, 5, 1) + 1
+    for backend in BACKENDS:
+        out = adaptive_attention(q, k, v, scale=1.0, backend=backend)
+        assert torch.isfinite(out).all()
+        assert out.item() == 1.0  # all weight on the first key
+
+
+def test_special_values():
+    q, k, v = _qkv(torch.float64)
+    q[0, 0, 1, 0] = math.nan
+    k[0, 1, 3, 2] = math.inf
+    for backend in BACKENDS:
+        out = adaptive_attention(q, k, v, backend=backend)
+        assert torch.isnan(out[0, 0, 1]).all()
+        assert torch.isnan(out[0, 1]).all()  # an infinite key reaches every query
+        assert torch.isfinite(out[1]).all() and torch.isfinite(out[0, 0, 0]).all()
+    causal = adaptive_attention(q, k, v, is_causal=True)
+    assert torch.isfinite(causal[0, 1, :3]).all() and torch.isnan(causal[0, 1, 3:]).all()
+
+
+def test_broadcast_and_shapes():
+    q, k, v = _qkv(torch.float64)
+    out = adaptive_attention(q[0, 0], k[0, 0], v[0, 0])
+    assert out.shape == (5, 3)
+    torch.testing.assert_close(out, adaptive_attention(q, k, v)[0, 0])
+    out = adaptive_attention(q, k[:1], v[:1])  # keys broadcast over the batch
+    torch.testing.assert_close(out[1], adaptive_attention(q[1], k[0], v[0]))
+    out5 = adaptive_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0))
+    torch.testing.assert_close(out5[0], adaptive_attention(q, k, v))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "word"),
+    [
+        ({"q": [1.0]}, TypeError, "q"),
+        ({"k": torch.ones(2, 3, 5, dtype=torch.float64)}, ValueError, "feature"),
+        ({"v": torch.ones(2, 3, 9, 3, dtype=torch.float64)}, ValueError, "key length"),
+        ({"v": torch.ones(2, 2, 7, 3, dtype=torch.float32)}, TypeError, "dtype"),
+        (
+            {"attn_mask": torch.ones(5, 7, dtype=torch.bool), "is_causal": True},
+            ValueError,
+            "not both",
+        ),
+        ({"attn_mask": torch.ones(5, 7, dtype=torch.int64)}, TypeError, "attn_mask"),
+        ({"attn_mask": torch.ones(4, 7, dtype=torch.bool)}, ValueError, "attn_mask"),
+        ({"scale": "x"}, TypeError, "scale"),
+        ({"scale": math.inf}, ValueError, "scale"),
+        ({"backend": "cuda"}, ValueError, "backend"),
+        ({"is_causal": 1}, TypeError, "is_causal"),
+    ],
+)
+def test_input_errors(kwargs, exc, word):
+    q, k, v = _qkv(torch.float64)
+    args = {"q": q, "k": k, "v": v, **kwargs}
+    with pytest.raises(exc, match=word):
+        adaptive_attention(**args)
+
+
+def test_triton_backend_refuses_cpu_without_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, v = _qkv(torch.float32)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        adaptive_attention(q, k, v, backend="triton")
+
+
+# ---------------------------------------------------------------- gradients
+
+
+def _small_grad_inputs():
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, 3, 4, generator=g, dtype=torch.float64) * 1.5
+    k = torch.randn(1, 2, 5, 4, generator=g, dtype=torch.float64) * 1.5
+    v = torch.randn(1, 2, 5, 2, generator=g, dtype=torch.float64)
+    return q, k, v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bool"])
+def test_gradcheck_float64(backend, mask_name):
+    q, k, v = _small_grad_inputs()
+    keep = torch.tensor([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0], [1, 0, 1, 1, 1]], dtype=torch.bool)
+    mask = {"none": None, "causal": None, "bool": keep}[mask_name]
+    causal = mask_name == "causal"
+    x = (q @ k.transpose(-1, -2) / 2).numpy()
+    assert R.beta(x).max() > 1  # β varies
+
+    def f(q, k, v):
+        return adaptive_attention(q, k, v, mask, is_causal=causal, backend=backend)
+
+    args = tuple(t.clone().requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(f, args, eps=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_detached_beta(backend):
+    """detach_beta=True: gradients are those of attention with β frozen (a scaled query)."""
+    q, k, v = _small_grad_inputs()
+    x = (q @ k.transpose(-1, -2) / 2).numpy()
+    beta0 = torch.from_numpy(R.beta(x)).unsqueeze(-1)
+    args = tuple(t.clone().requires_grad_() for t in (q, k, v))
+    out = adaptive_attention(*args, detach_beta=True, backend=backend)
+    grads = torch.autograd.grad(out.pow(2).sum(), args)
+    args2 = tuple(t.clone().requires_grad_() for t in (q, k, v))
+
+    def frozen(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(beta0 * q, k, v)
+
+    assert torch.autograd.gradcheck(frozen, args2, eps=1e-6, atol=1e-8)
+    expected = torch.autograd.grad(frozen(*args2).pow(2).sum(), args2)
+    for a, b in zip(grads, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    full = torch.autograd.grad(adaptive_attention(*args, backend=backend).pow(2).sum(), args)
+    assert not torch.allclose(full[0], grads[0])
+
+
+def test_gradient_matches_reference_finite_difference():
+    """d/dq of sum(out * w) against a central difference of the certified reference."""
+    q, k, v = _small_grad_inputs()
+    q, k, v = q[0, 0, :1], k[0, 0], v[0, 0]
+    w = torch.tensor([[1.0, -0.5]], dtype=torch.float64)
+    qr = q.clone().requires_grad_()
+    (grad,) = torch.autograd.grad((adaptive_attention(qr, k, v) * w).sum(), qr)
+    h = 2.0**-20
+    kd, vd, wd = k.numpy(), v.numpy(), w.numpy()
+    for d in range(q.shape[-1]):
+        up, dn = q.numpy().copy(), q.numpy().copy()
+        up[0, d] += h
+        dn[0, d] -= h
+        fu = (R.adaptive_attention(up, kd, vd) * wd).sum()
+        fd = (R.adaptive_attention(dn, kd, vd) * wd).sum()
+        # the certified values are correctly rounded: rounding error 2 * 2^-53 / (2h)
+        fd_grad = (fu - fd) / (2 * h)
+        assert abs(grad[0, d].item() - fd_grad) <= 1e-8 * (1 + abs(fd_grad))
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_long_sequence_peak_memory_far_below_the_score_matrix():
+    """L = S = 16384, D = 64: an L x S float32 matrix needs 1 GiB; we stay far below."""
+    code = textwrap.dedent(
+        """
+        import torch
+        from softmaxtheory.accelerated.torch import adaptive_attention
+        def hwm():
+            for line in open("/proc/self/status"):
+                if line.startswith("VmHWM"):
+                    return int(line.split()[1]) * 1024
+        L = 16384
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 1, L, 64, generator=g) for _ in range(3))
+        causal = adaptive_attention(q[..., :64, :], k[..., :64, :], v[..., :64, :], is_causal=True)
+        base = hwm()
+        out = adaptive_attention(q, k, v)
+        out2 = adaptive_attention(q, k, v, is_causal=True)
+        assert torch.isfinite(out).all() and torch.isfinite(out2).all()
+        print(hwm() - base)
+        """
+    )
+    if not sys.platform.startswith("linux"):
+        pytest.fail("this check reads /proc/self/status (Linux)")
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    extra = int(res.stdout.strip().splitlines()[-1])
+    assert extra < 2**30 // 8, f"peak grew by {extra / 2**20:.1f} MiB"
+
+
+# ---------------------------------------------------------------- Numba cross-check
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_agrees_with_numba_kernels(dtype):
+    cpu = pytest.importorskip("softmaxtheory.accelerated.cpu")
+    q, k, v = _qkv(dtype)
+    keep = _masks()["bool"]
+    ours = adaptive_attention(q, k, v, keep).double().numpy()
+    theirs = np.asarray(cpu.adaptive_attention(q.numpy(), k.numpy(), v.numpy(), mask=keep.numpy()))
+    qd, kd, vd = (t.double().numpy() for t in (q, k, v))
+    ref = R.adaptive_attention(qd, kd, vd, mask=keep.numpy())
+    tol = attention_tolerance(qd, kd, vd, ref, dtype, keep=keep.numpy())
+    assert np.all(np.abs(ours - theirs) <= 2 * tol)
+    x = torch.randn(4, 50, dtype=dtype) * 3
+    np.testing.assert_allclose(
+        torch.softmax(x, -1).numpy(), np.asarray(cpu.softmax(x.numpy())), rtol=1e-3, atol=1e-7
+    )
+
+
+def test_gpu_bench_reports_missing_cuda(monkeypatch, capsys):
+    import argparse
+
+    from softmaxtheory.bench_torch import run_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    status = run_device(argparse.Namespace(device="cuda", repeat=1, json=False))
+    assert status == 2
+    assert "no CUDA device" in capsys.readouterr().err

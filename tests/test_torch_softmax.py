@@ -1,0 +1,214 @@
+"""softmaxtheory.accelerated.torch.adaptive_softmax against the certified reference."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from softmaxtheory.accelerated.torch import AdaptiveSoftmax, adaptive_softmax  # noqa: E402
+from test_torch_tolerances import softmax_tolerance  # noqa: E402
+
+from softmaxtheory import reference as R  # noqa: E402, N812
+from softmaxtheory.spec import Constant, LogLength, Polynomial  # noqa: E402
+
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+SCHEDULES = [None, Constant("1.5"), LogLength("0.7"), Polynomial(("0.2", "1.1"), "0.3")]
+NP_EXACT = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
+
+
+def _rows(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(6, 40, generator=g, dtype=torch.float64) * torch.tensor(
+        [0.1, 1.0, 3.0, 8.0, 30.0, 2.0], dtype=torch.float64
+    ).unsqueeze(-1)
+    x[5, ::3] = -math.inf  # masked entries
+    return x.to(dtype)
+
+
+def _check(x, out, schedule=None, entropy_eps=0.0):
+    xd = x.double().numpy()  # exact values of the input
+    ref = R.adaptive_softmax(xd, schedule=schedule, entropy_eps=entropy_eps)
+    beta = R.beta(xd, schedule=schedule, entropy_eps=entropy_eps)
+    tol = softmax_tolerance(xd, ref, beta, x.dtype, schedule)
+    err = np.abs(out.double().numpy() - ref)
+    assert out.dtype == x.dtype
+    assert np.all(err <= tol), f"max err/tol {np.max(err / tol)}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=repr)
+def test_matches_reference(dtype, schedule):
+    x = _rows(dtype)
+    _check(x, adaptive_softmax(x, schedule=schedule), schedule)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_paper_entropy_eps_mode(dtype):
+    x = _rows(dtype, seed=1)
+    _check(x, adaptive_softmax(x, entropy_eps=1e-9), None, 1e-9)
+
+
+def test_entropy_window_rows():
+    """Rows whose entropy spans (H_on, H_off), where β > 1 and its slope is largest."""
+    n = torch.arange(1, 9)
+    xs = [torch.linspace(0, float(s), 64, dtype=torch.float64) for s in n]
+    x = torch.stack(xs)
+    beta = R.beta(x.numpy())
+    assert beta.max() > 1.5
+    _check(x, adaptive_softmax(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dim_argument_and_module(dtype):
+    x = _rows(dtype).T.contiguous()  # normalise along dim 0
+    out = adaptive_softmax(x, dim=0)
+    assert torch.equal(out, AdaptiveSoftmax(dim=0)(x))
+    torch.testing.assert_close(out.T, adaptive_softmax(x.T.contiguous()))
+    _check(x.T.contiguous(), out.T.contiguous())
+
+
+def test_module_is_a_drop_in_for_nn_softmax():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), AdaptiveSoftmax(dim=-1))
+    out = model(torch.randn(3, 4))
+    assert out.shape == (3, 8)
+    torch.testing.assert_close(out.sum(-1), torch.ones(3))
+    assert "detach_beta=False" in repr(model[1])
+    plain = AdaptiveSoftmax(schedule=Constant(1))
+    x = torch.randn(5, 7)
+    torch.testing.assert_close(plain(x), torch.softmax(x, -1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_special_values(dtype):
+    inf, nan = math.inf, math.nan
+    x = torch.tensor(
+        [[1.0, -inf, 2.0, -inf], [-inf] * 4, [1.0, nan, 0.0, 0.0], [0.0, inf, 1.0, 2.0]],
+        dtype=dtype,
+    )
+    out = adaptive_softmax(x)
+    ref = R.adaptive_softmax(x.double().numpy())
+    np.testing.assert_array_equal(np.isnan(out.double().numpy()), np.isnan(ref))
+    assert torch.equal(out[1], torch.zeros(4, dtype=dtype))
+    assert out[0, 1] == 0 and out[0, 3] == 0
+    empty = adaptive_softmax(torch.zeros(3, 0, dtype=dtype))
+    assert empty.shape == (3, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_one_hot_row_is_finite_and_right(dtype):
+    """The paper's listing gives NaN here (0 * log 0 in half precision)."""
+    x = torch.tensor([[100.0, 0.0, 0.0, 0.0, 0.0], [12.0, 0.0, -3.0, 1.0, 0.0]], dtype=dtype)
+    for eps in (0.0, 1e-9):
+        out = adaptive_softmax(x, entropy_eps=eps)
+        assert torch.isfinite(out).all()
+        _check(x, out, None, eps)
+    listing_p = torch.softmax(x[:1], -1)
+    assert torch.isnan(-(listing_p * torch.log(listing_p)).sum())  # the listing's failure
+
+
+def test_integer_input_is_promoted_to_float64():
+    out = adaptive_softmax(torch.tensor([[1, 2, 3]]))
+    assert out.dtype == torch.float64
+    ref = R.adaptive_softmax(np.array([[1.0, 2.0, 3.0]]))
+    np.testing.assert_allclose(out.numpy(), ref, rtol=4 * 2.0**-53, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "word"),
+    [
+        (lambda: adaptive_softmax([1.0, 2.0]), TypeError, "x"),
+        (lambda: adaptive_softmax(torch.tensor([1 + 1j])), TypeError, "x"),
+        (lambda: adaptive_softmax(torch.tensor([True])), TypeError, "x"),
+        (lambda: adaptive_softmax(torch.tensor(1.0)), ValueError, "x"),
+        (lambda: adaptive_softmax(torch.ones(2, 3), dim=2), ValueError, "dim"),
+        (lambda: adaptive_softmax(torch.ones(2, 3), dim=1.0), TypeError, "dim"),
+        (lambda: adaptive_softmax(torch.ones(2), entropy_eps=-1.0), ValueError, "entropy_eps"),
+        (lambda: adaptive_softmax(torch.ones(2), schedule="paper"), TypeError, "schedule"),
+        (lambda: adaptive_softmax(torch.ones(2), detach_beta=1), TypeError, "detach_beta"),
+    ],
+)
+def test_input_errors(call, exc, word):
+    with pytest.raises(exc, match=word):
+        call()
+
+
+# ---------------------------------------------------------------- gradients
+
+
+def _grad_rows():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 7, generator=g, dtype=torch.float64) * 2
+    x[2, 1] = -math.inf
+    assert R.beta(x.numpy()).max() > 1  # β is not constant here
+    return x
+
+
+@pytest.mark.parametrize("schedule", [None, LogLength("0.5")], ids=repr)
+def test_gradcheck_float64(schedule):
+    x = _grad_rows().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda t: adaptive_softmax(t, schedule=schedule), (x,), eps=1e-6, atol=1e-8
+    )
+
+
+def test_gradcheck_float64_detached_beta():
+    """detach_beta=True: the Jacobian is that of softmax(beta0 * x) with beta0 frozen."""
+    x = _grad_rows()
+    beta0 = torch.from_numpy(R.beta(x.numpy())).unsqueeze(-1)
+
+    def frozen(t):
+        return torch.softmax(beta0 * t, -1)
+
+    xr = x.clone().requires_grad_()
+    assert torch.autograd.gradcheck(frozen, (xr,), eps=1e-6, atol=1e-8)
+    jac = torch.autograd.functional.jacobian(lambda t: adaptive_softmax(t, detach_beta=True), x)
+    torch.testing.assert_close(jac, torch.autograd.functional.jacobian(frozen, x))
+
+
+def test_detach_beta_changes_the_gradient():
+    x = torch.linspace(0, 3, 16, dtype=torch.float64).requires_grad_()
+    w = torch.arange(16, dtype=torch.float64)
+    (ga,) = torch.autograd.grad((adaptive_softmax(x) * w).sum(), x)
+    (gb,) = torch.autograd.grad((adaptive_softmax(x, detach_beta=True) * w).sum(), x)
+    assert not torch.allclose(ga, gb)
+    # with beta frozen the Jacobian is beta * (diag(y) - y y^T)
+    y = adaptive_softmax(x.detach())
+    beta = float(R.beta(x.detach().numpy()))
+    expected = beta * (y * w - y * (y * w).sum())
+    torch.testing.assert_close(gb, expected, rtol=1e-12, atol=1e-14)
+
+
+def test_gradient_matches_reference_finite_difference():
+    """d/dx_k of sum_i w_i y_i against a central difference of the mpmath reference."""
+    x = torch.tensor([0.3, -1.2, 2.0, 0.7, 1.1, -0.4], dtype=torch.float64, requires_grad=True)
+    w = torch.tensor([1.0, -2.0, 0.5, 3.0, -1.0, 0.25], dtype=torch.float64)
+    (grad,) = torch.autograd.grad((adaptive_softmax(x) * w).sum(), x)
+    h = 2.0**-20  # x +- h are exact floats; the reference is exact at them
+    base = x.detach().tolist()
+    for idx in range(len(base)):
+        up, dn = list(base), list(base)
+        up[idx] += h
+        dn[idx] -= h
+        with mpmath.workprec(113):
+            fu = mpmath.fsum(
+                wi * yi for wi, yi in zip(w.tolist(), R.adaptive_softmax_mp(up), strict=False)
+            )
+            fd = mpmath.fsum(
+                wi * yi for wi, yi in zip(w.tolist(), R.adaptive_softmax_mp(dn), strict=False)
+            )
+            fd_grad = float((fu - fd) / (2 * h))
+        # central difference: truncation h^2/6 * |third derivative| ~ 1e-12 here
+        assert abs(grad[idx].item() - fd_grad) <= 1e-9 * (1 + abs(fd_grad))
+
+
+def test_masked_entries_get_zero_gradient():
+    x = torch.tensor([[1.0, -math.inf, 2.0], [-math.inf] * 3], dtype=torch.float64)
+    x.requires_grad_()
+    adaptive_softmax(x).pow(2).sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert x.grad[0, 1] == 0 and torch.equal(x.grad[1], torch.zeros(3, dtype=torch.float64))
