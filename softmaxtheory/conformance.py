@@ -101,6 +101,7 @@ def parse_kwarg(text: str) -> tuple[str, Any]:
 
     Examples
     --------
+    >>> from softmaxtheory.conformance import parse_kwarg
     >>> parse_kwarg("axis=-1")
     ('axis', -1)
     """

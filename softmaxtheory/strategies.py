@@ -96,6 +96,7 @@ def branch_points() -> dict[str, float]:
 
     Examples
     --------
+    >>> from softmaxtheory.strategies import branch_points
     >>> pts = branch_points()
     >>> round(pts["H_on"], 6), round(pts["H_off"], 6), round(pts["H_star"], 6)
     (0.848582, 5.944521, 4.412402)
