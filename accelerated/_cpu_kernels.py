@@ -294,6 +294,23 @@ def _ol_unkey(k, arr):
     return lambda k, arr: _unkey64(k)
 
 
+def like_array(v, arr):  # pragma: no cover - replaced by the overload in jitted code
+    """Convert the scalar `v` to the dtype of `arr`.
+
+    The row maximum arrives as float64 from tuples that also carry ``-inf``/NaN;
+    converting it back (exactly: it is a value of the array) keeps the passes of a
+    float32 row in float32, twice the vector width of float64.
+    """
+    raise NotImplementedError
+
+
+@overload(like_array)
+def _ol_like_array(v, arr):
+    if arr.dtype == types.float32:
+        return lambda v, arr: np.float32(v)
+    return lambda v, arr: np.float64(v)
+
+
 def _neg_inf_like(arr):  # pragma: no cover - replaced by the overload in jitted code
     raise NotImplementedError
 
@@ -328,6 +345,7 @@ def pass_max(x, lo, hi):
 @njit(fastmath=_LOOP_FLAGS, cache=True)
 def _block_stats(x, lo, hi, m, out, store):
     # accumulate in the input's precision within a block (float32 keeps 16 lanes)
+    m = like_array(m, x)
     zero = as_like(0.0, m)
     one = as_like(1.0, m)
     c = zero  # counts kept as floats (exact below 2**24): integer lanes would halve the width
@@ -380,42 +398,73 @@ def pass_stats(x, lo, hi, m, out, store):
 
 
 @njit(fastmath=_LOOP_FLAGS, cache=True)
-def _block_tempered(x, lo, hi, m, beta, out, store):
+def _block_st(x, lo, hi, m, out):
+    # the lean statistics of the adaptive kernel: s = sum e, t = sum e*(x-m), e stored
+    m = like_array(m, x)
     zero = as_like(0.0, m)
-    one = as_like(1.0, m)
-    c = zero
-    r = zero
+    s = zero
+    t = zero
     xs = x[lo:hi]
     os = out[lo:hi]
+    for i in range(xs.size):
+        d = xs[i] - m
+        e = fexp(d)
+        os[i] = e
+        s += e
+        t += e * (d if d > -np.inf else zero)
+    return np.float64(s), np.float64(t)
+
+
+@njit(cache=True)
+def pass_st(x, lo, hi, m, out):
+    r"""Return (s, t) of ``x[lo:hi]`` about `m` and store :math:`e^{x-m}` in `out`.
+
+    :math:`s = \sum e^{x-m}` and :math:`t = \sum e^{x-m}(x-m)`, blocked like
+    :func:`pass_stats`; the maximum's own terms are not separated out, which the
+    adaptive kernel can afford (see :func:`rows_adaptive`).
+    """
+    if hi - lo <= BLOCK:
+        return _block_st(x, lo, hi, m, out)
+    s = 0.0
+    sc = 0.0
+    t = 0.0
+    tc = 0.0
+    for b in range(lo, hi, BLOCK):
+        bs, bt = _block_st(x, b, min(b + BLOCK, hi), m, out)
+        s, sc = _neumaier(s, sc, bs)
+        t, tc = _neumaier(t, tc, bt)
+    return s + sc, t + tc
+
+
+@njit(fastmath=_LOOP_FLAGS, cache=True)
+def _block_tempered(x, lo, hi, m, beta, out, store):
+    m = like_array(m, x)
+    zero = as_like(0.0, m)
+    s = zero
+    xs = x[lo:hi]
+    os = out[lo:hi]
+    b = as_like(beta, m)
     if store:
         for i in range(xs.size):
-            d = xs[i] - m
-            y = as_like(beta, d) * d
-            e = fexp(y)
+            e = fexp(b * (xs[i] - m))
             os[i] = e
-            r += e if d < zero else zero
-            c += one if d == zero else zero
+            s += e
     else:
         for i in range(xs.size):
-            d = xs[i] - m
-            y = as_like(beta, d) * d
-            e = fexp(y)
-            r += e if d < zero else zero
-            c += one if d == zero else zero
-    return np.int64(c), np.float64(r)
+            s += fexp(b * (xs[i] - m))
+    return np.float64(s)
 
 
 @njit(cache=True)
 def pass_tempered(x, lo, hi, m, beta, out, store):
-    """Return (c, r) of the tempered exponentials e^(β(x-m)) (stored in `out` if asked)."""
-    c = 0
-    r = 0.0
-    rc = 0.0
+    """Return (0, s): s sums the tempered exponentials e^(β(x-m)) (stored in `out` if asked)."""
+    if hi - lo <= BLOCK:
+        return 0, _block_tempered(x, lo, hi, m, beta, out, store)
+    s = 0.0
+    sc = 0.0
     for b in range(lo, hi, BLOCK):
-        bc, br = _block_tempered(x, b, min(b + BLOCK, hi), m, beta, out, store)
-        c += bc
-        r, rc = _neumaier(r, rc, br)
-    return c, r + rc
+        s, sc = _neumaier(s, sc, _block_tempered(x, b, min(b + BLOCK, hi), m, beta, out, store))
+    return 0, s + sc
 
 
 @njit(fastmath=_LOOP_FLAGS, cache=True)
@@ -429,6 +478,7 @@ def pass_scale(out, lo, hi, inv):
 @njit(fastmath=_LOOP_FLAGS, cache=True)
 def pass_write(x, lo, hi, m, beta, inv, out):
     """``out = e^(β(x-m)) * inv`` over ``[lo, hi)`` (β = 1 skips the product)."""
+    m = like_array(m, x)
     xs = x[lo:hi]
     os = out[lo:hi]
     if beta == 1.0:
@@ -453,6 +503,7 @@ def pass_fill(out, lo, hi, value):
 @njit(cache=True)
 def pass_entropy_eps(x, lo, hi, m, inv_s, eps):
     r"""Return :math:`\sum p \log(p + \varepsilon)` over ``[lo, hi)``, :math:`p = e^{x-m}/s`."""
+    m = like_array(m, x)
     acc = 0.0
     comp = 0.0
     for i in range(lo, hi):
@@ -547,19 +598,85 @@ def rows_entropy(x, eps, h_out, neff_out):
         neff_out[i] = n_eff
 
 
+@njit(cache=True)
+def entropy_upper_bound(s, t, n):
+    r"""A cheap upper bound on :math:`H = \log s - t/s`, without a logarithm.
+
+    :math:`\log s \le s - 1`; the rounding errors of the float32 sums behind `s`
+    and `t` (at most :math:`n` additions each) are covered by adding
+    :math:`(n + 4)\,2^{-23}(s + |t|)`. Tight on nearly one-hot rows, where it is used.
+    """
+    return (s - 1.0) - t / s + (n + 4.0) * 2.0**-23 * (s + abs(t))
+
+
+#: Rows handled together by one thread: all their statistics are computed before any of
+#: them is normalised, so the latency chain of one row (sums, logarithm, β) overlaps
+#: with the work on the others.
+ROW_GROUP = 16
+
+
 @njit(parallel=True, cache=True)
-def rows_adaptive(x, out, eps, kind_of_schedule, coeffs, threshold, const, beta_out):
-    """Adaptive softmax of each row, β from a polynomial or constant schedule."""
+def rows_adaptive(x, out, eps, kind_of_schedule, coeffs, threshold, const, h_cut, beta_out, buf):
+    r"""Adaptive softmax of each row, β from a polynomial or constant schedule.
+
+    Rows are processed in groups of :data:`ROW_GROUP`: phase 1 computes each row's
+    maximum, :math:`s = \sum e^{x-m}` and :math:`t = \sum e^{x-m}(x-m)` (storing the
+    exponentials) and β; phase 2 normalises. The entropy :math:`\log s - t/s` is
+    evaluated only when needed: a row whose :func:`entropy_upper_bound` is at most
+    `h_cut` -- an entropy below which the schedule's float β is exactly 1 -- gets
+    β = 1 directly. β = 1 rows are normalised from the stored exponentials (one exp
+    per item); the others recompute :math:`e^{\beta(x-m)}`. `buf` (rows, 3) holds
+    (kind, m, s) between the phases.
+    """
     nrow, n = x.shape
     xf = x.reshape(-1)
     of = out.reshape(-1)
-    store = kind_of_schedule != SCHED_CONST or const == 1.0
-    for i in prange(nrow):
-        lo = i * n
-        kind, m, c, _, r, _, h = row_entropy(xf, lo, lo + n, of, store, eps)
-        beta = _beta_of(kind, h, kind_of_schedule, coeffs, threshold, const)
-        beta_out[i] = beta
-        row_finish(xf, lo, lo + n, of, kind, m, c, r, beta, store)
+    ngroup = (nrow + ROW_GROUP - 1) // ROW_GROUP
+    for g in prange(ngroup):
+        r0 = g * ROW_GROUP
+        r1 = min(r0 + ROW_GROUP, nrow)
+        for i in range(r0, r1):
+            # phase 1, written out here: through a helper returning a tuple, the same
+            # code measured twice as slow on 64-item rows
+            lo = i * n
+            hi = lo + n
+            kind = 0
+            s = 0.0
+            beta = 1.0
+            m, nnan = pass_max(xf, lo, hi)
+            if hi == lo:
+                kind = 1
+            elif nnan > 0 or m == np.inf:
+                kind = 3
+                beta = np.nan
+            elif m == -np.inf:
+                kind = 2
+            else:
+                s, t = pass_st(xf, lo, hi, m, of)
+                if kind_of_schedule == SCHED_CONST:
+                    beta = const
+                elif eps > 0.0:
+                    h = -pass_entropy_eps(xf, lo, hi, m, 1.0 / s, eps)
+                    beta = beta_poly(h, coeffs, threshold)
+                elif entropy_upper_bound(s, t, n) > h_cut:
+                    h = math.log(s) - t / s  # two non-negative terms: no cancellation
+                    beta = beta_poly(h, coeffs, threshold)
+            beta_out[i] = beta
+            buf[i, 0] = kind
+            buf[i, 1] = m
+            buf[i, 2] = s
+        for i in range(r0, r1):
+            lo = i * n
+            hi = lo + n
+            kind = buf[i, 0]
+            beta = beta_out[i]
+            if kind == 0.0 and beta == 1.0:
+                pass_scale(of, lo, hi, 1.0 / buf[i, 2])
+            elif kind == 0.0:
+                _, s2 = pass_tempered(xf, lo, hi, buf[i, 1], beta, of, True)
+                pass_scale(of, lo, hi, 1.0 / s2)
+            else:
+                pass_fill(of, lo, hi, np.nan if kind == 3.0 else 0.0)
 
 
 @njit(parallel=True, cache=True)

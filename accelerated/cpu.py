@@ -42,6 +42,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -96,7 +97,9 @@ def _prepare(x: Any, axis: int) -> tuple[np.ndarray, np.dtype, int]:
     in_dtype = arr.dtype
     if arr.dtype == np.float16:
         arr = arr.astype(np.float32)
-    work = np.ascontiguousarray(np.moveaxis(arr, axis, -1))
+    if axis != arr.ndim - 1:
+        arr = np.moveaxis(arr, axis, -1)
+    work = np.ascontiguousarray(arr)
     if not work.flags.writeable:  # one compiled signature: the kernels take writeable arrays
         work = work.copy()
     return work, in_dtype, axis
@@ -111,6 +114,7 @@ def _check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, name: str = "o
         raise TypeError(f"{name} must have dtype {dtype}, got {out.dtype}")
 
 
+@functools.lru_cache(maxsize=64)
 def _schedule_args(schedule: Schedule) -> tuple[int, np.ndarray, float, float] | None:
     """Kernel encoding of a polynomial or constant schedule; None for any other."""
     if isinstance(schedule, Polynomial):
@@ -121,9 +125,50 @@ def _schedule_args(schedule: Schedule) -> tuple[int, np.ndarray, float, float] |
     return None
 
 
+@functools.lru_cache(maxsize=64)
+def _beta_one_below(schedule: Schedule) -> float:
+    r"""An entropy :math:`h` such that the schedule's float β is 1 for every :math:`H \le h`.
+
+    For a polynomial schedule: the threshold :math:`\theta` (β is 1 at or below it by
+    definition) or, when :math:`P < 1` just above :math:`\theta`, a point a little
+    below the first entropy where :math:`P` reaches :math:`1 - 10^{-9}`, verified
+    exactly with a Sturm count, so that float evaluation of :math:`P` (error far below
+    :math:`10^{-9}`) cannot reach 1 on :math:`(\theta, h]`. ``-inf`` for other schedules.
+    """
+    from fractions import Fraction
+
+    from softmaxtheory import _polyroots as pr
+
+    if not isinstance(schedule, Polynomial):
+        return -math.inf
+    p = schedule.exact_coefficients
+    theta = schedule.exact_threshold
+    q = (*p[:-1], p[-1] - 1 + Fraction(1, 10**9))  # P - (1 - 1e-9)
+    if all(c == 0 for c in q) or pr.evaluate(q, theta) >= 0:
+        return float(theta)
+    if len(p) == 1:  # a constant below 1 - 1e-9: beta is 1 everywhere
+        return math.inf
+    sf, roots = pr.isolate_roots(q)
+    cut = None
+    for a, b in roots:
+        if b <= theta or (a < theta and pr.count_roots(sf, a, theta) == 1):
+            continue  # this root is at or below the threshold
+        while (a < theta or b - a > Fraction(1, 2**20)) and a != b:
+            a, b = pr.refine(sf, a, b)
+        cut = a  # the first root above theta lies in (a, b]
+        break
+    if cut is None:
+        return math.inf
+    # no root of P - (1 - 1e-9) in (theta, cut]: P < 1 - 1e-9 there
+    if cut > theta and pr.count_roots(pr.squarefree(q), theta, cut) != 0:
+        return float(theta)
+    h = float(cut)
+    return h if Fraction(h) <= cut else math.nextafter(h, -math.inf)
+
+
 def _rows2d(work: np.ndarray) -> np.ndarray:
     n = work.shape[-1]
-    rows = int(np.prod(work.shape[:-1], dtype=np.int64))
+    rows = math.prod(work.shape[:-1])
     return work.reshape(rows, n)
 
 
@@ -266,7 +311,9 @@ def _run(
         args = _schedule_args(schedule)
         if args is not None:
             sched, coeffs, threshold, const = args
-            _k.rows_adaptive(x2, values, eps, sched, coeffs, threshold, const, beta)
+            m_buf = np.empty((rows, 3))
+            h_cut = _beta_one_below(schedule)
+            _k.rows_adaptive(x2, values, eps, sched, coeffs, threshold, const, h_cut, beta, m_buf)
         else:
             tmp, kind, m, c, r, h, beta = _stats_and_beta(x2, eps, schedule)
             values[...] = tmp
@@ -283,7 +330,9 @@ def _deliver(
 ) -> np.ndarray:
     if out is not None and np.shares_memory(values, out):
         return out
-    result = np.moveaxis(values.reshape(moved_shape), -1, axis)
+    result = values.reshape(moved_shape)
+    if axis != len(moved_shape) - 1:
+        result = np.moveaxis(result, -1, axis)
     if in_dtype == np.float16:
         result = result.astype(np.float16)
     if out is None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -180,12 +181,12 @@ class Polynomial(Schedule):
         exact_value(self.threshold, "threshold")
         object.__setattr__(self, "coefficients", coefficients)
 
-    @property
+    @functools.cached_property
     def exact_coefficients(self) -> tuple[Fraction, ...]:
         """The coefficients as exact rationals, highest degree first."""
         return tuple(exact_value(c, "coefficient") for c in self.coefficients)
 
-    @property
+    @functools.cached_property
     def exact_threshold(self) -> Fraction:
         """The threshold as an exact rational."""
         return exact_value(self.threshold, "threshold")
@@ -294,6 +295,12 @@ class LogLength(Schedule):
         return np.broadcast_to(np.where(n == 0, 1.0, beta), shape).copy()
 
 
+@functools.cache
+def _paper_schedule() -> PaperPolynomial:
+    """One shared instance (schedules are immutable): parsing the decimals costs microseconds."""
+    return PaperPolynomial()
+
+
 def resolve_schedule(schedule: Schedule | None) -> Schedule:
     """Return `schedule`, or :class:`PaperPolynomial` when it is ``None``.
 
@@ -303,7 +310,7 @@ def resolve_schedule(schedule: Schedule | None) -> Schedule:
         If `schedule` is not a :class:`Schedule`.
     """
     if schedule is None:
-        return PaperPolynomial()
+        return _paper_schedule()
     if not isinstance(schedule, Schedule):
         raise TypeError(
             "schedule must be a softmaxtheory.spec.Schedule (PaperPolynomial(), "

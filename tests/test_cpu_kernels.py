@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from softmaxtheory.accelerated import cpu
 from strategies_support import NEG_INF, logit_rows
 
-from softmaxtheory import reference
+from softmaxtheory import bounds, reference
 from softmaxtheory.spec import Constant, LogLength, PaperPolynomial, Polynomial
 
 SCHEDULES = (None, Constant("2"), LogLength("0.5"), Polynomial(("1", "1"), "0.25"))
@@ -336,3 +336,50 @@ def test_warm_start_uses_the_cache() -> None:
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     hits, misses = (int(v) for v in out.stdout.split())
     assert hits >= 1 and misses == 0
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        PaperPolynomial(),
+        Polynomial(("-1", "3"), "1"),  # a jump at the threshold: no log-free range above it
+        Polynomial(("1", "0"), "0.25"),  # beta = max(H, 1): P reaches 1 at H = 1
+        Polynomial(("0.5",), "0.5"),  # never above 1
+    ],
+)
+def test_log_free_beta_one_range_is_sound(schedule):
+    """Below the cut the schedule's float beta is exactly 1, and the cut is not far below H_on."""
+    h_cut = cpu._beta_one_below(schedule)
+    theta = float(schedule.exact_threshold)
+    assert h_cut >= theta
+    if math.isfinite(h_cut):
+        grid = np.linspace(0.0, h_cut, 20001)
+        assert np.all(schedule.beta_float(grid, 10) == 1.0)
+    if isinstance(schedule, PaperPolynomial):
+        assert bounds.adaptive_window()[0] - 1e-5 < h_cut < bounds.adaptive_window()[0]
+
+
+def test_rows_near_the_log_free_cut_match_the_reference():
+    """Rows whose entropy sits on either side of H_on take both branches of the kernel."""
+    h_on = bounds.adaptive_window()[0]
+    rows = []
+    for target in (h_on - 1e-3, h_on - 1e-7, h_on + 1e-7, h_on + 1e-3, 0.3, 1e-6):
+        for n in (8, 64, 300):
+            k = 1
+            lo, hi = 0.0, 60.0  # gap d between the top item and the n - 1 others
+            for _ in range(200):
+                d = 0.5 * (lo + hi)
+                e = math.exp(-d)
+                s = k + (n - k) * e
+                h = math.log(s) + (n - k) * e * d / s
+                lo, hi = (d, hi) if h > target else (lo, d)
+            row = np.full(n, -0.5 * (lo + hi))
+            row[0] = 0.0
+            rows.append(row)
+    for row in rows:
+        for dtype in (np.float64, np.float32):
+            x = row.astype(dtype)
+            got = cpu.adaptive_softmax(x)
+            ref = reference.adaptive_softmax(x, dtype=dtype)
+            assert float(cpu.beta(x)) == pytest.approx(float(reference.beta(x)), rel=1e-5, abs=0)
+            np.testing.assert_allclose(got, ref, rtol=2e-4 if dtype == np.float32 else 1e-9)

@@ -125,3 +125,25 @@ def test_memory_mapped_file_in_chunks(tmp_path) -> None:
     whole = cpu.adaptive_softmax(x)
     assert np.allclose(out, whole, rtol=1e-5, atol=0)
     assert abs(float(out.astype(np.float64).sum()) - 1.0) < 1e-4
+
+
+def test_npy_streaming_example_matches_the_in_memory_kernel(tmp_path):
+    """docs/examples/stream_npy.py: memory-mapped chunks give the in-memory result."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "examples" / "stream_npy.py"
+    spec = importlib.util.spec_from_file_location("stream_npy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rng = np.random.default_rng(5)
+    row = (rng.normal(scale=3.0, size=300_001)).astype(np.float32)
+    row[:700] += 14.0  # entropy inside the window: the tempered pass runs
+    src, dst = tmp_path / "row.npy", tmp_path / "out.npy"
+    np.save(src, row)
+    report = module.adaptive_softmax_npy(str(src), str(dst), chunk=1 << 16)
+    assert report["beta"] > 1.0
+    got = np.load(dst)
+    expected = cpu.adaptive_softmax(row)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=0)
+    assert report["sum"] == pytest.approx(1.0, abs=1e-5)
