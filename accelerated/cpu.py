@@ -55,6 +55,7 @@ from softmaxtheory.spec import (
     as_logits,
     check_entropy_eps,
     resolve_schedule,
+    split_mask,
 )
 
 from . import _cpu_kernels as _k
@@ -536,20 +537,7 @@ def adaptive_attention(
     keep = np.ones((1, 1), dtype=bool)
     add = np.zeros((1, 1))
     if mask is not None:
-        marr = np.asarray(mask)
-        try:
-            target = np.broadcast_shapes(marr.shape, (*lead, L, S))
-        except ValueError as exc:
-            raise ValueError(
-                f"mask of shape {marr.shape} does not broadcast to {(*lead, L, S)}"
-            ) from exc
-        lead = target[:-2]
-        if marr.dtype == bool:
-            keep = marr
-        elif marr.dtype.kind in "fiu":
-            add = marr.astype(np.float64)
-        else:
-            raise TypeError(f"mask must be boolean or floating, got dtype {marr.dtype}")
+        keep, add, lead = split_mask(mask, lead, L, S)
     keep_b = np.broadcast_to(keep, (*lead, L, S))
     add_b = np.broadcast_to(add, (*lead, L, S))
     qb = np.broadcast_to(qa.astype(np.float64), (*lead, L, d))

@@ -38,7 +38,7 @@ from mpmath.libmp import (
     to_float,
 )
 
-from softmaxtheory.spec import Schedule, check_entropy_eps, resolve_schedule
+from softmaxtheory.spec import Schedule, check_entropy_eps, resolve_schedule, split_mask
 
 from . import _engine as eng
 from ._api import PrecisionError, precisions
@@ -286,20 +286,7 @@ def adaptive_attention(
             raise ValueError("pass either mask or is_causal=True, not both")
         keep = np.tril(keep)
     if mask is not None:
-        marr = np.asarray(mask)
-        try:
-            target = np.broadcast_shapes(marr.shape, (*lead, L, S))
-        except ValueError as exc:
-            raise ValueError(
-                f"mask of shape {marr.shape} does not broadcast to {(*lead, L, S)}"
-            ) from exc
-        lead = target[:-2]
-        if marr.dtype == bool:
-            keep = marr
-        elif marr.dtype.kind in "fiu":
-            add = marr.astype(np.float64)
-        else:
-            raise TypeError(f"mask must be boolean or floating, got dtype {marr.dtype}")
+        keep, add, lead = split_mask(mask, lead, L, S)
     keep = np.broadcast_to(keep, (*lead, L, S))
     add = np.broadcast_to(add, (*lead, L, S))
     qb = np.broadcast_to(qa, (*lead, L, d))

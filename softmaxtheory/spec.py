@@ -66,6 +66,7 @@ __all__ = [
     "classify_rows",
     "exact_value",
     "resolve_schedule",
+    "split_mask",
 ]
 
 #: Coefficients of the paper's polynomial :math:`P(H)`, highest degree first
@@ -412,3 +413,49 @@ def classify_rows(x: np.ndarray) -> np.ndarray:
     kinds[masked] = RowKind.MASKED
     kinds[invalid] = RowKind.INVALID
     return kinds
+
+
+def split_mask(
+    mask: Any, lead: tuple[int, ...], L: int, S: int
+) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    r"""Split an attention mask into a keep mask and an additive term (the SDPA conventions).
+
+    A boolean mask keeps the ``True`` entries (``False`` acts as :math:`-\infty`);
+    a floating or integer mask is added to the logits.
+
+    Parameters
+    ----------
+    mask : array_like
+        Broadcastable to ``(*lead, L, S)``.
+    lead : tuple of int
+        The batch dimensions of the queries and keys.
+    L, S : int
+        Numbers of queries and keys.
+
+    Returns
+    -------
+    keep : numpy.ndarray of bool
+        ``True`` where a logit is kept (all ``True`` for an additive mask).
+    add : numpy.ndarray of float64
+        The additive term (zeros for a boolean mask).
+    lead : tuple of int
+        The batch dimensions after broadcasting with the mask.
+
+    Raises
+    ------
+    ValueError
+        If the mask does not broadcast.
+    TypeError
+        If the mask is neither boolean nor real.
+    """
+    marr = np.asarray(mask)
+    try:
+        target = np.broadcast_shapes(marr.shape, (*lead, L, S))
+    except ValueError as exc:
+        shape = (*lead, L, S)
+        raise ValueError(f"mask of shape {marr.shape} does not broadcast to {shape}") from exc
+    if marr.dtype == bool:
+        return marr, np.zeros((1, 1)), target[:-2]
+    if marr.dtype.kind in "fiu":
+        return np.ones((1, 1), dtype=bool), marr.astype(np.float64), target[:-2]
+    raise TypeError(f"mask must be boolean or floating, got dtype {marr.dtype}")
