@@ -679,6 +679,145 @@ def rows_adaptive(x, out, eps, kind_of_schedule, coeffs, threshold, const, h_cut
                 pass_fill(of, lo, hi, np.nan if kind == 3.0 else 0.0)
 
 
+# ---------------------------------------------------------------------------
+# short rows (n <= BLOCK): lean loops, rows in groups
+# ---------------------------------------------------------------------------
+
+#: Rows up to this length take the short-row kernels: one block, no compensated
+#: block sums, and lean loops whose per-row cost was measured to dominate 64-item rows.
+SHORT_ROW = BLOCK
+
+
+@njit(fastmath=_LOOP_FLAGS, cache=True)
+def _short_st(xs, m, os):
+    # e = exp(x - m) stored; s = sum e; t = sum e*(x - m). A masked item (-inf) is
+    # clamped to -1e30 first: its exponential is exactly 0 and its term 0 * -1e30 = 0.
+    zero = as_like(0.0, m)
+    low = as_like(-1e30, m)
+    s = zero
+    t = zero
+    for i in range(xs.size):
+        d = xs[i] - m
+        d = d if d > low else low
+        e = fexp(d)
+        os[i] = e
+        s += e
+        t += e * d
+    return np.float64(s), np.float64(t)
+
+
+@njit(fastmath=_LOOP_FLAGS, cache=True)
+def _short_s(xs, m, os):
+    zero = as_like(0.0, m)
+    s = zero
+    for i in range(xs.size):
+        e = fexp(xs[i] - m)
+        os[i] = e
+        s += e
+    return np.float64(s)
+
+
+@njit(fastmath=_LOOP_FLAGS, cache=True)
+def _short_tempered(xs, m, beta, os):
+    zero = as_like(0.0, m)
+    s = zero
+    for i in range(xs.size):
+        e = fexp(beta * (xs[i] - m))
+        os[i] = e
+        s += e
+    return np.float64(s)
+
+
+@njit(fastmath=_LOOP_FLAGS, cache=True)
+def _short_scale(os, f):
+    # f is already in the row's dtype: one multiplication per item
+    for i in range(os.size):
+        os[i] = os[i] * f
+
+
+@njit(fastmath=_LOOP_FLAGS, cache=True)
+def _short_fill(os, value):
+    for i in range(os.size):
+        os[i] = value
+
+
+@njit(parallel=True, cache=True)
+def rows_softmax_short(x, out):
+    """Softmax of each row of the 2-d C-contiguous `x` with ``n <= SHORT_ROW``."""
+    nrow, n = x.shape
+    if n == 0:
+        return
+    for i in prange(nrow):
+        xs = x[i]
+        os = out[i]
+        m, nnan = pass_max(xs, 0, n)
+        if nnan > 0 or m == np.inf:
+            _short_fill(os, like_array(np.nan, xs))
+        elif m == -np.inf:
+            _short_fill(os, like_array(0.0, xs))
+        else:
+            s = _short_s(xs, m, os)
+            _short_scale(os, like_array(1.0 / s, xs))
+
+
+@njit(parallel=True, cache=True)
+def rows_adaptive_short(
+    x, out, eps, kind_of_schedule, coeffs, threshold, const, h_cut, beta_out, m_buf, s_buf
+):
+    r"""Adaptive softmax of rows with ``n <= SHORT_ROW`` (β from a polynomial or constant).
+
+    The same computation as :func:`rows_adaptive` with lean loops: groups of
+    :data:`ROW_GROUP` rows, phase 1 (maximum, :math:`s`, :math:`t`, β, the
+    exponentials stored), phase 2 (β = 1: scale the stored exponentials; otherwise
+    :math:`e^{eta(x-m)}` and scale). `m_buf` (dtype of `x`) and `s_buf` carry
+    :math:`m` and :math:`s` between the phases; :math:`s = 0` marks a fully masked row.
+    """
+    nrow, n = x.shape
+    if n == 0:
+        for i in range(nrow):
+            beta_out[i] = 1.0
+        return
+    ngroup = (nrow + ROW_GROUP - 1) // ROW_GROUP
+    for g in prange(ngroup):
+        r0 = g * ROW_GROUP
+        r1 = min(r0 + ROW_GROUP, nrow)
+        for i in range(r0, r1):
+            xs = x[i]
+            os = out[i]
+            m, nnan = pass_max(xs, 0, n)
+            s = 0.0
+            beta = 1.0
+            if nnan > 0 or m == np.inf:
+                beta = np.nan
+            elif m > -np.inf:
+                s, t = _short_st(xs, m, os)
+                if kind_of_schedule == SCHED_CONST:
+                    beta = const
+                elif eps > 0.0:
+                    h = -pass_entropy_eps(xs, 0, n, m, 1.0 / s, eps)
+                    beta = beta_poly(h, coeffs, threshold)
+                elif entropy_upper_bound(s, t, n) > h_cut:
+                    h = math.log(s) - t / s  # two non-negative terms: no cancellation
+                    beta = beta_poly(h, coeffs, threshold)
+            beta_out[i] = beta
+            m_buf[i] = m
+            s_buf[i] = s
+        for i in range(r0, r1):
+            xs = x[i]
+            os = out[i]
+            beta = beta_out[i]
+            s = s_buf[i]
+            if beta != beta:
+                _short_fill(os, like_array(np.nan, xs))
+            elif s == 0.0:
+                _short_fill(os, like_array(0.0, xs))
+            elif beta == 1.0:
+                _short_scale(os, like_array(1.0 / s, xs))
+            else:
+                s2 = _short_tempered(xs, m_buf[i], like_array(beta, xs), os)
+                _short_scale(os, like_array(1.0 / s2, xs))
+
+
 @njit(parallel=True, cache=True)
 def rows_stats(x, out, eps, kind_out, m_out, c_out, neff_out, r_out, h_out):
     """First half of :func:`rows_adaptive` for any schedule: statistics, e^(x-m) stored."""

@@ -303,7 +303,10 @@ def _run(
                 b = float(beta[i]) if want == "adaptive" else 1.0
                 _long_row_write(x2[i], values[i], kinds[i], states[i], b)
     elif want == "softmax":
-        _k.rows_softmax(x2, values)
+        if n <= _k.SHORT_ROW:
+            _k.rows_softmax_short(x2, values)
+        else:
+            _k.rows_softmax(x2, values)
         kinds_a = None
     elif want == "entropy":
         neff = np.empty(rows, dtype=np.int64)
@@ -312,9 +315,16 @@ def _run(
         args = _schedule_args(schedule)
         if args is not None:
             sched, coeffs, threshold, const = args
-            m_buf = np.empty((rows, 3))
             h_cut = _beta_one_below(schedule)
-            _k.rows_adaptive(x2, values, eps, sched, coeffs, threshold, const, h_cut, beta, m_buf)
+            if n <= _k.SHORT_ROW:
+                m_buf = np.empty(rows, dtype=x2.dtype)
+                s_buf = np.empty(rows)
+                _k.rows_adaptive_short(
+                    x2, values, eps, sched, coeffs, threshold, const, h_cut, beta, m_buf, s_buf
+                )
+            else:
+                buf = np.empty((rows, 3))
+                _k.rows_adaptive(x2, values, eps, sched, coeffs, threshold, const, h_cut, beta, buf)
         else:
             tmp, kind, m, c, r, h, beta = _stats_and_beta(x2, eps, schedule)
             values[...] = tmp

@@ -328,9 +328,11 @@ def test_warm_start_uses_the_cache() -> None:
         "from softmaxtheory.accelerated import cpu\n"
         "cpu.adaptive_softmax(np.ones((2, 3)))\n"
         "cpu.adaptive_softmax(np.ones((2, 3), np.float32))\n"
+        "cpu.adaptive_softmax(np.ones((2, 2000), np.float32))\n"
         "from softmaxtheory.accelerated import _cpu_kernels as k\n"
-        "print(sum(len(k.rows_adaptive.stats.cache_hits.values()) for _ in [0]),"
-        " sum(k.rows_adaptive.stats.cache_misses.values()))\n"
+        "fs = (k.rows_adaptive, k.rows_adaptive_short)\n"
+        "print(sum(len(f.stats.cache_hits) for f in fs),"
+        " sum(sum(f.stats.cache_misses.values()) for f in fs))\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
