@@ -485,6 +485,7 @@ def adaptive_attention(
     mask: Any = None,
     scale: float | None = None,
     *,
+    is_causal: bool = False,
     schedule: Schedule | None = None,
     entropy_eps: float = 0.0,
 ) -> np.ndarray:
@@ -510,6 +511,9 @@ def adaptive_attention(
         floating (added to the logits, ``-inf`` masks).
     scale : float, optional
         Default ``1 / sqrt(d)``.
+    is_causal : bool, default False
+        Query ``i`` attends to keys ``j <= i`` only (the lower triangle, as in
+        ``torch.nn.functional.scaled_dot_product_attention``); not together with `mask`.
     schedule : Schedule, optional
         Default :class:`~softmaxtheory.spec.PaperPolynomial`.
     entropy_eps : float, default 0.0
@@ -523,6 +527,12 @@ def adaptive_attention(
         ``+inf`` logit gives NaN.
     """
     qa, ka, va = _attn_array(q, "q"), _attn_array(k, "k"), _attn_array(v, "v")
+    if not isinstance(is_causal, bool | np.bool_):
+        raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+    if is_causal:
+        if mask is not None:
+            raise ValueError("pass either mask or is_causal=True, not both")
+        mask = np.tril(np.ones((qa.shape[-2], ka.shape[-2]), dtype=bool))
     if qa.shape[-1] != ka.shape[-1]:
         raise ValueError(f"q and k must share the feature size, got {qa.shape} and {ka.shape}")
     if ka.shape[-2] != va.shape[-2]:

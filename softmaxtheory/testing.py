@@ -687,7 +687,10 @@ def assert_attention_close(
         The kernel's output, shape ``(..., L, dv)``.
     logits_or_qkv : tuple
         ``(q, k, v)`` with shapes ``(..., L, d)``, ``(..., S, d)``, ``(..., S, dv)``;
-        the logits are :math:`x_{ij} = \mathrm{scale}\; q_i \cdot k_j` (+ mask).
+        the logits are :math:`x_{ij} = \mathrm{scale}\; q_i \cdot k_j` (+ mask). Or
+        ``(logits, v)`` with shapes ``(..., L, S)`` and ``(..., S, dv)``, for a kernel
+        that is given its logits (``-inf`` entries are masked; `scale` must be left
+        ``None``).
     mask : array_like, optional
         Boolean (``True`` attends) or additive float mask, broadcastable to ``(..., L, S)``.
     is_causal : bool, default False
@@ -716,17 +719,25 @@ def assert_attention_close(
 
     opts = dict(mode=mode, max_ulps=max_ulps, k=baseline_factor, floor=floor_ulps)
     _check_options(mode, max_ulps, baseline_factor, floor_ulps)
-    if not isinstance(logits_or_qkv, tuple | list) or len(logits_or_qkv) != 3:
-        raise TypeError("logits_or_qkv must be a tuple (q, k, v)")
+    if not isinstance(logits_or_qkv, tuple | list) or len(logits_or_qkv) not in (2, 3):
+        raise TypeError("logits_or_qkv must be a tuple (q, k, v) or (logits, v)")
     schedule = resolve_schedule(schedule)
     entropy_eps = check_entropy_eps(entropy_eps)
     got, got_dtype = to_numpy(actual, "actual")
-    (q, in_dtype), (k, _), (v, _) = (
-        to_numpy(a, n) for a, n in zip(logits_or_qkv, "qkv", strict=True)
-    )
     m = None
     if mask is not None:
         m = to_numpy(mask, "mask")[0] if not _is_bool(mask) else _bool_numpy(mask)
+    if len(logits_or_qkv) == 2:
+        if scale is not None:
+            raise ValueError("scale applies to (q, k, v); given logits, leave scale=None")
+        (x, in_dtype), (v, _) = (
+            to_numpy(a, n) for a, n in zip(logits_or_qkv, ("logits", "v"), strict=True)
+        )
+        q, k, m, scale = _logits_as_qk(x, m)
+    else:
+        (q, in_dtype), (k, _), (v, _) = (
+            to_numpy(a, n) for a, n in zip(logits_or_qkv, "qkv", strict=True)
+        )
     fmt = model.format_named(dtype if dtype is not None else got_dtype)
     ref = np.asarray(
         reference.adaptive_attention(
@@ -742,7 +753,8 @@ def assert_attention_close(
         )
     with np.errstate(all="ignore"):
         return _attention_quiet(got, q, k, v, m, in_dtype, ref, fmt, scale, is_causal,
-                                schedule, entropy_eps, opts, repro)  # fmt: skip
+                                schedule, entropy_eps, opts, repro,
+                                given_logits=len(logits_or_qkv) == 2)  # fmt: skip
 
 
 def _attention_quiet(
@@ -760,6 +772,7 @@ def _attention_quiet(
     entropy_eps: float,
     opts: dict,
     repro: str | None,
+    given_logits: bool = False,
 ) -> ErrorReport:
     __tracebackhide__ = True
     d = q.shape[-1]
@@ -771,7 +784,9 @@ def _attention_quiet(
         logits = np.where(keep, logits, -np.inf)
         absdot = (np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2)) * abs(sc)
     ui = fmt.internal.u
-    logit_err = (d + 2) * ui * absdot + fmt.u * np.abs(np.where(np.isfinite(logits), logits, 0))
+    # given logits are the kernel's input: only their rounding to its format counts
+    dot_err = 0.0 if given_logits else (d + 2) * ui * absdot
+    logit_err = dot_err + fmt.u * np.abs(np.where(np.isfinite(logits), logits, 0))
     lead = logits.shape[:-2]
     vb = np.broadcast_to(v64, (*lead, *v64.shape[-2:]))
     bound = model.attention_bound(logits, logit_err, vb, schedule, entropy_eps, fmt)
@@ -829,6 +844,30 @@ def _bool_numpy(mask: Any) -> np.ndarray:
     if _is_torch(mask):
         return mask.detach().cpu().numpy().astype(bool)
     return np.asarray(mask, dtype=bool)
+
+
+def _logits_as_qk(
+    x: np.ndarray, m: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
+    r"""Express given logits as q, k, mask and scale of the reference's attention.
+
+    With :math:`q = x` and :math:`k = I_S` (scale 1) every dot product
+    :math:`q_i \cdot k_j = x_{ij}` is exact; ``-inf`` logits become a boolean mask
+    (combined with a boolean `m`; an additive `m` stays additive).
+    """
+    if x.ndim < 2:
+        raise ValueError(f"logits must have shape (..., L, S), got {x.shape}")
+    finite = x > -np.inf
+    keep = finite | np.isnan(x)  # NaN logits stay, so the row is NaN as in the table
+    q = np.where(keep, x, 0.0).astype(x.dtype)
+    k = np.eye(x.shape[-1], dtype=x.dtype)
+    if m is None:
+        mask = None if keep.all() else keep
+    elif m.dtype == bool:
+        mask = keep & m
+    else:  # an additive mask, which must also mask the -inf logits
+        mask = np.where(keep, np.asarray(m, dtype=np.float64), -np.inf)
+    return q, k, mask, 1.0
 
 
 def _mask_parts(

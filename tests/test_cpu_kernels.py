@@ -385,3 +385,19 @@ def test_rows_near_the_log_free_cut_match_the_reference():
             ref = reference.adaptive_softmax(x, dtype=dtype)
             assert float(cpu.beta(x)) == pytest.approx(float(reference.beta(x)), rel=1e-5, abs=0)
             np.testing.assert_allclose(got, ref, rtol=2e-4 if dtype == np.float32 else 1e-9)
+
+
+def test_attention_is_causal_matches_the_reference():
+    rng = np.random.default_rng(7)
+    q = rng.normal(size=(2, 5, 4))
+    k = rng.normal(size=(2, 7, 4))
+    v = rng.normal(size=(2, 7, 3))
+    got = cpu.adaptive_attention(q, k, v, is_causal=True)
+    ref = reference.adaptive_attention(q, k, v, is_causal=True)
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-15)
+    free = cpu.adaptive_attention(q, k, v)
+    assert not np.allclose(got, free)  # the triangle changed the result
+    with pytest.raises(ValueError, match="not both"):
+        cpu.adaptive_attention(q, k, v, mask=np.ones((5, 7), bool), is_causal=True)
+    with pytest.raises(TypeError, match="is_causal"):
+        cpu.adaptive_attention(q, k, v, is_causal=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from softmaxtheory import reference
+from softmaxtheory import reference, testing
 from softmaxtheory.spec import Constant, LogLength, Polynomial
 from softmaxtheory.testing import (
     ErrorReport,
@@ -195,3 +195,36 @@ def test_works_without_hypothesis():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_attention_close_accepts_given_logits():
+    """``(logits, v)``: a kernel handed its logits, masks as -inf, checked like (q, k, v)."""
+    rng = np.random.default_rng(11)
+    logits = rng.normal(scale=3.0, size=(2, 5, 7))
+    logits[0, 1, 3] = -np.inf
+    logits[1, 4, :] = -np.inf  # a fully masked query row: zeros
+    v = rng.normal(size=(2, 7, 3))
+
+    def kernel(x, v):  # the paper's adaptive attention from given logits, plain float64 numpy
+        m = np.max(x, axis=-1, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0.0)
+        e = np.exp(x - m)
+        p = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            h = -np.sum(np.where(p > 0, p * np.log(p), 0.0), axis=-1, keepdims=True)
+        beta = np.where(
+            h > 0.5, np.maximum(np.polyval([-0.037, 0.481, -2.3, 4.917, -1.791], h), 1), 1
+        )
+        e = np.exp(beta * (x - m))
+        return (e / np.maximum(e.sum(-1, keepdims=True), 1e-300)) @ v
+
+    report = testing.assert_attention_close(kernel(logits, v), (logits, v))
+    assert report.max_ulp < 64
+    broken = kernel(logits, v)
+    broken[0, 2, 1] *= 1 + 1e-9  # far outside the error model of a float64 kernel
+    with pytest.raises(testing.KernelMismatch, match="index"):
+        testing.assert_attention_close(broken, (logits, v))
+    with pytest.raises(ValueError, match="scale"):
+        testing.assert_attention_close(kernel(logits, v), (logits, v), scale=0.5)
+    with pytest.raises(TypeError, match="logits"):
+        testing.assert_attention_close(kernel(logits, v), (logits,))
