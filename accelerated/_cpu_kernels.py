@@ -444,14 +444,19 @@ def _block_tempered(x, lo, hi, m, beta, out, store):
     xs = x[lo:hi]
     os = out[lo:hi]
     b = as_like(beta, m)
+    ninf = as_like(-np.inf, m)
+    # a masked item stays -inf whatever β: with β = 0 (LogLength on a row with one
+    # unmasked item) the product 0 * -inf would be NaN
     if store:
         for i in range(xs.size):
-            e = fexp(b * (xs[i] - m))
+            d = xs[i] - m
+            e = fexp(b * d if d > ninf else ninf)
             os[i] = e
             s += e
     else:
         for i in range(xs.size):
-            s += fexp(b * (xs[i] - m))
+            d = xs[i] - m
+            s += fexp(b * d if d > ninf else ninf)
     return np.float64(s)
 
 
@@ -486,9 +491,10 @@ def pass_write(x, lo, hi, m, beta, inv, out):
             e = fexp(xs[i] - m)
             os[i] = as_like(np.float64(e) * inv, e)
     else:
+        ninf = as_like(-np.inf, m)
         for i in range(xs.size):
             d = xs[i] - m
-            e = fexp(as_like(beta, d) * d)
+            e = fexp(as_like(beta, d) * d if d > ninf else ninf)  # masked: 0 for any β
             os[i] = as_like(np.float64(e) * inv, e)
 
 
@@ -768,9 +774,10 @@ def rows_adaptive_short(
 
     The same computation as :func:`rows_adaptive` with lean loops: groups of
     :data:`ROW_GROUP` rows, phase 1 (maximum, :math:`s`, :math:`t`, β, the
-    exponentials stored), phase 2 (β = 1: scale the stored exponentials; otherwise
-    :math:`e^{eta(x-m)}` and scale). `m_buf` (dtype of `x`) and `s_buf` carry
-    :math:`m` and :math:`s` between the phases; :math:`s = 0` marks a fully masked row.
+    exponentials stored; a β = 1 row is scaled at once, a masked or invalid row
+    filled), phase 2 (the other rows: :math:`e^{\beta(x-m)}` and scale). `m_buf`
+    (dtype of `x`) and `s_buf` carry :math:`m` and :math:`s` between the phases;
+    :math:`s = 0` marks a fully masked row.
     """
     nrow, n = x.shape
     if n == 0:
@@ -802,18 +809,18 @@ def rows_adaptive_short(
             beta_out[i] = beta
             m_buf[i] = m
             s_buf[i] = s
-        for i in range(r0, r1):
-            xs = x[i]
-            os = out[i]
-            beta = beta_out[i]
-            s = s_buf[i]
+            # rows that need no second exponential pass are finished while in cache
             if beta != beta:
                 _short_fill(os, like_array(np.nan, xs))
             elif s == 0.0:
                 _short_fill(os, like_array(0.0, xs))
             elif beta == 1.0:
                 _short_scale(os, like_array(1.0 / s, xs))
-            else:
+        for i in range(r0, r1):
+            beta = beta_out[i]
+            if beta == beta and beta != 1.0 and s_buf[i] != 0.0:
+                xs = x[i]
+                os = out[i]
                 s2 = _short_tempered(xs, m_buf[i], like_array(beta, xs), os)
                 _short_scale(os, like_array(1.0 / s2, xs))
 
@@ -1051,6 +1058,8 @@ def attention_apply(q, k, v, addmask, keep, scale, kind, m, beta, out):
             j1 = min(j0 + KEY_BLOCK, S)
             _logits_block(q, k, addmask, keep, i, j0, j1, scale, buf)
             for j in range(j1 - j0):
+                if buf[j] == -np.inf:
+                    continue  # masked: weight 0 for any β (0 * -inf would be NaN)
                 w = exp64(b * (buf[j] - M))
                 if w != 0.0:
                     total += w

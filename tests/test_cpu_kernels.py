@@ -85,6 +85,7 @@ def test_adaptive_softmax_matches_reference(dtype, row) -> None:
 @pytest.mark.parametrize("schedule", SCHEDULES[1:])
 @given(row=logit_rows(min_size=1, max_size=30, lo=-20.0, hi=20.0))
 @settings(max_examples=20)
+@example(row=[0.0, NEG_INF])  # found by the thorough profile: LogLength gives beta = 0 here
 def test_every_schedule(schedule, row) -> None:
     check_adaptive(row, np.float64, schedule)
 
@@ -401,3 +402,22 @@ def test_attention_is_causal_matches_the_reference():
         cpu.adaptive_attention(q, k, v, mask=np.ones((5, 7), bool), is_causal=True)
     with pytest.raises(TypeError, match="is_causal"):
         cpu.adaptive_attention(q, k, v, is_causal=1)
+
+
+def test_beta_zero_keeps_masked_items_at_zero():
+    """LogLength gives beta = s log 1 = 0 to a row with one unmasked item: 0 * -inf is NaN."""
+    sched = LogLength("0.5")
+    for n in (2, 5000, CHUNK_PLUS):  # short rows, the general path and the chunked long rows
+        x = np.full(n, -np.inf)
+        x[1] = 3.0
+        for dtype in (np.float64, np.float32):
+            got = cpu.adaptive_softmax(x.astype(dtype), schedule=sched)
+            assert got[1] == 1.0 and np.count_nonzero(got) == 1
+    rng = np.random.default_rng(3)
+    q, k, v = rng.normal(size=(4, 3)), rng.normal(size=(4, 3)), rng.normal(size=(4, 2))
+    got = cpu.adaptive_attention(q, k, v, is_causal=True, schedule=sched)  # query 0: one key
+    ref = reference.adaptive_attention(q, k, v, is_causal=True, schedule=sched)
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
+
+
+CHUNK_PLUS = cpu.CHUNK + 3
