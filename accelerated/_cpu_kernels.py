@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -564,17 +563,6 @@ def row_finish(x, lo, hi, out, kind, m, c, r, beta, have_e):
     pass_scale(out, lo, hi, 1.0 / (cb + rb))
 
 
-@njit(cache=True)
-def _beta_of(kind, h, kind_of_schedule, coeffs, threshold, const):
-    if kind == 3:
-        return np.nan
-    if kind != 0:
-        return 1.0
-    if kind_of_schedule == SCHED_CONST:
-        return const
-    return beta_poly(h, coeffs, threshold)
-
-
 # ---------------------------------------------------------------------------
 # batches of rows (parallel over rows)
 # ---------------------------------------------------------------------------
@@ -1068,11 +1056,6 @@ def attention_apply(q, k, v, addmask, keep, scale, kind, m, beta, out):
         inv = 1.0 / total
         for f in range(dv):
             out[i, f] = acc[f] * inv
-
-
-def set_threads(n: int) -> None:
-    """Set Numba's thread count (a thin wrapper kept for the bench and tests)."""
-    numba.set_num_threads(n)
 
 
 @njit(parallel=True, cache=True)
