@@ -53,6 +53,7 @@ from softmaxtheory.spec import (
     Polynomial,
     Schedule,
     as_logits,
+    attention_layout,
     check_entropy_eps,
     resolve_schedule,
     split_mask,
@@ -533,27 +534,13 @@ def adaptive_attention(
         if mask is not None:
             raise ValueError("pass either mask or is_causal=True, not both")
         mask = np.tril(np.ones((qa.shape[-2], ka.shape[-2]), dtype=bool))
-    if qa.shape[-1] != ka.shape[-1]:
-        raise ValueError(f"q and k must share the feature size, got {qa.shape} and {ka.shape}")
-    if ka.shape[-2] != va.shape[-2]:
-        raise ValueError(f"k and v must share the key length, got {ka.shape} and {va.shape}")
+    lead, L, S, scale = attention_layout(qa, ka, va, scale)
     schedule = resolve_schedule(schedule)
     eps = check_entropy_eps(entropy_eps)
-    L, d = qa.shape[-2:]
-    S, dv = va.shape[-2:]
-    if scale is None:
-        scale = 1.0 / math.sqrt(d) if d else 1.0
-    elif isinstance(scale, bool) or not isinstance(scale, int | float | np.floating):
-        raise TypeError(f"scale must be a float, got {scale!r}")
-    scale = float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale!r}")
+    d = qa.shape[-1]
+    dv = va.shape[-1]
     low = all(a.dtype in (np.float16, np.float32) for a in (qa, ka, va))
     out_dtype = np.float32 if low else np.float64
-    try:
-        lead = np.broadcast_shapes(qa.shape[:-2], ka.shape[:-2], va.shape[:-2])
-    except ValueError as exc:
-        raise ValueError(f"q, k, v leading dimensions do not broadcast: {exc}") from exc
     keep = np.ones((1, 1), dtype=bool)
     add = np.zeros((1, 1))
     if mask is not None:

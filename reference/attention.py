@@ -38,7 +38,13 @@ from mpmath.libmp import (
     to_float,
 )
 
-from softmaxtheory.spec import Schedule, check_entropy_eps, resolve_schedule, split_mask
+from softmaxtheory.spec import (
+    Schedule,
+    attention_layout,
+    check_entropy_eps,
+    resolve_schedule,
+    split_mask,
+)
 
 from . import _engine as eng
 from ._api import PrecisionError, precisions
@@ -259,26 +265,12 @@ def adaptive_attention(
     qa = _as_float_array(q, "q")
     ka = _as_float_array(k, "k")
     va = _as_float_array(v, "v")
-    if qa.shape[-1] != ka.shape[-1]:
-        raise ValueError(f"q and k must share the feature size, got {qa.shape} and {ka.shape}")
-    if ka.shape[-2] != va.shape[-2]:
-        raise ValueError(f"k and v must share the key length, got {ka.shape} and {va.shape}")
+    lead, L, S, scale = attention_layout(qa, ka, va, scale)
     fmt = format_for(dtype)
     schedule = resolve_schedule(schedule)
     entropy_eps = check_entropy_eps(entropy_eps)
-    L, d = qa.shape[-2:]
-    S, dv = va.shape[-2:]
-    if scale is None:
-        scale = 1.0 / math.sqrt(d) if d else 1.0
-    elif isinstance(scale, bool) or not isinstance(scale, int | float | np.floating):
-        raise TypeError(f"scale must be a float, got {scale!r}")
-    scale = float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale!r}")
-    try:
-        lead = np.broadcast_shapes(qa.shape[:-2], ka.shape[:-2], va.shape[:-2])
-    except ValueError as exc:
-        raise ValueError(f"q, k, v leading dimensions do not broadcast: {exc}") from exc
+    d = qa.shape[-1]
+    dv = va.shape[-1]
     keep = np.ones((L, S), dtype=bool)
     add = np.zeros((L, S))
     if is_causal:

@@ -62,6 +62,7 @@ __all__ = [
     "RowKind",
     "Schedule",
     "as_logits",
+    "attention_layout",
     "check_entropy_eps",
     "classify_rows",
     "exact_value",
@@ -459,3 +460,52 @@ def split_mask(
     if marr.dtype.kind in "fiu":
         return np.ones((1, 1), dtype=bool), marr.astype(np.float64), target[:-2]
     raise TypeError(f"mask must be boolean or floating, got dtype {marr.dtype}")
+
+
+def attention_layout(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: Any
+) -> tuple[tuple[int, ...], int, int, float]:
+    r"""Check the shapes of attention inputs and resolve the logit scale.
+
+    Parameters
+    ----------
+    q, k, v : numpy.ndarray
+        Shapes ``(..., L, d)``, ``(..., S, d)``, ``(..., S, dv)``; the leading
+        dimensions broadcast.
+    scale : float or None
+        The logit scale; ``None`` gives :math:`1/\sqrt{d}` (1 when :math:`d = 0`).
+
+    Returns
+    -------
+    lead : tuple of int
+        The broadcast leading dimensions.
+    L, S : int
+        Numbers of queries and keys.
+    scale : float
+        The resolved scale.
+
+    Raises
+    ------
+    ValueError
+        For mismatched feature sizes or key lengths, leading dimensions that do
+        not broadcast, or a non-finite scale.
+    TypeError
+        For a scale that is not a real number.
+    """
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share the feature size, got {q.shape} and {k.shape}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must share the key length, got {k.shape} and {v.shape}")
+    d = q.shape[-1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d else 1.0
+    elif isinstance(scale, bool) or not isinstance(scale, int | float | np.floating):
+        raise TypeError(f"scale must be a float, got {scale!r}")
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+    try:
+        lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except ValueError as exc:
+        raise ValueError(f"q, k, v leading dimensions do not broadcast: {exc}") from exc
+    return lead, q.shape[-2], k.shape[-2], scale
