@@ -25,7 +25,7 @@ Rows are processed in parallel (``numba.prange``). A row longer than
 :data:`CHUNK` items is split into fixed chunks whose states are merged by
 ⊕ in a fixed left-to-right order, so results are identical bit for bit for any
 thread count. The exponential is the kernel's own (no SVML in this llvmlite):
-Cody-Waite reduction and a Taylor polynomial, vectorised; see
+Cody-Waite reduction and a short polynomial, vectorised; see
 :doc:`/performance` for its measured error.
 
 Examples
