@@ -311,7 +311,6 @@ def _run(
             _k.rows_softmax_short(x2, values)
         else:
             _k.rows_softmax(x2, values)
-        kinds_a = None
     elif want == "entropy":
         neff = np.empty(rows, dtype=np.int64)
         _k.rows_entropy(x2, eps, h, neff)

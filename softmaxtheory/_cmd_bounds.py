@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .cli import parse_float
+from .spec import PaperPolynomial
 
 __all__ = ["DEFAULT_SIZES", "add_parser", "compute", "run"]
 
@@ -111,7 +112,7 @@ def compute(
     n_off = bounds.adaptive_switch_off_size(spread)
     rows = []
     for n in sizes:
-        adaptive_beta = 1.0 if n >= n_off else math.nextafter(beta_max, math.inf)
+        adaptive_beta = bounds._beta_sup(n, spread, PaperPolynomial())
         rows.append(
             {
                 "n": n,

@@ -263,13 +263,19 @@ def min_coefficient(n: Any, spread: Any, beta: Any = 1.0) -> Any:
     )
 
 
-@lru_cache(maxsize=4096)
-def _entropy_lower_bound(n: int, spread: float, beta: float) -> float:
+def _entropy_floor(n: int, spread: float, beta: float) -> Callable[[int], Any]:
+    r"""Enclosures of :math:`\log(1 + (n-1) e^{-\beta\delta})` at a given precision."""
+
     def enclose(prec: int) -> ivl.Interval:
         e = _exponent(spread, beta, prec, -1)
         return ivl.iv_log1p(ivl.iv_mul(ivl.iv_exact(n - 1), e, prec), prec)
 
-    return ivl.certify(enclose, ivl.float_of)
+    return enclose
+
+
+@lru_cache(maxsize=4096)
+def _entropy_lower_bound(n: int, spread: float, beta: float) -> float:
+    return ivl.certify(_entropy_floor(n, spread, beta), ivl.float_of)
 
 
 def entropy_lower_bound(n: Any, spread: Any, beta: Any = 1.0) -> Any:
@@ -321,11 +327,7 @@ def _certified_text(n: int, spread: float, beta: float, kind: str, digits: int) 
     elif kind == "min":
         enclose = _coefficient_bound(n, spread, beta, +1)
     elif kind == "entropy":
-
-        def enclose(prec: int) -> ivl.Interval:
-            e = _exponent(spread, beta, prec, -1)
-            return ivl.iv_log1p(ivl.iv_mul(ivl.iv_exact(n - 1), e, prec), prec)
-
+        enclose = _entropy_floor(n, spread, beta)
     else:
         raise ValueError(f"kind must be 'max', 'min' or 'entropy', got {kind!r}")
     return ivl.certify(enclose, lambda iv: ivl.decimal_of(iv, digits))
