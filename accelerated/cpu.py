@@ -283,7 +283,8 @@ def _run(
     # the per-row statistics are allocated only where they are computed: at 4096 rows
     # two needless arrays cost microseconds, against a kernel of tens of microseconds
     h = np.zeros(rows if want == "entropy" or n > CHUNK else 0)
-    beta = np.ones(rows if want != "softmax" or n > CHUNK else 0)
+    short_adaptive = want in ("adaptive", "adaptive_beta") and 0 < n <= _k.SHORT_ROW
+    beta = np.ones(0 if short_adaptive or (want == "softmax" and n <= CHUNK) else rows)
     if rows == 0:
         pass
     elif n > CHUNK:
@@ -321,9 +322,9 @@ def _run(
             h_cut = _beta_one_below(schedule)
             if n <= _k.SHORT_ROW:
                 m_buf = np.empty(rows, dtype=x2.dtype)
-                s_buf = np.empty(rows)
+                beta = np.empty(rows)  # every entry written by the kernel
                 _k.rows_adaptive_short(
-                    x2, values, eps, sched, coeffs, threshold, const, h_cut, beta, m_buf, s_buf
+                    x2, values, eps, sched, coeffs, threshold, const, h_cut, beta, m_buf
                 )
             else:
                 buf = np.empty((rows, 3))
