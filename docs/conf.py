@@ -32,7 +32,11 @@ extensions = [
     "sphinx-mathjax-offline",
     "sphinx.ext.doctest",
     "sphinx.ext.viewcode",
+    # figures drawn by the library's code at build time (Agg, offline)
+    "matplotlib.sphinxext.plot_directive",
     "theorem_tests",
+    # :computed: values and computed tables, evaluated at build time
+    "computed",
 ]
 
 # -- MathJax, offline ---------------------------------------------------------
@@ -46,6 +50,44 @@ mathjax_path = "mathjax/tex-chtml.js"
 theorem_tests_dir = "../tests"
 # A theorem with no marked test is a warning of type "theorem_tests.empty"; add
 # it to suppress_warnings only while the tests are being written.
+
+# -- computed values (docs/_ext/computed.py) -----------------------------------
+# The code that starts each page's namespace for :computed:, computed-setup,
+# computed-math, computed-table and computed-rst. DOCS is this folder (a Path),
+# for pages that read data kept next to them (e.g. DOCS / "performance" / ...).
+computed_preamble = f"""\
+import math
+from pathlib import Path
+import numpy as np
+import mpmath
+import softmaxtheory
+from softmaxtheory import bounds, reference, spec
+DOCS = Path({str(DOCS)!r})
+"""
+
+# -- figures (matplotlib's plot directive) ---------------------------------------
+# ``.. plot::`` runs its code while the page is built; the figure is a PNG in
+# the output, and an exception in the code is a warning (so -W fails).
+plot_pre_code = f"""\
+from pathlib import Path
+import numpy as np
+import matplotlib.pyplot as plt
+from softmaxtheory import bounds, reference, spec
+DOCS = Path({str(DOCS)!r})
+"""
+plot_include_source = False
+plot_html_show_source_link = False
+plot_html_show_formats = False
+plot_formats = [("png", 110)]
+plot_rcparams = {
+    "figure.figsize": (6.4, 3.6),
+    "figure.dpi": 110,
+    "savefig.bbox": "tight",
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "font.size": 10,
+}
+plot_apply_rcparams = True
 
 # Warn about "\\name" inside math (an r-string docstring that kept doubled
 # backslashes renders as a line break and a word). Override with -D math_lint=0.
@@ -93,6 +135,7 @@ nitpick_ignore = [
     ("py:class", "numpy.ndarray"),
     ("py:class", "numpy.float64"),
     ("py:class", "torch.Tensor"),
+    ("py:func", "torch.nn.functional.scaled_dot_product_attention"),
     ("py:class", "numpy.dtype"),
     ("py:class", "np.ndarray"),
     ("py:class", "np.dtype"),

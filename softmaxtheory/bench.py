@@ -239,18 +239,60 @@ def run_kernels(
     return results, info
 
 
+def _cpu_model() -> str:
+    """The processor's model name from ``/proc/cpuinfo``, or ``platform.processor()``."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    """Total memory in GiB from ``/proc/meminfo`` (None where it cannot be read)."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _version(dist: str) -> str | None:
+    """Installed version of the distribution `dist` (without importing it), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def machine() -> dict[str, Any]:
-    """A short description of the machine the benchmark ran on."""
+    """A short description of the machine and software the benchmark ran on, dated (UTC)."""
+    import datetime
     import os
 
     import mpmath
 
     return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": _cpu_model(),
         "cpus": os.cpu_count(),
+        "memory_gib": _memory_gib(),
         "numpy": np.__version__,
+        "numba": _version("numba"),
+        "llvmlite": _version("llvmlite"),
+        "torch": _version("torch"),
+        "scipy": _version("scipy"),
         "mpmath": mpmath.__version__,
         "mpmath_backend": mpmath.libmp.BACKEND,
     }

@@ -9,6 +9,8 @@ lists them in the order ``--help`` shows them.
     a ``.npy`` file; print n, H, β and the correctly rounded coefficients.
 ``softmaxtheory bench``
     Time the backends and print a table (``--json`` too).
+``softmaxtheory reproduce``
+    Rerun the paper's experiments (the ``experiments`` extra).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .spec import Constant, LogLength, PaperPolynomial, Polynomial, Schedule
 __all__ = ["COMMANDS", "main", "parse_float", "parse_schedule"]
 
 #: The subcommands, each implemented by the module ``softmaxtheory._cmd_<name>``.
-COMMANDS: tuple[str, ...] = ("reference", "bounds", "check", "bench")
+COMMANDS: tuple[str, ...] = ("reference", "bounds", "check", "bench", "reproduce")
 
 
 def parse_schedule(text: str) -> Schedule:
@@ -37,6 +39,7 @@ def parse_schedule(text: str) -> Schedule:
 
     Examples
     --------
+    >>> from softmaxtheory.cli import parse_schedule
     >>> parse_schedule("constant:2")
     Constant(beta='2')
     >>> parse_schedule("poly:1,0.5@0.25")

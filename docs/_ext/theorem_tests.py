@@ -16,9 +16,23 @@ for the theorem:
 * a module-level alias ``t1 = pytest.mark.theorem("T1")`` used as ``@t1``.
 
 It renders a bullet list of ``tests/<file>.py::<test name>`` with the first line
-of each test's docstring. A theorem with no test is a Sphinx warning (type
-``theorem_tests``, subtype ``empty``), so a ``-W`` build fails; a file that
-cannot be parsed is a warning too (subtype ``parse``).
+of each test's docstring.
+
+Every one of these is a Sphinx warning of type ``theorem_tests`` (so a ``-W``
+build fails), with its subtype:
+
+* ``empty`` -- a theorem listed on a page has no marked test;
+* ``name`` -- the directive names no theorem of ``theorem_tests_theorems``
+  (the conf value; default ``T1`` .. ``T10``);
+* ``unlisted`` -- a theorem of ``theorem_tests_theorems`` is listed by no page
+  (checked once all pages are read; the message says whether it has tests);
+* ``marker`` -- a ``mark.theorem(...)`` call anywhere in a test file names no
+  theorem of ``theorem_tests_theorems`` (``"T11"``, ``"t1"``, a non-literal
+  argument, no argument), or sits where the docs cannot attach it to a test
+  (for example inside ``pytest.param``); the warning names the file, the line
+  and the enclosing test;
+* ``parse`` -- a test file cannot be parsed;
+* ``folder`` -- ``theorem_tests_dir`` is not a folder.
 
 Pages using the directive are re-read on every build, since test files can
 change without the page changing.
@@ -43,9 +57,20 @@ from sphinx.util.docutils import SphinxDirective
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TheoremTest", "TheoremTestsDirective", "find_theorem_tests", "setup"]
+__all__ = [
+    "THEOREMS",
+    "MarkerProblem",
+    "TheoremTest",
+    "TheoremTestsDirective",
+    "find_marker_problems",
+    "find_theorem_tests",
+    "setup",
+]
 
 _THEOREM_RE = re.compile(r"^T[0-9]+$")
+
+#: The theorems of DESIGN.md section 3; the default of ``theorem_tests_theorems``.
+THEOREMS: tuple[str, ...] = tuple(f"T{i}" for i in range(1, 11))
 
 
 @dataclass(frozen=True)
@@ -84,15 +109,13 @@ def _theorems_of_call(node: ast.expr) -> list[str] | None:
         isinstance(func, ast.Attribute) and func.attr == "theorem" and _is_mark_attr(func.value)
     ):
         return None
-    names = [
-        arg.value
-        for arg in node.args
-        if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
-    ]
-    for kw in node.keywords:
-        if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
-            names.append(kw.value.value)
-    return names
+    names = []
+    for arg in [*node.args, *(kw.value for kw in node.keywords)]:
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            names.append(arg.value)
+        else:  # not a literal: it can never match a theorem name, and is reported
+            names.append(f"<{ast.unparse(arg)}>")
+    return names or ["<no argument>"]
 
 
 def _theorems_of_expr(node: ast.expr, aliases: dict[str, set[str]]) -> set[str]:
@@ -264,6 +287,143 @@ def find_theorem_tests(
     return tests, errors, files
 
 
+# -- markers naming no theorem ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MarkerProblem:
+    """A theorem marker the docs reject: a wrong name, or a place no test reaches."""
+
+    path: str  # relative, with forward slashes, e.g. "tests/test_theorems.py"
+    lineno: int
+    owner: str  # the enclosing test / class / function, or "<module>"
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.lineno} ({self.owner}): {self.message}"
+
+
+def _attached_calls(tree: ast.Module) -> set[int]:
+    """``id()`` of the theorem-mark calls in places that :func:`_scan_file` reads."""
+    attached: set[int] = set()
+
+    def take(node: ast.expr) -> None:
+        # the same shapes that _theorems_of_expr reads: a call, or a list / tuple / set of them
+        if isinstance(node, ast.List | ast.Tuple | ast.Set):
+            for elt in node.elts:
+                take(elt)
+        elif _theorems_of_call(node) is not None:
+            attached.add(id(node))
+
+    def visit_class(cls: ast.ClassDef) -> None:
+        for dec in cls.decorator_list:
+            take(dec)
+        for stmt in cls.body:
+            if isinstance(stmt, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "pytestmark" for t in stmt.targets
+            ):
+                take(stmt.value)
+            elif _is_test_function(stmt):
+                for dec in stmt.decorator_list:  # type: ignore[union-attr]
+                    take(dec)
+            elif _is_test_class(stmt):
+                visit_class(stmt)  # type: ignore[arg-type]
+
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign | ast.AnnAssign) and stmt.value is not None:
+            take(stmt.value)  # pytestmark or a module-level alias
+        elif _is_test_function(stmt):
+            for dec in stmt.decorator_list:  # type: ignore[union-attr]
+                take(dec)
+        elif _is_test_class(stmt):
+            visit_class(stmt)  # type: ignore[arg-type]
+    return attached
+
+
+def _owners(tree: ast.Module) -> dict[int, str]:
+    """``id()`` of each node to the ``Class::function`` path that encloses it."""
+    owners: dict[int, str] = {}
+
+    def visit(node: ast.AST, owner: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = owner
+            # a decorator is a child of what it decorates, so it gets that owner
+            if isinstance(child, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                inner = child.name if owner == "<module>" else f"{owner}::{child.name}"
+            owners[id(child)] = inner
+            visit(child, inner)
+
+    visit(tree, "<module>")
+    return owners
+
+
+def _file_marker_problems(
+    path: Path, display: str, theorems: frozenset[str]
+) -> list[MarkerProblem]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    attached = _attached_calls(tree)
+    owners = _owners(tree)
+    problems: list[MarkerProblem] = []
+    for node in ast.walk(tree):
+        names = _theorems_of_call(node)  # type: ignore[arg-type]
+        if names is None:
+            continue
+        owner = owners.get(id(node), "<module>")
+        lineno = getattr(node, "lineno", 0)
+        for name in names:
+            if name not in theorems:
+                problems.append(
+                    MarkerProblem(
+                        display,
+                        lineno,
+                        owner,
+                        f"the marker theorem({name if name.startswith('<') else repr(name)}) "
+                        f"names no theorem of {', '.join(sorted(theorems, key=_theorem_key))}",
+                    )
+                )
+        if id(node) not in attached:
+            problems.append(
+                MarkerProblem(
+                    display,
+                    lineno,
+                    owner,
+                    "this theorem marker is not on a test function, a test class or the "
+                    "module's pytestmark, so the docs cannot list its test",
+                )
+            )
+    return sorted(problems, key=lambda p: (p.lineno, p.message))
+
+
+def _theorem_key(name: str) -> tuple[int, str]:
+    return (int(name[1:]), name) if _THEOREM_RE.match(name) else (10**9, name)
+
+
+def find_marker_problems(
+    folder: Path,
+    theorems: Iterable[str] = THEOREMS,
+    patterns: Iterable[str] = ("test_*.py", "*_test.py"),
+) -> tuple[list[MarkerProblem], list[tuple[Path, Exception]]]:
+    """Theorem markers under `folder` that name no theorem of `theorems`, or are unreachable.
+
+    Every ``mark.theorem(...)`` call in a test file is checked, wherever it is.
+
+    Returns
+    -------
+    problems, errors
+        The problems (by file, then line) and the files that failed to parse.
+    """
+    allowed = frozenset(theorems)
+    problems: list[MarkerProblem] = []
+    errors: list[tuple[Path, Exception]] = []
+    for path in _test_files(folder, patterns):
+        display = f"{folder.name}/{path.relative_to(folder).as_posix()}"
+        try:
+            problems.extend(_file_marker_problems(path, display, allowed))
+        except (SyntaxError, UnicodeDecodeError, OSError) as exc:
+            errors.append((path, exc))
+    return problems, errors
+
+
 # -- the directive ----------------------------------------------------------------------
 
 
@@ -278,17 +438,19 @@ class TheoremTestsDirective(SphinxDirective):
     def run(self) -> list[nodes.Node]:
         theorem = self.arguments[0].strip()
         location = self.get_location()
-        if not _THEOREM_RE.match(theorem):
+        config = self.env.config
+        if theorem not in config.theorem_tests_theorems:
             logger.warning(
-                "theorem-tests: %r is not a theorem name like T1",
+                "theorem-tests: %r is not a theorem of theorem_tests_theorems (%s)",
                 theorem,
+                ", ".join(config.theorem_tests_theorems),
                 location=location,
                 type="theorem_tests",
                 subtype="name",
             )
             return []
-        config = self.env.config
-        folder = (Path(self.env.app.confdir) / config.theorem_tests_dir).resolve()
+        _listed(self.env).setdefault(self.env.current_document.docname, set()).add(theorem)
+        folder = _folder(self.env)
         if not folder.is_dir():
             logger.warning(
                 "theorem-tests: theorem_tests_dir %s is not a folder",
@@ -300,8 +462,8 @@ class TheoremTestsDirective(SphinxDirective):
         tests, errors, files = find_theorem_tests(folder, theorem, config.theorem_tests_patterns)
         for path in files:
             self.env.note_dependency(str(path))
-        _pages(self.env).add(self.env.docname)
-        reported = _reported(self.env.app)
+        _pages(self.env).add(self.env.current_document.docname)
+        reported = _reported(self.env)
         for path, exc in errors:
             if str(path) in reported:
                 continue
@@ -349,11 +511,15 @@ class TheoremTestsDirective(SphinxDirective):
 # -- keep the pages fresh ----------------------------------------------------------------
 
 
-def _reported(app: Sphinx) -> set[str]:
+def _reported(env: BuildEnvironment) -> set[str]:
     """Files whose parse error was already reported in this build."""
-    if not hasattr(app, "theorem_tests_reported"):
-        app.theorem_tests_reported = set()  # type: ignore[attr-defined]
-    return app.theorem_tests_reported  # type: ignore[attr-defined]
+    if not hasattr(env, "theorem_tests_reported"):
+        env.theorem_tests_reported = set()  # type: ignore[attr-defined]
+    return env.theorem_tests_reported  # type: ignore[attr-defined]
+
+
+def _clear_reported(app: Sphinx, env: BuildEnvironment, docnames: list[str]) -> None:
+    _reported(env).clear()
 
 
 def _pages(env: BuildEnvironment) -> set[str]:
@@ -362,12 +528,77 @@ def _pages(env: BuildEnvironment) -> set[str]:
     return env.theorem_tests_pages  # type: ignore[attr-defined]
 
 
+def _listed(env: BuildEnvironment) -> dict[str, set[str]]:
+    """Docname to the theorems that page lists."""
+    if not hasattr(env, "theorem_tests_listed"):
+        env.theorem_tests_listed = {}  # type: ignore[attr-defined]
+    return env.theorem_tests_listed  # type: ignore[attr-defined]
+
+
+def _folder(env: BuildEnvironment) -> Path:
+    """The tests folder (``theorem_tests_dir``, made absolute at config-inited)."""
+    return Path(env.config.theorem_tests_dir)
+
+
+def _resolve_dir(app: Sphinx, config: Any) -> None:
+    """Make ``theorem_tests_dir`` absolute, relative to the folder of ``conf.py``."""
+    config.theorem_tests_dir = str((Path(app.confdir) / config.theorem_tests_dir).resolve())
+
+
 def _purge(app: Sphinx, env: BuildEnvironment, docname: str) -> None:
     _pages(env).discard(docname)
+    _listed(env).pop(docname, None)
 
 
 def _merge(app: Sphinx, env: BuildEnvironment, docnames: set[str], other: BuildEnvironment) -> None:
     _pages(env).update(_pages(other) & set(docnames))
+    for docname, theorems in _listed(other).items():
+        if docname in docnames:
+            _listed(env)[docname] = set(theorems)
+
+
+def _check_all(app: Sphinx, env: BuildEnvironment) -> None:
+    """After reading: every theorem listed by a page; every marker names a theorem."""
+    config = env.config
+    theorems = tuple(config.theorem_tests_theorems)
+    folder = _folder(env)
+    listed = set().union(*_listed(env).values()) if _listed(env) else set()
+    for theorem in theorems:
+        if theorem in listed:
+            continue
+        tests, _, _ = find_theorem_tests(folder, theorem, config.theorem_tests_patterns)
+        logger.warning(
+            "theorem-tests: theorem %s is listed by no page (add '.. theorem-tests:: %s' to "
+            "its theory page); %s",
+            theorem,
+            theorem,
+            f"{len(tests)} test(s) carry its marker"
+            if tests
+            else f"and no test in {folder} is marked @pytest.mark.theorem({theorem!r})",
+            type="theorem_tests",
+            subtype="unlisted",
+        )
+    problems, errors = find_marker_problems(folder, theorems, config.theorem_tests_patterns)
+    reported = _reported(env)
+    for path, exc in errors:
+        if str(path) not in reported:
+            reported.add(str(path))
+            logger.warning(
+                "theorem-tests: cannot parse %s: %s",
+                path,
+                exc,
+                type="theorem_tests",
+                subtype="parse",
+            )
+    for problem in problems:
+        logger.warning(
+            "theorem-tests: %s (test %s)",
+            problem.message,
+            problem.owner,
+            location=str(folder.parent / problem.path) + f":{problem.lineno}",
+            type="theorem_tests",
+            subtype="marker",
+        )
 
 
 def _outdated(
@@ -410,10 +641,14 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_config_value(
         "theorem_tests_patterns", ("test_*.py", "*_test.py"), "env", types=[tuple, list]
     )
+    app.add_config_value("theorem_tests_theorems", THEOREMS, "env", types=[tuple, list])
     app.add_config_value("math_lint", True, "env", types=[bool])
     app.add_directive("theorem-tests", TheoremTestsDirective)
     app.connect("doctree-read", _lint_math)
     app.connect("env-purge-doc", _purge)
     app.connect("env-merge-info", _merge)
     app.connect("env-get-outdated", _outdated)
+    app.connect("env-check-consistency", _check_all)
+    app.connect("config-inited", _resolve_dir)
+    app.connect("env-before-read-docs", _clear_reported)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
