@@ -1,0 +1,427 @@
+r"""Statistics, tables, CSV, plot and progress bar of the max-retrieval experiment (private).
+
+Needs numpy only at import; scipy (the paired t-test) and matplotlib (the plot)
+are imported inside the functions that use them.
+
+The paired t-test compares, at each size, the per-seed accuracies
+:math:`a_s` (adaptive) and :math:`b_s` (baseline) through the differences
+:math:`d_s = a_s - b_s`:
+
+.. math::
+
+    t = \frac{\bar d}{s_d / \sqrt S}, \qquad
+    p = 2\, \Pr\bigl(T_{S-1} \ge |t|\bigr),
+
+with :math:`s_d` the sample standard deviation of the :math:`d_s` and
+:math:`T_{S-1}` Student's distribution with :math:`S - 1` degrees of freedom.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+__all__ = [
+    "CSV_COLUMNS",
+    "PAPER_ADAPTIVE",
+    "PAPER_BASELINE",
+    "PAPER_P_VALUES",
+    "Progress",
+    "format_table",
+    "paired_ttest",
+    "plot_results",
+    "summarize",
+    "write_csv",
+]
+
+#: The paper's baseline accuracy (%, mean of ten seeds) at each evaluation size.
+PAPER_BASELINE: dict[int, float] = {
+    16: 98.6,
+    32: 97.1,
+    64: 94.3,
+    128: 89.7,
+    256: 81.3,
+    512: 70.1,
+    1024: 53.8,
+    2048: 35.7,
+    4096: 22.6,
+    8192: 15.7,
+    16384: 12.4,
+}
+
+#: The paper's accuracy (%) with the adaptive temperature (none reported at 8192).
+PAPER_ADAPTIVE: dict[int, float | None] = {
+    16: 98.6,
+    32: 97.1,
+    64: 94.5,
+    128: 89.9,
+    256: 82.1,
+    512: 72.5,
+    1024: 57.7,
+    2048: 39.4,
+    4096: 24.9,
+    8192: None,
+    16384: 14.0,
+}
+
+#: Paired t-test p-values of the paper at the sizes where they are reported
+#: (from summaries of the paper, not its text).
+PAPER_P_VALUES: dict[int, float] = {
+    16: 0.4,
+    64: 2e-3,
+    256: 2e-4,
+    1024: 1e-4,
+    4096: 2e-2,
+    16384: 4e-3,
+}
+
+#: Columns of the CSV written by :func:`write_csv`, in order.
+CSV_COLUMNS: tuple[str, ...] = (
+    "n",
+    "eval_sets",
+    "baseline_mean",
+    "baseline_std",
+    "adaptive_mean",
+    "adaptive_std",
+    "p_value",
+    "p_note",
+    "paper_baseline",
+    "paper_adaptive",
+    "paper_p_value",
+    "max_item_coef",
+    "max_item_coef_adaptive",
+    "max_item_coef_largest",
+    "t1_bound",
+    "t6_adaptive_bound",
+    "spread",
+    "spread_mean",
+    "entropy_mean",
+    "beta_mean",
+)
+
+
+def paired_ttest(adaptive: Sequence[float], baseline: Sequence[float]) -> tuple[float, str]:
+    r"""Two-sided paired t-test of per-seed accuracies (:func:`scipy.stats.ttest_rel`).
+
+    Parameters
+    ----------
+    adaptive, baseline : sequence of float
+        One accuracy per seed, paired by seed.
+
+    Returns
+    -------
+    p_value : float
+        The two-sided p-value; NaN where the test is undefined.
+    note : str
+        Empty, or why the p-value is not the plain test's: fewer than two
+        seeds (NaN), every difference zero (NaN: no difference, no variance)
+        or every difference the same non-zero value (0.0: the limit
+        :math:`|t| \to \infty`).
+
+    Raises
+    ------
+    ValueError
+        For sequences of different lengths or non-finite values.
+
+    Examples
+    --------
+    >>> paired_ttest([0.9, 0.8], [0.9, 0.8])
+    (nan, 'no difference in any seed')
+    """
+    a = np.asarray(adaptive, dtype=np.float64)
+    b = np.asarray(baseline, dtype=np.float64)
+    if a.ndim != 1 or a.shape != b.shape:
+        raise ValueError(f"adaptive and baseline must be 1-d of equal length: {a.shape}, {b.shape}")
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        raise ValueError("adaptive and baseline must be finite")
+    if a.size < 2:
+        return math.nan, "fewer than 2 seeds"
+    d = a - b
+    scale = max(1.0, float(np.max(np.abs(d))))
+    if float(np.ptp(d)) <= 1e-12 * scale:
+        if float(np.max(np.abs(d))) <= 1e-12:
+            return math.nan, "no difference in any seed"
+        return 0.0, "same difference in every seed"
+    from scipy import stats
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = stats.ttest_rel(a, b)
+    return float(result.pvalue), ""
+
+
+def _std(x: np.ndarray) -> float:
+    return float(np.std(x, ddof=1)) if x.size > 1 else math.nan
+
+
+def summarize(results: Sequence[Any]) -> list[dict[str, Any]]:
+    """One row per size: means over seeds, the t-test, the paper's numbers and the bounds.
+
+    Parameters
+    ----------
+    results : sequence of SizeResult
+        Per-seed measurements (:class:`._max_retrieval_model.SizeResult`).
+
+    Returns
+    -------
+    list of dict
+        Keys :data:`CSV_COLUMNS`; accuracies in percent; ``spread`` is the
+        largest row spread over every seed and evaluation row, ``t1_bound``
+        the T1 bound at it (the largest of the per-seed bounds);
+        ``max_item_coef_largest`` the largest baseline coefficient seen.
+    """
+    from softmaxtheory import bounds
+
+    rows = []
+    for r in results:
+        p, note = paired_ttest(r.adaptive_acc, r.baseline_acc)
+        spread = float(np.max(r.spread_max))
+        adaptive_bound = np.asarray(r.adaptive_bound, dtype=np.float64)
+        rows.append(
+            {
+                "n": int(r.n),
+                "eval_sets": int(r.sets),
+                "baseline_mean": 100.0 * float(np.mean(r.baseline_acc)),
+                "baseline_std": 100.0 * _std(np.asarray(r.baseline_acc)),
+                "adaptive_mean": 100.0 * float(np.mean(r.adaptive_acc)),
+                "adaptive_std": 100.0 * _std(np.asarray(r.adaptive_acc)),
+                "p_value": p,
+                "p_note": note,
+                "paper_baseline": PAPER_BASELINE.get(int(r.n)),
+                "paper_adaptive": PAPER_ADAPTIVE.get(int(r.n)),
+                "paper_p_value": PAPER_P_VALUES.get(int(r.n)),
+                "max_item_coef": float(np.mean(r.baseline_coef_mean)),
+                "max_item_coef_adaptive": float(np.mean(r.adaptive_coef_mean)),
+                "max_item_coef_largest": float(np.max(r.baseline_coef_max)),
+                "t1_bound": float(bounds.max_coefficient(int(r.n), spread)),
+                "t6_adaptive_bound": float(np.max(adaptive_bound)),
+                "spread": spread,
+                "spread_mean": float(np.mean(r.spread_mean)),
+                "entropy_mean": float(np.mean(r.entropy_mean)),
+                "beta_mean": float(np.mean(r.beta_mean)),
+            }
+        )
+    return rows
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.6g}"
+    return str(value)
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Write the rows of :func:`summarize` to `path` (columns :data:`CSV_COLUMNS`).
+
+    Missing paper values are empty cells; undefined p-values are ``nan``.
+    """
+    path = Path(path)
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        for row in rows:
+            writer.writerow([_cell(row[c]) for c in CSV_COLUMNS])
+    return path
+
+
+def _pct(mean: float, std: float) -> str:
+    return f"{mean:5.1f} ± {std:4.1f}" if not math.isnan(std) else f"{mean:5.1f}       "
+
+
+def _paper(value: float | None) -> str:
+    return "  n/a" if value is None else f"{value:5.1f}"
+
+
+def _p(value: float | None) -> str:
+    if value is None:
+        return "     "
+    if math.isnan(value):
+        return "  nan"
+    return f"{value:.1g}" if value < 0.01 else f"{value:.2f}"
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The results beside the paper's, as a fixed-width text table."""
+    head = (
+        f"{'n':>6} {'sets':>5} | {'baseline %':>12} {'paper':>5} | {'adaptive %':>12} "
+        f"{'paper':>5} | {'p':>5} {'paper':>5} | {'coef':>7} {'T1 bound':>8} {'spread':>7} "
+        f"{'beta':>5}"
+    )
+    lines = [head, "-" * len(head)]
+    notes = []
+    for r in rows:
+        lines.append(
+            f"{r['n']:>6} {r['eval_sets']:>5} | {_pct(r['baseline_mean'], r['baseline_std']):>12} "
+            f"{_paper(r['paper_baseline']):>5} | "
+            f"{_pct(r['adaptive_mean'], r['adaptive_std']):>12} "
+            f"{_paper(r['paper_adaptive']):>5} | {_p(r['p_value']):>5} "
+            f"{_p(r['paper_p_value']):>5} | {r['max_item_coef']:7.4f} {r['t1_bound']:8.4g} "
+            f"{r['spread']:7.2f} {r['beta_mean']:5.2f}"
+        )
+        if r["p_note"]:
+            notes.append(f"n={r['n']}: p {r['p_note']}")
+    lines.append(
+        "coef: mean softmax coefficient on the max-priority item; T1 bound: "
+        "max_coefficient(n, spread); spread: largest row logit spread; beta: mean adaptive beta"
+    )
+    lines.extend(notes)
+    return "\n".join(lines)
+
+
+def plot_results(rows: Sequence[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
+    """Write a two-panel PNG: accuracy against n, and the max-item coefficient with the T1 bound.
+
+    Parameters
+    ----------
+    rows : sequence of dict
+        Rows of :func:`summarize`.
+    path : str or Path
+        The PNG file.
+    title : str, optional
+        Figure title.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n = np.array([r["n"] for r in rows], dtype=float)
+    fig = Figure(figsize=(11, 4.2), dpi=120)
+    FigureCanvasAgg(fig)
+    ax, bx = fig.subplots(1, 2)
+    for key, label, color in (
+        ("baseline", "softmax (this run)", "C0"),
+        ("adaptive", "adaptive (this run)", "C3"),
+    ):
+        mean = np.array([r[f"{key}_mean"] for r in rows])
+        std = np.nan_to_num(np.array([r[f"{key}_std"] for r in rows]))
+        ax.plot(n, mean, "o-", color=color, label=label)
+        ax.fill_between(n, mean - std, mean + std, color=color, alpha=0.15)
+        paper = [(r["n"], r[f"paper_{key}"]) for r in rows if r[f"paper_{key}"] is not None]
+        if paper:
+            px, py = zip(*paper, strict=True)
+            ax.plot(px, py, "s--", color=color, alpha=0.6, mfc="none", label=f"{key} (paper)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("items per set n")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title("max retrieval: accuracy (mean ± std over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    bx.plot(n, [r["max_item_coef"] for r in rows], "o-", color="C0", label="softmax, mean")
+    bx.plot(
+        n, [r["max_item_coef_adaptive"] for r in rows], "o-", color="C3", label="adaptive, mean"
+    )
+    bx.plot(
+        n,
+        [r["max_item_coef_largest"] for r in rows],
+        "v:",
+        color="C0",
+        alpha=0.6,
+        label="softmax, largest",
+    )
+    bx.plot(n, [r["t1_bound"] for r in rows], "k-", lw=2, label="T1 bound at measured spread")
+    bx.plot(n, 1.0 / n, color="gray", ls="--", label="uniform 1/n")
+    bx.set_xscale("log", base=2)
+    bx.set_yscale("log")
+    bx.set_xlabel("items per set n")
+    bx.set_ylabel("coefficient on the max-priority item")
+    bx.set_title("dispersion of the trained head")
+    bx.grid(alpha=0.3)
+    bx.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    return path
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:4.1f}s"
+    minutes, sec = divmod(round(seconds), 60)
+    return f"{minutes}m{sec:02d}s"
+
+
+class Progress:
+    """A small text progress bar (no dependency).
+
+    On a terminal it redraws one line (at most ten times a second); otherwise
+    it writes one line per tenth of the work.
+
+    Parameters
+    ----------
+    total : int
+        Units of work.
+    label : str
+        Shown before the bar.
+    stream : file, optional
+        Defaults to ``sys.stderr``.
+    enabled : bool, default True
+        ``False`` writes nothing.
+    """
+
+    def __init__(
+        self, total: int, label: str, *, stream: TextIO | None = None, enabled: bool = True
+    ) -> None:
+        self.total = max(1, int(total))
+        self.label = label
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = enabled
+        self.done = 0
+        self.extra = ""
+        self.start = time.perf_counter()
+        self._last_draw = -1.0
+        self._last_decile = -1
+        try:
+            self._tty = bool(self.stream.isatty())
+        except (AttributeError, ValueError):
+            self._tty = False
+
+    def line(self) -> str:
+        """The current progress line."""
+        frac = min(1.0, self.done / self.total)
+        width = 24
+        filled = round(frac * width)
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed * (1 - frac) / frac if frac >= 0.01 else math.nan
+        eta_text = _duration(eta) if math.isfinite(eta) else "?"
+        bar = "#" * filled + "." * (width - filled)
+        text = f"{self.label} [{bar}] {100 * frac:5.1f}% {self.done}/{self.total}"
+        text += f" {_duration(elapsed)} elapsed, eta {eta_text}"
+        return f"{text} {self.extra}".rstrip()
+
+    def update(self, done: int, extra: str | None = None) -> None:
+        """Set the amount of work done (and an optional trailing note)."""
+        self.done = done
+        if extra is not None:
+            self.extra = extra
+        if not self.enabled:
+            return
+        if self._tty:
+            now = time.perf_counter()
+            if now - self._last_draw >= 0.1 or done >= self.total:
+                self._last_draw = now
+                self.stream.write("\r" + self.line() + "\x1b[K")
+                self.stream.flush()
+        else:
+            decile = int(10 * min(1.0, done / self.total))
+            if decile > self._last_decile:
+                self._last_decile = decile
+                self.stream.write(self.line() + "\n")
+                self.stream.flush()
+
+    def close(self) -> None:
+        """Finish the line."""
+        if self.enabled and self._tty:
+            self.stream.write("\r" + self.line() + "\x1b[K\n")
+            self.stream.flush()
