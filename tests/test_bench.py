@@ -33,7 +33,7 @@ def test_quick_json_reports_every_backend(capsys) -> None:
     info = doc["machine"]
     stamp = datetime.datetime.fromisoformat(info["date"])
     assert stamp.tzinfo is not None
-    assert abs((datetime.datetime.now(datetime.timezone.utc) - stamp).total_seconds()) < 3600
+    assert abs((datetime.datetime.now(datetime.UTC) - stamp).total_seconds()) < 3600
     assert info["cpus"] >= 1 and info["cpu_model"]
     assert info["numba"] and info["numpy"] == np.__version__
 
