@@ -12,7 +12,7 @@ import argparse
 import importlib
 from typing import Any
 
-__all__ = ["EXPERIMENTS", "add_parser", "run"]
+__all__ = ["EXPERIMENTS", "add_parser", "experiment_parser", "run"]
 
 #: experiment name on the command line -> (module in softmaxtheory.experiments, help line)
 EXPERIMENTS: dict[str, tuple[str, str]] = {
@@ -32,22 +32,45 @@ def _module(name: str) -> Any:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """Register the ``reproduce`` subcommand on `sub` and return its parser."""
+    """Register the ``reproduce`` subcommand on `sub` and return its parser.
+
+    The experiment modules are not imported here, only when one runs: building
+    the command line for ``softmaxtheory check`` must not load them (Hypothesis
+    draws on the numeric constants of every local module loaded, so an import
+    would change the examples ``check`` tries).
+    """
+    listing = "\n".join(f"  {name:<15} {help_line}" for name, (_, help_line) in EXPERIMENTS.items())
     parser = sub.add_parser(
         "reproduce",
         help="rerun the paper's experiments (needs the experiments extra)",
         description=(
-            "Rerun an experiment of the paper and print its figures beside the paper's. "
+            "Rerun an experiment of the paper and print its figures beside the paper's.\n"
             "Needs: pip install 'softmaxtheory[experiments]'."
         ),
+        epilog=f"experiments:\n{listing}\n\n'softmaxtheory reproduce EXPERIMENT --help' "
+        "lists the options of one experiment.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    exp = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
-    for name, (_, help_line) in EXPERIMENTS.items():
-        sp = exp.add_parser(name, help=help_line, description=help_line)
-        _module(name).add_arguments(sp)
+    parser.add_argument(
+        "experiment", choices=tuple(EXPERIMENTS), metavar="EXPERIMENT", help="the experiment to run"
+    )
+    parser.add_argument(
+        "options", nargs=argparse.REMAINDER, help="the experiment's own options (see its --help)"
+    )
+    return parser
+
+
+def experiment_parser(name: str) -> argparse.ArgumentParser:
+    """The argument parser of the experiment `name` (imports its module)."""
+    help_line = EXPERIMENTS[name][1]
+    parser = argparse.ArgumentParser(
+        prog=f"softmaxtheory reproduce {name}", description=help_line[0].upper() + help_line[1:]
+    )
+    _module(name).add_arguments(parser)
     return parser
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the experiment named by ``args.experiment``; return the exit status."""
-    return int(_module(args.experiment).main(args))
+    options = experiment_parser(args.experiment).parse_args(args.options)
+    return int(_module(args.experiment).main(options))

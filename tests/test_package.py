@@ -155,3 +155,16 @@ def test_subpackages_import_from_a_checkout_without_the_install():
     ).stdout.splitlines()
     assert Path(out[0]) == ROOT / "reference" / "__init__.py"
     assert out[1] == "[0.5 0.5]"
+
+
+def test_command_line_loads_no_experiment_module():
+    # Hypothesis draws on the numeric constants of every local module loaded, so loading
+    # the experiments while `softmaxtheory check` builds its parser would change the
+    # examples that `check` tries (and the measured figures the testing guide quotes).
+    out = _run(
+        "import sys\n"
+        "from softmaxtheory import cli\n"
+        "cli._build_parser()\n"
+        "print(sorted(m for m in sys.modules if m.startswith('softmaxtheory.experiments.')))\n"
+    )
+    assert out.strip() == "[]"
