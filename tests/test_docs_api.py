@@ -38,10 +38,7 @@ OPTIONAL = {"numba", "torch", "triton", "hypothesis", "matplotlib", "scipy", "tr
 # Public modules whose names are not documented yet, each with the reason. The test of such
 # a module is a strict xfail: once its names are documented, the XPASS fails the run and the
 # entry must go.
-PENDING: dict[str, str] = {
-    "softmaxtheory.experiments.max_retrieval": "experiment modules are being written",
-    "softmaxtheory.experiments.minilm": "experiment modules are being written",
-}
+PENDING: dict[str, str] = {}
 
 AUTODOC = re.compile(r"^\s*\.\. (auto[a-z]+|py:[a-z]+)::", re.MULTILINE)
 

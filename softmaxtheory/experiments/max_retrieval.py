@@ -74,8 +74,10 @@ class Config:
         Evaluation sizes.
     batch : int
         Training sets per step and seed.
-    lr, weight_decay : float
-        AdamW settings.
+    lr : float
+        AdamW learning rate.
+    weight_decay : float
+        AdamW weight decay.
     width : int
         Width of every layer.
     base_seed : int
@@ -266,7 +268,7 @@ def run_experiment(
     ----------
     cfg : Config
         The settings.
-    device : torch.device or str, default "cpu"
+    device : :class:`!torch.device` or str, default "cpu"
         Where everything runs.
     chunk_items : int, optional
         Items per seed evaluated at once (default by device).
@@ -276,9 +278,9 @@ def run_experiment(
     Returns
     -------
     dict
-        ``rows`` (:func:`._max_retrieval_report.summarize`), ``results``
-        (per-seed :class:`._max_retrieval_model.SizeResult`), ``train``
-        (:class:`._max_retrieval_model.TrainLog`), ``timing`` (seconds).
+        ``rows`` (``_max_retrieval_report.summarize()``), ``results``
+        (per-seed ``_max_retrieval_model.SizeResult``), ``train``
+        (``_max_retrieval_model.TrainLog``), ``timing`` (seconds).
     """
     import torch
 

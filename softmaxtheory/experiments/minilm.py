@@ -19,9 +19,9 @@ bounds of :mod:`softmaxtheory.bounds`:
 * T2: the size :math:`n^\ast = \lfloor e^{\delta}\rfloor + 2` beyond which no
   coefficient of a row of spread :math:`\delta` reaches 1/2.
 
-The model code is in :mod:`softmaxtheory.experiments._minilm_model`, the
-measurements in :mod:`softmaxtheory.experiments._minilm_measure`, the tables
-and plots in :mod:`softmaxtheory.experiments._minilm_report`. torch, the model
+The model code is in ``softmaxtheory.experiments._minilm_model``, the
+measurements in ``softmaxtheory.experiments._minilm_measure``, the tables
+and plots in ``softmaxtheory.experiments._minilm_report``. torch, the model
 package and matplotlib are imported only when the experiment runs.
 """
 
@@ -53,7 +53,7 @@ __all__ = [
     "run",
 ]
 
-#: The lengths measured by default: prefixes up to the model's context limit.
+#: The lengths measured by default (prefixes up to the model's context limit).
 DEFAULT_LENGTHS = (16, 32, 64, 128, 256, 512)
 
 _PROG = "softmaxtheory reproduce minilm-spread"
@@ -142,7 +142,8 @@ def run(
     lengths : sequence of int
         Lengths in [3, 512].
     text : TextSample, optional
-        Default: :func:`~softmaxtheory.experiments._minilm_model.default_text`.
+        Default: the model card shipped with the model package
+        (``_minilm_model.default_text()``).
     dtype : {'float32', 'float64'}
         Precision of the forward pass.
     verbose : bool
@@ -150,7 +151,7 @@ def run(
 
     Returns
     -------
-    softmaxtheory.experiments._minilm_measure.Experiment
+    :class:`!softmaxtheory.experiments._minilm_measure.Experiment`
 
     Raises
     ------
