@@ -54,6 +54,7 @@ sizes = st.integers(1, 10**6)
 @example(n=1, spread=3.0, beta=1.0)
 @example(n=10**6, spread=0.0, beta=1.0)
 def test_coefficient_bounds_are_correctly_rounded(n, spread, beta):
+    """max_coefficient and min_coefficient equal the exact T1 bounds, correctly rounded."""
     assert bounds.max_coefficient(n, spread, beta) == round_to(exact_max(n, spread, beta), "f8")
     assert bounds.min_coefficient(n, spread, beta) == round_to(exact_min(n, spread, beta), "f8")
 
@@ -81,6 +82,7 @@ def boxed_rows(draw, max_size=40):
 @example((np.array([0.0]), 0.0))
 @example((np.array([2.0, 0.0, 0.0, 0.0]), 2.0))
 def test_no_reference_coefficient_escapes_the_sandwich(case):
+    """Every reference coefficient of a random row lies inside the T1 sandwich for its spread."""
     x, spread = case
     alpha = reference.softmax(x)
     n = x.shape[0]
@@ -94,6 +96,7 @@ def test_no_reference_coefficient_escapes_the_sandwich(case):
 @given(n=st.integers(1, 5000), k=st.integers(0, 200), beta=st.sampled_from(POW2_BETAS))
 @example(n=8, k=32, beta=1.0)
 def test_bounds_are_attained_by_the_extremal_rows(n, k, beta):
+    """One item beta*spread above (below) all others gets exactly the T1 max (min) coefficient."""
     spread = k / 16  # dyadic: beta * spread is exact
     top = np.zeros(n)
     top[0] = beta * spread
@@ -110,6 +113,7 @@ def test_bounds_are_attained_by_the_extremal_rows(n, k, beta):
 @given(boxed_rows())
 @example((np.zeros(7), 0.0))
 def test_entropy_never_below_the_floor(case):
+    """A random row's entropy lies in [T3 floor, log n], and the floor is >= log n - spread."""
     x, spread = case
     n = x.shape[0]
     h = float(reference.entropy(x))
@@ -122,6 +126,7 @@ def test_entropy_never_below_the_floor(case):
 @given(n=sizes, spread=spreads, beta=st.floats(0.01, 8.0))
 @example(n=10**6, spread=40.0, beta=8.0)  # (n-1) e^{-320}: the log1p branch
 def test_entropy_floor_is_correctly_rounded(n, spread, beta):
+    """entropy_lower_bound is log1p((n - 1) e^(-beta spread)), correctly rounded."""
     with mpmath.workprec(3000):
         exact = mpmath.log1p((n - 1) * mpmath.exp(-mpmath.mpf(beta) * mpmath.mpf(spread)))
     assert bounds.entropy_lower_bound(n, spread, beta) == round_to(exact, "f8")
@@ -130,6 +135,7 @@ def test_entropy_floor_is_correctly_rounded(n, spread, beta):
 @pytest.mark.theorem("T3")
 @pytest.mark.parametrize("n", [1, 2, 3, 1000, 4096])
 def test_entropy_floor_is_attained_by_uniform_rows(n):
+    """At spread 0 the entropy floor equals the reference entropy of a uniform row (log n)."""
     assert bounds.entropy_lower_bound(n, 0.0) == float(reference.entropy(np.zeros(n)))
 
 
@@ -145,6 +151,7 @@ def test_entropy_floor_is_attained_by_uniform_rows(n):
 @example(eps=0.5, spread=5.69, beta=1.0)
 @example(eps=0.25, spread=0.0, beta=1.0)
 def test_dispersion_size_is_the_exact_threshold(eps, spread, beta):
+    """The exact T1 max bound is below eps at n = dispersion_size and at least eps at n - 1."""
     n_star = bounds.dispersion_size(eps, spread, beta)
     assert isinstance(n_star, int) and n_star >= 2
     e = Fraction(eps)
@@ -176,6 +183,7 @@ def boundary_cases():
 
 @pytest.mark.theorem("T2")
 def test_dispersion_size_at_integer_boundaries():
+    """dispersion_size is exact within ulps of integer thresholds, where a float formula errs."""
     naive_wrong = 0
     for eps, spread in boundary_cases():
         expected = exact_floor_size(eps, spread)
@@ -193,11 +201,13 @@ def test_dispersion_size_of_uniform_rows(eps, expected):
     # 1/n < eps  <=>  n > 1/eps, decided in exact rationals: 0.5 and 0.25 are exact, so
     # n = 2 and n = 4 tie and do not count; the float 0.2 is 0.2000000000000000111..., so
     # 1/5 < eps already
+    """At spread 0, dispersion_size(eps) is the least n with 1/n < eps, decided exactly."""
     assert bounds.dispersion_size(eps, 0.0) == expected
 
 
 @pytest.mark.theorem("T2")
 def test_gemma_worked_example():
+    """Gemma example: n* = 297 for eps = 1/2, spread 5.69; the T1 bound is still >= 1/2 at 296."""
     assert bounds.dispersion_size(0.5, 5.69) == 297
     assert bounds.max_coefficient(297, 5.69) < 0.5 <= bounds.max_coefficient(296, 5.69)
 
@@ -231,6 +241,7 @@ def independent_constants():
 
 @pytest.mark.theorem("T6")
 def test_adaptive_constants_are_correctly_rounded():
+    """beta_max, its argmax H* and the window (H_on, H_off) are correctly rounded roots of P."""
     h_star, beta_max, h_on, h_off = independent_constants()
     assert bounds.adaptive_beta_max() == round_to(beta_max, "f8")
     assert bounds.adaptive_beta_argmax() == round_to(h_star, "f8")
@@ -244,6 +255,7 @@ def test_adaptive_constants_are_correctly_rounded():
 @given(boxed_rows(max_size=60))
 @example((np.array([3.0, 0.0, 0.0, 0.0, 0.0]), 3.0))
 def test_adaptive_coefficients_obey_t1_with_beta_max(case):
+    """Adaptive beta lies in [1, beta_max], and adaptive coefficients obey T1 with beta_max."""
     x, spread = case
     n = x.shape[0]
     beta = float(reference.beta(x))
@@ -259,6 +271,7 @@ def test_adaptive_coefficients_obey_t1_with_beta_max(case):
 @example(spread=0.0, seed=0)
 @example(spread=1.0, seed=1)
 def test_beta_is_one_from_the_switch_off_size(spread, seed):
+    """Random rows using the whole spread get beta = 1 from adaptive_switch_off_size items on."""
     n = bounds.adaptive_switch_off_size(spread)
     rng = np.random.default_rng(seed)
     for size in (n, n + 17):
@@ -269,6 +282,7 @@ def test_beta_is_one_from_the_switch_off_size(spread, seed):
 
 @pytest.mark.theorem("T6")
 def test_switch_off_size_is_tight_for_uniform_rows():
+    """At spread 0 the switch-off size is 382: uniform rows get beta 1 at 382 items, > 1 at 381."""
     n = bounds.adaptive_switch_off_size(0.0)
     h_off = independent_constants()[3]
     with mpmath.workprec(600):
@@ -281,6 +295,7 @@ def test_switch_off_size_is_tight_for_uniform_rows():
 @given(spread=st.floats(0.0, 30.0))
 @example(spread=5.69)
 def test_switch_off_size_matches_the_formula(spread):
+    """adaptive_switch_off_size is floor((e^H_off - 1) e^spread) + 2, computed exactly."""
     h_off = independent_constants()[3]
     with mpmath.workprec(2000):
         y = (mpmath.exp(h_off) - 1) * mpmath.exp(mpmath.mpf(spread))
@@ -365,6 +380,7 @@ def test_user_polynomials():
 @pytest.mark.theorem("T9")
 @given(q=st.floats(0.0, 1e6), k=st.floats(0.0, 1e6), scale=st.floats(1e-3, 10.0, exclude_min=False))
 def test_spread_from_norms_is_correctly_rounded(q, k, scale):
+    """spread_from_norms is 2 * scale * |q| * |k| correctly rounded (exact rationals)."""
     exact = 2 * Fraction(scale) * Fraction(q) * Fraction(k)
     assert bounds.spread_from_norms(q, k, scale) == float(exact)
 
@@ -391,6 +407,7 @@ def exact_matvec(w, x):
 )
 @example(seed=0, d_model=4, d_head=2, input_norm=1.0, biased=False)
 def test_logits_from_weights_never_exceed_the_bound(seed, d_model, d_head, input_norm, biased):
+    """Exact logit spreads of inputs in the ball, extremal ones included, stay within T9's bound."""
     rng = np.random.default_rng(seed)
     wq = rng.normal(size=(d_head, d_model))
     wk = rng.normal(size=(d_head, d_model))
@@ -426,6 +443,7 @@ def test_logits_from_weights_never_exceed_the_bound(seed, d_model, d_head, input
 
 @pytest.mark.theorem("T9")
 def test_spread_from_weights_is_nearly_attained():
+    """Inputs along the top singular vector attain the T9 weight bound to within 1e-12."""
     rng = np.random.default_rng(1)
     w = rng.normal(size=(3, 5))
     _, sv, vt = np.linalg.svd(w)

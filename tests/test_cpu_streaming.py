@@ -45,6 +45,7 @@ def rows_and_chunkings(draw):
 @given(case=rows_and_chunkings())
 @settings(max_examples=40)
 def test_any_chunking_and_merge_order(case) -> None:
+    """Any chunking and merge order of the CPU stream gives the one-pass output and entropy."""
     x, cuts, order = case
     state, p = stream(x, cuts, order=order)
     whole = cpu.adaptive_softmax(x)
@@ -55,6 +56,7 @@ def test_any_chunking_and_merge_order(case) -> None:
 
 @pytest.mark.theorem("T7")
 def test_identity_and_entropy_against_reference() -> None:
+    """A stream with empty chunks and a tempered pass matches the reference entropy and output."""
     rng = np.random.default_rng(0)
     x = rng.normal(scale=3.0, size=2000)
     x[:20] += 14.0

@@ -34,14 +34,14 @@ def test_one():
 
 @t2
 def test_two():
-    pass
+    """Checks T2."""
 
 
 @pytest.mark.theorem("T1")
 class TestGroup:
     @pytest.mark.theorem("T2")
     def test_both(self):
-        pass
+        """Checks T1 and T2."""
 '''
 
 BAD_TESTS = """
@@ -216,6 +216,20 @@ def test_a_marker_naming_no_theorem_fails_with_file_line_and_test(tmp_path):
     assert expected in res.stderr, res.stderr
     assert "theorem('T11') names no theorem of T1, T2 (test test_typo)" in res.stderr
     assert "[theorem_tests.marker]" in res.stderr
+
+
+def test_a_marked_test_without_docstring_fails(tmp_path):
+    tests = {
+        "test_good.py": GOOD_TESTS,
+        "test_bare.py": "import pytest\n\n\n@pytest.mark.theorem('T2')\ndef test_bare():\n"
+        "    pass\n",
+    }
+    res, out = _build(tmp_path, LIST_T1_T2, tests, ONLY_T1_T2)
+    assert res.returncode != 0
+    assert "tests/test_bare.py::test_bare is marked for T2 but has no docstring" in res.stderr
+    assert "[theorem_tests.summary]" in res.stderr
+    html = (out / "index.html").read_text()
+    assert "<th" in html and "What it checks" in html and "Checks T2." in html
 
 
 def test_a_directive_naming_no_theorem_fails(tmp_path):

@@ -201,6 +201,7 @@ def test_chunking_does_not_change_the_result():
 
 @pytest.mark.theorem("T1")
 def test_max_item_coefficient_never_exceeds_the_t1_bound():
+    """Baseline and adaptive max coefficients stay within their T1 bounds at n = 16, 128, 1024."""
     model = mdl.MaxRetrievalModel([0, 1, 2], width=WIDTH)
     mdl.train(model, 20, batch=32, lr=3e-3)
     for n in (16, 128, 1024):
@@ -216,6 +217,7 @@ def test_max_item_coefficient_never_exceeds_the_t1_bound():
 
 @pytest.mark.theorem("T1")
 def test_a_coefficient_above_the_bound_is_reported(monkeypatch):
+    """evaluate_size raises BoundViolation when a coefficient exceeds a (patched) T1 bound."""
     monkeypatch.setattr(bounds, "max_coefficient", lambda n, spread: np.full(len(spread), 1e-9))
     model = mdl.MaxRetrievalModel([0], width=WIDTH)
     with pytest.raises(mdl.BoundViolation, match="T1 violated at n=16"):

@@ -283,6 +283,7 @@ def test_weight_bound_is_the_product_of_norms(model64, bounds64):
 
 @pytest.mark.theorem("T9")
 def test_weight_bound_exceeds_every_measured_spread(small_run, model32, tokenizer):
+    """Every measured MiniLM logit spread is at most the folded T9 weight bound of its head."""
     hb = small_run.bounds
     for r in small_run.results:
         assert np.all(r.spread_max <= hb.folded)
@@ -303,6 +304,7 @@ def test_weight_bound_exceeds_every_measured_spread(small_run, model32, tokenize
 
 @pytest.mark.theorem("T1")
 def test_max_coefficient_never_exceeds_t1(small_run, model32, tokenizer, text):
+    """Each MiniLM head's largest coefficient is within the T1 bound of its spread; T2 holds too."""
     for r in small_run.results:
         assert np.all(r.t1_ratio <= 1 + me.T1_SLACK)
         assert np.all(r.max_coefficient <= r.t1_bound * (1 + me.T1_SLACK))

@@ -84,6 +84,7 @@ def readings_match_whole_row(state: StreamState, row: np.ndarray, chunks, schedu
     eps=st.sampled_from((0.0, 1e-9)),
 )
 def test_any_chunking_and_merge_tree_equals_one_pass(case, data, schedule, dtype, eps) -> None:
+    """Any chunking and merge tree gives the one-pass state, and its readings match bit for bit."""
     row, chunks = case
     whole = StreamState.from_logits(row)
     leaves = [StreamState.from_logits(c) for c in chunks]
@@ -109,6 +110,7 @@ def test_any_chunking_and_merge_tree_equals_one_pass(case, data, schedule, dtype
     c=(np.array([NEG_INF]), [np.array([NEG_INF])]),
 )
 def test_monoid_laws(a, b, c) -> None:
+    """Merging is commutative and associative with identity StreamState(), and concatenates rows."""
     sa, sb, sc = (StreamState.from_logits(r) for r, _ in (a, b, c))
     e = StreamState()
     assert e + sa == sa and sa + e == sa and e.merge(sa) == sa
@@ -121,6 +123,7 @@ def test_monoid_laws(a, b, c) -> None:
 
 
 def test_identity_and_masked_chunks() -> None:
+    """The empty state and fully masked chunks are identities; masked items normalise to 0."""
     e = StreamState()
     assert e.m == -math.inf and e.count == 0
     assert e.s_mp() == 0 and e.t_mp() == 0
@@ -143,6 +146,7 @@ def test_identity_and_masked_chunks() -> None:
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_invalid_chunk_poisons_the_state(bad) -> None:
+    """A NaN or +inf logit makes every later reading NaN, whatever is merged after it."""
     s = StreamState.from_logits([0.0, 1.0]).update([2.0, bad])
     assert math.isnan(s.entropy()) and math.isnan(s.beta())
     assert math.isnan(s.entropy(dtype=np.float32))
@@ -170,6 +174,7 @@ def close(a, b) -> bool:
     b=(np.array([700.0, 5e-324]), [np.array([700.0, 5e-324])]),
 )
 def test_merge_formula_and_sums_at_high_precision(a, b) -> None:
+    """The merged sums s, t match their definition and the merge formula; log s - t/s is H."""
     s1, s2 = StreamState.from_logits(a[0]), StreamState.from_logits(b[0])
     s = s1 + s2
     row = np.concatenate([a[0], b[0]])
@@ -203,6 +208,7 @@ def test_merge_formula_and_sums_at_high_precision(a, b) -> None:
 
 
 def test_long_row_in_many_chunks() -> None:
+    """A masked 4000-item row in 41 chunks, merged as a balanced tree, equals the one-pass row."""
     rng = np.random.default_rng(7)
     row = rng.normal(0.0, 2.0, 4000)
     row[rng.integers(0, 4000, 50)] = NEG_INF

@@ -100,6 +100,7 @@ def bounded_rows(draw, max_size: int = 10):
 @example(case=(0.0, 0.0, [0.0, 0.0, 0.0]), beta=1.0)
 @example(case=(-1.0, 5.69, [5.69, -1.0, 2.0]), beta="0.1")
 def test_t1_every_coefficient_in_sandwich(case, beta) -> None:
+    """Every coefficient under Constant(beta) lies in the T1 sandwich, in mpmath and rounded."""
     a, b, row = case
     n = len(row)
     sched = Constant(beta)
@@ -159,6 +160,7 @@ def test_t1_bounds_attained(n, a, delta, beta) -> None:
 @example(row=[0.0, -800.0, NEG_INF])
 @example(row=[3.0, 0.0, 0.0, 0.0])
 def test_t3_entropy_chain(row) -> None:
+    """log n >= H >= -log max alpha >= T3 floor >= log n - spread, in mpmath and rounded."""
     live = [v for v in row if v != NEG_INF]
     n = len(live)
     H = reference.entropy_mp(row, prec=PREC)
@@ -194,6 +196,7 @@ def test_t3_entropy_chain(row) -> None:
 @example(row=[0.0, -1.0, 1.0, 1.0], betas=[0.5, 4.0])
 @example(row=[2.0, 2.0], betas=[1.0, 3.0])
 def test_t4_entropy_and_max_monotone(row, betas) -> None:
+    """A larger beta never raises the entropy or lowers the max coefficient, and keeps the order."""
     b1, b2 = sorted(betas)
     x = np.array(row)
     x1, x2 = b1 * x, b2 * x  # exact: few significant bits on both sides
@@ -267,6 +270,7 @@ def mp_entropy_of(coefficients) -> mpmath.mpf:
 @example(row=[0.0])
 @example(row=[0.0, 0.0, 0.0])  # uniform: beta > 1 but nothing to sharpen
 def test_t5_adaptive_never_increases_entropy(row) -> None:
+    """beta >= 1, and adaptive softmax has no higher entropy and no lower max than softmax."""
     beta = reference.beta(row)
     assert beta >= 1.0
     p = reference.softmax(row)
@@ -280,6 +284,7 @@ def test_t5_adaptive_never_increases_entropy(row) -> None:
 
 @pytest.mark.theorem("T5")
 def test_t5_paper_polynomial_exact_facts() -> None:
+    """The paper's P is < 1 and rising on [0, 1/2], so no jump; jumps_at_threshold is right."""
     sched = PaperPolynomial()
     half = Fraction(1, 2)
     assert sched.polynomial_exact(half) == Fraction("0.1503125")
@@ -318,6 +323,7 @@ def rows_either_side(target: float, k: int, j: int, guess: float):
 
 @pytest.mark.theorem("T5")
 def test_t5_threshold_changes_nothing_for_paper_but_jumps_for_user_polynomial() -> None:
+    """Across H = 0.5 the paper's beta stays 1, while P(H) = H + 1 jumps from 1 to about 1.5."""
     below, above = rows_either_side(0.5, 1, 1, 1.5)
     assert reference.entropy_mp(below) < mpmath.mpf("0.5") < reference.entropy_mp(above)
     # published schedule: beta = 1 on both sides (P(0.5) < 1): continuous
@@ -338,6 +344,7 @@ def test_t5_threshold_changes_nothing_for_paper_but_jumps_for_user_polynomial() 
 
 @pytest.mark.theorem("T6")
 def test_t6_constants_match_paper() -> None:
+    """H*, beta_max, H_on and H_off are the unique real roots and match PAPER.md's decimals."""
     with mpmath.workdps(50):
         # one real critical point, two real solutions of P = 1 (numpy counts them: the
         # complex roots are far from the real axis; the real ones match findroot's)
@@ -374,6 +381,7 @@ def test_t6_constants_match_paper() -> None:
 @example(row=[0.0, -1.0, -1.0, -2.0, 0.5, -0.5])
 @example(row=[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
 def test_t6_beta_capped_and_window(row) -> None:
+    """beta is in [1, beta_max], is 1 outside (H_on, H_off), > 1 inside; T1 holds with beta_max."""
     b = float(reference.beta(row))
     assert 1.0 <= b <= rn(CONST["beta_max"])
     H = reference.entropy_mp(row, prec=PREC)
@@ -423,6 +431,7 @@ def test_t6_switch_off_size(delta, a, extra, seed) -> None:
 @pytest.mark.theorem("T6")
 @pytest.mark.parametrize(("k", "j"), [(1, 200), (3, 120), (10, 400)])
 def test_t6_rows_at_h_star_reach_beta_max(k, j) -> None:
+    """Two-level rows with entropy H* get beta = beta_max, correctly rounded (float64, float32)."""
     d = two_level_row_for_entropy(k, j, CONST["H_star"], 1.0)
     row = [0.0] * k + [-d] * j
     H = reference.entropy_mp(row, prec=200)
@@ -464,6 +473,7 @@ def all_outputs(x, schedule, dtype, entropy_eps=0.0):
 )
 @example(row=[0.0, -1.0], c=2.0**40, schedule=None, dtype=np.float64, eps=0.0)
 def test_t8_shift_invariance(row, c, schedule, dtype, eps) -> None:
+    """Adding a constant to every logit changes no bit of softmax, entropy, beta or adaptive."""
     x = np.array(row)
     y = x + c
     assert all(
@@ -485,6 +495,7 @@ def test_t8_shift_invariance(row, c, schedule, dtype, eps) -> None:
     dtype=st.sampled_from((np.float64, np.float32)),
 )
 def test_t8_permutation_equivariance(row, data, schedule, dtype) -> None:
+    """Permuting the logits permutes the coefficients and keeps entropy and beta bit for bit."""
     perm = data.draw(st.permutations(range(len(row))))
     x = np.array(row)
     y = x[list(perm)]
@@ -506,6 +517,7 @@ def test_t8_permutation_equivariance(row, data, schedule, dtype) -> None:
     eps=st.sampled_from((0.0, 1e-9)),
 )
 def test_t8_masking_is_removal(row, data, schedule, dtype, eps) -> None:
+    """Inserting -inf items changes no bit of the other outputs and gives them coefficient 0."""
     n_mask = data.draw(st.integers(1, 5))
     positions = sorted(
         data.draw(st.lists(st.integers(0, len(row)), min_size=n_mask, max_size=n_mask))

@@ -15,8 +15,9 @@ for the theorem:
   of marks (every test of the module);
 * a module-level alias ``t1 = pytest.mark.theorem("T1")`` used as ``@t1``.
 
-It renders a bullet list of ``tests/<file>.py::<test name>`` with the first line
-of each test's docstring.
+It renders a table of ``tests/<file>.py::<test name>`` with the first line
+of each test's docstring; a marked test without a docstring is a warning too
+(subtype ``summary``), so that column is never empty.
 
 Every one of these is a Sphinx warning of type ``theorem_tests`` (so a ``-W``
 build fails), with its subtype:
@@ -489,23 +490,48 @@ class TheoremTestsDirective(SphinxDirective):
             para += nodes.emphasis(text=f"No test is marked for theorem {theorem} yet.")
             return [para]
 
-        bullets = nodes.bullet_list(classes=["theorem-tests", *self.options.get("class", [])])
         for test in tests:
-            item = nodes.list_item()
-            para = nodes.paragraph()
-            para += nodes.literal(text=test.nodeid)
-            if test.summary:
-                para += nodes.Text(" \N{EM DASH} " + test.summary)
-            item += para
-            bullets += item
+            if not test.summary:
+                logger.warning(
+                    "theorem-tests: %s is marked for %s but has no docstring (its first line is "
+                    "the table's 'What it checks')",
+                    test.nodeid,
+                    theorem,
+                    location=location,
+                    type="theorem_tests",
+                    subtype="summary",
+                )
+        table = nodes.table(classes=["theorem-tests", *self.options.get("class", [])])
+        group = nodes.tgroup(cols=2)
+        table += group
+        for width in (45, 55):
+            group += nodes.colspec(colwidth=width)
+        head = nodes.thead()
+        group += head
+        body = nodes.tbody()
+        group += body
+
+        def row(cells: list[nodes.Node], into: nodes.Element) -> None:
+            r = nodes.row()
+            for cell in cells:
+                entry = nodes.entry()
+                para = nodes.paragraph()
+                para += cell
+                entry += para
+                r += entry
+            into += r
+
+        row([nodes.Text("Test"), nodes.Text("What it checks")], head)
+        for test in tests:
+            row([nodes.literal(text=test.nodeid), nodes.Text(test.summary or "")], body)
         plural = len(tests) != 1
         intro = nodes.paragraph()
         intro += nodes.Text(
             f"{len(tests)} test{'s' if plural else ''} carr{'y' if plural else 'ies'} the marker "
         )
         intro += nodes.literal(text=f'@pytest.mark.theorem("{theorem}")')
-        intro += nodes.Text(":")
-        return [intro, bullets]
+        intro += nodes.Text(" (read from the test files when this page was built):")
+        return [intro, table]
 
 
 # -- keep the pages fresh ----------------------------------------------------------------
