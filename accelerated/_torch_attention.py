@@ -214,11 +214,6 @@ def _additive(p: Prepared) -> torch.Tensor | None:
 _CUDNN_OK = True
 
 
-def _disable_cudnn() -> None:
-    global _CUDNN_OK
-    _CUDNN_OK = False
-
-
 def _lse_primitive(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -233,6 +228,7 @@ def _lse_primitive(
     masked query gives ``out = 0``. ``lse`` is None when no fused kernel is
     available here (the caller then uses the chunked path).
     """
+    global _CUDNN_OK
     aten = torch.ops.aten
     if q.device.type == "cpu":
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
@@ -260,7 +256,7 @@ def _lse_primitive(
                         return res[0], res[1].reshape(lead)
                 except (RuntimeError, NotImplementedError):
                     pass
-                _disable_cudnn()
+                _CUDNN_OK = False
             res = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, scale=scale)
             return res[0], res[1][..., :L]
         res = aten._scaled_dot_product_efficient_attention(
