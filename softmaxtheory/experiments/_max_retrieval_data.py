@@ -131,9 +131,7 @@ def _targets(priority: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
     return classes.gather(-1, idx).squeeze(-1)
 
 
-def sample_eval_sets(
-    n: int, batch: int, generator: torch.Generator, *, device: torch.device | str | None = None
-) -> Sets:
+def sample_eval_sets(n: int, batch: int, generator: torch.Generator) -> Sets:
     r"""Draw `batch` full sets of `n` items each.
 
     Parameters
@@ -143,10 +141,7 @@ def sample_eval_sets(
     batch : int
         Number of sets, ``>= 1``.
     generator : torch.Generator
-        The stream to draw from; the tensors live on its device unless
-        `device` says otherwise (it must then be the generator's device).
-    device : torch.device or str, optional
-        Defaults to the generator's device.
+        The stream to draw from; the tensors live on its device.
 
     Returns
     -------
@@ -162,7 +157,7 @@ def sample_eval_sets(
         raise ValueError(f"n must be >= 1, got {n}")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
-    dev = generator.device if device is None else torch.device(device)
+    dev = generator.device
     priority = torch.rand((batch, n), generator=generator, device=dev)
     classes = torch.randint(0, NUM_CLASSES, (batch, n), generator=generator, device=dev)
     query = torch.rand((batch,), generator=generator, device=dev)
@@ -176,7 +171,6 @@ def sample_train_sets(
     steps: int = 1,
     min_items: int = TRAIN_MIN_ITEMS,
     max_items: int = TRAIN_MAX_ITEMS,
-    device: torch.device | str | None = None,
 ) -> Sets:
     r"""Draw training sets of :math:`n \sim U\{\text{min\_items}, \dots, \text{max\_items}\}` items.
 
@@ -189,14 +183,12 @@ def sample_train_sets(
     batch : int
         Sets per step.
     generator : torch.Generator
-        The stream to draw from.
+        The stream to draw from; the tensors live on its device.
     steps : int, default 1
         Number of steps drawn at once (a leading dimension); drawing many
         steps in one call saves kernel launches on a GPU.
     min_items, max_items : int
         The range of set sizes (inclusive).
-    device : torch.device or str, optional
-        Defaults to the generator's device.
 
     Returns
     -------
@@ -212,7 +204,7 @@ def sample_train_sets(
         raise ValueError(f"batch and steps must be >= 1, got {batch} and {steps}")
     if not 1 <= min_items <= max_items:
         raise ValueError(f"need 1 <= min_items <= max_items, got {min_items} and {max_items}")
-    dev = generator.device if device is None else torch.device(device)
+    dev = generator.device
     shape = (steps, batch, max_items)
     sizes = torch.randint(min_items, max_items + 1, shape[:2], generator=generator, device=dev)
     priority = torch.rand(shape, generator=generator, device=dev)

@@ -177,17 +177,6 @@ def t1_log_gap(n: int, spread: float) -> float:
     return math.log(n - 1) - spread - math.log1p((n - 1) * math.exp(-spread))
 
 
-def _stats(values: np.ndarray) -> dict[str, float]:
-    v = np.asarray(values, dtype=float).ravel()
-    return {
-        "mean": float(np.mean(v)),
-        "std": float(np.std(v, ddof=1)) if v.size > 1 else 0.0,
-        "min": float(np.min(v)),
-        "median": float(np.median(v)),
-        "max": float(np.max(v)),
-    }
-
-
 def summary_rows(exp: Experiment) -> list[list[str]]:
     """The summary beside the paper's Gemma 2B figures, as rows of strings.
 
@@ -270,15 +259,15 @@ def summary_rows(exp: Experiment) -> list[list[str]]:
 def _length_rows(exp: Experiment) -> list[list[Any]]:
     rows = []
     for r in exp.results:
-        st = _stats(r.spread_max)
+        st = summarize(r, "max")
         rows.append(
             [
                 r.length,
-                st["mean"],
-                st["std"],
-                st["min"],
-                st["median"],
-                st["max"],
+                st.mean,
+                st.std,
+                st.min,
+                st.median,
+                st.max,
                 float(np.min(r.max_coefficient)),
                 float(np.median(r.max_coefficient)),
                 int(np.sum(r.max_coefficient >= EPS)),

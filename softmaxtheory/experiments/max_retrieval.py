@@ -32,6 +32,7 @@ import math
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -116,34 +117,26 @@ CONFIGS: dict[str, Config] = {
 }
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from exc
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _number_parser(
+    convert: Callable[[str], Any], valid: Callable[[Any], bool], expected: str
+) -> Callable[[str], Any]:
+    """An argparse ``type=``: `convert` the text, then require `valid` (else "expected ...")."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from exc
+        if not valid(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from exc
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from exc
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+_positive_int = _number_parser(int, lambda v: v >= 1, "a positive integer")
+_nonnegative_int = _number_parser(int, lambda v: v >= 0, "an integer >= 0")
+_positive_float = _number_parser(float, lambda v: math.isfinite(v) and v > 0, "a positive number")
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -381,11 +374,12 @@ def main(args: argparse.Namespace) -> int:
         write_csv,
     )
 
+    device_name = _device_name(device)
     progress = not getattr(args, "no_progress", False)
     if progress:
         sys.stderr.write(
             f"max retrieval, {cfg.name}: {cfg.seeds} seeds x {cfg.steps} steps, "
-            f"sizes {cfg.sizes[0]}..{cfg.sizes[-1]}, on {_device_name(device)}\n"
+            f"sizes {cfg.sizes[0]}..{cfg.sizes[-1]}, on {device_name}\n"
         )
     run = run_experiment(
         cfg, device, chunk_items=getattr(args, "chunk_items", None), progress=progress
@@ -404,28 +398,24 @@ def main(args: argparse.Namespace) -> int:
     record = _finite(
         {
             "config": asdict(cfg),
-            "device": _device_name(device),
+            "device": device_name,
             "torch": torch.__version__,
-            "train": {
-                "steps": log.steps,
-                "seconds": log.seconds,
-                "final_loss": log.final_loss,
-                "history": [[s, losses] for s, losses in log.history],
-            },
+            "train": asdict(log),
             "timing": run["timing"],
             "sizes": rows,
             "per_seed": [r.as_dict() for r in run["results"]],
             "files": files,
         }
     )
-    Path(files["json"]).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    text = json.dumps(record, indent=1) + "\n"
+    Path(files["json"]).write_text(text, encoding="utf-8")
     if getattr(args, "json", False):
-        sys.stdout.write(json.dumps(record, indent=1) + "\n")
+        sys.stdout.write(text)
         return 0
     timing = run["timing"]
     print(
         f"max retrieval ({cfg.name}), {cfg.seeds} seeds, {log.steps} steps of batch {cfg.batch}, "
-        f"{_device_name(device)}; train {timing['train_s']:.0f} s, eval {timing['eval_s']:.0f} s; "
+        f"{device_name}; train {timing['train_s']:.0f} s, eval {timing['eval_s']:.0f} s; "
         "accuracy % mean ± std over seeds, paper = ten seeds"
     )
     print(format_table(rows))

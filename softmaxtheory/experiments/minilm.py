@@ -28,7 +28,6 @@ package and matplotlib are imported only when the experiment runs.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -187,11 +186,11 @@ def main(args: argparse.Namespace) -> int:
             sample = None
         else:
             try:
-                content = Path(args.text).read_text(encoding="utf-8")
+                content = args.text.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 print(f"{_PROG}: error: cannot read --text {args.text}: {exc}", file=sys.stderr)
                 return 2
-            sample = TextSample(content, f"file {Path(args.text).name}")
+            sample = TextSample(content, f"file {args.text.name}")
         exp = run(args.lengths, sample, args.dtype, verbose=True)
     except MissingDependencyError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
@@ -202,19 +201,21 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return 2
-    from ._minilm_report import format_report, to_json, write_outputs
+    from ._minilm_report import format_report, write_outputs
 
     command = _command_line(args)
     try:
-        written = write_outputs(exp, Path(args.out), command=command, progress=_say)
+        written = write_outputs(exp, args.out, command=command, progress=_say)
+        # --json prints what write_outputs wrote to results.json (to_json runs once)
+        record = (args.out / "results.json").read_text(encoding="utf-8") if args.json else None
     except MissingDependencyError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"{_PROG}: error: cannot write to --out {args.out}: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(to_json(exp, command), indent=1))
+    if record is not None:
+        sys.stdout.write(record)
     else:
         print(format_report(exp))
     _say(f"wrote {len(written)} files to {args.out} in {time.perf_counter() - t0:.1f} s")
