@@ -152,8 +152,12 @@ def test_the_discovery_finds_the_known_modules():
         "softmaxtheory.accelerated.torch",
     ):
         assert name in MODULES
-    assert not any(part.startswith("_") for m in MODULES for part in m.split("."))
-    assert "softmaxtheory.__main__" not in MODULES
+
+
+def test_a_name_with_a_private_part_is_not_public():
+    assert _public("softmaxtheory.accelerated.cpu")
+    for name in ("softmaxtheory.__main__", "softmaxtheory._cmd_check", "_x", "a._b.c"):
+        assert not _public(name), name
 
 
 def _undocumented(modname: str, module, documented: set[str]) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import re
 import struct
 import subprocess
 import sys
@@ -139,7 +140,10 @@ def test_the_tool_fails_and_passes_the_good_pages(report):
     assert "theory/good.html" not in problems, out
     assert "theory/other.html" not in problems, out
     assert "theory/good.html: 2 math element(s), MathJax 3." in out
-    assert "theory/good.html" in out and "2 image(s)" in out
+    # its own summary line: bad_images.html has two images as well
+    assert re.search(
+        r"^theory/good\.html: 2 math element\(s\), MathJax 3\.[^,]*, 2 image\(s\), ", out, re.M
+    ), out
     assert f"check_pages: {len(PAGES)} page(s) checked" in out
 
 
@@ -254,3 +258,32 @@ def test_literal_numbers_flag_fails_the_check(tmp_path):
     )
     assert res.returncode == 1
     assert "theory/n.html: [number] typed, not computed: ...beta max 2.4213877066..." in res.stdout
+
+
+@needs_chromium
+def test_literal_section_checks_numbers_of_its_pages_only(tmp_path):
+    """One run checks every page, and looks for typed numbers under the named folder only."""
+    for folder in ("theory", "api"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "n.html").write_text(_page("<p>beta max 2.4213877066</p>", head=""))
+    (tmp_path / "index.html").write_text(_page("<p>Home</p>", head=""))
+    args = [sys.executable, str(TOOL), str(tmp_path), "--all", "--literal-section", "theory"]
+    res = subprocess.run(args, capture_output=True, text=True, check=False, timeout=300)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "theory/n.html: [number] typed, not computed: ...beta max 2.4213877066..." in res.stdout
+    assert "api/n.html:" not in res.stdout
+    assert "check_pages: 3 page(s) checked, 1 problem(s) on 1 page(s)" in res.stdout
+
+
+def test_a_literal_section_without_pages_is_an_error(tmp_path):
+    (tmp_path / "theory").mkdir()
+    (tmp_path / "theory" / "n.html").write_text(_page("<p>x</p>", head=""))
+    (tmp_path / "index.html").write_text(_page("<p>Home</p>", head=""))
+    res = subprocess.run(
+        [sys.executable, str(TOOL), str(tmp_path), "--literal-section", "guides"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 2
+    assert f"no pages under {tmp_path.resolve()} in guides" in res.stderr

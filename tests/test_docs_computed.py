@@ -37,6 +37,15 @@ plot_html_show_formats = False
 """
 
 
+def _sphinx(src: Path, out: Path, builder: str = "html") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", builder, src, out],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
 def _build(tmp_path: Path, pages: dict[str, str], builder: str = "html"):
     src = tmp_path / "src"
     src.mkdir()
@@ -44,13 +53,7 @@ def _build(tmp_path: Path, pages: dict[str, str], builder: str = "html"):
     for name, text in pages.items():
         (src / f"{name}.rst").write_text(textwrap.dedent(text))
     out = tmp_path / "out"
-    res = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", builder, src, out],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return res, out
+    return _sphinx(src, out, builder), out
 
 
 def _text(html: str) -> str:
@@ -171,6 +174,23 @@ def test_mpmath_precision_does_not_leak_between_pages(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "Digits 50, third 0." + "3" * 50 + "." in _text((out / "index.html").read_text())
     assert "Bits 53." in _text((out / "other.html").read_text())
+
+
+def test_a_page_with_computed_values_is_read_again_on_every_build(tmp_path):
+    """Only the value changes between two builds into the same folder, not the page."""
+    value = tmp_path / "value.txt"
+    value.write_text("first")
+    page = (
+        "Title\n=====\n\n"
+        f"The value is :computed:`__import__('pathlib').Path({str(value)!r}).read_text()`.\n"
+    )
+    res, out = _build(tmp_path, {"index": page})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "The value is first." in _text((out / "index.html").read_text())
+    value.write_text("second")
+    res = _sphinx(tmp_path / "src", out)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "The value is second." in _text((out / "index.html").read_text())
 
 
 @pytest.mark.parametrize(

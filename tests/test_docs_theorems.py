@@ -114,6 +114,37 @@ def test_find_marker_problems_names_each_bad_marker(tmp_path):
         assert f"theorem({shown}) names no theorem of T1, T2" in messages
 
 
+UNPACKED_TESTS = """
+import pytest
+
+a, b = pytest.mark.theorem("T1"), pytest.mark.theorem("T2")
+unused = pytest.mark.theorem("T3")
+
+
+@a
+def test_unpacked():
+    \"\"\"The marker is lost: the docs read no alias from a tuple assignment.\"\"\"
+"""
+
+
+def test_a_marker_no_test_receives_is_a_problem(tmp_path):
+    """Markers the scan of the tests never attaches (unpacked or unused aliases) are reported."""
+    folder = _write(tmp_path / "tests", {"test_unpacked.py": UNPACKED_TESTS})
+    tests, _, _ = theorem_tests.find_theorem_tests(folder, "T1")
+    assert tests == []
+    problems, errors = theorem_tests.find_marker_problems(folder)
+    assert errors == []
+    lines = UNPACKED_TESTS.splitlines()
+    unpacked = next(i for i, line in enumerate(lines, start=1) if line.startswith("a, b ="))
+    unused = next(i for i, line in enumerate(lines, start=1) if line.startswith("unused ="))
+    assert [(p.lineno, p.owner) for p in problems] == [
+        (unpacked, "<module>"),
+        (unpacked, "<module>"),
+        (unused, "<module>"),
+    ], "\n".join(map(str, problems))
+    assert all("not on a test function" in p.message for p in problems)
+
+
 def test_find_marker_problems_accepts_the_good_forms(tmp_path):
     folder = _write(tmp_path / "tests", {"test_good.py": GOOD_TESTS})
     assert theorem_tests.find_marker_problems(folder) == ([], [])
@@ -148,7 +179,11 @@ def _build(tmp_path: Path, index: str, tests: dict[str, str], conf_extra: str = 
     (src / "conf.py").write_text(CONF + conf_extra)
     (src / "index.rst").write_text("Title\n=====\n\n" + textwrap.dedent(index))
     _write(tmp_path / "tests", tests)
-    res = subprocess.run(
+    return _sphinx(src, tmp_path / "out"), tmp_path / "out"
+
+
+def _sphinx(src: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -159,13 +194,12 @@ def _build(tmp_path: Path, index: str, tests: dict[str, str], conf_extra: str = 
             "-b",
             "html",
             src,
-            tmp_path / "out",
+            out,
         ],
         capture_output=True,
         text=True,
         check=False,
     )
-    return res, tmp_path / "out"
 
 
 ONLY_T1_T2 = '\ntheorem_tests_theorems = ("T1", "T2")\n'
@@ -194,6 +228,25 @@ def test_every_theorem_t1_to_t10_must_be_listed_by_a_page(tmp_path):
     assert "[theorem_tests.unlisted]" in err
 
 
+def test_a_new_test_file_is_listed_by_the_next_build(tmp_path):
+    """The page and the files it read are unchanged; the page is read again all the same."""
+    res, out = _build(tmp_path, LIST_T1_T2, {"test_good.py": GOOD_TESTS}, ONLY_T1_T2)
+    assert res.returncode == 0, res.stderr
+    assert "tests/test_more.py::test_more" not in (out / "index.html").read_text()
+    _write(
+        tmp_path / "tests",
+        {
+            "test_more.py": 'import pytest\n\n\n@pytest.mark.theorem("T1")\ndef test_more():\n'
+            '    """Checks T1 again."""\n'
+        },
+    )
+    res = _sphinx(tmp_path / "docs", out)
+    assert res.returncode == 0, res.stderr
+    html = (out / "index.html").read_text()
+    assert "tests/test_more.py::test_more" in html
+    assert "Checks T1 again." in html
+
+
 def test_a_listed_theorem_without_a_test_fails(tmp_path):
     tests = {"test_one.py": '@__import__("pytest").mark.theorem("T1")\ndef test_a():\n    pass\n'}
     res, out = _build(tmp_path, LIST_T1_T2, tests, ONLY_T1_T2)
@@ -202,6 +255,15 @@ def test_a_listed_theorem_without_a_test_fails(tmp_path):
     assert "no test in" in res.stderr and "theorem('T2')" in res.stderr
     assert "[theorem_tests.empty]" in res.stderr
     assert "No test is marked for theorem T2 yet." in (out / "index.html").read_text()
+
+
+def test_a_test_file_that_does_not_parse_is_reported_once(tmp_path):
+    tests = {"test_good.py": GOOD_TESTS, "test_broken.py": "def test_x(:\n    pass\n"}
+    res, _ = _build(tmp_path, LIST_T1_T2, tests, ONLY_T1_T2)
+    assert res.returncode != 0
+    assert res.stderr.count("theorem-tests: cannot parse") == 1, res.stderr
+    assert f"cannot parse {tmp_path / 'tests' / 'test_broken.py'}: " in res.stderr
+    assert "[theorem_tests.parse]" in res.stderr
 
 
 def test_a_marker_naming_no_theorem_fails_with_file_line_and_test(tmp_path):

@@ -6,6 +6,7 @@ Usage::
     python tools/check_pages.py docs/_build/html            # theory/, guides/, experiments/
     python tools/check_pages.py docs/_build/html --all      # every page
     python tools/check_pages.py docs/_build/html --section theory --section api
+    python tools/check_pages.py docs/_build/html --all --literal-section theory
 
 Each selected page is opened as a ``file://`` URL in one headless Chromium
 (``/usr/bin/chromium`` by default, or ``--chromium`` / ``$CHROMIUM``), driven
@@ -28,10 +29,11 @@ when
   the site), or its ``#anchor`` is not an ``id`` (or ``<a name>``) of the target;
 * the page raises a JavaScript exception, or shows ``[computed: error]`` (a
   value of docs/_ext/computed.py that failed);
-* with ``--literal-numbers`` only: the page's text or math holds a decimal
-  number with three or more digits after the point that was typed in the
-  source instead of computed at build time (outside ``.computed`` /
-  ``.computed-table`` elements, code, literal blocks and doctests).
+* with ``--literal-numbers`` (every checked page) or ``--literal-section
+  FOLDER`` (the pages of that folder; repeatable) only: the page's text or math
+  holds a decimal number with three or more digits after the point that was
+  typed in the source instead of computed at build time (outside ``.computed``
+  / ``.computed-table`` elements, code, literal blocks and doctests).
 
 Exit status: 0 when every page passes, 1 when a problem was found (each is
 printed as ``page: [kind] detail``), 2 when the check could not run (no
@@ -54,7 +56,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -486,7 +488,7 @@ def browser_problems(
         "sessionId"
     ]
     try:
-        for domain in ("Page", "Runtime", "Network", "Log"):
+        for domain in ("Page", "Runtime", "Network"):
             browser.call(f"{domain}.enable", session=session)
         nav = browser.call("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
         if nav.get("errorText"):
@@ -506,7 +508,8 @@ def browser_problems(
         out = json.loads(reply["result"]["value"])
     finally:
         events = [e for e in browser.events if e.get("sessionId") == session]
-        browser.events = [e for e in browser.events if e.get("sessionId") != session]
+        # only this page's session is read, and only until here: drop every event kept so far
+        browser.events.clear()
         browser.call("Target.closeTarget", {"targetId": target})
 
     if log is not None:
@@ -560,9 +563,7 @@ def select_pages(root: Path, sections: Iterable[str], everything: bool) -> list[
         candidates = (
             p for s in sections if (root / s).is_dir() for p in (root / s).rglob("*.html")
         )
-    return sorted(
-        {p for p in candidates if not p.relative_to(root).parts[0].startswith(("_static", "_"))}
-    )
+    return sorted({p for p in candidates if not p.relative_to(root).parts[0].startswith("_")})
 
 
 def check(
@@ -572,12 +573,17 @@ def check(
     timeout: float = 30.0,
     log: list[str] | None = None,
     numbers: bool = False,
+    number_pages: Collection[Path] = (),
 ) -> list[Problem]:
-    """All problems of `pages` (static and in the browser); per-page summaries go to `log`."""
+    """All problems of `pages` (static and in the browser); per-page summaries go to `log`.
+
+    Typed numbers are looked for on every page when `numbers` is true, else on the
+    pages that are also in `number_pages`.
+    """
     problems: list[Problem] = []
     for page in pages:
         problems.extend(static_problems(root, page))
-        if numbers:
+        if numbers or page in number_pages:
             name = page.relative_to(root).as_posix()
             problems.extend(
                 Problem(name, "number", f"typed, not computed: ...{context}...")
@@ -617,6 +623,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also fail on decimal numbers typed into the pages instead of computed",
     )
+    parser.add_argument(
+        "--literal-section",
+        action="append",
+        dest="literal_sections",
+        default=[],
+        metavar="FOLDER",
+        help="as --literal-numbers, for the pages of this folder only; they are checked too "
+        "(repeatable)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="print a line per page")
     args = parser.parse_args(argv)
     root = args.html.resolve()
@@ -624,7 +639,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check_pages: {root} has no index.html: not a built site", file=sys.stderr)
         return 2
     sections = args.sections or list(DEFAULT_SECTIONS)
-    pages = select_pages(root, sections, args.all)
+    number_pages: set[Path] = set()
+    for section in args.literal_sections:
+        more = select_pages(root, [section], everything=False)
+        if not more:
+            print(f"check_pages: no pages under {root} in {section}", file=sys.stderr)
+            return 2
+        number_pages.update(more)
+    pages = sorted(set(select_pages(root, sections, args.all)) | number_pages)
     if not pages:
         print(f"check_pages: no pages under {root} in {', '.join(sections)}", file=sys.stderr)
         return 2
@@ -636,7 +658,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log: list[str] = []
     try:
-        problems = check(root, pages, args.chromium, args.timeout, log, args.literal_numbers)
+        problems = check(
+            root,
+            pages,
+            args.chromium,
+            args.timeout,
+            log,
+            args.literal_numbers,
+            number_pages,
+        )
     except (BrowserError, OSError) as exc:
         print(f"check_pages: the browser failed: {exc}", file=sys.stderr)
         return 2

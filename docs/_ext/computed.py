@@ -147,7 +147,8 @@ def _namespace(env: BuildEnvironment) -> dict[str, Any]:
         ns = {"__name__": f"computed:{doc.docname}"}
         exec(compile(env.config.computed_preamble, "<computed_preamble>", "exec"), ns)
         doc[_NS_KEY] = ns
-    _pages(env).add(doc.docname)
+    # the library can change without the page changing: read the page again on every build
+    env.note_reread()
     return ns
 
 
@@ -397,29 +398,6 @@ def _restore_precision(app: Sphinx, doctree: nodes.document) -> None:
         mpmath.mp.prec = doc[_PREC_KEY]
 
 
-# -- keep the pages fresh ---------------------------------------------------------------
-
-
-def _pages(env: BuildEnvironment) -> set[str]:
-    if not hasattr(env, "computed_pages"):
-        env.computed_pages = set()  # type: ignore[attr-defined]
-    return env.computed_pages  # type: ignore[attr-defined]
-
-
-def _purge(app: Sphinx, env: BuildEnvironment, docname: str) -> None:
-    _pages(env).discard(docname)
-
-
-def _merge(app: Sphinx, env: BuildEnvironment, docnames: set[str], other: BuildEnvironment) -> None:
-    _pages(env).update(_pages(other) & set(docnames))
-
-
-def _outdated(
-    app: Sphinx, env: BuildEnvironment, added: set[str], changed: set[str], removed: set[str]
-) -> list[str]:
-    return sorted(d for d in _pages(env) if d in env.found_docs and d not in removed)
-
-
 def setup(app: Sphinx) -> dict[str, Any]:
     """Register the roles, the directives and ``computed_preamble``."""
     app.add_config_value("computed_preamble", DEFAULT_PREAMBLE, "env", types=[str])
@@ -430,7 +408,4 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("computed-table", ComputedTableDirective)
     app.add_directive("computed-rst", ComputedRstDirective)
     app.connect("doctree-read", _restore_precision)
-    app.connect("env-purge-doc", _purge)
-    app.connect("env-merge-info", _merge)
-    app.connect("env-get-outdated", _outdated)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

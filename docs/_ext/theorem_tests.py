@@ -32,7 +32,7 @@ build fails), with its subtype:
   argument, no argument), or sits where the docs cannot attach it to a test
   (for example inside ``pytest.param``); the warning names the file, the line
   and the enclosing test;
-* ``parse`` -- a test file cannot be parsed;
+* ``parse`` -- a test file cannot be parsed (reported once, after all pages are read);
 * ``folder`` -- ``theorem_tests_dir`` is not a folder.
 
 Pages using the directive are re-read on every build, since test files can
@@ -47,7 +47,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from docutils import nodes
 from docutils.parsers.rst import directives
@@ -59,12 +59,16 @@ from sphinx.util.docutils import SphinxDirective
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "TEST_PATTERNS",
     "THEOREMS",
+    "FileScan",
+    "MarkerCall",
     "MarkerProblem",
     "TheoremTest",
     "TheoremTestsDirective",
     "find_marker_problems",
     "find_theorem_tests",
+    "scan_file",
     "setup",
 ]
 
@@ -72,6 +76,9 @@ _THEOREM_RE = re.compile(r"^T[0-9]+$")
 
 #: The theorems of DESIGN.md section 3; the default of ``theorem_tests_theorems``.
 THEOREMS: tuple[str, ...] = tuple(f"T{i}" for i in range(1, 11))
+
+#: The names of the test files read; the default of ``theorem_tests_patterns``.
+TEST_PATTERNS: tuple[str, ...] = ("test_*.py", "*_test.py")
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,7 @@ def _is_mark_attr(node: ast.expr) -> bool:
     return False
 
 
-def _theorems_of_call(node: ast.expr) -> list[str] | None:
+def _theorems_of_call(node: ast.AST) -> list[str] | None:
     """Theorem names of a ``<pytest.>mark.theorem(...)`` call; ``None`` if not one."""
     if not isinstance(node, ast.Call):
         return None
@@ -119,17 +126,29 @@ def _theorems_of_call(node: ast.expr) -> list[str] | None:
     return names or ["<no argument>"]
 
 
-def _theorems_of_expr(node: ast.expr, aliases: dict[str, set[str]]) -> set[str]:
-    """Theorems named by a mark expression: a call, an alias, or a list of those."""
+class _Marks(NamedTuple):
+    """The theorems of a mark expression and the ``id()`` of the theorem-mark calls behind them."""
+
+    theorems: frozenset[str] = frozenset()
+    calls: frozenset[int] = frozenset()
+
+    def __or__(self, other: object) -> _Marks:
+        if not isinstance(other, _Marks):
+            return NotImplemented
+        return _Marks(self.theorems | other.theorems, self.calls | other.calls)
+
+
+def _marks_of_expr(node: ast.expr, aliases: dict[str, _Marks]) -> _Marks:
+    """The marks of an expression: a call, an alias, or a list / tuple / set of those."""
     if isinstance(node, ast.List | ast.Tuple | ast.Set):
-        found: set[str] = set()
+        found = _Marks()
         for elt in node.elts:
-            found |= _theorems_of_expr(elt, aliases)
+            found |= _marks_of_expr(elt, aliases)
         return found
     if isinstance(node, ast.Name) and node.id in aliases:
-        return set(aliases[node.id])
+        return aliases[node.id]
     names = _theorems_of_call(node)
-    return set(names) if names else set()
+    return _Marks(frozenset(names), frozenset({id(node)})) if names else _Marks()
 
 
 def _first_line(node: ast.AST) -> str:
@@ -146,29 +165,6 @@ _DOC_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def _module_marks(tree: ast.Module) -> tuple[set[str], dict[str, set[str]]]:
-    """Module-level ``pytestmark`` theorems and mark aliases, in source order."""
-    aliases: dict[str, set[str]] = {}
-    module: set[str] = set()
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign):
-            targets = [t.id for t in stmt.targets if isinstance(t, ast.Name)]
-            value = stmt.value
-        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            if stmt.value is None:
-                continue
-            targets, value = [stmt.target.id], stmt.value
-        else:
-            continue
-        found = _theorems_of_expr(value, aliases)
-        for name in targets:
-            if name == "pytestmark":
-                module = found
-            elif found:
-                aliases[name] = found
-    return module, aliases
-
-
 def _is_test_function(node: ast.stmt) -> bool:
     return isinstance(node, _FUNCS) and node.name.startswith("test")
 
@@ -177,168 +173,73 @@ def _is_test_class(node: ast.stmt) -> bool:
     return isinstance(node, ast.ClassDef) and node.name.startswith("Test")
 
 
-def _decorator_theorems(node: ast.AST, aliases: dict[str, set[str]]) -> set[str]:
-    found: set[str] = set()
-    for dec in getattr(node, "decorator_list", []):
-        found |= _theorems_of_expr(dec, aliases)
-    return found
+class _Reader:
+    """One pass over a parsed test file: its tests and the theorems that reach each.
 
-
-def _class_marks(cls: ast.ClassDef, aliases: dict[str, set[str]]) -> set[str]:
-    found = _decorator_theorems(cls, aliases)
-    for stmt in cls.body:
-        if isinstance(stmt, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "pytestmark" for t in stmt.targets
-        ):
-            found |= _theorems_of_expr(stmt.value, aliases)
-    return found
-
-
-def _iter_tests(
-    tree: ast.Module, aliases: dict[str, set[str]], inherited: set[str]
-) -> Iterator[tuple[str, set[str], ast.AST]]:
-    """Yield ``(name, theorems, node)`` for every test function or method."""
-
-    def walk_class(cls: ast.ClassDef, prefix: str, marks: set[str]) -> Iterator[Any]:
-        marks = marks | _class_marks(cls, aliases)
-        for stmt in cls.body:
-            if _is_test_function(stmt):
-                yield (
-                    f"{prefix}{cls.name}::{stmt.name}",
-                    marks | _decorator_theorems(stmt, aliases),
-                    stmt,
-                )
-            elif _is_test_class(stmt):
-                yield from walk_class(stmt, f"{prefix}{cls.name}::", marks)
-
-    for stmt in tree.body:
-        if _is_test_function(stmt):
-            yield stmt.name, inherited | _decorator_theorems(stmt, aliases), stmt
-        elif _is_test_class(stmt):
-            yield from walk_class(stmt, "", inherited)
-
-
-_SCAN_CACHE: dict[tuple[str, str, int, int], dict[str, list[TheoremTest]]] = {}
-
-
-def scan_file(path: Path, display: str) -> dict[str, list[TheoremTest]]:
-    """Map each theorem named in one test file to its tests (cached by mtime and size).
-
-    Raises
-    ------
-    SyntaxError
-        If the file does not parse.
+    Every theorem-mark call whose theorems reach a test (or a ``pytestmark``) is
+    recorded in `used` by ``id()``; a call left out of `used` is a marker the
+    docs cannot attach to a test.
     """
-    stat = path.stat()
-    key = (str(path), display, stat.st_mtime_ns, stat.st_size)
-    if key not in _SCAN_CACHE:
-        _SCAN_CACHE[key] = _scan_file(path, display)
-    return _SCAN_CACHE[key]
 
+    def __init__(self, tree: ast.Module) -> None:
+        self.tree = tree
+        self.used: set[int] = set()
+        self.aliases: dict[str, _Marks] = {}
+        module = _Marks()
+        for stmt in tree.body:  # module-level pytestmark and mark aliases, in source order
+            if isinstance(stmt, ast.Assign):
+                targets = [t.id for t in stmt.targets if isinstance(t, ast.Name)]
+                value = stmt.value
+            elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                if stmt.value is None:
+                    continue
+                targets, value = [stmt.target.id], stmt.value
+            else:
+                continue
+            found = _marks_of_expr(value, self.aliases)
+            for name in targets:
+                if name == "pytestmark":
+                    module = found
+                elif found.theorems:
+                    self.aliases[name] = found
+        self.module = self._take(module)
 
-def _scan_file(path: Path, display: str) -> dict[str, list[TheoremTest]]:
-    source = path.read_text(encoding="utf-8")
-    tree = ast.parse(source, filename=str(path))
-    module, aliases = _module_marks(tree)
-    result: dict[str, list[TheoremTest]] = {}
-    for name, theorems, node in _iter_tests(tree, aliases, module):
-        summary = _first_line(node)
-        for theorem in sorted(theorems):
-            result.setdefault(theorem, []).append(
-                TheoremTest(display, name, summary, getattr(node, "lineno", 0))
-            )
-    return result
+    def _take(self, marks: _Marks) -> set[str]:
+        """The theorems of marks that apply to tests; their calls are used."""
+        self.used |= marks.calls
+        return set(marks.theorems)
 
+    def _decorators(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> set[str]:
+        found: set[str] = set()
+        for dec in node.decorator_list:
+            found |= self._take(_marks_of_expr(dec, self.aliases))
+        return found
 
-def _test_files(folder: Path, patterns: Iterable[str]) -> list[Path]:
-    """Test files under `folder` (recursively) whose name matches a pattern, sorted."""
-    if not folder.is_dir():
-        return []
-    pats = list(patterns)
-    return sorted(
-        p
-        for p in folder.rglob("*.py")
-        if any(fnmatch.fnmatch(p.name, pat) for pat in pats)
-        and not any(part.startswith(".") or part == "__pycache__" for part in p.parts)
-    )
-
-
-def find_theorem_tests(
-    folder: Path, theorem: str, patterns: Iterable[str] = ("test_*.py", "*_test.py")
-) -> tuple[list[TheoremTest], list[tuple[Path, Exception]], list[Path]]:
-    """Tests marked for `theorem` under `folder`.
-
-    Returns
-    -------
-    tests, errors, files
-        The tests (by file, then source order), the files that failed to parse
-        with their exception, and every file read.
-    """
-    tests: list[TheoremTest] = []
-    errors: list[tuple[Path, Exception]] = []
-    files = _test_files(folder, patterns)
-    for path in files:
-        display = f"{folder.name}/{path.relative_to(folder).as_posix()}"
-        try:
-            found = scan_file(path, display)
-        except (SyntaxError, UnicodeDecodeError, OSError) as exc:
-            errors.append((path, exc))
-            continue
-        tests.extend(sorted(found.get(theorem, []), key=lambda t: t.lineno))
-    return tests, errors, files
-
-
-# -- markers naming no theorem ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MarkerProblem:
-    """A theorem marker the docs reject: a wrong name, or a place no test reaches."""
-
-    path: str  # relative, with forward slashes, e.g. "tests/test_theorems.py"
-    lineno: int
-    owner: str  # the enclosing test / class / function, or "<module>"
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.lineno} ({self.owner}): {self.message}"
-
-
-def _attached_calls(tree: ast.Module) -> set[int]:
-    """``id()`` of the theorem-mark calls in places that :func:`_scan_file` reads."""
-    attached: set[int] = set()
-
-    def take(node: ast.expr) -> None:
-        # the same shapes that _theorems_of_expr reads: a call, or a list / tuple / set of them
-        if isinstance(node, ast.List | ast.Tuple | ast.Set):
-            for elt in node.elts:
-                take(elt)
-        elif _theorems_of_call(node) is not None:
-            attached.add(id(node))
-
-    def visit_class(cls: ast.ClassDef) -> None:
-        for dec in cls.decorator_list:
-            take(dec)
+    def _class_marks(self, cls: ast.ClassDef) -> set[str]:
+        found = self._decorators(cls)
         for stmt in cls.body:
             if isinstance(stmt, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "pytestmark" for t in stmt.targets
             ):
-                take(stmt.value)
-            elif _is_test_function(stmt):
-                for dec in stmt.decorator_list:  # type: ignore[union-attr]
-                    take(dec)
-            elif _is_test_class(stmt):
-                visit_class(stmt)  # type: ignore[arg-type]
+                found |= self._take(_marks_of_expr(stmt.value, self.aliases))
+        return found
 
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign | ast.AnnAssign) and stmt.value is not None:
-            take(stmt.value)  # pytestmark or a module-level alias
-        elif _is_test_function(stmt):
-            for dec in stmt.decorator_list:  # type: ignore[union-attr]
-                take(dec)
-        elif _is_test_class(stmt):
-            visit_class(stmt)  # type: ignore[arg-type]
-    return attached
+    def tests(self) -> Iterator[tuple[str, set[str], ast.FunctionDef | ast.AsyncFunctionDef]]:
+        """Yield ``(name, theorems, node)`` for every test function or method."""
+
+        def walk_class(cls: ast.ClassDef, prefix: str, marks: set[str]) -> Iterator[Any]:
+            marks = marks | self._class_marks(cls)
+            for stmt in cls.body:
+                if _is_test_function(stmt):
+                    yield f"{prefix}{cls.name}::{stmt.name}", marks | self._decorators(stmt), stmt
+                elif _is_test_class(stmt):
+                    yield from walk_class(stmt, f"{prefix}{cls.name}::", marks)
+
+        for stmt in self.tree.body:
+            if _is_test_function(stmt):
+                yield stmt.name, self.module | self._decorators(stmt), stmt
+            elif _is_test_class(stmt):
+                yield from walk_class(stmt, "", self.module)
 
 
 def _owners(tree: ast.Module) -> dict[int, str]:
@@ -358,36 +259,153 @@ def _owners(tree: ast.Module) -> dict[int, str]:
     return owners
 
 
-def _file_marker_problems(
-    path: Path, display: str, theorems: frozenset[str]
-) -> list[MarkerProblem]:
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    attached = _attached_calls(tree)
+@dataclass(frozen=True)
+class MarkerCall:
+    """One ``mark.theorem(...)`` call of a test file, wherever it is."""
+
+    lineno: int
+    owner: str  # the enclosing test / class / function, or "<module>"
+    names: tuple[str, ...]  # its arguments; "<expr>" for a non-literal, "<no argument>"
+    attached: bool  # whether its theorems reach a test (or a pytestmark)
+
+
+@dataclass(frozen=True)
+class FileScan:
+    """What one test file says about theorems."""
+
+    tests: dict[str, list[TheoremTest]]  # theorem name to its tests, in source order
+    markers: tuple[MarkerCall, ...]  # every theorem-mark call of the file
+
+
+_SCAN_CACHE: dict[tuple[str, str, int, int], FileScan] = {}
+
+
+def scan_file(path: Path, display: str) -> FileScan:
+    """The tests and theorem markers of one test file (cached by mtime and size).
+
+    Raises
+    ------
+    SyntaxError
+        If the file does not parse.
+    """
+    stat = path.stat()
+    key = (str(path), display, stat.st_mtime_ns, stat.st_size)
+    if key not in _SCAN_CACHE:
+        _SCAN_CACHE[key] = _scan_file(path, display)
+    return _SCAN_CACHE[key]
+
+
+def _scan_file(path: Path, display: str) -> FileScan:
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source, filename=str(path))
+    reader = _Reader(tree)
+    tests: dict[str, list[TheoremTest]] = {}
+    for name, theorems, node in reader.tests():
+        summary = _first_line(node)
+        for theorem in sorted(theorems):
+            tests.setdefault(theorem, []).append(TheoremTest(display, name, summary, node.lineno))
+    # read after the tests, so that `reader.used` holds every call that reached a test
     owners = _owners(tree)
-    problems: list[MarkerProblem] = []
-    for node in ast.walk(tree):
-        names = _theorems_of_call(node)  # type: ignore[arg-type]
-        if names is None:
+    markers = tuple(
+        MarkerCall(
+            getattr(node, "lineno", 0),
+            owners.get(id(node), "<module>"),
+            tuple(names),
+            id(node) in reader.used,
+        )
+        for node in ast.walk(tree)
+        if (names := _theorems_of_call(node)) is not None
+    )
+    return FileScan(tests, markers)
+
+
+def _test_files(folder: Path, patterns: Iterable[str]) -> list[Path]:
+    """Test files under `folder` (recursively) whose name matches a pattern, sorted."""
+    if not folder.is_dir():
+        return []
+    pats = list(patterns)
+    return sorted(
+        p
+        for p in folder.rglob("*.py")
+        if any(fnmatch.fnmatch(p.name, pat) for pat in pats)
+        and not any(part.startswith(".") or part == "__pycache__" for part in p.parts)
+    )
+
+
+def _scans(
+    folder: Path, patterns: Iterable[str]
+) -> Iterator[tuple[Path, str, FileScan | Exception]]:
+    """``(path, display, scan)`` per test file; the exception in place of a file that fails."""
+    for path in _test_files(folder, patterns):
+        display = f"{folder.name}/{path.relative_to(folder).as_posix()}"
+        try:
+            scan = scan_file(path, display)
+        except (SyntaxError, UnicodeDecodeError, OSError) as exc:
+            yield path, display, exc
             continue
-        owner = owners.get(id(node), "<module>")
-        lineno = getattr(node, "lineno", 0)
-        for name in names:
+        yield path, display, scan
+
+
+def find_theorem_tests(
+    folder: Path, theorem: str, patterns: Iterable[str] = TEST_PATTERNS
+) -> tuple[list[TheoremTest], list[tuple[Path, Exception]], list[Path]]:
+    """Tests marked for `theorem` under `folder`.
+
+    Returns
+    -------
+    tests, errors, files
+        The tests (by file, then source order), the files that failed to parse
+        with their exception, and every file read.
+    """
+    tests: list[TheoremTest] = []
+    errors: list[tuple[Path, Exception]] = []
+    files: list[Path] = []
+    for path, _, scan in _scans(folder, patterns):
+        files.append(path)
+        if isinstance(scan, Exception):
+            errors.append((path, scan))
+            continue
+        tests.extend(sorted(scan.tests.get(theorem, []), key=lambda t: t.lineno))
+    return tests, errors, files
+
+
+# -- markers naming no theorem ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MarkerProblem:
+    """A theorem marker the docs reject: a wrong name, or a place no test reaches."""
+
+    path: str  # relative, with forward slashes, e.g. "tests/test_theorems.py"
+    lineno: int
+    owner: str  # the enclosing test / class / function, or "<module>"
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.lineno} ({self.owner}): {self.message}"
+
+
+def _marker_problems(scan: FileScan, display: str, theorems: frozenset[str]) -> list[MarkerProblem]:
+    problems: list[MarkerProblem] = []
+    known = ", ".join(sorted(theorems, key=_theorem_key))
+    for call in scan.markers:
+        for name in call.names:
             if name not in theorems:
+                shown = name if name.startswith("<") else repr(name)
                 problems.append(
                     MarkerProblem(
                         display,
-                        lineno,
-                        owner,
-                        f"the marker theorem({name if name.startswith('<') else repr(name)}) "
-                        f"names no theorem of {', '.join(sorted(theorems, key=_theorem_key))}",
+                        call.lineno,
+                        call.owner,
+                        f"the marker theorem({shown}) names no theorem of {known}",
                     )
                 )
-        if id(node) not in attached:
+        if not call.attached:
             problems.append(
                 MarkerProblem(
                     display,
-                    lineno,
-                    owner,
+                    call.lineno,
+                    call.owner,
                     "this theorem marker is not on a test function, a test class or the "
                     "module's pytestmark, so the docs cannot list its test",
                 )
@@ -402,7 +420,7 @@ def _theorem_key(name: str) -> tuple[int, str]:
 def find_marker_problems(
     folder: Path,
     theorems: Iterable[str] = THEOREMS,
-    patterns: Iterable[str] = ("test_*.py", "*_test.py"),
+    patterns: Iterable[str] = TEST_PATTERNS,
 ) -> tuple[list[MarkerProblem], list[tuple[Path, Exception]]]:
     """Theorem markers under `folder` that name no theorem of `theorems`, or are unreachable.
 
@@ -416,12 +434,11 @@ def find_marker_problems(
     allowed = frozenset(theorems)
     problems: list[MarkerProblem] = []
     errors: list[tuple[Path, Exception]] = []
-    for path in _test_files(folder, patterns):
-        display = f"{folder.name}/{path.relative_to(folder).as_posix()}"
-        try:
-            problems.extend(_file_marker_problems(path, display, allowed))
-        except (SyntaxError, UnicodeDecodeError, OSError) as exc:
-            errors.append((path, exc))
+    for path, display, scan in _scans(folder, patterns):
+        if isinstance(scan, Exception):
+            errors.append((path, scan))
+            continue
+        problems.extend(_marker_problems(scan, display, allowed))
     return problems, errors
 
 
@@ -460,23 +477,12 @@ class TheoremTestsDirective(SphinxDirective):
                 type="theorem_tests",
                 subtype="folder",
             )
-        tests, errors, files = find_theorem_tests(folder, theorem, config.theorem_tests_patterns)
+        tests, _, files = find_theorem_tests(folder, theorem, config.theorem_tests_patterns)
         for path in files:
             self.env.note_dependency(str(path))
-        _pages(self.env).add(self.env.current_document.docname)
-        reported = _reported(self.env)
-        for path, exc in errors:
-            if str(path) in reported:
-                continue
-            reported.add(str(path))
-            logger.warning(
-                "theorem-tests: cannot parse %s: %s",
-                path,
-                exc,
-                location=location,
-                type="theorem_tests",
-                subtype="parse",
-            )
+        # a new test file changes the list without changing the page, or any file it reads
+        self.env.note_reread()
+        # a file that fails to parse is reported once, by _check_all
         if not tests:
             logger.warning(
                 "theorem-tests: no test in %s is marked @pytest.mark.theorem(%r)",
@@ -534,24 +540,7 @@ class TheoremTestsDirective(SphinxDirective):
         return [intro, table]
 
 
-# -- keep the pages fresh ----------------------------------------------------------------
-
-
-def _reported(env: BuildEnvironment) -> set[str]:
-    """Files whose parse error was already reported in this build."""
-    if not hasattr(env, "theorem_tests_reported"):
-        env.theorem_tests_reported = set()  # type: ignore[attr-defined]
-    return env.theorem_tests_reported  # type: ignore[attr-defined]
-
-
-def _clear_reported(app: Sphinx, env: BuildEnvironment, docnames: list[str]) -> None:
-    _reported(env).clear()
-
-
-def _pages(env: BuildEnvironment) -> set[str]:
-    if not hasattr(env, "theorem_tests_pages"):
-        env.theorem_tests_pages = set()  # type: ignore[attr-defined]
-    return env.theorem_tests_pages  # type: ignore[attr-defined]
+# -- what the pages list, and the checks once all are read -----------------------------
 
 
 def _listed(env: BuildEnvironment) -> dict[str, set[str]]:
@@ -572,12 +561,10 @@ def _resolve_dir(app: Sphinx, config: Any) -> None:
 
 
 def _purge(app: Sphinx, env: BuildEnvironment, docname: str) -> None:
-    _pages(env).discard(docname)
     _listed(env).pop(docname, None)
 
 
 def _merge(app: Sphinx, env: BuildEnvironment, docnames: set[str], other: BuildEnvironment) -> None:
-    _pages(env).update(_pages(other) & set(docnames))
     for docname, theorems in _listed(other).items():
         if docname in docnames:
             _listed(env)[docname] = set(theorems)
@@ -605,17 +592,14 @@ def _check_all(app: Sphinx, env: BuildEnvironment) -> None:
             subtype="unlisted",
         )
     problems, errors = find_marker_problems(folder, theorems, config.theorem_tests_patterns)
-    reported = _reported(env)
     for path, exc in errors:
-        if str(path) not in reported:
-            reported.add(str(path))
-            logger.warning(
-                "theorem-tests: cannot parse %s: %s",
-                path,
-                exc,
-                type="theorem_tests",
-                subtype="parse",
-            )
+        logger.warning(
+            "theorem-tests: cannot parse %s: %s",
+            path,
+            exc,
+            type="theorem_tests",
+            subtype="parse",
+        )
     for problem in problems:
         logger.warning(
             "theorem-tests: %s (test %s)",
@@ -625,12 +609,6 @@ def _check_all(app: Sphinx, env: BuildEnvironment) -> None:
             type="theorem_tests",
             subtype="marker",
         )
-
-
-def _outdated(
-    app: Sphinx, env: BuildEnvironment, added: set[str], changed: set[str], removed: set[str]
-) -> list[str]:
-    return sorted(d for d in _pages(env) if d in env.found_docs and d not in removed)
 
 
 # -- a reader's check of the math ---------------------------------------------------
@@ -664,17 +642,13 @@ def _lint_math(app: Sphinx, doctree: nodes.document) -> None:
 def setup(app: Sphinx) -> dict[str, Any]:
     """Register the directive and its configuration values."""
     app.add_config_value("theorem_tests_dir", "../tests", "env", types=[str])
-    app.add_config_value(
-        "theorem_tests_patterns", ("test_*.py", "*_test.py"), "env", types=[tuple, list]
-    )
+    app.add_config_value("theorem_tests_patterns", TEST_PATTERNS, "env", types=[tuple, list])
     app.add_config_value("theorem_tests_theorems", THEOREMS, "env", types=[tuple, list])
     app.add_config_value("math_lint", True, "env", types=[bool])
     app.add_directive("theorem-tests", TheoremTestsDirective)
     app.connect("doctree-read", _lint_math)
     app.connect("env-purge-doc", _purge)
     app.connect("env-merge-info", _merge)
-    app.connect("env-get-outdated", _outdated)
     app.connect("env-check-consistency", _check_all)
     app.connect("config-inited", _resolve_dir)
-    app.connect("env-before-read-docs", _clear_reported)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
