@@ -1,33 +1,91 @@
 """``softmaxtheory check``: run the conformance suite on a user's kernel.
 
-Exit status 0 when the kernel conforms, 1 when a property fails, 2 for usage
-errors (bad import path, unknown kind, kernel not callable, missing package).
+Exit status 0 when the kernel conforms, 1 when a property fails (or the kernel
+exits, crashes or times out), 2 for usage errors (bad import path, unknown
+kind, bad option value, kernel not callable, missing package).
+
+By default the kernel runs in a child process, a fresh interpreter
+(``python -m softmaxtheory check ... --in-process``, never a fork: Numba's
+and OpenMP's thread pools are not fork-safe), which streams one JSON line per
+event back over its standard output: ``loaded``, then ``start`` and ``result``
+for each property, then ``done`` (or ``usage`` for a usage error). The kernel's
+own prints go to the standard error. The parent enforces the per-property time
+limit (``--timeout``), so a kernel that calls ``sys.exit`` or ``os._exit``,
+raises ``KeyboardInterrupt``, hangs or aborts fails the property that was
+running, named, and the remaining properties run in a new child.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import math
+import os
 import platform
+import queue
+import signal
+import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .cli import parse_float, parse_schedule
-from .spec import PaperPolynomial
 
-__all__ = ["add_parser", "run"]
+__all__ = ["DEFAULT_TIMEOUT", "IsolatedRun", "add_parser", "run", "run_isolated", "verdict"]
+
+#: Seconds a property may run before it fails as timed out (ten times this with --thorough).
+DEFAULT_TIMEOUT = 300.0
+#: After this many timeouts the remaining properties are not run (a kernel that hangs on
+#: every call would otherwise cost the limit once per property).
+_MAX_TIMEOUTS = 2
+
+
+def _eps(text: str) -> float:
+    value = parse_float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from exc
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = parse_float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def _schedule_text(text: str) -> str:
+    parse_schedule(text)  # validated here, parsed again where the kernel runs
+    return text
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Register the ``check`` subcommand on `sub` and return its parser."""
     p = sub.add_parser(
         "check",
-        help="prove a softmax / entropy / adaptive-softmax / attention kernel correct",
+        help="check a kernel against the certified reference",
         description=(
-            "Run the conformance suite on KERNEL (pkg.mod:func): values against the certified "
-            "reference in ulps of the kernel's dtype, long rows, batch independence, dtype and "
-            "shape, the special-value table, invariances, the temperature cap, schedules; for "
-            "attention: masks and causal. Exit 0 when it conforms, 1 when not, 2 for usage errors."
+            "Check KERNEL (pkg.mod:func, imported from the current folder first, as python -m "
+            "does) against the certified reference: values in ulps of the kernel's dtype, long "
+            "rows, batch independence, dtype and shape, the special-value table, invariances, "
+            "the temperature cap, schedules; for attention: masks and causal. The kernel runs "
+            "in a child process with a time limit per property. Exit 0 when it conforms, 1 "
+            "when not (a property fails, or the kernel exits, crashes or times out), 2 for "
+            "usage errors."
         ),
     )
     p.add_argument("kernel", metavar="KERNEL", help="the kernel, as pkg.mod:func")
@@ -45,12 +103,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         help="input dtype (default float64 for numpy, float32 for torch)",
     )
-    p.add_argument("--entropy-eps", type=parse_float, default=0.0, metavar="E",
-                   help="the kernel's entropy guard (1e-9: the paper's listing)")  # fmt: skip
+    p.add_argument("--entropy-eps", type=_eps, default=0.0, metavar="E",
+                   help="the kernel's entropy guard, >= 0 (1e-9: the paper's listing)")  # fmt: skip
     p.add_argument(
         "--schedule",
-        type=parse_schedule,
-        default=PaperPolynomial(),
+        type=_schedule_text,
+        default="paper",
         metavar="SPEC",
         help="schedule the kernel implements: paper (default), constant:BETA, loglength:S, "
         "poly:C0,C1,...[@THETA]",
@@ -63,77 +121,465 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="extra keyword argument for every call (e.g. axis=-1); repeatable",
     )
     p.add_argument("--thorough", action="store_true", help="explore ten times more examples")
-    p.add_argument("--examples", type=int, default=None, metavar="N",
+    p.add_argument("--examples", type=_positive_int, default=None, metavar="N",
                    help="examples per Hypothesis property (overrides the budget)")  # fmt: skip
     p.add_argument("--only", action="append", metavar="PROPERTY", help="run only this property")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="a property that cannot run on the kernel fails instead of being skipped; "
+        "16-bit kernels are held to float32-grade statistics",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help=f"seconds a property may run before it fails as timed out (default "
+        f"{DEFAULT_TIMEOUT:g}, {10 * DEFAULT_TIMEOUT:g} with --thorough)",
+    )
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the kernel in this process (for a debugger): no protection against a kernel "
+        "that exits, crashes or hangs, and no --timeout",
+    )
+    p.add_argument("--protocol", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Run the suite, print the report and return the exit status."""
+    """Validate the options, run the suite (in a child process), print the report.
+
+    Returns the exit status: 0 conforms, 1 does not, 2 usage error.
+    """
     try:
         from . import conformance as conf
     except ImportError as exc:  # hypothesis missing
         print(f"softmaxtheory check: {exc}; pip install 'softmaxtheory[check]'", file=sys.stderr)
         return 2
-    if args.examples is not None and args.examples < 1:
-        parser.error("--examples must be >= 1")
+    if args.timeout is not None and args.in_process and not args.protocol:
+        parser.error("--timeout needs the child process: drop --in-process")
     dtype = args.dtype or ("float64" if args.framework == "numpy" else "float32")
     try:
-        kernel, name = conf.load_kernel(args.kernel)
-        kwargs = dict(conf.parse_kwarg(text) for text in args.kwarg)
-        target = conf.Target(
-            kernel, name, kind=args.kind, framework=args.framework, device=args.device,
-            dtype=dtype, entropy_eps=args.entropy_eps, schedule=args.schedule,
-            thorough=args.thorough, examples=args.examples, kwargs=kwargs,
+        conf.check_options(
+            kind=args.kind, framework=args.framework, device=args.device, dtype=dtype,
+            entropy_eps=args.entropy_eps, examples=args.examples,
         )  # fmt: skip
+        kwargs = dict(conf.parse_kwarg(text) for text in args.kwarg)
+        names = conf.properties_for(args.kind)
         if args.only:
-            unknown = sorted(set(args.only) - set(conf.properties_for(args.kind)))
+            unknown = sorted(set(args.only) - set(names))
             if unknown:
                 raise conf.ConformanceUsageError(
                     f"unknown properties for kind {args.kind}: {', '.join(unknown)} "
-                    f"(known: {', '.join(conf.properties_for(args.kind))})"
+                    f"(known: {', '.join(names)})"
                 )
+            names = [n for n in names if n in args.only]
     except (conf.ConformanceUsageError, ValueError) as exc:
-        print(f"softmaxtheory check: error: {exc}", file=sys.stderr)
-        return 2
+        return _usage_error(str(exc))
+    if args.protocol:
+        return _child(args, dtype, kwargs, names)
     out = sys.stdout
-    out.write(_header(target))
-    out.flush()
-    start = time.perf_counter()
 
-    def progress(line: str) -> None:
-        out.write(line.rstrip() + "\n")
+    def header() -> None:
+        out.write(_header(args, dtype))
         out.flush()
 
-    results = conf.run_conformance(target, only=args.only, progress=progress)
+    def write_line(text: str) -> None:
+        out.write(text.rstrip() + "\n")
+        out.flush()
+
+    start = time.perf_counter()
+    if args.in_process:
+        try:
+            target = _target(args, dtype, kwargs)
+        except (conf.ConformanceUsageError, ValueError) as exc:
+            return _usage_error(str(exc))
+        header()
+        first_call = _first_call(target)
+        results = conf.run_conformance(target, only=names, progress=write_line)
+        broken = None
+    else:
+        timeout = args.timeout or (10 * DEFAULT_TIMEOUT if args.thorough else DEFAULT_TIMEOUT)
+        outcome = run_isolated(
+            _child_argv(args, dtype), names, timeout,
+            progress=lambda res: write_line(res.line()), loaded=header,
+        )  # fmt: skip
+        if outcome.usage is not None:
+            return _usage_error(outcome.usage)
+        results, broken, first_call = outcome.results, outcome.broken, outcome.first_call
+        if broken is not None:
+            header()
     elapsed = time.perf_counter() - start
-    failed = [r for r in results if r.status == "fail"]
     notes = [r for r in results if r.status == "pass" and r.message]
     for r in notes:
         out.write(f"\n{r.name}: {r.message}\n")
-    for r in failed:
-        out.write(f"\n=== {r.name}: counterexample ===\n{r.message}\n")
-    verdict = "CONFORMS" if not failed else f"DOES NOT CONFORM ({len(failed)} properties failed)"
-    out.write(f"\n{target.name}: {verdict} [{elapsed:.1f} s]\n")
+    for r in results:
+        if r.status == "fail":
+            what = "stopped" if r.message.startswith(conf._STOPPED) else "counterexample"
+            message = r.message.removeprefix(conf._STOPPED)
+            out.write(f"\n=== {r.name}: {what} ===\n{message}\n")
+    if broken is not None:
+        out.write(f"\n{broken}\n")
+        text = "DOES NOT CONFORM (the kernel could not be loaded)"
+    else:
+        text = verdict(results)
+    timing = f"{elapsed:.1f} s"
+    if first_call is not None and first_call >= 0.5:
+        timing += f"; the kernel's first call (compilation) took {first_call:.1f} s of it"
+    out.write(f"\n{args.kernel}: {text} [{timing}]\n")
+    out.flush()
+    failed = broken is not None or any(r.status == "fail" for r in results)
     return 1 if failed else 0
 
 
-def _header(t: Any) -> str:
+def _first_call(target: Any) -> float | None:
+    """Time the kernel's first call on a tiny input (imports, JIT compilation).
+
+    Returns the seconds, or None when that call raises (the properties report it).
+    """
+    import numpy as np
+
+    from . import strategies as strat
+
+    start = time.perf_counter()
+    try:
+        with np.errstate(all="ignore"):
+            if target.kind == "attention":
+                a = strat._cast(np.array([[0.5, -1.0], [1.0, 0.25]]), target.dtype)
+                target.call_attention(a, a, a, None, False)
+            else:
+                target.call(strat._cast(np.array([[0.0, 1.0, 2.0]]), target.dtype))
+    except (Exception, SystemExit, KeyboardInterrupt):  # the properties report it
+        return None
+    return time.perf_counter() - start
+
+
+def _usage_error(message: str) -> int:
+    print(f"softmaxtheory check: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _plural(n: int, word: str) -> str:
+    if n == 1:
+        return f"1 {word}"
+    return f"{n} {word[:-1] + 'ies' if word.endswith('y') else word + 's'}"
+
+
+def verdict(results: Sequence[Any]) -> str:
+    """Word the verdict, ``CONFORMS`` or ``DOES NOT CONFORM``, naming failed and skipped ones.
+
+    Examples
+    --------
+    >>> from softmaxtheory.conformance import PropertyResult as R
+    >>> verdict([R("values", "pass"), R("attention_masks", "skip"), R("attention_causal", "skip")])
+    'CONFORMS (2 properties skipped: attention_masks, attention_causal)'
+    >>> verdict([R("values", "fail"), R("schedules", "skip")])
+    'DOES NOT CONFORM (1 property failed: values; 1 property skipped: schedules)'
+    """
+    failed = [r.name for r in results if r.status == "fail"]
+    skipped = [r.name for r in results if r.status == "skip"]
+    parts = []
+    if failed:
+        parts.append(f"{_plural(len(failed), 'property')} failed: {', '.join(failed)}")
+    if skipped:
+        parts.append(f"{_plural(len(skipped), 'property')} skipped: {', '.join(skipped)}")
+    head = "DOES NOT CONFORM" if failed else "CONFORMS"
+    return f"{head} ({'; '.join(parts)})" if parts else head
+
+
+def _target(args: argparse.Namespace, dtype: str, kwargs: dict[str, Any]) -> Any:
+    from . import conformance as conf
+
+    kernel, name = conf.load_kernel(args.kernel)
+    return conf.Target(
+        kernel, name, kind=args.kind, framework=args.framework, device=args.device,
+        dtype=dtype, entropy_eps=args.entropy_eps, schedule=parse_schedule(args.schedule),
+        thorough=args.thorough, examples=args.examples, kwargs=kwargs, strict=args.strict,
+    )  # fmt: skip
+
+
+def _child_argv(args: argparse.Namespace, dtype: str) -> list[str]:
+    """The options of this run, for the child (``--only`` and the mode flags aside)."""
+    argv = [
+        args.kernel, "--kind", args.kind, "--framework", args.framework, "--device",
+        args.device, "--dtype", dtype, "--entropy-eps", repr(float(args.entropy_eps)),
+        "--schedule", args.schedule,
+    ]  # fmt: skip
+    for text in args.kwarg:
+        argv += ["--kwarg", text]
+    if args.thorough:
+        argv.append("--thorough")
+    if args.examples is not None:
+        argv += ["--examples", str(args.examples)]
+    if args.strict:
+        argv.append("--strict")
+    return argv
+
+
+# ---------------------------------------------------------------------------
+# the child: run the properties, stream one JSON line per event
+# ---------------------------------------------------------------------------
+
+
+def _child(args: argparse.Namespace, dtype: str, kwargs: dict[str, Any], names: list[str]) -> int:
+    from . import conformance as conf
+
+    sys.stdout.flush()
+    channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # the kernel's prints go to the standard error, never into the channel
+
+    def emit(**event: Any) -> None:
+        channel.write(json.dumps(event) + "\n")
+        channel.flush()
+
+    try:
+        target = _target(args, dtype, kwargs)
+    except (conf.ConformanceUsageError, ValueError) as exc:
+        emit(event="usage", message=str(exc))
+        return 2
+    emit(event="loaded")
+    for i, name in enumerate(names):
+        emit(event="start", name=name)
+        if i == 0:  # a crash or hang in the first call is the first property's
+            emit(event="first_call", seconds=_first_call(target))
+        try:
+            res = conf.run_property(name, target)
+        except KeyboardInterrupt:  # the parent runs this child in its own session: the kernel
+            res = conf.PropertyResult(name, "fail", message="the kernel raised KeyboardInterrupt")
+        emit(event="result", result=asdict(res))
+    emit(event="done")
+    channel.close()
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# the parent: start children, enforce the time limit, collect the results
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class IsolatedRun:
+    """What :func:`run_isolated` collected.
+
+    Attributes
+    ----------
+    results : list of PropertyResult
+        One per property asked for, in order.
+    usage : str or None
+        A usage error reported by the child (bad kernel path, ...): exit status 2.
+    broken : str or None
+        Why the kernel could not even be loaded (its module hung, crashed or
+        ended the process while importing).
+    first_call : float or None
+        Seconds of the kernel's first call on a tiny input (JIT compilation).
+    """
+
+    results: list[Any] = field(default_factory=list)
+    usage: str | None = None
+    broken: str | None = None
+    first_call: float | None = None
+
+
+def _ended(rc: int) -> str:
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        cause = {"SIGABRT": " (os.abort or a failed assertion in native code)",
+                 "SIGSEGV": " (a crash in native code)",
+                 "SIGKILL": " (out of memory?)"}.get(name, "")  # fmt: skip
+        return f"was killed by {name}{cause}"
+    return f"exited with status {rc} (the kernel called os._exit or sys.exit in a thread?)"
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        try:
+            if os.name == "posix":
+                os.killpg(proc.pid, signal.SIGKILL)  # the kernel's own children too
+            else:  # pragma: no cover - windows
+                proc.kill()
+        except (ProcessLookupError, PermissionError):
+            pass
+    with contextlib.suppress(subprocess.TimeoutExpired):  # a process that ignores SIGKILL
+        proc.wait(timeout=30)
+
+
+def run_isolated(
+    argv: Sequence[str],
+    names: Sequence[str],
+    timeout: float,
+    *,
+    progress: Callable[[Any], None] | None = None,
+    loaded: Callable[[], None] | None = None,
+    cwd: str | None = None,
+) -> IsolatedRun:
+    """Run properties `names` of ``softmaxtheory check ARGV`` in child processes.
+
+    Each child is a fresh interpreter (``python -m softmaxtheory check ARGV --only ...
+    --in-process``) that reports its events as JSON lines. A property that
+    returns no result within `timeout` seconds, or while which the child ends,
+    fails (its message starts with ``"stopped: "``); the properties after it run
+    in a new child, unless two properties timed out already (then they are
+    reported as skipped, not run).
+
+    Parameters
+    ----------
+    argv : sequence of str
+        The kernel and its options, as for ``softmaxtheory check``.
+    names : sequence of str
+        The properties, in report order.
+    timeout : float
+        Seconds for importing the kernel and for each property.
+    progress : callable, optional
+        Called with each :class:`~softmaxtheory.conformance.PropertyResult` as it arrives.
+    loaded : callable, optional
+        Called once the first child has loaded the kernel.
+    cwd : str, optional
+        The folder the child runs in (the kernel is imported from it first).
+    """
+    from .conformance import _STOPPED, PropertyResult
+
+    outcome = IsolatedRun()
+    remaining = list(names)
+    timeouts = 0
+    announced = False
+
+    def record(res: PropertyResult) -> None:
+        outcome.results.append(res)
+        remaining.remove(res.name)
+        if progress is not None:
+            progress(res)
+
+    while remaining:
+        if timeouts >= _MAX_TIMEOUTS:
+            for name in list(remaining):
+                record(PropertyResult(name, "skip", message="not run: two properties timed out"))
+            break
+        cmd = [sys.executable, "-m", "softmaxtheory", "check", *argv]
+        for name in remaining:
+            cmd += ["--only", name]
+        cmd += ["--in-process", "--protocol"]
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, encoding="utf-8",
+            cwd=cwd, start_new_session=os.name == "posix",
+        )  # fmt: skip
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def read(stream: Any = proc.stdout, sink: queue.Queue[str | None] = lines) -> None:
+            for line in stream:
+                sink.put(line)
+            sink.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        current: str | None = None
+        is_loaded = progressed = False
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    _kill(proc)
+                    if current is None:
+                        outcome.broken = (
+                            f"the kernel was not loaded within {timeout:g} s (--timeout): "
+                            "importing its module hangs?"
+                        )
+                        return outcome
+                    timeouts += 1
+                    record(PropertyResult(
+                        current, "fail",
+                        message=f"{_STOPPED}timed out: no result within {timeout:g} s "
+                        "(--timeout); the process running the kernel was stopped",
+                    ))  # fmt: skip
+                    break
+                if line is None:  # the child closed its channel: it ends
+                    try:
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        _kill(proc)
+                    how = _ended(proc.returncode)
+                    if current is not None:
+                        record(PropertyResult(
+                            current, "fail",
+                            message=f"{_STOPPED}the process running the kernel {how} while "
+                            "this property ran; a kernel must return its result",
+                        ))  # fmt: skip
+                    elif not is_loaded:
+                        outcome.broken = f"the process importing the kernel {how}"
+                        return outcome
+                    elif not progressed:  # ended between two properties
+                        for name in list(remaining):
+                            record(PropertyResult(
+                                name, "fail",
+                                message=f"{_STOPPED}the process running the kernel {how} "
+                                "before this property started",
+                            ))  # fmt: skip
+                    break
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                kind = event.get("event")
+                if kind == "usage":
+                    outcome.usage = str(event.get("message"))
+                    return outcome
+                if kind == "loaded":
+                    is_loaded = True
+                    if not announced and loaded is not None:
+                        loaded()
+                    announced = True
+                elif kind == "start":
+                    current = str(event["name"])
+                    progressed = True
+                elif kind == "first_call" and outcome.first_call is None:
+                    outcome.first_call = event.get("seconds")
+                elif kind == "result":
+                    record(PropertyResult(**event["result"]))
+                    current = None
+                elif kind == "done":
+                    for name in list(remaining):  # asked for, never reported: a bug here
+                        record(PropertyResult(name, "fail", message=f"{_STOPPED}not reported"))
+                    break
+                deadline = time.monotonic() + timeout
+        finally:
+            if proc.poll() is None:
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    _kill(proc)
+            if proc.stdout is not None:
+                proc.stdout.close()
+    return outcome
+
+
+def _header(args: argparse.Namespace, dtype: str) -> str:
     import numpy as np
 
     from . import __version__
 
     versions = f"softmaxtheory {__version__}, numpy {np.__version__}"
-    if t.framework == "torch":
+    if args.framework == "torch":
         import torch
 
         versions += f", torch {torch.__version__}"
+    # the schedule and guard only where they apply, named as the failure rows name them
+    what = ""
+    if args.kind == "softmax":
+        what = ", schedule Constant(beta=1) (plain softmax)"
+    elif args.kind in ("adaptive_softmax", "attention"):
+        what = f", schedule {parse_schedule(args.schedule)!r}"
+    if args.kind != "softmax":
+        what += f", entropy_eps {float(args.entropy_eps)!r}"
+    mode = "in this process" if args.in_process else "in a child process"
     return (
-        f"softmaxtheory check {t.name}\n"
-        f"  kind {t.kind}, framework {t.framework}, device {t.device}, dtype {t.dtype}, "
-        f"schedule {t.schedule!r}, entropy_eps {t.entropy_eps!r}"
-        f"{', thorough' if t.thorough else ''}\n"
-        f"  {versions}, Python {platform.python_version()}\n"
-        f"  errors in ulps of {t.dtype} against the certified reference (float64, mpmath)\n\n"
+        f"softmaxtheory check {args.kernel}\n"
+        f"  kind {args.kind}, framework {args.framework}, device {args.device}, dtype {dtype}"
+        f"{what}{', thorough' if args.thorough else ''}{', strict' if args.strict else ''}\n"
+        f"  {versions}, Python {platform.python_version()}; the kernel runs {mode}\n"
+        f"  errors in ulps of {dtype} against the certified reference (float64, mpmath)\n\n"
     )

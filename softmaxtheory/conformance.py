@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
+import os
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,20 +73,38 @@ class ConformanceUsageError(ValueError):
     """A bad kernel path, kind, framework, dtype or device (exit status 2)."""
 
 
+def _cwd_on_path() -> None:
+    """Put the current folder first on ``sys.path`` unless it is there (as ``python -m`` does)."""
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
+        sys.path.insert(0, cwd)
+
+
 def load_kernel(path: str) -> tuple[Callable[..., Any], str]:
     """Import ``pkg.mod:func`` (``func`` may be dotted: ``mod:Class.method``).
+
+    The module is found the way ``python -m`` finds it: the current folder
+    comes first on ``sys.path`` (it is added when missing, as it is for an
+    installed ``softmaxtheory`` command or a bare ``pytest``), so
+    ``mykernels:softmax`` works from the folder that holds ``mykernels.py``.
 
     Raises
     ------
     ConformanceUsageError
-        If the path is malformed, the module cannot be imported, the attribute
-        is missing or not callable.
+        If the path is malformed, the module cannot be imported (or ends the
+        process while importing, ``sys.exit``), the attribute is missing or
+        not callable.
     """
     mod_name, sep, attr = path.partition(":")
     if not sep or not mod_name or not attr:
         raise ConformanceUsageError(f"kernel must be given as pkg.mod:func, got {path!r}")
+    _cwd_on_path()
     try:
         obj: Any = importlib.import_module(mod_name)
+    except SystemExit as exc:
+        raise ConformanceUsageError(
+            f"importing module {mod_name!r} called sys.exit({exc.code!r})"
+        ) from exc
     except Exception as exc:
         raise ConformanceUsageError(f"cannot import module {mod_name!r}: {exc}") from exc
     for part in attr.split("."):
@@ -117,12 +138,61 @@ def parse_kwarg(text: str) -> tuple[str, Any]:
     return name.strip(), parsed
 
 
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
+def _accepts(fn: Callable[..., Any], name: str) -> bool | None:
+    """Whether `fn`'s signature takes keyword `name`; None when it cannot be inspected."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return False
+        return None
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def check_options(
+    *,
+    kind: str = "softmax",
+    framework: str = "numpy",
+    device: str = "cpu",
+    dtype: str = "float64",
+    entropy_eps: float = 0.0,
+    examples: int | None = None,
+) -> None:
+    """Validate the options of a run before any kernel is imported or called.
+
+    Raises
+    ------
+    ConformanceUsageError
+        Naming the option: an unknown kind, framework, dtype or device, numpy
+        with bfloat16 or a GPU, ``entropy_eps`` negative or not finite,
+        ``examples`` below 1, torch (or the device) not available.
+    """
+    if kind not in KINDS:
+        raise ConformanceUsageError(f"kind must be one of {KINDS}, got {kind!r}")
+    if framework not in FRAMEWORKS:
+        raise ConformanceUsageError(f"framework must be one of {FRAMEWORKS}, got {framework!r}")
+    if dtype not in DTYPES:
+        raise ConformanceUsageError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if not (isinstance(entropy_eps, int | float) and math.isfinite(entropy_eps)) or (
+        entropy_eps < 0
+    ):
+        raise ConformanceUsageError(
+            f"entropy_eps must be a finite number >= 0, got {entropy_eps!r}"
+        )
+    if examples is not None and (isinstance(examples, bool) or int(examples) != examples
+                                 or examples < 1):  # fmt: skip
+        raise ConformanceUsageError(f"examples must be an integer >= 1, got {examples!r}")
+    if framework == "numpy" and dtype == "bfloat16":
+        raise ConformanceUsageError("numpy has no bfloat16: use --framework torch")
+    if framework == "numpy" and device != "cpu":
+        raise ConformanceUsageError("the numpy framework runs on the cpu only")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ConformanceUsageError(f"device must be cpu or cuda, got {device!r}")
+    if framework == "torch":
+        try:
+            import torch
+        except ImportError as exc:
+            raise ConformanceUsageError("--framework torch needs torch installed") from exc
+        if device != "cpu" and not torch.cuda.is_available():
+            raise ConformanceUsageError(f"device {device} is not available")
 
 
 @dataclass
@@ -147,6 +217,15 @@ class Target:
         Explore more examples.
     examples : int, optional
         Override the example budget of the Hypothesis properties.
+    strict : bool
+        A property that cannot run (a keyword the kernel does not take) fails
+        instead of being skipped; the 16-bit contract is the strict one.
+
+    Which optional keywords the kernel takes (``schedule=``, ``entropy_eps=``,
+    ``mask=``/``attn_mask=``, ``is_causal=``) is read from its signature; when
+    the signature cannot be inspected (a builtin such as
+    ``torch.nn.functional.scaled_dot_product_attention``), the kernel is
+    probed by calling it on a tiny input with and without the keyword.
     """
 
     kernel: Callable[..., Any]
@@ -160,35 +239,75 @@ class Target:
     thorough: bool = False
     examples: int | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
+    strict: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ConformanceUsageError(f"kind must be one of {KINDS}, got {self.kind!r}")
-        if self.framework not in FRAMEWORKS:
-            raise ConformanceUsageError(f"framework must be one of {FRAMEWORKS}")
-        if self.dtype not in DTYPES:
-            raise ConformanceUsageError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.framework == "numpy" and self.dtype == "bfloat16":
-            raise ConformanceUsageError("numpy has no bfloat16: use --framework torch")
-        if self.framework == "numpy" and self.device != "cpu":
-            raise ConformanceUsageError("the numpy framework runs on the cpu only")
-        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ConformanceUsageError(f"device must be cpu or cuda, got {self.device!r}")
+        check_options(
+            kind=self.kind, framework=self.framework, device=self.device, dtype=self.dtype,
+            entropy_eps=self.entropy_eps, examples=self.examples,
+        )  # fmt: skip
         if not callable(self.kernel):
             raise ConformanceUsageError(f"{self.name} is not callable")
-        if self.framework == "torch":
-            try:
-                import torch
-            except ImportError as exc:
-                raise ConformanceUsageError("--framework torch needs torch installed") from exc
-            if self.device != "cpu" and not torch.cuda.is_available():
-                raise ConformanceUsageError(f"device {self.device} is not available")
         self.schedule = resolve_schedule(self.schedule)
-        fn = self.kernel
-        self.takes_schedule = _accepts(fn, "schedule")
-        self.takes_eps = _accepts(fn, "entropy_eps")
-        self.mask_keyword = next((k for k in ("mask", "attn_mask") if _accepts(fn, k)), None)
-        self.takes_causal = _accepts(fn, "is_causal")
+        self._takes: dict[str, bool] = {}
+
+    # -- which keywords the kernel takes ----------------------------------------
+
+    def takes(self, name: str) -> bool:
+        """Whether the kernel takes keyword `name` (signature, else a probing call)."""
+        if name not in self._takes:
+            known = _accepts(self.kernel, name)
+            self._takes[name] = self._probe(name) if known is None else known
+        return self._takes[name]
+
+    def _probe(self, name: str) -> bool:
+        """Probe keyword `name` by calling the kernel on a tiny input with and without it.
+
+        Taken unless only the call with it fails (when both fail, the property
+        runs and reports the failure).
+        """
+        value: Any = {
+            "schedule": self.schedule,
+            "entropy_eps": self.entropy_eps,
+            "is_causal": False,
+        }.get(name)
+        if self.kind == "attention":
+            q = np.array([[0.5, -1.0], [1.0, 0.25]])
+            args = [self._to_framework(strat._cast(q, self.dtype)) for _ in range(3)]
+            if name in ("mask", "attn_mask"):
+                value = self._to_framework(np.ones((2, 2), dtype=bool))
+        else:
+            args = [self._to_framework(strat._cast(np.array([[0.0, 1.0, 2.0]]), self.dtype))]
+
+        def ok(kw: dict[str, Any]) -> bool:
+            try:
+                with np.errstate(all="ignore"):
+                    self.kernel(*args, **self.kwargs, **kw)
+            except Exception:
+                return False
+            return True
+
+        return ok({name: value}) or not ok({})
+
+    @property
+    def takes_schedule(self) -> bool:
+        """The kernel takes ``schedule=``."""
+        return self.takes("schedule")
+
+    @property
+    def takes_eps(self) -> bool:
+        """The kernel takes ``entropy_eps=``."""
+        return self.takes("entropy_eps")
+
+    @property
+    def mask_keyword(self) -> str | None:
+        """``mask`` or ``attn_mask``, the keyword the kernel takes a mask by (None if neither)."""
+        return next((k for k in ("mask", "attn_mask") if self.takes(k)), None)
+
+    @property
+    def takes_causal(self) -> bool:
+        """The kernel takes ``is_causal=``."""
+        return self.takes("is_causal")
 
     # -- calling -------------------------------------------------------------
 
@@ -206,7 +325,7 @@ class Target:
         kw: dict[str, Any] = dict(self.kwargs)
         if schedule is not None:
             kw["schedule"] = schedule
-        if self.takes_eps and self.entropy_eps:
+        if self.entropy_eps and self.takes_eps:
             kw["entropy_eps"] = self.entropy_eps
         return kw
 
@@ -235,10 +354,10 @@ class Target:
         if not attr:
             return "kernel = ...  # your kernel"
         head = attr.split(".")[0]
-        lines = f"import softmaxtheory.strategies\nfrom {mod} import {head}\nkernel = {attr}"
+        lines = f"from {mod} import {head}\nkernel = {attr}"
         if self.kwargs:
             args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
-            lines += f"\nimport functools\nkernel = functools.partial(kernel, {args})"
+            lines = f"import functools\n{lines}\nkernel = functools.partial(kernel, {args})"
         if self.framework == "torch":
             src = "np.float32" if self.dtype == "bfloat16" else f"np.{self.dtype}"
             lines = (
@@ -286,7 +405,14 @@ class PropertyResult:
         """One line of the report."""
         ulp = f"max {tst._fmt_ulp(self.max_ulp)} ulp" if self.checks else ""
         tail = self.message.splitlines()[0] if self.status == "skip" and self.message else ""
-        return f"{self.status.upper():<5} {self.name:<20} {ulp:<22} {self.checks:>5} checks {tail}"
+        if self.status == "fail" and self.message.startswith(_STOPPED):
+            tail = self.message.splitlines()[0][len(_STOPPED) :]
+        checks = f"{self.checks:>5} {'check' if self.checks == 1 else 'checks'}"
+        return f"{self.status.upper():<5} {self.name:<20} {ulp:<22} {checks} {tail}".rstrip()
+
+
+#: How the message of a property stopped from outside (timed out, process ended) begins.
+_STOPPED = "stopped: "
 
 
 class _Failed(Exception):
@@ -332,10 +458,14 @@ class _Run:
             )
         repro = t.repro
         if schedule is not None:
-            repro += (
-                "\nimport functools\nimport softmaxtheory.spec\n"
+            if "import functools" not in repro:
+                repro = "import functools\n" + repro
+            repro = (
+                f"import softmaxtheory.spec\n{repro}\n"
                 f"kernel = functools.partial(kernel, schedule=softmaxtheory.spec.{schedule!r})"
             )
+        if source is not None and "softmaxtheory.strategies" in source:
+            repro = "import softmaxtheory.strategies\n" + repro
         kw: dict[str, Any] = dict(dtype=t.dtype, repro=repro, source=source)
         try:
             if t.kind == "softmax":
@@ -348,7 +478,8 @@ class _Run:
                 )
         except tst.KernelMismatch as exc:
             self.note(exc.report)
-            raise _Failed(f"{what}\n{exc}" if what else str(exc)) from exc
+            text = f"{what}\n{exc}" if what else str(exc)
+            raise _Failed(_with_hint(text, _precision_hint(t.dtype, exc.report))) from exc
         self.note(rep)
         return rep
 
@@ -368,6 +499,27 @@ class _Run:
                 f"dtype {self.target.dtype}:\n{tst._row_literal(x.ravel()[:64], self.target.dtype)}"
                 f"\n{''.join(traceback.format_exception_only(exc)).strip()}"
             ) from exc
+
+
+def _precision_hint(dtype: str, rep: tst.ErrorReport) -> str:
+    """Say that the kernel seems to compute in float32 (a float64 run, float32-sized errors).
+
+    Float32's unit roundoff is 6e-8; relative errors between 1e-9 and 1e-5 in
+    a float64 run are that size, not float64's (1.1e-16).
+    """
+    rel = float(getattr(rep, "max_rel_error", math.nan))
+    if dtype == "float64" and 1e-9 <= rel <= 1e-5:
+        return (
+            f"\nhint: the relative errors (up to {rel:.2g}) are of the size of float32's "
+            "rounding (6e-8): the kernel seems to compute in float32, not float64"
+        )
+    return ""
+
+
+def _with_hint(text: str, hint: str) -> str:
+    """Put `hint` before the repro snippet, which stays runnable as it is."""
+    head, sep, tail = text.partition("\nrepro:\n")
+    return f"{head}{hint}{sep}{tail}" if sep else text + hint
 
 
 def _hyp_settings(n: int, shrink: bool) -> settings:
@@ -547,14 +699,14 @@ def _p_special_values(t: Target, run: _Run) -> None:
             nan_ok = bool(np.any(np.isnan(bad)))
             if label.startswith("fully") and t.kind == "entropy":
                 nan_ok = bool(np.isnan(bad))
+            table = _table_value(t, label)
             if not (ok_table or nan_ok):
                 raise _Failed(
-                    f"{label}: got {got[0]!r}; the table gives "
-                    f"{'zeros' if label.startswith('fully') else 'NaN'} "
+                    f"{label}: got {got[0]!r}; the table gives {table} "
                     "(NaNs are tolerated as a convention, finite numbers are not)"
                 )
             if not ok_table:
-                notes.append(f"{label}: NaN instead of the table's value")
+                notes.append(f"{label}: NaN where the table gives {table}")
             run.compare(out[1:], x[1:], what=label)
             continue
         run.compare(out, x, what=label)
@@ -564,6 +716,13 @@ def _p_special_values(t: Target, run: _Run) -> None:
 
 class _Note(Exception):
     pass
+
+
+def _table_value(t: Target, label: str) -> str:
+    """What the special-value table gives on the first row of case `label`, in words."""
+    if label.startswith("fully"):
+        return "0" if t.kind == "entropy" else "zeros"
+    return "NaN" if t.kind == "entropy" else "NaN at every item"
 
 
 def _matches_table(t: Target, x: np.ndarray, got: np.ndarray) -> bool:
@@ -703,7 +862,7 @@ def _attention_compare(run: _Run, inputs: dict[str, Any], what: str) -> None:
         )  # fmt: skip
     except tst.KernelMismatch as exc:
         run.note(exc.report)
-        raise _Failed(f"{what}\n{exc}") from exc
+        raise _Failed(_with_hint(f"{what}\n{exc}", _precision_hint(t.dtype, exc.report))) from exc
     run.note(rep)
 
 
@@ -776,7 +935,12 @@ def properties_for(kind: str) -> list[str]:
 
 
 def run_property(name: str, target: Target) -> PropertyResult:
-    """Run one property on `target` and return its verdict (never raises for a kernel defect)."""
+    """Run one property on `target` and return its verdict (never raises for a kernel defect).
+
+    A kernel that raises ``SystemExit`` (calls ``sys.exit``) fails the
+    property. A property that cannot run on this kernel is skipped, or fails
+    when ``target.strict``.
+    """
     fn, kinds = PROPERTIES[name]
     if target.kind not in kinds:
         return PropertyResult(name, "skip", message=f"not a property of kind {target.kind}")
@@ -784,7 +948,17 @@ def run_property(name: str, target: Target) -> PropertyResult:
     try:
         with np.errstate(all="ignore"):
             fn(target, run)
+    except SystemExit as exc:
+        return PropertyResult(
+            name, "fail", run.max_ulp, run.checks,
+            f"the kernel raised SystemExit({exc.code!r}) (it called sys.exit): a kernel must "
+            "return its result",
+        )  # fmt: skip
     except _Skip as exc:
+        if target.strict:
+            return PropertyResult(
+                name, "fail", run.max_ulp, run.checks, f"skipped, a failure under strict: {exc}"
+            )
         return PropertyResult(name, "skip", run.max_ulp, run.checks, str(exc))
     except _Note as exc:
         return PropertyResult(name, "pass", run.max_ulp, run.checks, f"note: {exc}")
