@@ -12,6 +12,16 @@ and the fixtures ``softmax_reference`` (the module :mod:`softmaxtheory.reference
 ``softmax_conformance_target`` (the kernel under test). Importing it imports
 nothing beyond pytest and the standard library, and a session that does not
 pass ``--softmax-kernel`` is left exactly as it was.
+
+The kernel is imported once, at the start of the session, from the current
+folder first (as ``python -m`` does): a bad path, a module that cannot be
+imported or a bad option value is one usage error (exit status 4), not an
+error per test. As with ``softmaxtheory check``, the selected properties run
+in one child process (a fresh interpreter) with a time limit per property
+(``--softmax-timeout``), so a kernel that exits, aborts or hangs fails the test
+of the property that was running; ``--softmax-in-process`` runs them in the
+pytest process instead (for ``--pdb``), where a kernel calling ``sys.exit``
+still fails its test.
 """
 
 from __future__ import annotations
@@ -21,8 +31,11 @@ from typing import Any
 import pytest
 
 __all__ = [
+    "conformance_result",
     "pytest_addoption",
+    "pytest_collection_finish",
     "pytest_report_header",
+    "pytest_sessionstart",
     "softmax_conformance_target",
     "softmax_reference",
     "softmax_testing",
@@ -55,6 +68,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--softmax-kwarg", action="append", default=[], metavar="NAME=VALUE"
     )  # fmt: skip
+    group.addoption(
+        "--softmax-strict",
+        action="store_true",
+        default=False,
+        help="a property that cannot run on the kernel fails instead of being skipped",
+    )
+    group.addoption(
+        "--softmax-timeout",
+        default=None,
+        metavar="S",
+        help="seconds a property may run before its test fails as timed out (default 300, "
+        "3000 with --softmax-thorough)",
+    )
+    group.addoption(
+        "--softmax-in-process",
+        action="store_true",
+        default=False,
+        help="run the kernel in the pytest process (no time limit, no protection against a "
+        "kernel that exits, aborts or hangs)",
+    )
 
 
 def _dtype(config: pytest.Config) -> str:
@@ -101,19 +134,36 @@ def softmax_testing() -> Any:
     return softmaxtheory.testing
 
 
-@pytest.fixture(scope="session")
-def softmax_conformance_target(pytestconfig: pytest.Config) -> Any:
-    """The kernel under test (a :class:`softmaxtheory.conformance.Target`) from the options."""
-    cfg = pytestconfig
+_TARGET = pytest.StashKey[Any]()
+_RESULTS = pytest.StashKey[dict[str, Any]]()
+_SELECTED = pytest.StashKey[list[str]]()
+
+
+def _timeout(cfg: pytest.Config) -> float:
+    text = cfg.getoption("--softmax-timeout")
+    if text is None:
+        return 3000.0 if cfg.getoption("--softmax-thorough") else 300.0
+    from softmaxtheory.cli import parse_float
+
+    value = parse_float(text)
+    if not 0 < value < float("inf"):
+        raise ValueError(f"--softmax-timeout must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With ``--softmax-kernel``: check the options and import the kernel, once."""
+    cfg = session.config
     kernel = cfg.getoption("--softmax-kernel")
     if not kernel:
-        pytest.fail("pass the kernel to check: --softmax-kernel pkg.mod:func", pytrace=False)
+        return
     from softmaxtheory import conformance as conf
     from softmaxtheory.cli import parse_float, parse_schedule
 
     try:
+        _timeout(cfg)
         fn, name = conf.load_kernel(kernel)
-        return conf.Target(
+        cfg.stash[_TARGET] = conf.Target(
             fn,
             name,
             kind=cfg.getoption("--softmax-kind"),
@@ -125,6 +175,79 @@ def softmax_conformance_target(pytestconfig: pytest.Config) -> Any:
             thorough=bool(cfg.getoption("--softmax-thorough")),
             examples=cfg.getoption("--softmax-examples"),
             kwargs=dict(conf.parse_kwarg(t) for t in cfg.getoption("--softmax-kwarg")),
+            strict=bool(cfg.getoption("--softmax-strict")),
         )
-    except Exception as exc:  # usage errors: a clear message, no traceback
-        pytest.fail(f"softmaxtheory conformance: {exc}", pytrace=False)
+    except Exception as exc:  # usage errors: one clear message, no traceback
+        raise pytest.UsageError(f"softmaxtheory conformance: {exc}") from None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Note which conformance properties were selected (they run together in one child)."""
+    if _TARGET not in session.config.stash:
+        return
+    names = []
+    for item in session.items:
+        module = getattr(getattr(item, "module", None), "__name__", "")
+        if module == "softmaxtheory.conformance" and item.name.startswith("test_"):
+            names.append(item.name.removeprefix("test_"))
+    session.config.stash[_SELECTED] = names
+
+
+def _child_argv(cfg: pytest.Config) -> list[str]:
+    argv = [
+        cfg.getoption("--softmax-kernel"),
+        "--kind", cfg.getoption("--softmax-kind"),
+        "--framework", cfg.getoption("--softmax-framework"),
+        "--device", cfg.getoption("--softmax-device"),
+        "--dtype", _dtype(cfg),
+        "--entropy-eps", str(cfg.getoption("--softmax-entropy-eps")),
+        "--schedule", str(cfg.getoption("--softmax-schedule")),
+    ]  # fmt: skip
+    for text in cfg.getoption("--softmax-kwarg"):
+        argv += ["--kwarg", text]
+    if cfg.getoption("--softmax-thorough"):
+        argv.append("--thorough")
+    if cfg.getoption("--softmax-examples") is not None:
+        argv += ["--examples", str(cfg.getoption("--softmax-examples"))]
+    if cfg.getoption("--softmax-strict"):
+        argv.append("--strict")
+    return argv
+
+
+def conformance_result(config: pytest.Config, name: str) -> Any:
+    """The result of property `name` from the child process, or None to run it in-process.
+
+    The first call runs every selected property of the target's kind in one
+    child (``softmaxtheory check ... --in-process``), so the kernel is imported
+    and compiled once; later calls read the results.
+    """
+    if config.getoption("--softmax-in-process") or _TARGET not in config.stash:
+        return None
+    if _RESULTS not in config.stash:
+        import os
+
+        from softmaxtheory import _cmd_check
+        from softmaxtheory.conformance import properties_for
+
+        target = config.stash[_TARGET]
+        selected = set(config.stash.get(_SELECTED, [name])) | {name}
+        names = [n for n in properties_for(target.kind) if n in selected]
+        outcome = _cmd_check.run_isolated(
+            _child_argv(config), names, _timeout(config), cwd=os.getcwd()
+        )
+        results = {r.name: r for r in outcome.results}
+        why = outcome.usage or outcome.broken
+        if why is not None:  # every selected property fails with it
+            from softmaxtheory.conformance import PropertyResult
+
+            results = {n: PropertyResult(n, "fail", message=why) for n in names}
+        config.stash[_RESULTS] = results
+    return config.stash[_RESULTS].get(name)
+
+
+@pytest.fixture(scope="session")
+def softmax_conformance_target(pytestconfig: pytest.Config) -> Any:
+    """The kernel under test (a :class:`softmaxtheory.conformance.Target`) from the options."""
+    if _TARGET not in pytestconfig.stash:
+        pytest.fail("pass the kernel to check: --softmax-kernel pkg.mod:func", pytrace=False)
+    return pytestconfig.stash[_TARGET]
