@@ -8,7 +8,8 @@ By default the kernel runs in a child process, a fresh interpreter
 (``python -m softmaxtheory check ... --in-process``, never a fork: Numba's
 and OpenMP's thread pools are not fork-safe), which streams one JSON line per
 event back over its standard output: ``loaded``, then ``start`` and ``result``
-for each property, then ``done`` (or ``usage`` for a usage error). The kernel's
+for each property, then ``done`` (``loading`` comes first, and ``usage`` reports a usage
+error). The kernel's
 own prints go to the standard error. The parent enforces the per-property time
 limit (``--timeout``), so a kernel that calls ``sys.exit`` or ``os._exit``,
 raises ``KeyboardInterrupt``, hangs or aborts fails the property that was
@@ -42,6 +43,8 @@ DEFAULT_TIMEOUT = 300.0
 #: After this many timeouts the remaining properties are not run (a kernel that hangs on
 #: every call would otherwise cost the limit once per property).
 _MAX_TIMEOUTS = 2
+#: Seconds a child may take to start (import numpy, Hypothesis, mpmath) before the kernel.
+_STARTUP = 120.0
 
 
 def _eps(text: str) -> float:
@@ -334,6 +337,7 @@ def _child(args: argparse.Namespace, dtype: str, kwargs: dict[str, Any], names: 
         channel.write(json.dumps(event) + "\n")
         channel.flush()
 
+    emit(event="loading")  # the time limit starts now, not while this interpreter starts
     try:
         target = _target(args, dtype, kwargs)
     except (conf.ConformanceUsageError, ValueError) as exc:
@@ -477,7 +481,8 @@ def run_isolated(
         threading.Thread(target=read, daemon=True).start()
         current: str | None = None
         is_loaded = progressed = False
-        deadline = time.monotonic() + timeout
+        # until the child starts importing the kernel it runs only this package's imports
+        deadline = time.monotonic() + max(timeout, _STARTUP)
         try:
             while True:
                 try:

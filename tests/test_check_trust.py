@@ -1,0 +1,367 @@
+"""`softmaxtheory check` never passes falsely and never hangs (issue 15, sections 1, 2 and 6).
+
+The misbehaving kernels run for real: each test writes a small kernel module into a
+temporary folder and runs ``python -m softmaxtheory check`` there as a child process.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from softmaxtheory import _cmd_check, cli
+from softmaxtheory import conformance as conf
+from softmaxtheory.spec import Constant
+
+pytest_plugins = ["pytester"]
+
+KERNELS = """
+import os
+import sys
+import threading
+
+import numpy as np
+
+
+def softmax(x):
+    x = np.asarray(x)
+    with np.errstate(invalid="ignore", under="ignore"):
+        m = np.max(x, axis=-1, keepdims=True, initial=-np.inf)
+        e = np.exp(x - np.where(m == -np.inf, 0, m))
+        s = e.sum(axis=-1, keepdims=True)
+        return np.where(s > 0, e / np.where(s > 0, s, 1), 0).astype(x.dtype)
+
+
+def softmax_in_float32(x):  # a "float64" kernel that computes in float32
+    x = np.asarray(x)
+    return softmax(x.astype(np.float32)).astype(x.dtype)
+
+
+def calls_exit(x):
+    sys.exit(0)
+
+
+def raises_interrupt(x):
+    raise KeyboardInterrupt
+
+
+def hangs(x):
+    threading.Event().wait()
+
+
+def aborts(x):
+    os.abort()
+
+
+def exits_on_nan(x):  # fine until the special-value table's NaN row
+    if np.isnan(np.asarray(x)).any():
+        os._exit(0)
+    return softmax(x)
+
+
+def attention(q, k, v):  # takes no mask= and no is_causal=
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    return softmax(s) @ v
+"""
+
+#: Every child run is bounded: a hang in the code under test fails the test, never the CI job.
+LIMIT = 300
+
+
+def _check(folder: Path, *args: str, python: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *python, "-m", "softmaxtheory", "check", *args],
+        cwd=folder, capture_output=True, text=True, timeout=LIMIT, check=False,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "mykernels.py").write_text(KERNELS)
+    return tmp_path
+
+
+# -- section 1: never a false pass, never a hang ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kernel", "says"),
+    [
+        ("calls_exit", "the kernel raised SystemExit(0) (it called sys.exit)"),
+        ("raises_interrupt", "the kernel raised KeyboardInterrupt"),
+        ("aborts", "was killed by SIGABRT"),
+    ],
+)
+def test_kernel_that_ends_its_process_fails(folder, kernel, says):
+    res = _check(folder, f"mykernels:{kernel}", "--only", "values", "--only", "dtype_shape")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert says in res.stdout
+    assert f"mykernels:{kernel}: DOES NOT CONFORM (2 properties failed: values, dtype_shape)" in (
+        res.stdout
+    )
+
+
+def test_exit_in_one_property_names_it_and_the_others_still_run(folder):
+    res = _check(
+        folder, "mykernels:exits_on_nan", "--dtype", "float32", "--examples", "5",
+        "--only", "dtype_shape", "--only", "special_values", "--only", "invariances",
+    )  # fmt: skip
+    assert res.returncode == 1, res.stdout + res.stderr
+    lines = {ln.split()[1]: ln for ln in res.stdout.splitlines() if ln[:4] in ("PASS", "FAIL")}
+    assert lines["dtype_shape"].startswith("PASS")
+    assert lines["special_values"].startswith("FAIL")
+    assert "exited with status 0" in lines["special_values"]
+    assert lines["invariances"].startswith("PASS")  # run by a new child
+    assert "=== special_values: stopped ===" in res.stdout
+    assert "DOES NOT CONFORM (1 property failed: special_values)" in res.stdout
+
+
+def test_hanging_kernel_times_out(folder):
+    res = _check(folder, "mykernels:hangs", "--timeout", "1", "--only", "values")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "FAIL  values" in res.stdout
+    assert "timed out: no result within 1 s (--timeout)" in res.stdout
+
+
+def test_two_timeouts_stop_the_run_and_name_what_was_not_run(folder):
+    res = _check(folder, "mykernels:hangs", "--timeout", "1")
+    assert res.returncode == 1
+    assert "DOES NOT CONFORM (2 properties failed: values, long_rows; 4 properties skipped: " in (
+        res.stdout
+    )
+    assert "not run: two properties timed out" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "code", "says"),
+    [
+        ("import sys\nsys.exit(0)\n", 2, "importing module 'k' called sys.exit(0)"),
+        ("import os\nos._exit(0)\n", 1, "the process importing the kernel exited with status 0"),
+        ("import threading\nthreading.Event().wait()\n", 1, "the kernel was not loaded within 1 s"),
+    ],
+)
+def test_module_that_ends_or_hangs_while_imported(tmp_path, module, code, says):
+    (tmp_path / "k.py").write_text(module + "def f(x):\n    return x\n")
+    res = _check(tmp_path, "k:f", "--timeout", "1")
+    assert res.returncode == code, res.stdout + res.stderr
+    assert says in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--entropy-eps", "-1"],
+        ["--entropy-eps", "nan"],
+        ["--entropy-eps", "inf"],
+        ["--examples", "0"],
+        ["--timeout", "0"],
+        ["--timeout", "nan"],
+        ["--schedule", "poly:"],
+        ["--timeout", "5", "--in-process"],
+    ],
+)
+def test_bad_options_are_usage_errors_before_the_kernel_runs(folder, argv):
+    res = _check(folder, "mykernels:aborts", *argv)  # the kernel would abort if it ran
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "usage:" in res.stderr and res.stdout == ""
+
+
+def test_bad_entropy_eps_in_the_api_is_a_usage_error():
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(conf.ConformanceUsageError, match="entropy_eps must be"):
+            conf.Target(np.exp, kind="entropy", entropy_eps=bad)
+    with pytest.raises(conf.ConformanceUsageError, match="examples must be"):
+        conf.Target(np.exp, examples=0)
+
+
+def test_skipped_properties_are_named_and_strict_fails_them(folder):
+    common = ("mykernels:attention", "--kind", "attention", "--dtype", "float32",
+              "--schedule", "constant:1", "--examples", "3")  # fmt: skip
+    res = _check(folder, *common)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (
+        "mykernels:attention: CONFORMS (2 properties skipped: attention_masks, attention_causal)"
+        in res.stdout
+    )
+    res = _check(folder, *common, "--strict")
+    assert res.returncode == 1
+    assert "DOES NOT CONFORM (2 properties failed: attention_masks, attention_causal)" in (
+        res.stdout
+    )
+    assert "skipped, a failure under strict: the kernel takes no mask=" in res.stdout
+
+
+def test_uninspectable_kernel_is_probed_by_calling():
+    """torch's sdpa has no inspectable signature: its keywords are found by calling it."""
+    torch = pytest.importorskip("torch")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    name = "torch.nn.functional:scaled_dot_product_attention"
+    t = conf.Target(sdpa, name, kind="attention", framework="torch", dtype="float32",
+                    schedule=Constant(1), examples=3)  # fmt: skip
+    assert t.mask_keyword == "attn_mask" and t.takes_causal and not t.takes_schedule
+    for name in ("attention_masks", "attention_causal"):
+        res = conf.run_property(name, t)
+        assert res.status == "pass" and res.checks > 0, res.message
+
+
+def test_sdpa_passed_directly_conforms_with_nothing_skipped():
+    pytest.importorskip("torch")
+    res = subprocess.run(
+        [sys.executable, "-m", "softmaxtheory", "check",
+         "torch.nn.functional:scaled_dot_product_attention", "--kind", "attention",
+         "--framework", "torch", "--schedule", "constant:1", "--examples", "3"],
+        capture_output=True, text=True, timeout=LIMIT, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "scaled_dot_product_attention: CONFORMS [" in res.stdout
+    assert "SKIP" not in res.stdout
+
+
+def test_in_process_run_still_fails_a_kernel_that_calls_exit(folder, monkeypatch, capsys):
+    monkeypatch.chdir(folder)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, "mykernels", raising=False)
+    code = cli.main(["check", "mykernels:calls_exit", "--in-process", "--only", "dtype_shape"])
+    assert code == 1
+    assert "SystemExit(0)" in capsys.readouterr().out
+
+
+# -- section 2: find the kernel where the user is -----------------------------------------
+
+
+def test_kernel_is_imported_from_the_current_folder(folder):
+    # -P keeps the current folder off sys.path, as for the installed `softmaxtheory` command
+    for mode in ((), ("--in-process",)):
+        res = _check(folder, "mykernels:softmax", "--only", "dtype_shape", *mode, python=("-P",))
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "mykernels:softmax: CONFORMS" in res.stdout
+
+
+def test_installed_command_imports_from_the_current_folder(folder):
+    script = Path(sys.executable).with_name("softmaxtheory")
+    if not script.exists():
+        pytest.skip("no softmaxtheory script next to this interpreter")
+    res = subprocess.run(
+        [str(script), "check", "mykernels:softmax", "--only", "dtype_shape"],
+        cwd=folder, capture_output=True, text=True, timeout=LIMIT, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_load_kernel_puts_the_current_folder_first(folder, monkeypatch):
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(folder))])
+    monkeypatch.delitem(sys.modules, "mykernels", raising=False)
+    fn, name = conf.load_kernel("mykernels:softmax")
+    assert name == "mykernels:softmax" and sys.path[0] == str(folder)
+    np.testing.assert_allclose(fn(np.zeros(2)), [0.5, 0.5])
+
+
+def test_plugin_reports_an_import_failure_once(pytester):
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "softmaxtheory.conformance", "--softmax-kernel", "nosuchmod_abc:f",
+        "-p", "no:cacheprovider",
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert err.count("cannot import module 'nosuchmod_abc'") == 1, err
+    assert "softmaxtheory conformance:" in err
+
+
+def test_plugin_bad_option_is_a_usage_error(pytester):
+    pytester.makepyfile(mykernels=KERNELS)
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "softmaxtheory.conformance", "--softmax-kernel", "mykernels:softmax",
+        "--softmax-entropy-eps", "-1", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "entropy_eps must be a finite number >= 0" in result.stderr.str()
+
+
+def test_plugin_fails_the_property_whose_kernel_aborts(pytester):
+    pytester.makepyfile(mykernels=KERNELS)
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "softmaxtheory.conformance", "--softmax-kernel", "mykernels:exits_on_nan",
+        "--softmax-dtype", "float32", "--softmax-examples", "5", "-p", "no:cacheprovider",
+        "-k", "test_dtype_shape or test_special_values or test_invariances",
+    )  # fmt: skip
+    result.assert_outcomes(passed=2, failed=1, deselected=10)
+    out = result.stdout.str()
+    assert "special_values: the process running the kernel exited with status 0" in out
+
+
+def test_plugin_in_process_fails_a_kernel_that_calls_exit(pytester):
+    pytester.makepyfile(mykernels=KERNELS)
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "softmaxtheory.conformance", "--softmax-kernel", "mykernels:calls_exit",
+        "--softmax-in-process", "-p", "no:cacheprovider", "-k", "test_dtype_shape",
+    )  # fmt: skip
+    result.assert_outcomes(failed=1, deselected=12)
+    assert "SystemExit(0)" in result.stdout.str()
+
+
+# -- section 6: messages ------------------------------------------------------------------
+
+
+def test_one_check_is_singular():
+    assert conf.PropertyResult("dtype_shape", "pass", 0.5, 1).line().endswith(" 1 check")
+    assert conf.PropertyResult("values", "pass", 0.5, 2).line().endswith(" 2 checks")
+
+
+def test_verdict_wording():
+    R = conf.PropertyResult
+    assert _cmd_check.verdict([R("values", "pass")]) == "CONFORMS"
+    assert _cmd_check.verdict([R("values", "fail"), R("long_rows", "fail")]) == (
+        "DOES NOT CONFORM (2 properties failed: values, long_rows)"
+    )
+
+
+def test_float64_kernel_computing_in_float32_is_named(folder, monkeypatch):
+    res = _check(folder, "mykernels:softmax_in_float32", "--only", "dtype_shape")
+    assert res.returncode == 1
+    assert "the kernel seems to compute in float32, not float64" in res.stdout
+    # the hint comes before the repro, which stays runnable; it imports only what it uses
+    snippet = res.stdout.split("repro:\n", 1)[1].split("\n\n", 1)[0]
+    assert "hint" not in snippet and "softmaxtheory.strategies" not in snippet
+    assert "functools" not in snippet
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, "mykernels", raising=False)
+    exec(compile(snippet, "<repro>", "exec"), {"__name__": "repro"})
+
+
+def test_header_schedule_agrees_with_the_failure_rows_for_softmax(folder):
+    res = _check(folder, "mykernels:softmax_in_float32", "--only", "dtype_shape")
+    header = res.stdout.split("\n\n", 1)[0]
+    assert "schedule Constant(beta=1)" in header and "PaperPolynomial" not in header
+    assert "(Constant(beta=1))" in res.stdout  # the failure row's schedule
+
+
+def test_repro_imports_only_what_it_uses():
+    t = conf.Target(np.exp, "pkg.mod:f", kwargs={"axis": -1})
+    assert t.repro == "import functools\nfrom pkg.mod import f\nkernel = f\n" + (
+        "kernel = functools.partial(kernel, axis=-1)"
+    )
+    assert "strategies" not in conf.Target(np.exp, "pkg.mod:f").repro
+
+
+def test_special_value_note_names_the_table_value():
+    def nan_when_masked(x):  # torch's convention for a fully masked row
+        x = np.asarray(x)
+        e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    res = conf.run_property("special_values", conf.Target(nan_when_masked, dtype="float32"))
+    assert res.status == "pass"
+    assert "fully masked row: NaN where the table gives zeros" in res.message
+
+
+def test_help_says_check_not_prove(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "check a kernel against the certified reference" in out
+    assert "prove" not in out
