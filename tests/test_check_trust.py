@@ -65,7 +65,7 @@ def exits_on_nan(x):  # fine until the special-value table's NaN row
 
 def attention(q, k, v):  # takes no mask= and no is_causal=
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
-    return softmax(s) @ v
+    return (softmax(s) @ v).astype(q.dtype)
 """
 
 #: Every child run is bounded: a hang in the code under test fails the test, never the CI job.
