@@ -54,6 +54,7 @@ __all__ = [
     "ConformanceUsageError",
     "PropertyResult",
     "Target",
+    "check_options",
     "load_kernel",
     "parse_kwarg",
     "properties_for",
