@@ -205,10 +205,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         broken = None
     else:
         timeout = args.timeout or (10 * DEFAULT_TIMEOUT if args.thorough else DEFAULT_TIMEOUT)
-        outcome = run_isolated(
-            _child_argv(args, dtype), names, timeout,
-            progress=lambda res: write_line(res.line()), loaded=header,
-        )  # fmt: skip
+        try:
+            outcome = run_isolated(
+                _child_argv(args, dtype), names, timeout,
+                progress=lambda res: write_line(res.line()), loaded=header,
+            )  # fmt: skip
+        except KeyboardInterrupt:
+            print("softmaxtheory check: interrupted", file=sys.stderr)
+            return 130
         if outcome.usage is not None:
             return _usage_error(outcome.usage)
         results, broken, first_call = outcome.results, outcome.broken, outcome.first_call
@@ -331,6 +335,9 @@ def _child(args: argparse.Namespace, dtype: str, kwargs: dict[str, Any], names: 
 
     sys.stdout.flush()
     channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    # the parent holds this process's standard input open: when the parent dies (killed by
+    # a CI runner), it closes and this process ends instead of running on, orphaned
+    threading.Thread(target=_exit_when_orphaned, daemon=True).start()
     os.dup2(2, 1)  # the kernel's prints go to the standard error, never into the channel
 
     def emit(**event: Any) -> None:
@@ -356,6 +363,15 @@ def _child(args: argparse.Namespace, dtype: str, kwargs: dict[str, Any], names: 
     emit(event="done")
     channel.close()
     return 0
+
+
+def _exit_when_orphaned() -> None:
+    try:
+        while os.read(0, 1 << 16):  # the raw descriptor: no lock held at shutdown
+            pass
+    except (OSError, ValueError):
+        pass
+    os._exit(3)
 
 
 # ---------------------------------------------------------------------------
@@ -468,15 +484,17 @@ def run_isolated(
             cmd += ["--only", name]
         cmd += ["--in-process", "--protocol"]
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, encoding="utf-8",
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8",
             cwd=cwd, start_new_session=os.name == "posix",
         )  # fmt: skip
         lines: queue.Queue[str | None] = queue.Queue()
 
         def read(stream: Any = proc.stdout, sink: queue.Queue[str | None] = lines) -> None:
-            for line in stream:
-                sink.put(line)
+            with contextlib.suppress(OSError, ValueError):
+                for line in stream:
+                    sink.put(line)
             sink.put(None)
+            stream.close()  # here, by the one thread that reads it
 
         threading.Thread(target=read, daemon=True).start()
         current: str | None = None
@@ -551,14 +569,18 @@ def run_isolated(
                         record(PropertyResult(name, "fail", message=f"{_STOPPED}not reported"))
                     break
                 deadline = time.monotonic() + timeout
+        except BaseException:  # Ctrl-C in this process: the child (its own session) goes too
+            _kill(proc)
+            raise
         finally:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
             if proc.poll() is None:
                 try:
                     proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     _kill(proc)
-            if proc.stdout is not None:
-                proc.stdout.close()
     return outcome
 
 
