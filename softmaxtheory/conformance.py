@@ -222,6 +222,8 @@ class Target:
         A property that cannot run (a keyword the kernel does not take) fails
         instead of being skipped; the 16-bit contract is the strict one.
 
+    Notes
+    -----
     Which optional keywords the kernel takes (``schedule=``, ``entropy_eps=``,
     ``mask=``/``attn_mask=``, ``is_causal=``) is read from its signature; when
     the signature cannot be inspected (a builtin such as
