@@ -438,7 +438,7 @@ def _work(p: Prepared, safe: bool) -> tuple[torch.dtype, int, int, int]:
 def _tile_logits(
     p: Prepared, i0: int, i1: int, qs: torch.Tensor, kt: torch.Tensor, unit: int
 ) -> torch.Tensor:
-    """Logits of queries ``i0:i1`` against every key, masked entries ``-inf``.
+    r"""Logits of queries ``i0:i1`` against every key, masked entries ``-inf``.
 
     `qs` is the (scaled) query tensor and `kt` the transposed (scaled) keys
     (B, H // group, D, S), both in the working dtype; the logits carry the
@@ -656,7 +656,7 @@ def attention(
 ) -> torch.Tensor:
     """Adaptive attention of prepared inputs; returns (B, H, L, Dv) in the input dtype."""
     q = p.q
-    L, S = q.shape[-2], p.k.shape[-2]
+    L = q.shape[-2]
     if p.empty:
         return q.new_zeros((*q.shape[:2], L, p.v.shape[-1]))
     grad = _want_grad(q, p.k, p.v)

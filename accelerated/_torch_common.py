@@ -63,7 +63,7 @@ def as_float_tensor(x: object, name: str) -> torch.Tensor:
 
 
 def mul_pow2(x: torch.Tensor, exponent: int) -> torch.Tensor:
-    """``x * 2**exponent`` without forming an overflowing power (exact unless it over/underflows)."""
+    """``x * 2**exponent`` with no overflowing power formed (exact unless it over/underflows)."""
     while exponent != 0:
         step = max(-1000, min(exponent, 1000))
         x = x * 2.0**step
