@@ -83,7 +83,10 @@ def _attention_case(name):
     raise AssertionError(name)
 
 
-@pytest.mark.parametrize("case", ["f32-spread", "f32-beta", "f16-beta-q", "f64-logits", "f64-scale"])
+OVERFLOW_CASES = ["f32-spread", "f32-beta", "f16-beta-q", "f64-logits", "f64-scale"]
+
+
+@pytest.mark.parametrize("case", OVERFLOW_CASES)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_attention_with_overflowing_logits_is_the_reference(case, backend):
     """Finite inputs never give NaN where the reference gives numbers, on every backend."""
@@ -152,20 +155,25 @@ def test_zero_size_softmax():
 # ---------------------------------------------------------------- sparse tensors
 
 
-@pytest.mark.parametrize(
-    ("call", "word"),
-    [
-        (lambda: adaptive_softmax(torch.ones(2, 3).to_sparse()), "x must be a dense"),
-        (lambda: AdaptiveSoftmax()(torch.ones(2, 3).to_sparse_csr()), "x must be a dense"),
-        (lambda: adaptive_attention(torch.ones(2, 2).to_sparse(), torch.ones(3, 2),
-                                    torch.ones(3, 1)), "q must be a dense"),  # fmt: skip
-        (lambda: adaptive_attention(torch.ones(2, 2), torch.ones(3, 2),
-                                    torch.ones(3, 1).to_sparse()), "v must be a dense"),  # fmt: skip
-        (lambda: adaptive_attention(torch.ones(2, 2), torch.ones(3, 2), torch.ones(3, 1),
-                                    torch.ones(2, 3, dtype=torch.bool).to_sparse()),
-         "attn_mask must be a dense"),  # fmt: skip
-    ],
-)
+def _qkv_sparse(which):
+    args = [torch.ones(2, 2), torch.ones(3, 2), torch.ones(3, 1)]
+    if which is not None:
+        args[which] = args[which].to_sparse()
+    return args
+
+
+SPARSE_MASK = torch.ones(2, 3, dtype=torch.bool).to_sparse()
+SPARSE_CALLS = [
+    (lambda: adaptive_softmax(torch.ones(2, 3).to_sparse()), "x must be a dense"),
+    (lambda: AdaptiveSoftmax()(torch.ones(2, 3).to_sparse_csr()), "x must be a dense"),
+    (lambda: adaptive_attention(*_qkv_sparse(0)), "q must be a dense"),
+    (lambda: adaptive_attention(*_qkv_sparse(1)), "k must be a dense"),
+    (lambda: adaptive_attention(*_qkv_sparse(2)), "v must be a dense"),
+    (lambda: adaptive_attention(*_qkv_sparse(None), SPARSE_MASK), "attn_mask must be a dense"),
+]
+
+
+@pytest.mark.parametrize(("call", "word"), SPARSE_CALLS)
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
 def test_sparse_tensors_are_refused_by_name(call, word):
     with pytest.raises(TypeError, match=word):
@@ -178,7 +186,7 @@ def test_sparse_tensors_are_refused_by_name(call, word):
 def test_jit_script_is_refused_with_a_pointer_to_compile():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script's own
-        with pytest.raises(TypeError, match="torch.compile"):
+        with pytest.raises(TypeError, match=r"torch\.compile"):
             torch.jit.script(AdaptiveSoftmax())
 
 

@@ -175,7 +175,7 @@ def test_kernel_matches_reference(child_outputs, dname, mask_name, sname):
 
 @pytest.mark.parametrize(("dname", "mask_name", "sname"), list(_cases()))
 def test_hybrid_matches_reference(child_outputs, dname, mask_name, sname):
-    """backend="hybrid" (Triton pass 1, SDPA pass 2 on beta-scaled queries) matches the reference."""
+    """backend="hybrid" (Triton pass 1, SDPA on beta-scaled queries) matches the reference."""
     dtype = DTYPES[dname]
     q, k, v, mask = _inputs(dtype, mask_name)
     out = np.load(child_outputs / f"hybrid-{dname}-{mask_name}-{sname}.npy")
