@@ -566,7 +566,11 @@ def _hybrid(
     v = p.v
     mask = None
     if p.bias:
-        mask = (p.add.to(sd) * bcol).to(p.q.dtype)
+        # safe where: -inf entries stay -inf and never meet beta (d(-inf * beta)/dbeta is NaN)
+        add = p.add.to(sd)
+        finite = torch.isfinite(add)
+        scaled = torch.where(finite, add, torch.zeros_like(add)) * bcol
+        mask = torch.where(finite, scaled, add).to(p.q.dtype)
     elif p.keep is not None:
         mask = p.keep
     return F.scaled_dot_product_attention(
