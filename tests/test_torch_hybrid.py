@@ -1,4 +1,4 @@
-"""The hybrid forward (pass 1, then SDPA on β-scaled queries) and the Triton launch fallback, on CPU.
+"""The hybrid forward (pass 1, SDPA on β-scaled queries) and the Triton launch fallback, on CPU.
 
 The hybrid's arithmetic does not depend on the device: on CPU its pass 1 is the torch
 ``attention_entropy`` and its pass 2 torch's own SDPA, the same composition CUDA runs with the
