@@ -297,8 +297,9 @@ def attention_entropy(
     ----------
     q : torch.Tensor, shape (..., H, L, D)
         Queries.
-    k : torch.Tensor, shape (..., H_kv, S, D)
-        Keys; leading dimensions broadcast with those of `q`.
+    k : torch.Tensor, shape (..., S, D)
+        Keys; leading dimensions broadcast with those of `q` (with
+        `enable_gqa`, ``k.shape[-3]`` is the number of key heads ``H_kv``).
     attn_mask : torch.Tensor, optional
         Broadcastable to ``(..., H, L, S)``; boolean (``True`` takes part) or
         additive (``-inf`` masks), as in ``scaled_dot_product_attention``.
