@@ -126,7 +126,9 @@ def test_cuda_every_head_dim_runs(head_dim, dtype, mask_name, lengths):
     dev = [t.to(DEVICE) if t is not None else None for t in (q, k, v, mask)]
     ref, tol = _reference_and_tol(q, k, v, mask, causal)
     with torch.no_grad():
-        for backend in ("auto", "triton"):
+        # the all-Triton forward too where shared memory runs short (its compiles are the
+        # slow part of this test on a GPU)
+        for backend in ("auto", "triton") if head_dim >= 128 else ("auto",):
             out = adaptive_attention(*dev[:3], dev[3], is_causal=causal, backend=backend)
             err = np.abs(out.cpu().double().numpy() - ref)
             assert np.all(err <= tol), f"{backend}: max err/tol {np.max(err / tol)}"
