@@ -74,7 +74,7 @@ def build_steps(out: Path, write_docs: bool) -> list[Step]:
     tests = Step(
         "tests",
         180,
-        [[sys.executable, "-m", "pytest", "-m", "cuda", "tests", "-q", "-x",
+        [[sys.executable, "-m", "pytest", "-m", "cuda", "tests", "-q",
           "-p", "no:cacheprovider", "--durations=10"]],
     )  # fmt: skip
     conformance = Step("conformance", 90, parallel=True)
