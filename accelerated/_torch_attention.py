@@ -28,21 +28,33 @@ import os
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F  # noqa: N812
 from softmaxtheory.accelerated._torch_common import (
     HALF_DTYPES,
     as_float_tensor,
     beta_from_entropy,
     entropy_from_stats,
+    mul_pow2,
+    shifted_logits,
     stats_dtype,
 )
 from softmaxtheory.accelerated._torch_softmax import adaptive_softmax_lastdim
 
 from softmaxtheory.spec import Schedule
 
-__all__ = ["BACKENDS", "Prepared", "attention", "prepare"]
+__all__ = [
+    "BACKENDS",
+    "Prepared",
+    "attention",
+    "attention_entropy",
+    "entropy_lse",
+    "prepare",
+    "triton_available",
+    "triton_entropy_lse",
+]
 
 #: Accepted values of the ``backend`` argument.
-BACKENDS = ("auto", "composition", "triton", "chunked")
+BACKENDS = ("auto", "hybrid", "composition", "triton", "chunked")
 
 #: Elements of one logit tile of the chunked path (float32: 8 MiB; about 8 live per tile).
 CHUNK_ELEMENTS = 1 << 21
@@ -53,8 +65,8 @@ class Prepared:
     """Validated attention inputs, as 4-D (B, H, L, D) views."""
 
     q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
+    k: torch.Tensor  # (B, H // group, S, D)
+    v: torch.Tensor | None  # (B, H, S, Dv); None for attention_entropy
     lead: tuple[int, ...]
     scale: float
     is_causal: bool
@@ -63,13 +75,32 @@ class Prepared:
     bias: bool  # the additive mask has finite non-zero entries
     n_eff: torch.Tensor  # (B, H, L) int64: unmasked keys per query
     bad: torch.Tensor | None  # (B, H, L) bool: rows whose answer is NaN
+    group: int = 1  # query heads per key head (grouped-query attention)
+    empty: bool = False  # B*H, L or S is zero: nothing is computed
+    log2_bound: float = -math.inf  # log2 of a bound on |logit| (finite entries)
+    log2_qmax: float = -math.inf  # log2 of the largest finite |q|
 
 
-def _to4(t: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
-    t = t.expand(*lead, *t.shape[-2:])
-    if len(lead) <= 2:
-        return t.reshape((1,) * (2 - len(lead)) + tuple(t.shape))
-    return t.reshape(-1, lead[-1], *t.shape[-2:])
+def _to4(t: torch.Tensor, lead: tuple[int, ...], heads: int | None = None) -> torch.Tensor:
+    """A (B, H, n, d) view of `t` broadcast to `lead` (H replaced by `heads` for GQA)."""
+    target = lead if heads is None else (*lead[:-1], heads)
+    t = t.expand(*target, *t.shape[-2:])
+    if len(target) <= 2:
+        return t.reshape((1,) * (2 - len(target)) + tuple(t.shape))
+    return t.reshape(-1, target[-1], *t.shape[-2:])
+
+
+def _abs_max(t: torch.Tensor) -> float:
+    """Largest finite magnitude of `t` (0.0 if none)."""
+    if t.numel() == 0:
+        return 0.0
+    with torch.no_grad():
+        a = torch.where(torch.isfinite(t), t.abs(), torch.zeros((), dtype=t.dtype, device=t.device))
+        return float(a.amax())
+
+
+def _log2(x: float) -> float:
+    return math.log2(x) if x > 0 else -math.inf
 
 
 def prepare(
@@ -79,32 +110,41 @@ def prepare(
     attn_mask: object,
     is_causal: bool,
     scale: float | None,
+    *,
+    enable_gqa: bool = False,
 ) -> Prepared:
-    """Validate the SDPA-style arguments and bring them to 4-D views."""
+    """Validate the SDPA-style arguments and bring them to 4-D views (`v` may be None)."""
     q = as_float_tensor(q, "q")
     k = as_float_tensor(k, "k")
-    v = as_float_tensor(v, "v")
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    named = [("q", q), ("k", k)]
+    if v is not None:
+        v = as_float_tensor(v, "v")
+        named.append(("v", v))
+    for name, t in named:
         if t.ndim < 2:
             raise ValueError(
                 f"{name} must have shape (..., length, features), got {tuple(t.shape)}"
             )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
+    if len({t.dtype for _, t in named}) != 1:
+        raise TypeError(
+            "q, k and v must share a dtype, got " + ", ".join(str(t.dtype) for _, t in named)
+        )
+    if len({t.device for _, t in named}) != 1:
         raise ValueError(
-            f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
+            "q, k and v must be on one device, got " + ", ".join(str(t.device) for _, t in named)
         )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"q and k must share the feature size, got {tuple(q.shape)} and {tuple(k.shape)}"
         )
-    if k.shape[-2] != v.shape[-2]:
+    if v is not None and k.shape[-2] != v.shape[-2]:
         raise ValueError(
             f"k and v must share the key length, got {tuple(k.shape)} and {tuple(v.shape)}"
         )
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool, got {enable_gqa!r}")
     L, D = q.shape[-2:]
     S = k.shape[-2]
     if scale is None:
@@ -114,8 +154,21 @@ def prepare(
     scale = float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale!r}")
+    group = 1
+    kv_shapes = [k.shape[:-2]] + ([v.shape[:-2]] if v is not None else [])
+    if enable_gqa and q.ndim >= 3 and k.ndim >= 3 and q.shape[-3] != k.shape[-3]:
+        hq, hkv = q.shape[-3], k.shape[-3]
+        if hkv == 0 or hq % hkv:
+            raise ValueError(
+                "enable_gqa needs the query heads q.shape[-3] to be a multiple of the key "
+                f"heads k.shape[-3], got {hq} and {hkv}"
+            )
+        if v is not None and v.shape[-3] != hkv:
+            raise ValueError(f"k and v must have the same heads, got {hkv} and {v.shape[-3]}")
+        group = hq // hkv
+        kv_shapes = [(*s[:-1], hq) for s in kv_shapes]
     try:
-        lead = tuple(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
+        lead = tuple(torch.broadcast_shapes(q.shape[:-2], *kv_shapes))
     except RuntimeError as exc:
         raise ValueError(f"q, k, v leading dimensions do not broadcast: {exc}") from exc
     mask = None
@@ -124,6 +177,10 @@ def prepare(
             raise ValueError("pass either attn_mask or is_causal=True, not both")
         if not isinstance(attn_mask, torch.Tensor):
             raise TypeError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
+        if attn_mask.layout != torch.strided:
+            raise TypeError(
+                f"attn_mask must be a dense (strided) tensor, got layout {attn_mask.layout}"
+            )
         if attn_mask.device != q.device:
             raise ValueError(f"attn_mask must be on {q.device}, got {attn_mask.device}")
         if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
@@ -138,9 +195,17 @@ def prepare(
             ) from exc
         lead = full[:-2]
         mask = attn_mask
-    q4, k4, v4 = (_to4(t, lead) for t in (q, k, v))
+    kv_heads = (lead[-1] // group) if group > 1 else None
+    q4 = _to4(q, lead)
+    k4 = _to4(k, lead, kv_heads)
+    v4 = None if v is None else _to4(v, lead, kv_heads)
     keep = add = None
     bias = False
+    empty = q4.shape[0] * q4.shape[1] == 0 or L == 0 or S == 0
+    if empty:
+        n_eff = torch.zeros((*q4.shape[:2], L), dtype=torch.int64, device=q.device)
+        return Prepared(q4, k4, v4, lead, scale, is_causal, None, None, False, n_eff, None,
+                        group, True)  # fmt: skip
     if mask is None:
         if is_causal:
             rows = torch.arange(L, device=q.device)
@@ -157,8 +222,13 @@ def prepare(
             bias = bool(torch.any(finite & (m4 != 0)))
             keep = m4 != -torch.inf
         n_eff = keep.sum(-1).expand(*q4.shape[:2], L)
-    bad = _bad_rows(q4, k4, keep, add, is_causal)
-    return Prepared(q4, k4, v4, lead, scale, is_causal, keep, add, bias, n_eff, bad)
+    bad = _bad_rows(q4, k4, keep, add, is_causal, group)
+    lq = _log2(_abs_max(q4))
+    lb = _log2(abs(scale)) + lq + _log2(_abs_max(k4)) + _log2(D)
+    if bias:
+        lb = max(lb, _log2(_abs_max(add))) + 1.0
+    return Prepared(q4, k4, v4, lead, scale, is_causal, keep, add, bias, n_eff, bad,
+                    group, False, lb, lq)  # fmt: skip
 
 
 def _bad_rows(
@@ -167,6 +237,7 @@ def _bad_rows(
     keep: torch.Tensor | None,
     add: torch.Tensor | None,
     is_causal: bool,
+    group: int = 1,
 ) -> torch.Tensor | None:
     """Rows whose spec answer is NaN: a non-finite query, unmasked key or mask entry."""
     with torch.no_grad():
@@ -175,6 +246,8 @@ def _bad_rows(
         mask_bad = add is not None and bool((torch.isnan(add) | (add == torch.inf)).any())
         if not bool(q_bad.any()) and not bool(k_bad.any()) and not mask_bad:
             return None
+        if group > 1:
+            k_bad = k_bad.repeat_interleave(group, dim=1)
         L, S = q.shape[-2], k.shape[-2]
         if keep is not None:
             row_bad = (keep & k_bad.unsqueeze(-2)).any(-1)
@@ -187,6 +260,36 @@ def _bad_rows(
         if add is not None:
             bad = bad | (torch.isnan(add) | (add == torch.inf)).any(-1)
         return bad.expand(*q.shape[:2], L)
+
+
+# ---------------------------------------------------------------- overflow guard
+
+
+def _fits(p: Prepared, beta_max: float = 1.0) -> bool:
+    r"""Whether logits times `beta_max` (and their spread) stay far from the float maximum.
+
+    The fused kernels form :math:`x_{ij}` and :math:`\beta_i x_{ij}` in the
+    statistics dtype and :math:`\beta_i q_i` in the input dtype; with
+    :math:`|x_{ij}| \le 2^{\mathrm{log2\_bound}}` (``scale * max|q| * max|k| * D``
+    plus the largest bias) they cannot overflow when this holds. Otherwise the
+    overflow-safe chunked path runs (float64 logits, scaled by a power of two
+    where even float64 would overflow).
+    """
+    sd = stats_dtype(p.q.dtype)
+    lb_beta = _log2(beta_max) if beta_max > 0 else 0.0
+    if not math.isfinite(lb_beta) and beta_max > 0:
+        return False
+    room = math.log2(torch.finfo(sd).max) - 3.0
+    if p.log2_bound + lb_beta > room:
+        return False
+    q_room = math.log2(torch.finfo(p.q.dtype).max) - 2.0
+    return p.log2_qmax + lb_beta <= q_room and (not p.bias or p.log2_bound + lb_beta <= q_room)
+
+
+def _beta_max(beta: torch.Tensor) -> float:
+    with torch.no_grad():
+        b = torch.where(torch.isfinite(beta), beta, torch.ones_like(beta))
+        return float(b.amax()) if b.numel() else 1.0
 
 
 def _triton_interpreting() -> bool:
@@ -300,6 +403,8 @@ def _composition(p: Prepared, schedule: Schedule, detach_beta: bool) -> torch.Te
     beta = beta_from_entropy(schedule, entropy, p.n_eff).to(sd)
     if detach_beta:
         beta = beta.detach()
+    if not _fits(p, _beta_max(beta)):
+        return None  # beta * q or beta * x could overflow: the chunked path
     qb = (p.q.to(sd) * beta.unsqueeze(-1)).to(p.q.dtype)
     try:
         with torch.set_grad_enabled(_want_grad(p.q, p.k, p.v)):
@@ -312,70 +417,235 @@ def _composition(p: Prepared, schedule: Schedule, detach_beta: bool) -> torch.Te
 # ---------------------------------------------------------------- chunked path
 
 
-def _chunked(
-    p: Prepared, schedule: Schedule, entropy_eps: float, detach_beta: bool
+def _work(p: Prepared, safe: bool) -> tuple[torch.dtype, int, int, int]:
+    """Working dtype and power-of-two exponents (of q, k, scale) of the tile logits.
+
+    The normal path computes logits in the statistics dtype. The safe path
+    computes them in float64 and, where even float64 would overflow, from
+    ``q * 2**-a``, ``k * 2**-b`` and ``scale * 2**-c`` (exact scalings): the
+    logits are then ``x' * 2**(a + b + c)``.
+    """
+    if not safe:
+        return stats_dtype(p.q.dtype), 0, 0, 0
+    if p.log2_bound + 2.0 < 1000.0:
+        return torch.float64, 0, 0, 0
+    a = max(0, math.ceil(p.log2_qmax) - 400)
+    b = max(0, math.ceil(_log2(_abs_max(p.k))) - 400)
+    c = max(0, math.ceil(_log2(abs(p.scale))) - 100)
+    return torch.float64, a, b, c
+
+
+def _tile_logits(
+    p: Prepared, i0: int, i1: int, qs: torch.Tensor, kt: torch.Tensor, unit: int
 ) -> torch.Tensor:
-    """Exact-semantics path over blocks of queries: ``(block, S)`` logit tiles."""
-    q, k, v = p.q, p.k, p.v
-    sd = stats_dtype(q.dtype)
-    L, S = q.shape[-2], k.shape[-2]
-    B, H = q.shape[:2]
+    r"""Logits of queries ``i0:i1`` against every key, masked entries ``-inf``.
+
+    `qs` is the (scaled) query tensor and `kt` the transposed (scaled) keys
+    (B, H // group, D, S), both in the working dtype; the logits carry the
+    unit :math:`2^{\mathrm{unit}}`. Grouped heads multiply a (B, H/g, g, l, D)
+    view of the queries by the shared keys (no repeated K).
+    """
+    qt = qs[..., i0:i1, :]
+    if p.group > 1:
+        x = torch.matmul(qt.unflatten(1, (kt.shape[1], p.group)), kt.unsqueeze(2)).flatten(1, 2)
+    else:
+        x = torch.matmul(qt, kt)
+    S = kt.shape[-1]
+    if p.add is not None:
+        add = p.add[..., i0:i1, :].to(x.dtype)
+        if unit:
+            add = mul_pow2(add, -unit)
+        x = torch.where(p.keep[..., i0:i1, :], x + add, torch.full_like(x, -torch.inf))
+    elif p.keep is not None:
+        x = x.masked_fill(~p.keep[..., i0:i1, :], -torch.inf)
+    elif p.is_causal:
+        rows = torch.arange(i0, i1, device=x.device).unsqueeze(-1)
+        cols = torch.arange(S, device=x.device)
+        x = x.masked_fill(cols > rows, -torch.inf)
+    return x
+
+
+def _scaled_operands(
+    p: Prepared, safe: bool
+) -> tuple[torch.dtype, torch.Tensor, torch.Tensor, int, int]:
+    """``(dtype, q', k'^T, block, unit)`` of the tile loop (see :func:`_work`)."""
+    wd, a, b, c = _work(p, safe)
+    qs = mul_pow2(p.q.to(wd), -a) if a else p.q.to(wd)
+    ks = mul_pow2(p.k.to(wd), -b) if b else p.k.to(wd)
+    scale = p.scale * 2.0**-c
+    qs = qs * scale
+    L, S = p.q.shape[-2], p.k.shape[-2]
+    B, H = p.q.shape[:2]
     block = max(1, min(L, CHUNK_ELEMENTS // max(1, B * H * S)))
-    kt = k.to(sd).transpose(-1, -2)
-    vs = v.to(sd)
+    return wd, qs, ks.transpose(-1, -2), block, a + b + c
+
+
+def _chunked(
+    p: Prepared, schedule: Schedule, entropy_eps: float, detach_beta: bool, safe: bool = False
+) -> torch.Tensor:
+    """Exact-semantics path over blocks of queries: ``(block, S)`` logit tiles.
+
+    ``safe=True``: the overflow-safe variant (float64 tiles, power-of-two units).
+    """
+    wd, qs, kt, block, unit = _scaled_operands(p, safe)
+    vs = p.v.to(wd)
     outs = []
-    for i0 in range(0, L, block):
-        i1 = min(L, i0 + block)
-        x = p.scale * torch.matmul(q[..., i0:i1, :].to(sd), kt)
-        if p.add is not None:
-            add = p.add[..., i0:i1, :].to(sd)
-            x = torch.where(p.keep[..., i0:i1, :], x + add, torch.full_like(x, -torch.inf))
-        elif p.keep is not None:
-            x = x.masked_fill(~p.keep[..., i0:i1, :], -torch.inf)
-        elif p.is_causal:
-            rows = torch.arange(i0, i1, device=q.device).unsqueeze(-1)
-            cols = torch.arange(S, device=q.device)
-            x = x.masked_fill(cols > rows, -torch.inf)
-        probs, _, _ = adaptive_softmax_lastdim(x, schedule, entropy_eps, detach_beta)
+    for i0 in range(0, p.q.shape[-2], block):
+        i1 = min(p.q.shape[-2], i0 + block)
+        x = _tile_logits(p, i0, i1, qs, kt, unit)
+        probs, _, _ = adaptive_softmax_lastdim(x, schedule, entropy_eps, detach_beta, unit)
         outs.append(torch.matmul(probs, vs))
     return torch.cat(outs, dim=-2)
+
+
+def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Pass 1 in torch: each query's entropy and log-sum-exp, differentiable.
+
+    Blocks of queries against every key (memory :math:`O(\mathrm{block}\cdot S)`
+    forward; autograd keeps the tiles for the backward). Per row, with
+    :math:`z_j = x_j - m` (overflow-safe, :func:`shifted_logits`),
+    :math:`s = \sum e^{z_j}`, :math:`t = \sum e^{z_j} z_j`:
+    :math:`H = \log s - t/s` clamped to :math:`[0, \log n]` and
+    :math:`\mathrm{LSE} = m + \log s`. A query with no key gives ``H = 0``,
+    ``LSE = -inf``; a NaN row gives NaN.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(entropy, lse)``, shape (B, H, L), in the statistics dtype.
+    """
+    sd = stats_dtype(p.q.dtype)
+    safe = safe or not _fits(p)
+    wd, qs, kt, block, unit = _scaled_operands(p, safe)
+    hs, lses = [], []
+    for i0 in range(0, p.q.shape[-2], block):
+        i1 = min(p.q.shape[-2], i0 + block)
+        x = _tile_logits(p, i0, i1, qs, kt, unit)
+        masked = x == -torch.inf
+        z, m = shifted_logits(x, masked, unit)
+        e = torch.where(masked, torch.zeros_like(z), torch.exp(z))
+        s = e.sum(-1)
+        hs.append(entropy_from_stats(s, (e * z).sum(-1)))
+        m = m.squeeze(-1)
+        none = s == 0
+        m_safe = torch.where(none, torch.zeros_like(m), m)
+        s_safe = torch.where(none, torch.ones_like(s), s)
+        lse = mul_pow2(m_safe, unit) + torch.log(s_safe)
+        lses.append(torch.where(none, torch.full_like(lse, -torch.inf), lse))
+    upper = torch.log(torch.clamp(p.n_eff, min=1).to(wd))
+    h = torch.minimum(torch.cat(hs, dim=-1), upper).to(sd)
+    return h, torch.cat(lses, dim=-1).to(sd)
+
+
+# ---------------------------------------------------------------- hybrid path
+
+
+def _hybrid(
+    p: Prepared, schedule: Schedule, detach_beta: bool, entropy: torch.Tensor | None
+) -> torch.Tensor | None:
+    r"""Pass 2 through SDPA itself, on the β-scaled queries.
+
+    :math:`\operatorname{softmax}(\beta_i x_i)` has the logits of the query
+    :math:`\beta_i q_i`; an additive mask with finite non-zero entries is
+    scaled by :math:`\beta_i` too (the spec scales the whole logit), a
+    boolean, causal or 0/``-inf`` mask is passed as is. SDPA then runs on
+    whatever fused kernel it picks (cuDNN, flash, memory-efficient; CPU:
+    its own). `entropy` is pass 1 (None when the schedule does not read it).
+    Returns None when β times the logits could overflow (the caller then
+    takes the overflow-safe chunked path).
+    """
+    sd = stats_dtype(p.q.dtype)
+    beta = beta_from_entropy(schedule, entropy, p.n_eff).to(sd)
+    if detach_beta:
+        beta = beta.detach()
+    if not _fits(p, _beta_max(beta)):
+        return None
+    bcol = beta.unsqueeze(-1)
+    qb = (p.q.to(sd) * bcol).to(p.q.dtype)
+    k = p.k
+    v = p.v
+    mask = None
+    if p.bias:
+        # safe where: -inf entries stay -inf and never meet beta (d(-inf * beta)/dbeta is NaN)
+        add = p.add.to(sd)
+        finite = torch.isfinite(add)
+        scaled = torch.where(finite, add, torch.zeros_like(add)) * bcol
+        mask = torch.where(finite, scaled, add).to(p.q.dtype)
+    elif p.keep is not None:
+        mask = p.keep
+    return F.scaled_dot_product_attention(
+        qb, k, v, attn_mask=mask, is_causal=p.is_causal, scale=p.scale
+    )
 
 
 # ---------------------------------------------------------------- Triton path
 
 
-def _triton(p: Prepared, schedule: Schedule) -> torch.Tensor:
+def _triton_mask(p: Prepared) -> tuple[int, torch.Tensor | None]:
     from softmaxtheory.accelerated import _triton_attention as tri
 
     if p.add is not None:
-        kind, mask = tri.MASK_ADD, p.add.to(p.q.dtype)
-    elif p.keep is not None:
-        kind, mask = tri.MASK_BOOL, p.keep
-    else:
-        kind, mask = tri.MASK_NONE, None
-    entropy = None
-    if schedule.needs_entropy:
-        _, s, t = tri.triton_stats(p.q, p.k, mask, kind, p.is_causal, p.scale)
+        return tri.MASK_ADD, p.add.to(p.q.dtype)
+    if p.keep is not None:
+        return tri.MASK_BOOL, p.keep
+    return tri.MASK_NONE, None
+
+
+def triton_entropy_lse(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass 1 with the Triton kernel: ``(entropy, lse)`` float32 (B, H, L), no gradient."""
+    from softmaxtheory.accelerated import _triton_attention as tri
+
+    kind, mask = _triton_mask(p)
+    with torch.no_grad():
+        h, lse = tri.triton_entropy(p.q, p.k, mask, kind, p.is_causal, p.scale, p.group)
         upper = torch.log(torch.clamp(p.n_eff, min=1).to(torch.float32))
-        entropy = torch.minimum(entropy_from_stats(s, t), upper)
-    beta = beta_from_entropy(schedule, entropy, p.n_eff).to(torch.float32)
-    beta = beta.expand(*p.q.shape[:2], p.q.shape[-2])
-    return tri.triton_attention(p.q, p.k, p.v, beta, mask, kind, p.is_causal, p.scale)
+    return torch.minimum(h, upper), lse
 
 
-def _triton_usable(p: Prepared, entropy_eps: float) -> bool:
-    if entropy_eps != 0.0 or p.q.dtype == torch.float64:
-        return False
-    if _want_grad(p.q, p.k, p.v):
-        return False
-    on_device = p.q.device.type == "cuda" or (p.q.device.type == "cpu" and _triton_interpreting())
-    if not on_device:
+def _triton(p: Prepared, schedule: Schedule) -> torch.Tensor | None:
+    """The all-Triton forward; None when no launch configuration fits or β overflows."""
+    from softmaxtheory.accelerated import _triton_attention as tri
+    from softmaxtheory.accelerated._triton_config import NoConfig
+
+    kind, mask = _triton_mask(p)
+    try:
+        entropy = triton_entropy_lse(p)[0] if schedule.needs_entropy else None
+        beta = beta_from_entropy(schedule, entropy, p.n_eff).to(torch.float32)
+        if not _fits(p, _beta_max(beta)):
+            return None
+        beta = beta.expand(*p.q.shape[:2], p.q.shape[-2])
+        return tri.triton_attention(p.q, p.k, p.v, beta, mask, kind, p.is_causal, p.scale)
+    except NoConfig:
+        return None
+
+
+def triton_available(device: torch.device) -> bool:
+    """Whether the Triton kernels can run on `device` here (CUDA, or CPU when interpreting)."""
+    if not (device.type == "cuda" or (device.type == "cpu" and _triton_interpreting())):
         return False
     try:
         import triton  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+def _pass1_triton_ok(p: Prepared) -> bool:
+    return p.q.dtype != torch.float64 and triton_available(p.q.device) and _fits(p)
+
+
+def _hybrid_entropy(p: Prepared, schedule: Schedule, beta_grad: bool) -> torch.Tensor | None:
+    """Pass 1 for the hybrid path: Triton when it fits and no gradient reaches β, else torch."""
+    if not schedule.needs_entropy:
+        return None
+    if not beta_grad and _pass1_triton_ok(p):
+        from softmaxtheory.accelerated._triton_config import NoConfig
+
+        try:
+            return triton_entropy_lse(p)[0]
+        except NoConfig:
+            pass
+    return entropy_lse(p)[0]
 
 
 # ---------------------------------------------------------------- dispatch
@@ -390,35 +660,71 @@ def attention(
 ) -> torch.Tensor:
     """Adaptive attention of prepared inputs; returns (B, H, L, Dv) in the input dtype."""
     q = p.q
-    L, S = q.shape[-2], p.k.shape[-2]
-    if L == 0 or S == 0:
-        out = q.new_zeros((*q.shape[:2], L, p.v.shape[-1]))
-    elif backend == "triton":
-        if entropy_eps != 0.0:
-            raise ValueError("backend='triton' supports entropy_eps=0.0 only")
+    L = q.shape[-2]
+    if p.empty:
+        return q.new_zeros((*q.shape[:2], L, p.v.shape[-1]))
+    grad = _want_grad(q, p.k, p.v)
+    beta_grad = grad and not detach_beta and schedule.needs_entropy
+    out = None
+    if backend in ("triton", "hybrid") and entropy_eps != 0.0:
+        raise ValueError(f"backend={backend!r} supports entropy_eps=0.0 only")
+    if backend == "triton":
         if q.dtype == torch.float64:
             raise TypeError("backend='triton' supports float16, bfloat16 and float32")
-        if _want_grad(q, p.k, p.v):
+        if grad:
             raise ValueError(
                 "backend='triton' is forward-only; use backend='composition' for gradients "
                 "(or call under torch.no_grad())"
             )
-        if q.device.type != "cuda" and not _triton_interpreting():
+        if not triton_available(q.device):
             raise ValueError(
                 "backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 for CPU tensors)"
             )
+    safe = q.shape[-1] == 0 or not _fits(p)
+    if safe:
+        pass  # the overflow-safe chunked path below (also for an empty feature axis)
+    elif backend == "triton":
         out = _triton(p, schedule)
-    else:
-        out = None
-        if backend == "auto" and _triton_usable(p, entropy_eps):
-            out = _triton(p, schedule)
-        elif backend in ("auto", "composition") and entropy_eps == 0.0 and not p.bias:
-            out = _composition(p, schedule, detach_beta)
-        if out is None:
-            out = _chunked(p, schedule, entropy_eps, detach_beta).to(q.dtype)
+    elif backend == "hybrid" or (
+        backend == "auto" and entropy_eps == 0.0 and not beta_grad and _pass1_triton_ok(p)
+    ):
+        out = _hybrid(p, schedule, detach_beta, _hybrid_entropy(p, schedule, beta_grad))
+    if out is None and not safe and backend != "chunked" and entropy_eps == 0.0 and not p.bias:
+        out = _composition(p, schedule, detach_beta)
+    if out is None:
+        out = _chunked(p, schedule, entropy_eps, detach_beta, safe=safe)
     out = out.to(q.dtype)
     if p.keep is not None or p.is_causal:
         out = torch.where((p.n_eff == 0).unsqueeze(-1), torch.zeros_like(out), out)
     if p.bad is not None:
         out = torch.where(p.bad.unsqueeze(-1), torch.full_like(out, torch.nan), out)
     return out
+
+
+def attention_entropy(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's ``(entropy, lse)`` in the statistics dtype, shape (B, H, L).
+
+    The Triton pass-1 kernel on CUDA (and on CPU under ``TRITON_INTERPRET=1``)
+    when no gradient is needed; otherwise the differentiable torch pass 1.
+    """
+    sd = stats_dtype(p.q.dtype)
+    B, H, L = p.q.shape[:3]
+    if p.empty:
+        h = torch.zeros((B, H, L), dtype=sd, device=p.q.device)
+        return h, torch.full_like(h, -torch.inf)
+    out = None
+    if not _want_grad(p.q, p.k) and _pass1_triton_ok(p):
+        from softmaxtheory.accelerated._triton_config import NoConfig
+
+        try:
+            out = triton_entropy_lse(p)
+        except NoConfig:
+            out = None
+    if out is None:
+        out = entropy_lse(p)
+    h, lse = out
+    if p.bad is not None:
+        nan = torch.full_like(h, torch.nan)
+        h = torch.where(p.bad, nan, h)
+        lse = torch.where(p.bad, nan, lse)
+    return h, lse

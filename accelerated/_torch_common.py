@@ -26,6 +26,8 @@ __all__ = [
     "as_float_tensor",
     "beta_from_entropy",
     "entropy_from_stats",
+    "mul_pow2",
+    "shifted_logits",
     "stats_dtype",
 ]
 
@@ -46,15 +48,56 @@ def as_float_tensor(x: object, name: str) -> torch.Tensor:
     Raises
     ------
     TypeError
-        If `x` is not a tensor, or its dtype is not real floating or integer.
+        If `x` is not a tensor, is sparse (not ``torch.strided``), or its dtype
+        is not real floating or integer.
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}")
     if x.dtype in _FLOAT_DTYPES:
         return x
     if not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool:
         return x.to(torch.float64)
     raise TypeError(f"{name} must be a real floating or integer tensor, got dtype {x.dtype}")
+
+
+def mul_pow2(x: torch.Tensor, exponent: int) -> torch.Tensor:
+    """``x * 2**exponent`` with no overflowing power formed (exact unless it over/underflows)."""
+    while exponent != 0:
+        step = max(-1000, min(exponent, 1000))
+        x = x * 2.0**step
+        exponent -= step
+    return x
+
+
+def shifted_logits(
+    x: torch.Tensor, masked: torch.Tensor, log2_unit: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Overflow-safe shifted logits :math:`z = x - \max x` of rows along the last axis.
+
+    The row maximum :math:`m` is taken over the row (``-inf`` where every
+    entry is masked). :math:`z_j = (x_j - m)\,2^{\mathrm{log2\_unit}}`
+    is clamped below at the dtype's most negative finite number: for finite
+    rows whose spread exceeds the float maximum, :math:`x_j - m` would round to
+    ``-inf`` and :math:`e^{z_j} z_j` to ``0 * -inf = NaN``; clamped, the item
+    still gets :math:`e^{z_j} = 0` (its exact weight rounds to zero in every
+    format) and contributes exactly 0 to every sum. Masked entries give 0.
+    Both ``where`` branches are finite, so no NaN reaches a gradient.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(z, m)``: the shifted logits (masked entries 0) and the row maxima
+        (keepdim, ``-inf`` for fully masked rows).
+    """
+    m = torch.amax(x, dim=-1, keepdim=True)
+    m_safe = torch.where(m == -torch.inf, torch.zeros_like(m), m)
+    d = torch.where(masked, torch.zeros_like(x), x - m_safe)
+    if log2_unit:
+        d = mul_pow2(d, log2_unit)
+    d = torch.clamp(d, min=-torch.finfo(x.dtype).max)
+    return d, m
 
 
 def entropy_from_stats(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -68,6 +111,18 @@ def entropy_from_stats(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     h = torch.log(s_safe) - t / s_safe
     h = torch.where(empty, torch.zeros_like(h), h)
     return torch.clamp(h, min=0.0)
+
+
+@torch.compiler.assume_constant_result
+def _poly_floats(schedule: Polynomial) -> tuple[tuple[float, ...], float]:
+    """The polynomial's coefficients and threshold as floats (constants under ``torch.compile``)."""
+    return tuple(float(c) for c in schedule.exact_coefficients), float(schedule.exact_threshold)
+
+
+@torch.compiler.assume_constant_result
+def _schedule_float(schedule: Schedule, name: str) -> float:
+    """A float parameter of a schedule (a constant under ``torch.compile``)."""
+    return float(getattr(schedule, name))
 
 
 def beta_from_entropy(
@@ -96,20 +151,20 @@ def beta_from_entropy(
         if entropy is None:
             raise ValueError("the polynomial schedule needs the row entropies")
         h = entropy.to(torch.float64)
-        coeffs = [float(c) for c in schedule.exact_coefficients]
+        coeffs, threshold = _poly_floats(schedule)
         p = torch.zeros_like(h)
         for c in coeffs:  # Horner, as numpy.polyval
             p = p * h + c
         one = torch.ones_like(h)
-        beta = torch.where(h > float(schedule.exact_threshold), torch.maximum(p, one), one)
+        beta = torch.where(h > threshold, torch.maximum(p, one), one)
         beta = torch.where(torch.isnan(h), h, beta)
         return torch.broadcast_to(beta, torch.broadcast_shapes(h.shape, n.shape))
     if isinstance(schedule, Constant):
-        value = float(schedule.exact_beta)
+        value = _schedule_float(schedule, "exact_beta")
         shape = n.shape if entropy is None else torch.broadcast_shapes(entropy.shape, n.shape)
         return torch.full(shape, value, dtype=torch.float64, device=n.device)
     if isinstance(schedule, LogLength):
-        s = float(schedule.exact_s)
+        s = _schedule_float(schedule, "exact_s")
         beta = s * torch.log(torch.where(n == 0, torch.ones_like(n), n))
         beta = torch.where(n == 0, torch.ones_like(beta), beta)
         if entropy is not None:

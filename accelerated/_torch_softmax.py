@@ -11,7 +11,11 @@ stay finite on masked and fully masked rows.
 from __future__ import annotations
 
 import torch
-from softmaxtheory.accelerated._torch_common import beta_from_entropy, entropy_from_stats
+from softmaxtheory.accelerated._torch_common import (
+    beta_from_entropy,
+    entropy_from_stats,
+    shifted_logits,
+)
 
 from softmaxtheory.spec import Schedule
 
@@ -23,8 +27,13 @@ def adaptive_softmax_lastdim(
     schedule: Schedule,
     entropy_eps: float,
     detach_beta: bool,
+    log2_unit: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Adaptive softmax of float32/float64 rows along the last axis.
+
+    The logits are ``x * 2**log2_unit`` (``log2_unit > 0`` for logits that
+    would overflow the dtype, pre-scaled by the caller); the shifted logits
+    are overflow-safe (:func:`shifted_logits`), so a finite row never gives NaN.
 
     Returns
     -------
@@ -34,9 +43,7 @@ def adaptive_softmax_lastdim(
     """
     masked = x == -torch.inf
     n_eff = (~masked).sum(-1)
-    m = torch.amax(x, dim=-1, keepdim=True)
-    m_safe = torch.where(m == -torch.inf, torch.zeros_like(m), m)
-    z = torch.where(masked, torch.zeros_like(x), x - m_safe)
+    z, _ = shifted_logits(x, masked, log2_unit)
     entropy = None
     if schedule.needs_entropy:
         e = torch.where(masked, torch.zeros_like(z), torch.exp(z))

@@ -1,8 +1,8 @@
-r"""Triton forward kernels of adaptive attention (private; imports triton).
+r"""Triton kernels of adaptive attention (private; imports triton).
 
-Two passes over the keys, each a single :func:`triton.language.dot` per block:
+Two kernels, each a single :func:`triton.language.dot` per block of keys:
 
-1. ``_stats_kernel``: for every query row the running T7 state
+1. ``_entropy_kernel`` (pass 1): for every query row the running T7 state
    :math:`(m, s, t)` of its logits :math:`x_{ij} = \mathrm{scale}\, q_i \cdot k_j
    (+\ \mathrm{mask}_{ij})`, merged block by block with
 
@@ -12,14 +12,26 @@ Two passes over the keys, each a single :func:`triton.language.dot` per block:
        s' = e^{m - m'} s + \sum_j e^{x_j - m'}, \quad
        t' = e^{m - m'}\bigl(t + s\,(m - m')\bigr) + \sum_j e^{x_j - m'} (x_j - m'),
 
-   so :math:`H = \log s - t/s` needs no second matmul (no values pass).
-2. ``_attention_kernel``: a flash-attention pass on the logits
-   :math:`\beta_i x_{ij}`, with the per-row β read from memory.
+   written out as :math:`\mathrm{LSE} = m + \log s` and :math:`H = \log s - t/s`
+   (float32, :math:`O(B H L)` memory). It reads no values and forms no
+   :math:`PV` product: its cost is :math:`QK^\top` alone, about half an
+   attention. A causal query block stops at the last key block it can see;
+   boolean and additive masks are read tile by tile; grouped-query attention
+   reads key head ``h // group`` for query head ``h`` (no repeated K).
+   Differences :math:`x_j - m'` that overflow are clamped at the float
+   maximum (their weight is 0 either way), so finite logits never give NaN.
+2. ``_attention_kernel`` (pass 2 of ``backend="triton"``): a flash-attention
+   pass on the logits :math:`\beta_i x_{ij}`, with the per-row β read from
+   memory.
 
 Statistics are float32 whatever the input dtype; fp32 inputs use IEEE fp32
 products (no TF32). Masked keys (boolean ``False``, additive ``-inf``, causal)
-never enter an arithmetic operation; a query with no key gives zeros. The
-kernels also run on CPU tensors under ``TRITON_INTERPRET=1``.
+never enter an arithmetic operation; a query with no key gives zeros
+(pass 2), ``H = 0`` and ``LSE = -inf`` (pass 1). Pointer offsets are int64
+(a ``(B, H, L, S)`` mask may exceed :math:`2^{31}` elements). Launch
+configurations come from :mod:`._triton_config` (smaller tiles when the
+shared memory does not hold the largest). The kernels also run on CPU
+tensors under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
@@ -27,29 +39,35 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from softmaxtheory.accelerated._triton_config import configs, launch
 
-__all__ = ["triton_attention", "triton_stats"]
+__all__ = ["MASK_ADD", "MASK_BOOL", "MASK_NONE", "triton_attention", "triton_entropy"]
 
+#: Mask kinds (the ``MASK_KIND`` compile-time argument).
 MASK_NONE = 0
 MASK_BOOL = 1
 MASK_ADD = 2
+
+_MASK_BOOL = tl.constexpr(MASK_BOOL)
+_MASK_ADD = tl.constexpr(MASK_ADD)
+_FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
 def _logits(
     q,
     K,
-    M,
+    Mask,
     start_n,
     offs_m,
     offs_n,
     offs_d,
     k_base,
-    m_base,
-    sks,
-    skd,
-    sml,
-    sms,
+    mask_base,
+    stride_k_seq,
+    stride_k_dim,
+    stride_mask_q,
+    stride_mask_k,
     L,
     S,
     D,
@@ -59,8 +77,12 @@ def _logits(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
+    """Logits of a (BLOCK_M, BLOCK_N) tile and which of them take part."""
     cols = start_n + offs_n
-    k_ptrs = K + k_base + cols[:, None] * sks + offs_d[None, :] * skd
+    cols64 = cols.to(tl.int64)
+    k_ptrs = (
+        K + k_base + cols64[:, None] * stride_k_seq + offs_d[None, :].to(tl.int64) * stride_k_dim
+    )
     k = tl.load(k_ptrs, mask=(cols[:, None] < S) & (offs_d[None, :] < D), other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
@@ -70,9 +92,14 @@ def _logits(
     if CAUSAL:
         valid = valid & (cols[None, :] <= offs_m[:, None])
     if MASK_KIND != 0:
-        m_ptrs = M + m_base + offs_m[:, None] * sml + cols[None, :] * sms
+        m_ptrs = (
+            Mask
+            + mask_base
+            + offs_m[:, None].to(tl.int64) * stride_mask_q
+            + cols64[None, :] * stride_mask_k
+        )
         m_ok = (offs_m[:, None] < L) & (cols[None, :] < S)
-        if MASK_KIND == 1:
+        if MASK_KIND == _MASK_BOOL:
             keep = tl.load(m_ptrs, mask=m_ok, other=0)
             valid = valid & (keep != 0)
         else:
@@ -83,26 +110,26 @@ def _logits(
 
 
 @triton.jit
-def _stats_kernel(
+def _entropy_kernel(
     Q,
     K,
-    M,
-    OutM,
-    OutS,
-    OutT,
-    sqb,
-    sqh,
-    sql,
-    sqd,
-    skb,
-    skh,
-    sks,
-    skd,
-    smb,
-    smh,
-    sml,
-    sms,
-    H,
+    Mask,
+    OutLse,
+    OutEntropy,
+    stride_q_batch,
+    stride_q_head,
+    stride_q_seq,
+    stride_q_dim,
+    stride_k_batch,
+    stride_k_head,
+    stride_k_seq,
+    stride_k_dim,
+    stride_mask_batch,
+    stride_mask_head,
+    stride_mask_q,
+    stride_mask_k,
+    num_heads,
+    group,
     L,
     S,
     D,
@@ -117,37 +144,52 @@ def _stats_kernel(
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
+    batch = (pid_bh // num_heads).to(tl.int64)
+    head = (pid_bh % num_heads).to(tl.int64)
+    kv_head = head // group
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q_ptrs = Q + b * sqb + h * sqh + offs_m[:, None] * sql + offs_d[None, :] * sqd
+    q_ptrs = (
+        Q
+        + batch * stride_q_batch
+        + head * stride_q_head
+        + offs_m[:, None].to(tl.int64) * stride_q_seq
+        + offs_d[None, :].to(tl.int64) * stride_q_dim
+    )
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D), other=0.0)
-    k_base = b * skb + h * skh
-    m_base = b * smb + h * smh
+    k_base = batch * stride_k_batch + kv_head * stride_k_head
+    mask_base = batch * stride_mask_batch + head * stride_mask_head
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     s_i = tl.zeros([BLOCK_M], tl.float32)
     t_i = tl.zeros([BLOCK_M], tl.float32)
-    for start_n in range(0, S, BLOCK_N):
+    hi = S
+    if CAUSAL:
+        hi = tl.minimum(S, (pid_m + 1) * BLOCK_M)  # later key blocks are fully masked
+    for start_n in range(0, hi, BLOCK_N):
         x, valid = _logits(
-            q, K, M, start_n, offs_m, offs_n, offs_d, k_base, m_base, sks, skd, sml, sms,
+            q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
+            stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
             L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST,
         )  # fmt: skip
         x = tl.where(valid, x, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(x, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
-        z = tl.where(valid, x - m_safe[:, None], 0.0)
+        z = tl.where(valid, tl.maximum(x - m_safe[:, None], -_FLT_MAX), 0.0)
         e = tl.where(valid, tl.exp(z), 0.0)
-        dm = tl.where(m_i == float("-inf"), 0.0, m_i - m_safe)
-        t_i = alpha * (t_i + s_i * dm) + tl.sum(e * z, 1)
+        dm = tl.where(m_i == float("-inf"), 0.0, tl.maximum(m_i - m_safe, -_FLT_MAX))
+        t_i = tl.where(alpha > 0.0, alpha * (t_i + s_i * dm), 0.0) + tl.sum(e * z, 1)
         s_i = alpha * s_i + tl.sum(e, 1)
         m_i = m_new
-    row = pid_bh * L + offs_m
-    tl.store(OutM + row, m_i, mask=offs_m < L)
-    tl.store(OutS + row, s_i, mask=offs_m < L)
-    tl.store(OutT + row, t_i, mask=offs_m < L)
+    has = s_i > 0.0
+    s_safe = tl.where(has, s_i, 1.0)
+    log_s = tl.log(s_safe)
+    lse = tl.where(has, m_i + log_s, float("-inf"))
+    entropy = tl.where(has, tl.maximum(log_s - t_i / s_safe, 0.0), 0.0)
+    row = pid_bh.to(tl.int64) * L + offs_m
+    tl.store(OutLse + row, lse, mask=offs_m < L)
+    tl.store(OutEntropy + row, entropy, mask=offs_m < L)
 
 
 @triton.jit
@@ -155,30 +197,30 @@ def _attention_kernel(
     Q,
     K,
     V,
-    M,
+    Mask,
     Beta,
     Out,
-    sqb,
-    sqh,
-    sql,
-    sqd,
-    skb,
-    skh,
-    sks,
-    skd,
-    svb,
-    svh,
-    svs,
-    svd,
-    smb,
-    smh,
-    sml,
-    sms,
-    sob,
-    soh,
-    sol,
-    sod,
-    H,
+    stride_q_batch,
+    stride_q_head,
+    stride_q_seq,
+    stride_q_dim,
+    stride_k_batch,
+    stride_k_head,
+    stride_k_seq,
+    stride_k_dim,
+    stride_v_batch,
+    stride_v_head,
+    stride_v_seq,
+    stride_v_dim,
+    stride_mask_batch,
+    stride_mask_head,
+    stride_mask_q,
+    stride_mask_k,
+    stride_o_batch,
+    stride_o_head,
+    stride_o_seq,
+    stride_o_dim,
+    num_heads,
     L,
     S,
     D,
@@ -195,24 +237,35 @@ def _attention_kernel(
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
+    batch = (pid_bh // num_heads).to(tl.int64)
+    head = (pid_bh % num_heads).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q_ptrs = Q + b * sqb + h * sqh + offs_m[:, None] * sql + offs_d[None, :] * sqd
+    rows64 = offs_m[:, None].to(tl.int64)
+    q_ptrs = (
+        Q
+        + batch * stride_q_batch
+        + head * stride_q_head
+        + rows64 * stride_q_seq
+        + offs_d[None, :].to(tl.int64) * stride_q_dim
+    )
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D), other=0.0)
-    beta = tl.load(Beta + pid_bh * L + offs_m, mask=offs_m < L, other=1.0)
-    k_base = b * skb + h * skh
-    m_base = b * smb + h * smh
-    v_base = b * svb + h * svh
+    beta = tl.load(Beta + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=1.0)
+    k_base = batch * stride_k_batch + head * stride_k_head
+    mask_base = batch * stride_mask_batch + head * stride_mask_head
+    v_base = batch * stride_v_batch + head * stride_v_head
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for start_n in range(0, S, BLOCK_N):
+    hi = S
+    if CAUSAL:
+        hi = tl.minimum(S, (pid_m + 1) * BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
         x, valid = _logits(
-            q, K, M, start_n, offs_m, offs_n, offs_d, k_base, m_base, sks, skd, sml, sms,
+            q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
+            stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
             L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST,
         )  # fmt: skip
         y = tl.where(valid, beta[:, None] * x, float("-inf"))
@@ -221,9 +274,14 @@ def _attention_kernel(
         alpha = tl.exp(m_i - m_safe)
         p = tl.where(valid, tl.exp(y - m_safe[:, None]), 0.0)
         l_i = alpha * l_i + tl.sum(p, 1)
-        cols = start_n + offs_n
-        v_ptrs = V + v_base + cols[:, None] * svs + offs_dv[None, :] * svd
-        v = tl.load(v_ptrs, mask=(cols[:, None] < S) & (offs_dv[None, :] < DV), other=0.0)
+        cols64 = (start_n + offs_n).to(tl.int64)
+        v_ptrs = (
+            V
+            + v_base
+            + cols64[:, None] * stride_v_seq
+            + offs_dv[None, :].to(tl.int64) * stride_v_dim
+        )
+        v = tl.load(v_ptrs, mask=(cols64[:, None] < S) & (offs_dv[None, :] < DV), other=0.0)
         pv = p.to(v.dtype)
         if UPCAST:
             pv = pv.to(tl.float32)
@@ -232,25 +290,16 @@ def _attention_kernel(
         m_i = m_new
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
-    o_ptrs = Out + b * sob + h * soh + offs_m[:, None] * sol + offs_dv[None, :] * sod
+    o_ptrs = (
+        Out
+        + batch * stride_o_batch
+        + head * stride_o_head
+        + rows64 * stride_o_seq
+        + offs_dv[None, :].to(tl.int64) * stride_o_dim
+    )
     tl.store(
         o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < L) & (offs_dv[None, :] < DV)
     )
-
-
-def _blocks(device: torch.device, d: int, dv: int) -> dict[str, int]:
-    bd = max(16, triton.next_power_of_2(d))
-    bdv = max(16, triton.next_power_of_2(dv))
-    if device.type == "cuda":
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": bd, "BLOCK_DV": bdv}
-    return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": bd, "BLOCK_DV": bdv}
-
-
-def _launch_options(device: torch.device, blocks: dict[str, int]) -> dict[str, int]:
-    if device.type != "cuda":
-        return {}
-    warps = 4 if max(blocks["BLOCK_D"], blocks["BLOCK_DV"]) <= 64 else 8
-    return {"num_warps": warps, "num_stages": 3}
 
 
 def _mask_args(mask: torch.Tensor | None, kind: int, q: torch.Tensor) -> tuple:
@@ -260,6 +309,10 @@ def _mask_args(mask: torch.Tensor | None, kind: int, q: torch.Tensor) -> tuple:
     if kind == MASK_BOOL:
         mask = mask.view(torch.uint8)
     return mask, tuple(mask.stride())
+
+
+def _mask_elem(mask: torch.Tensor | None, kind: int) -> int:
+    return 0 if kind == MASK_NONE or mask is None else mask.element_size()
 
 
 def _precision(q: torch.Tensor) -> dict[str, object]:
@@ -274,34 +327,41 @@ def _precision(q: torch.Tensor) -> dict[str, object]:
     return {"PRECISION": "ieee" if ieee else "tf32", "UPCAST": upcast}
 
 
-def triton_stats(
+def triton_entropy(
     q: torch.Tensor,
     k: torch.Tensor,
     mask: torch.Tensor | None,
     mask_kind: int,
     is_causal: bool,
     scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pass 1: the T7 state ``(m, s, t)`` of every query row, float32, shape (B, H, L).
+    group: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass 1: ``(entropy, lse)`` of every query row, float32, shape (B, H, L).
 
-    `q` is (B, H, L, D), `k` (B, H, S, D) (expanded views allowed); `mask` is
-    (B, H, L, S) (bool or the dtype of `q`, expanded views allowed) or None.
+    `q` is (B, H, L, D), `k` (B, H // group, S, D) (expanded views allowed);
+    `mask` is (B, H, L, S) (bool or the dtype of `q`, expanded views allowed)
+    or None. Raises :class:`~._triton_config.NoConfig` when no launch
+    configuration fits the device.
     """
     B, H, L, D = q.shape
     S = k.shape[-2]
-    out = [torch.empty((B, H, L), dtype=torch.float32, device=q.device) for _ in range(3)]
-    blocks = _blocks(q.device, D, D)
-    blocks.pop("BLOCK_DV")
+    lse = torch.empty((B, H, L), dtype=torch.float32, device=q.device)
+    entropy = torch.empty_like(lse)
     m_arg, m_strides = _mask_args(mask, mask_kind, q)
-    grid = (triton.cdiv(L, blocks["BLOCK_M"]), B * H)
-    _stats_kernel[grid](
-        q, k, m_arg, *out,
-        *q.stride(), *k.stride(), *m_strides,
-        H, L, S, D, float(scale),
-        MASK_KIND=mask_kind, CAUSAL=bool(is_causal), **_precision(q),
-        **blocks, **_launch_options(q.device, {**blocks, "BLOCK_DV": 16}),
+    cands = configs(q.device, D, 0, q.dtype, _mask_elem(mask, mask_kind))
+    args = (
+        q, k, m_arg, lse, entropy, *q.stride(), *k.stride(), *m_strides,
+        H, group, L, S, D, float(scale),
     )  # fmt: skip
-    return out[0], out[1], out[2]
+    constexprs = {"MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), **_precision(q)}
+    launch(
+        _entropy_kernel,
+        lambda cfg: (triton.cdiv(L, cfg["BLOCK_M"]), B * H),
+        args,
+        constexprs,
+        cands,
+    )
+    return entropy, lse
 
 
 def triton_attention(
@@ -314,19 +374,28 @@ def triton_attention(
     is_causal: bool,
     scale: float,
 ) -> torch.Tensor:
-    """Pass 2: attention on the logits ``beta_i * x_ij``; `beta` is float32 (B, H, L)."""
+    """Pass 2: attention on the logits ``beta_i * x_ij``; `beta` is float32 (B, H, L).
+
+    Raises :class:`~._triton_config.NoConfig` when no launch configuration
+    fits the device.
+    """
     B, H, L, D = q.shape
     S, DV = v.shape[-2:]
     out = torch.empty((B, H, L, DV), dtype=q.dtype, device=q.device)
     beta = beta.to(torch.float32).contiguous()
-    blocks = _blocks(q.device, D, DV)
     m_arg, m_strides = _mask_args(mask, mask_kind, q)
-    grid = (triton.cdiv(L, blocks["BLOCK_M"]), B * H)
-    _attention_kernel[grid](
+    cands = configs(q.device, D, DV, q.dtype, _mask_elem(mask, mask_kind))
+    args = (
         q, k, v, m_arg, beta, out,
         *q.stride(), *k.stride(), *v.stride(), *m_strides, *out.stride(),
         H, L, S, D, DV, float(scale),
-        MASK_KIND=mask_kind, CAUSAL=bool(is_causal), **_precision(q),
-        **blocks, **_launch_options(q.device, blocks),
     )  # fmt: skip
+    constexprs = {"MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), **_precision(q)}
+    launch(
+        _attention_kernel,
+        lambda cfg: (triton.cdiv(L, cfg["BLOCK_M"]), B * H),
+        args,
+        constexprs,
+        cands,
+    )
     return out

@@ -15,10 +15,14 @@ float32 and return the input dtype; float32 and float64 compute in their own
 precision. Gradients flow through β by default (as in the paper's listing);
 ``detach_beta=True`` treats β as a constant.
 
-Attention uses the T10 identity on a fused attention kernel that returns the
-log-sum-exp (two calls, no :math:`L \times S` matrix), or, on CUDA with Triton
-installed and no gradient needed, a Triton kernel whose first pass computes
-the streaming state :math:`(m, s, t)` of theorem T7 without a second matmul.
+Attention takes two passes, because β needs the row's entropy before the
+output can be formed: pass 1 reads only :math:`QK^\top` (the running state
+:math:`(m, s, t)` of theorem T7 gives each query's entropy and log-sum-exp,
+no values read; public as :func:`attention_entropy`), pass 2 is attention on
+the β-scaled logits. On CUDA pass 1 is a Triton kernel and pass 2 is
+``scaled_dot_product_attention`` itself on the β-scaled queries (the hybrid);
+the portable composition uses the T10 identity on a fused attention kernel
+that returns the log-sum-exp (two calls, no :math:`L \times S` matrix).
 Triton is imported only when that kernel is used.
 """
 
@@ -32,7 +36,7 @@ from torch import nn
 
 from softmaxtheory.spec import Schedule, check_entropy_eps, resolve_schedule
 
-__all__ = ["AdaptiveSoftmax", "adaptive_attention", "adaptive_softmax"]
+__all__ = ["AdaptiveSoftmax", "adaptive_attention", "adaptive_softmax", "attention_entropy"]
 
 
 def _check_flag(value: object, name: str) -> bool:
@@ -106,6 +110,11 @@ def adaptive_softmax(
 class AdaptiveSoftmax(nn.Module):
     """Adaptive-temperature softmax as a module: a drop-in for ``torch.nn.Softmax``.
 
+    The module compiles with ``torch.compile`` (``fullgraph=True``: the
+    schedule's constants are folded in, no graph break; gradients included).
+    ``torch.jit.script`` is not supported (TorchScript cannot type the
+    schedule object); it raises a TypeError that points to ``torch.compile``.
+
     Parameters
     ----------
     dim : int, default -1
@@ -140,6 +149,13 @@ class AdaptiveSoftmax(nn.Module):
         self.schedule = resolve_schedule(schedule)
         self.entropy_eps = check_entropy_eps(entropy_eps)
         self.detach_beta = _check_flag(detach_beta, "detach_beta")
+
+    def __prepare_scriptable__(self) -> AdaptiveSoftmax:
+        """Refuse ``torch.jit.script`` with a clear message (use ``torch.compile``)."""
+        raise TypeError(
+            "AdaptiveSoftmax does not support torch.jit.script (the schedule is a Python "
+            "object TorchScript cannot type); compile it with torch.compile(module) instead"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply :func:`adaptive_softmax` along ``self.dim``."""
@@ -195,23 +211,37 @@ def adaptive_attention(
         Entropy mode (see :func:`adaptive_softmax`).
     detach_beta : bool, default False
         Stop the gradient through β.
-    backend : {"auto", "composition", "triton", "chunked"}, default "auto"
-        ``"composition"``: T10 on the fused kernel with log-sum-exp (CPU:
-        ``_scaled_dot_product_flash_attention_for_cpu``; CUDA: flash or
-        memory-efficient attention). ``"triton"``: the Triton kernel (CUDA, or
-        CPU tensors under ``TRITON_INTERPRET=1``; forward only).
-        ``"chunked"``: blocks of queries against all keys, memory
-        :math:`O(\mathrm{block}\cdot S)`. ``"auto"`` takes Triton on CUDA when
-        no gradient is needed, else the composition, and the chunked path for
-        ``entropy_eps > 0``, additive masks with finite non-zero entries, or
-        when no fused kernel accepts the inputs.
+    backend : {"auto", "hybrid", "composition", "triton", "chunked"}, default "auto"
+        ``"hybrid"``: pass 1 (each query's entropy, from :math:`QK^\top`
+        alone: the Triton kernel of :func:`attention_entropy` on CUDA, its
+        torch version elsewhere or when a gradient must reach β), then
+        pass 2 through ``scaled_dot_product_attention`` itself on the
+        β-scaled queries (with a β-scaled bias for an additive mask with
+        finite non-zero entries), so pass 2 runs on whatever fused kernel SDPA
+        picks. ``"composition"``: T10 on the fused kernel with log-sum-exp
+        (CPU: ``_scaled_dot_product_flash_attention_for_cpu``; CUDA: cuDNN,
+        flash or memory-efficient attention). ``"triton"``: both passes as
+        Triton kernels (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``;
+        forward only). ``"chunked"``: blocks of queries against all keys,
+        memory :math:`O(\mathrm{block}\cdot S)`. ``"auto"`` takes the hybrid
+        where the Triton pass 1 runs (CUDA, float16/bfloat16/float32) and no
+        gradient reaches β (no gradient, or ``detach_beta=True``), else the
+        composition, and the chunked path for ``entropy_eps > 0``, additive
+        masks with finite non-zero entries (with β attached), or when no fused
+        kernel accepts the inputs. Logits whose size could overflow the
+        statistics dtype (or β times them) take an overflow-safe chunked path
+        (float64 tiles, power-of-two units) on every backend; a Triton
+        configuration that does not fit the device's shared memory falls
+        back to a smaller one, then to the composition.
 
     Returns
     -------
     torch.Tensor, shape (..., L, Dv)
         Outputs in the input dtype. A query with every key masked gives
         zeros; a NaN or infinite query, unmasked key or mask entry (NaN /
-        ``+inf``) gives a NaN row.
+        ``+inf``) gives a NaN row. Finite inputs never give NaN, however
+        large. Zero-size inputs give zero-size outputs; ``S = 0`` (no keys)
+        gives zeros.
 
     Raises
     ------
@@ -238,3 +268,86 @@ def adaptive_attention(
     prepared = _attn.prepare(q, k, v, attn_mask, is_causal, scale)
     out = _attn.attention(prepared, schedule, eps, detach_beta, backend)
     return out.reshape(*prepared.lead, *out.shape[-2:])
+
+
+def attention_entropy(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Each query's attention entropy and log-sum-exp (pass 1 of adaptive attention).
+
+    For the logits :math:`x_{ij} = \mathrm{scale}\; q_i \cdot k_j
+    (+\ \mathrm{mask}_{ij})` over the unmasked keys,
+
+    .. math::
+
+        \mathrm{LSE}_i = \log \sum_j e^{x_{ij}}, \qquad
+        H_i = -\sum_j p_{ij} \log p_{ij}, \quad p_{ij} = e^{x_{ij} - \mathrm{LSE}_i},
+
+    computed from the running state :math:`(m, s, t)` of theorem T7 with
+    :math:`H = \log s - t/s` and :math:`\mathrm{LSE} = m + \log s`. No
+    values are read: the cost is the :math:`QK^\top` product alone, and the
+    memory :math:`O(B H L)` (no :math:`L \times S` matrix on the Triton path).
+
+    Parameters
+    ----------
+    q : torch.Tensor, shape (..., H, L, D)
+        Queries.
+    k : torch.Tensor, shape (..., S, D)
+        Keys; leading dimensions broadcast with those of `q` (with
+        `enable_gqa`, ``k.shape[-3]`` is the number of key heads ``H_kv``).
+    attn_mask : torch.Tensor, optional
+        Broadcastable to ``(..., H, L, S)``; boolean (``True`` takes part) or
+        additive (``-inf`` masks), as in ``scaled_dot_product_attention``.
+    is_causal : bool, default False
+        Mask keys ``j > i`` (top-left aligned); not together with `attn_mask`.
+    scale : float, optional
+        Logit scale, default :math:`1/\sqrt{D}`.
+    enable_gqa : bool, default False
+        Grouped-query attention: ``H`` a multiple of ``H_kv``; query head
+        ``h`` reads key head ``h // (H / H_kv)`` (no copy of `k`).
+
+    Returns
+    -------
+    entropy, lse : torch.Tensor, shape (..., H, L)
+        float32 (float64 for float64 inputs), differentiable with respect to
+        `q` and `k`. A query with every key masked (or ``S = 0``) has entropy
+        0 and log-sum-exp ``-inf``; a NaN or infinite query, unmasked key or
+        mask entry gives NaN. Entropies are clamped to
+        :math:`[0, \log n_\mathrm{eff}]`.
+
+    Notes
+    -----
+    On CUDA (float16, bfloat16, float32; and on CPU under
+    ``TRITON_INTERPRET=1``) without a gradient, a Triton kernel streams the
+    key blocks per query block; a causal query block stops at its last
+    visible key block. Elsewhere, or when a gradient is needed, a torch
+    implementation runs blocks of queries against all keys (autograd keeps
+    those tiles for the backward). Finite logits whose spread overflows the
+    float maximum give the reference's numbers, not NaN.
+
+    Raises
+    ------
+    TypeError
+        For non-tensors, sparse tensors, mixed or unsupported dtypes, or a bad
+        `scale`, `is_causal` or `enable_gqa`.
+    ValueError
+        For mismatched shapes or heads, or a mask together with `is_causal`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from softmaxtheory.accelerated.torch import attention_entropy
+    >>> q = torch.zeros(1, 2); k = torch.zeros(4, 2)
+    >>> h, lse = attention_entropy(q, k)
+    >>> torch.allclose(h, torch.log(torch.tensor([4.0]))), torch.allclose(lse, h)
+    (True, True)
+    """
+    prepared = _attn.prepare(q, k, None, attn_mask, is_causal, scale, enable_gqa=enable_gqa)
+    h, lse = _attn.attention_entropy(prepared)
+    shape = (*prepared.lead, prepared.q.shape[-2])
+    return h.reshape(shape), lse.reshape(shape)

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("sphinx")
+pytest.importorskip("docutils")  # docs/_ext imports it at module level
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("sphinx")
+pytest.importorskip("docutils")  # docs/_ext imports it at module level
 
 from softmaxtheory import bounds
 

@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from softmaxtheory.accelerated.torch import adaptive_attention, adaptive_softmax  # noqa: E402
+from softmaxtheory.accelerated.torch import (  # noqa: E402
+    adaptive_attention,
+    adaptive_softmax,
+    attention_entropy,
+)
 from test_torch_tolerances import attention_tolerance  # noqa: E402
 
 from softmaxtheory import reference as R  # noqa: E402, N812
 
+#: The device of these tests (``SOFTMAXTHEORY_TEST_DEVICE=cpu`` runs their bodies on CPU, to
+#: check the tests themselves on a machine without a GPU).
+DEVICE = os.environ.get("SOFTMAXTHEORY_TEST_DEVICE", "cuda")
+
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(
+        DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device"
+    ),
 ]
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -37,7 +48,7 @@ def _inputs(dtype, L=40, S=37, D=64, mask_name="none"):
     return q, k, v, mask
 
 
-@pytest.mark.parametrize("backend", ["triton", "composition", "chunked"])
+@pytest.mark.parametrize("backend", ["auto", "hybrid", "triton", "composition", "chunked"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
 def test_cuda_matches_reference(backend, dtype, mask_name):
@@ -45,7 +56,7 @@ def test_cuda_matches_reference(backend, dtype, mask_name):
         pytest.importorskip("triton")
     q, k, v, mask = _inputs(dtype, mask_name=mask_name)
     causal = mask_name == "causal"
-    dev = [t.cuda() if t is not None else None for t in (q, k, v, mask)]
+    dev = [t.to(DEVICE) if t is not None else None for t in (q, k, v, mask)]
     with torch.no_grad():
         out = adaptive_attention(*dev[:3], dev[3], is_causal=causal, backend=backend)
     out = out.cpu().double().numpy()
@@ -68,7 +79,7 @@ def test_cuda_matches_reference(backend, dtype, mask_name):
 def test_cuda_gradients_match_cpu():
     q, k, v, _ = _inputs(torch.float64, L=6, S=5, D=8)
     cpu_args = [t.clone().requires_grad_() for t in (q, k, v)]
-    gpu_args = [t.cuda().requires_grad_() for t in (q, k, v)]
+    gpu_args = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
     g_cpu = torch.autograd.grad(adaptive_attention(*cpu_args).pow(2).sum(), cpu_args)
     g_gpu = torch.autograd.grad(adaptive_attention(*gpu_args).pow(2).sum(), gpu_args)
     for a, b in zip(g_cpu, g_gpu, strict=True):
@@ -78,7 +89,7 @@ def test_cuda_gradients_match_cpu():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_cuda_adaptive_softmax(dtype):
     x = (torch.randn(8, 300, dtype=torch.float64) * 4).to(dtype)
-    out = adaptive_softmax(x.cuda()).cpu()
+    out = adaptive_softmax(x.to(DEVICE)).cpu()
     ref = R.adaptive_softmax(x.double().numpy())
     assert (
         np.abs(out.double().numpy() - ref).max()
@@ -86,3 +97,100 @@ def test_cuda_adaptive_softmax(dtype):
         * {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[dtype]
         * 50
     )
+
+
+def _reference_and_tol(q, k, v, mask, causal):
+    qd, kd, vd = (t.double().numpy() for t in (q, k, v))
+    keep = add = None
+    if mask is not None and mask.dtype == torch.bool:
+        keep = mask.numpy()
+    elif mask is not None:
+        add = mask.double().numpy()
+    elif causal:
+        keep = np.tril(np.ones((q.shape[-2], k.shape[-2]), dtype=bool))
+    ref = R.adaptive_attention(
+        qd, kd, vd, mask=keep if keep is not None and not causal else add, is_causal=causal
+    )
+    return ref, attention_tolerance(qd, kd, vd, ref, q.dtype, keep=keep, add=add)
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
+@pytest.mark.parametrize("lengths", [(9, 9), (9, 13)], ids=["L=S", "L!=S"])
+def test_cuda_every_head_dim_runs(head_dim, dtype, mask_name, lengths):
+    """No crash (no OutOfResources) at any head dim, dtype and mask; within the tolerance."""
+    L, S = lengths
+    q, k, v, mask = _inputs(dtype, L=L, S=S, D=head_dim, mask_name=mask_name)
+    causal = mask_name == "causal"
+    dev = [t.to(DEVICE) if t is not None else None for t in (q, k, v, mask)]
+    ref, tol = _reference_and_tol(q, k, v, mask, causal)
+    with torch.no_grad():
+        # the all-Triton forward too where shared memory runs short (its compiles are the
+        # slow part of this test on a GPU)
+        for backend in ("auto", "triton") if head_dim >= 128 else ("auto",):
+            out = adaptive_attention(*dev[:3], dev[3], is_causal=causal, backend=backend)
+            err = np.abs(out.cpu().double().numpy() - ref)
+            assert np.all(err <= tol), f"{backend}: max err/tol {np.max(err / tol)}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
+@pytest.mark.parametrize("gqa", [False, True], ids=["MHA", "GQA"])
+def test_cuda_attention_entropy(dtype, mask_name, gqa):
+    """The Triton pass 1 on CUDA: entropy and LSE of the float64 logits (GQA: shared keys)."""
+    q, k, _, mask = _inputs(dtype, mask_name=mask_name)
+    if gqa:
+        k = k[:, :1]
+    causal = mask_name == "causal"
+    with torch.no_grad():
+        h, lse = attention_entropy(
+            q.to(DEVICE), k.to(DEVICE), None if mask is None else mask.to(DEVICE), causal,
+            enable_gqa=gqa,
+        )  # fmt: skip
+    kd = k.double().expand(-1, q.shape[1], -1, -1)
+    x = (q.double() / math.sqrt(q.shape[-1])) @ kd.transpose(-1, -2)
+    L, S = x.shape[-2:]
+    if causal:
+        x = x.masked_fill(torch.ones(L, S, dtype=torch.bool).triu(1), -math.inf)
+    elif mask is not None and mask.dtype == torch.bool:
+        x = x.masked_fill(~mask, -math.inf)
+    elif mask is not None:
+        x = torch.where(mask == -math.inf, torch.full_like(x, -math.inf), x + mask.double())
+    live = torch.isfinite(x).any(-1)
+    ref_h = torch.zeros_like(h.cpu().double())
+    ref_h[live] = torch.as_tensor(R.entropy(x[live].numpy()))
+    u = 2.0**-24
+    a = (q.double().abs() / math.sqrt(q.shape[-1])) @ kd.abs().transpose(-1, -2)
+    finite = x.where(torch.isfinite(x), 0).abs()
+    tol = 2 * q.shape[-1] * u * a.amax(-1) + 2 * S * u * (2 + finite.amax(-1)) + 4 * u
+    assert torch.all((h.cpu().double() - ref_h).abs() <= tol)
+    ref_lse = torch.logsumexp(x, -1)
+    assert torch.all(
+        (lse.cpu().double() - ref_lse)[live].abs() <= tol[live] * (1 + ref_lse.abs()[live])
+    )
+    assert torch.all(lse.cpu()[~live] == -math.inf) and torch.all(h.cpu()[~live] == 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cuda_overflow_and_zero_sizes(dtype):
+    """The reference's numbers on CUDA: overflowing spreads, and every zero-size dimension."""
+    big = torch.finfo(dtype).max / 2
+    x = torch.tensor([big, -big], dtype=dtype, device=DEVICE)
+    assert adaptive_softmax(x).cpu().tolist() == [1.0, 0.0]
+    q = torch.ones(1, 1, 1, 16, dtype=dtype, device=DEVICE)
+    k = torch.zeros(1, 1, 3, 16, dtype=dtype, device=DEVICE)
+    k[..., 0] = torch.tensor([big, -big, big], dtype=dtype)
+    v = torch.tensor([1.0, 2.0, 4.0], dtype=dtype, device=DEVICE).reshape(1, 1, 3, 1)
+    with torch.no_grad():
+        for backend in ("auto", "hybrid", "triton", "composition", "chunked"):
+            out = adaptive_attention(q, k, v, scale=1.0, backend=backend)
+            assert out.cpu().double().item() == pytest.approx(2.5, rel=1e-2), backend
+    for qs, ks in (((0, 3, 4), (0, 5, 4)), ((2, 0, 4), (2, 5, 4)), ((2, 3, 4), (2, 0, 4))):
+        q = torch.ones(qs, dtype=dtype, device=DEVICE)
+        k = torch.ones(ks, dtype=dtype, device=DEVICE)
+        v = torch.ones(*ks[:-1], 2, dtype=dtype, device=DEVICE)
+        out = adaptive_attention(q, k, v)
+        assert out.shape == (*qs[:-1], 2) and torch.all(out == 0)
+        h, lse = attention_entropy(q, k)
+        assert h.shape == lse.shape == qs[:-1]

@@ -1,0 +1,173 @@
+r"""Launch configurations of the Triton kernels, with a fallback (private; imports triton).
+
+A configuration is the tile shape (``BLOCK_M`` queries by ``BLOCK_N`` keys,
+head dims padded to powers of two) and, on CUDA, ``num_warps`` and
+``num_stages``. :func:`configs` lists the candidates for a head dim, dtype
+and mask kind from the largest to the smallest, keeping those whose
+estimated shared memory
+
+.. math::
+
+    \mathrm{smem} \approx \mathrm{BLOCK\_M}\cdot D\cdot b
+    + \mathrm{stages}\cdot\bigl(\mathrm{BLOCK\_N}\,(D + D_v)\,b
+    + \mathrm{BLOCK\_M}\,\mathrm{BLOCK\_N}\,b_\mathrm{mask}\bigr)
+
+(:math:`b` bytes per element) fits the device's per-block budget.
+:func:`launch` tries them in order: a configuration that Triton refuses with
+``OutOfResources`` (the estimate is only an estimate) is remembered and the
+next one is tried; when none runs, :class:`NoConfig` tells the caller to take
+the torch composition instead. No user ever sees ``OutOfResources``.
+
+This module defines no kernel, so importing it does not fix the
+``TRITON_INTERPRET`` mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import triton
+from triton.runtime.errors import OutOfResources
+
+__all__ = ["NoConfig", "configs", "launch"]
+
+#: Shared memory per block assumed when the device does not report it (bytes).
+DEFAULT_SMEM = 99 * 1024
+
+#: CUDA candidates (BLOCK_M, BLOCK_N, num_stages), largest first.
+_CUDA_TILES = (
+    (128, 64, 3),
+    (128, 64, 2),
+    (128, 32, 2),
+    (64, 64, 2),
+    (64, 32, 2),
+    (32, 32, 1),
+    (16, 16, 1),
+)
+
+#: Configurations Triton refused in this process: (kernel name, config items).
+_REFUSED: set[tuple[str, tuple]] = set()
+
+
+class NoConfig(RuntimeError):
+    """No launch configuration of a Triton kernel fits this device (use the composition)."""
+
+
+def _smem_budget(device: torch.device) -> int:
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or DEFAULT_SMEM)
+
+
+def smem_estimate(
+    block_m: int, block_n: int, stages: int, bd: int, bdv: int, elem: int, mask_elem: int
+) -> int:
+    """Estimated shared memory (bytes) of one program (see the module docstring)."""
+    per_stage = block_n * (bd + bdv) * elem + block_m * block_n * mask_elem
+    return block_m * bd * elem + stages * per_stage
+
+
+def configs(
+    device: torch.device,
+    head_dim: int,
+    value_dim: int,
+    dtype: torch.dtype,
+    mask_elem: int,
+    budget: int | None = None,
+) -> list[dict[str, int]]:
+    """Candidate configurations, largest first.
+
+    Parameters
+    ----------
+    device : torch.device
+        Where the kernel runs (CPU: the interpreter, one small tile).
+    head_dim, value_dim : int
+        Feature sizes of the keys and of the values (``value_dim = 0``: the
+        pass-1 kernel, which reads no values).
+    dtype : torch.dtype
+        Input dtype.
+    mask_elem : int
+        Bytes per mask element read per tile (0: no mask).
+    budget : int, optional
+        Shared memory per block in bytes (default: what the device reports).
+
+    Returns
+    -------
+    list of dict
+        Keyword arguments of the launch: ``BLOCK_M``, ``BLOCK_N``,
+        ``BLOCK_D`` (and ``BLOCK_DV`` when ``value_dim > 0``), and on CUDA
+        ``num_warps`` and ``num_stages``. Never empty: the smallest
+        candidate is kept even if the estimate exceeds the budget (Triton
+        then decides).
+    """
+    bd = max(16, triton.next_power_of_2(max(head_dim, 1)))
+    bdv = max(16, triton.next_power_of_2(max(value_dim, 1))) if value_dim else 0
+    dims = {"BLOCK_D": bd, **({"BLOCK_DV": bdv} if value_dim else {})}
+    if device.type != "cuda":
+        return [{"BLOCK_M": 16, "BLOCK_N": 16, **dims}]
+    if budget is None:
+        budget = _smem_budget(device)
+    elem = torch.finfo(dtype).bits // 8
+    out = []
+    for block_m, block_n, stages in _CUDA_TILES:
+        if smem_estimate(block_m, block_n, stages, bd, bdv, elem, mask_elem) > budget:
+            continue
+        warps = 8 if block_m >= 128 and max(bd, bdv) > 64 else 4
+        out.append(
+            {"BLOCK_M": block_m, "BLOCK_N": block_n, **dims, "num_warps": warps,
+             "num_stages": stages}
+        )  # fmt: skip
+    if not out:
+        out.append(
+            {"BLOCK_M": 16, "BLOCK_N": 16, **dims, "num_warps": 4, "num_stages": 1}
+        )  # fmt: skip
+    return out
+
+
+def launch(
+    kernel: Any,
+    grid: Callable[[dict[str, int]], tuple[int, ...]],
+    args: Sequence[object],
+    constexprs: dict[str, object],
+    candidates: Sequence[dict[str, int]],
+) -> dict[str, int]:
+    """Launch `kernel` with the first candidate configuration Triton accepts.
+
+    Parameters
+    ----------
+    kernel : triton.JITFunction
+        The kernel (``kernel[grid](*args, **constexprs, **config)``).
+    grid : callable
+        The launch grid of a configuration.
+    args : sequence
+        Positional arguments of the kernel.
+    constexprs : dict
+        Compile-time arguments shared by every configuration.
+    candidates : sequence of dict
+        From :func:`configs`, largest first.
+
+    Returns
+    -------
+    dict
+        The configuration that ran.
+
+    Raises
+    ------
+    NoConfig
+        If Triton refused every candidate with ``OutOfResources``.
+    """
+    name = getattr(kernel, "__name__", repr(kernel))
+    last: OutOfResources | None = None
+    for cfg in candidates:
+        key = (name, tuple(sorted(cfg.items())), tuple(sorted(map(str, constexprs.items()))))
+        if key in _REFUSED:
+            continue
+        try:
+            kernel[grid(cfg)](*args, **constexprs, **cfg)
+        except OutOfResources as exc:
+            _REFUSED.add(key)
+            last = exc
+            continue
+        return cfg
+    raise NoConfig(f"no launch configuration of {name} fits this device: {last}") from last

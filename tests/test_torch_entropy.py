@@ -1,0 +1,183 @@
+"""softmaxtheory.accelerated.torch.attention_entropy (pass 1 of adaptive attention) on CPU."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from softmaxtheory.accelerated.torch import attention_entropy  # noqa: E402
+
+from softmaxtheory import reference as R  # noqa: E402, N812
+from softmaxtheory.testing import assert_entropy_close  # noqa: E402
+
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+
+
+def _qk(dtype, H=2, Hkv=2, L=5, S=7, D=4, seed=0, mag=2.0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, H, L, D, generator=g, dtype=torch.float64) * mag
+    k = torch.randn(2, Hkv, S, D, generator=g, dtype=torch.float64) * mag
+    return q.to(dtype), k.to(dtype)
+
+
+def _mask(name, L=5, S=7, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.rand(L, S, generator=g) > 0.4
+    keep[2] = False  # a fully masked query
+    keep[0, 0] = True
+    if name == "bool":
+        return keep
+    if name == "bias":
+        add = torch.randn(L, S, generator=g, dtype=torch.float64)
+        return add.masked_fill(~keep, -math.inf)
+    return None
+
+
+def _logits(q, k, mask, causal, scale=None):
+    """float64 logits as the torch path forms them: (scale * q) @ k^T, then the mask."""
+    qd, kd = q.double(), k.double()
+    if kd.shape[1] != qd.shape[1]:
+        kd = kd.repeat_interleave(qd.shape[1] // kd.shape[1], dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    x = (qd * scale) @ kd.transpose(-1, -2)
+    L, S = x.shape[-2:]
+    if causal:
+        x = x.masked_fill(torch.ones(L, S, dtype=torch.bool).triu(1), -math.inf)
+    elif mask is not None and mask.dtype == torch.bool:
+        x = x.masked_fill(~mask, -math.inf)
+    elif mask is not None:
+        x = torch.where(mask == -math.inf, torch.full_like(x, -math.inf), x + mask.double())
+    return x
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
+def test_entropy_and_lse_match_reference(dtype, mask_name):
+    """Entropy within the oracle's error model of the float64 logits; LSE within a few ulps."""
+    q, k = _qk(dtype)
+    causal = mask_name == "causal"
+    mask = _mask(mask_name)
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(dtype)
+    h, lse = attention_entropy(q, k, mask, causal)
+    sd = torch.float64 if dtype == torch.float64 else torch.float32
+    assert h.dtype == lse.dtype == sd and h.shape == lse.shape == (2, 2, 5)
+    x = _logits(q, k, mask, causal)
+    live = torch.isfinite(x).any(-1)
+    assert_entropy_close(h[live], x[live], dtype="float64" if sd == torch.float64 else "float32")
+    ref_lse = torch.logsumexp(x, -1)
+    u = 2.0**-52 if sd == torch.float64 else 2.0**-23
+    tol = 8 * u * (7 + x.abs().where(torch.isfinite(x), 0).amax(-1))
+    assert torch.all((lse.double() - ref_lse)[live].abs() <= tol[live])
+    assert torch.all(h[~live] == 0) and torch.all(lse[~live] == -math.inf)
+
+
+def test_grouped_query_heads_read_shared_keys():
+    """enable_gqa: query head h reads key head h // group, equal to repeating the keys."""
+    q, k = _qk(torch.float64, H=6, Hkv=2)
+    h, lse = attention_entropy(q, k, enable_gqa=True)
+    h2, lse2 = attention_entropy(q, k.repeat_interleave(3, dim=1))
+    torch.testing.assert_close(h, h2, rtol=0, atol=1e-15)
+    torch.testing.assert_close(lse, lse2, rtol=0, atol=1e-15)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        attention_entropy(q[:, :5], k, enable_gqa=True)
+    with pytest.raises(ValueError, match="broadcast"):
+        attention_entropy(q, k)  # heads differ without enable_gqa
+
+
+def test_causal_with_more_queries_than_keys():
+    q, k = _qk(torch.float64, L=9, S=4)
+    h, lse = attention_entropy(q, k, is_causal=True)
+    x = _logits(q, k, None, True)
+    np.testing.assert_allclose(h.numpy(), R.entropy(x.numpy()), rtol=0, atol=1e-14)
+    torch.testing.assert_close(lse, torch.logsumexp(x, -1))
+
+
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bias"])
+def test_gradcheck_float64(mask_name):
+    """Gradients of entropy and LSE with respect to q and k (float64 gradcheck)."""
+    q, k = _qk(torch.float64, L=3, S=4, D=3)
+    mask = _mask(mask_name, L=3, S=4)
+    if mask is not None:
+        mask[2] = torch.tensor([0.5, -math.inf, 0.0, 1.0], dtype=torch.float64)  # no empty row
+    causal = mask_name == "causal"
+
+    def fn(a, b):
+        h, lse = attention_entropy(a, b, mask, causal)
+        return h, lse
+
+    args = (q.requires_grad_(), k.requires_grad_())
+    assert torch.autograd.gradcheck(fn, args)
+
+
+def test_gradient_is_finite_on_fully_masked_rows():
+    q, k = _qk(torch.float64)
+    q.requires_grad_()
+    h, lse = attention_entropy(q, k, _mask("bool"))
+    (h.sum() + lse.where(torch.isfinite(lse), 0).sum()).backward()
+    assert torch.isfinite(q.grad).all() and torch.all(q.grad[:, :, 2] == 0)
+
+
+def test_special_values():
+    q, k = _qk(torch.float64)
+    q[0, 0, 1, 0] = math.nan
+    k[0, 1, 3, 2] = math.inf
+    h, lse = attention_entropy(q, k)
+    assert torch.isnan(h[0, 0, 1]) and torch.isnan(lse[0, 0, 1])
+    assert torch.isnan(h[0, 1]).all()
+    assert torch.isfinite(h[1]).all() and torch.isfinite(h[0, 0, 0])
+
+
+@pytest.mark.parametrize(
+    ("qs", "ks"),
+    [((0, 2, 3, 4), (0, 2, 5, 4)), ((2, 0, 3, 4), (2, 0, 5, 4)), ((2, 2, 0, 4), (2, 2, 5, 4)),
+     ((2, 2, 3, 4), (2, 2, 0, 4)), ((2, 2, 3, 0), (2, 2, 5, 0))],
+    ids=["B=0", "H=0", "L=0", "S=0", "D=0"],
+)  # fmt: skip
+def test_zero_size_dimensions(qs, ks):
+    """Empty batches and sequences give empty results; no keys gives H = 0, LSE = -inf."""
+    h, lse = attention_entropy(torch.ones(qs), torch.ones(ks))
+    assert h.shape == lse.shape == qs[:-1]
+    if qs[-1] == 0:  # zero features: every logit is 0, uniform over S keys
+        torch.testing.assert_close(h, torch.full(qs[:-1], math.log(ks[-2])))
+        torch.testing.assert_close(lse, h)
+    elif ks[-2] == 0 and h.numel():
+        assert torch.all(h == 0) and torch.all(lse == -math.inf)
+
+
+def test_overflowing_logits_are_finite():
+    """Finite logits whose spread overflows: the reference's numbers, not NaN."""
+    q = torch.tensor([[1.0]], dtype=torch.float64)
+    k = torch.tensor([[1e308], [-1e308], [1e308]], dtype=torch.float64)
+    h, lse = attention_entropy(q, k, scale=1.0)
+    torch.testing.assert_close(h, torch.tensor([math.log(2)], dtype=torch.float64))
+    assert lse.item() == pytest.approx(1e308 + math.log(2), rel=1e-15)
+    q32 = torch.tensor([[1.0]])
+    h, lse = attention_entropy(q32, torch.tensor([[3e38], [-3e38]]), scale=1.0)
+    assert h.item() == 0.0 and lse.item() == pytest.approx(3e38, rel=1e-7)
+    # logits beyond float64 (q, k ~ 1e200): one key dominates
+    k = torch.tensor([[1e200], [-1e200]], dtype=torch.float64)
+    h, lse = attention_entropy(torch.tensor([[1e200]], dtype=torch.float64), k, scale=1.0)
+    assert h.item() == 0.0 and lse.item() == math.inf
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "word"),
+    [
+        ({"q": [1.0]}, TypeError, "q"),
+        ({"k": torch.ones(3, 2).to_sparse()}, TypeError, "k must be a dense"),
+        ({"attn_mask": torch.ones(2, 3, dtype=torch.bool).to_sparse()}, TypeError, "attn_mask"),
+        ({"is_causal": 1}, TypeError, "is_causal"),
+        ({"enable_gqa": "yes"}, TypeError, "enable_gqa"),
+        ({"scale": math.inf}, ValueError, "scale"),
+        ({"k": torch.ones(3, 5)}, ValueError, "feature size"),
+    ],
+)
+def test_input_errors(kwargs, exc, word):
+    args = {"q": torch.ones(2, 2), "k": torch.ones(3, 2), **kwargs}
+    with pytest.raises(exc, match=word):
+        attention_entropy(**args)

@@ -1,0 +1,231 @@
+"""The hybrid forward (pass 1, SDPA on β-scaled queries) and the Triton launch fallback, on CPU.
+
+The hybrid's arithmetic does not depend on the device: on CPU its pass 1 is the torch
+``attention_entropy`` and its pass 2 torch's own SDPA, the same composition CUDA runs with the
+Triton pass 1. The launch-configuration fallback is exercised with a kernel stand-in that raises
+Triton's ``OutOfResources`` for the larger tiles, as a GPU with too little shared memory would.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from softmaxtheory.accelerated import _torch_attention as A  # noqa: E402, N812
+from softmaxtheory.accelerated.torch import adaptive_attention  # noqa: E402
+from test_torch_tolerances import attention_tolerance  # noqa: E402
+
+from softmaxtheory import reference as R  # noqa: E402, N812
+from softmaxtheory.spec import Constant, LogLength  # noqa: E402
+
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+
+
+def _case(dtype, mask_name, L=6, S=7, D=4, Dv=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(2, 2, L, D, generator=g, dtype=torch.float64) * 2).to(dtype)
+    k = (torch.randn(2, 2, S, D, generator=g, dtype=torch.float64) * 2).to(dtype)
+    v = torch.randn(2, 2, S, Dv, generator=g, dtype=torch.float64).to(dtype)
+    keep = torch.rand(L, S, generator=g) > 0.4
+    keep[2] = False  # a fully masked query
+    keep[0, 0] = True
+    mask = None
+    if mask_name == "bool":
+        mask = keep
+    elif mask_name in ("bias", "zero_inf"):
+        add = torch.randn(L, S, generator=g, dtype=torch.float64)
+        if mask_name == "zero_inf":
+            add = torch.zeros(L, S, dtype=torch.float64)
+        mask = add.masked_fill(~keep, -math.inf).to(dtype)
+    return q, k, v, mask
+
+
+def _reference(q, k, v, mask, causal, schedule=None):
+    qd, kd, vd = (t.double().numpy() for t in (q, k, v))
+    keep = add = None
+    np_mask = None
+    if mask is not None and mask.dtype == torch.bool:
+        keep = np_mask = mask.numpy()
+    elif mask is not None:
+        add = np_mask = mask.double().numpy()
+    elif causal:
+        keep = np.tril(np.ones((q.shape[-2], k.shape[-2]), dtype=bool))
+    ref = R.adaptive_attention(qd, kd, vd, mask=np_mask, is_causal=causal, schedule=schedule)
+    tol = attention_tolerance(qd, kd, vd, ref, q.dtype, keep=keep, add=add, schedule=schedule)
+    return ref, tol
+
+
+@pytest.mark.theorem("T10")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias", "zero_inf"])
+def test_hybrid_matches_reference(dtype, mask_name):
+    """Pass 1 entropies, then SDPA on beta-scaled queries (and a beta-scaled bias) is the spec.
+
+    softmax(beta_i x_i) has the logits of the query beta_i q_i (T10's second pass); an additive
+    mask with finite non-zero entries is scaled by beta_i too, since the spec scales the whole
+    logit. Checked against the certified reference under the derived tolerance.
+    """
+    q, k, v, mask = _case(dtype, mask_name)
+    causal = mask_name == "causal"
+    out = adaptive_attention(q, k, v, mask, is_causal=causal, backend="hybrid")
+    assert out.dtype == dtype and out.shape == (2, 2, 6, 3)
+    ref, tol = _reference(q, k, v, mask, causal)
+    err = np.abs(out.double().numpy() - ref)
+    assert np.all(err <= tol), f"max err/tol {np.max(err / tol)}"
+    if mask_name in ("bool", "bias", "zero_inf"):
+        assert torch.all(out[:, :, 2] == 0)
+
+
+@pytest.mark.parametrize("schedule", [Constant("1.7"), LogLength("0.6")], ids=repr)
+def test_hybrid_other_schedules(schedule):
+    q, k, v, _ = _case(torch.float32, "causal")
+    out = adaptive_attention(q, k, v, is_causal=True, schedule=schedule, backend="hybrid")
+    ref, tol = _reference(q, k, v, None, True, schedule)
+    assert np.all(np.abs(out.double().numpy() - ref) <= tol)
+
+
+def test_hybrid_bias_is_beta_scaled():
+    """Without scaling the bias by beta, the answer differs from the spec on this input."""
+    q, k, v, mask = _case(torch.float64, "bias")
+    p = A.prepare(q, k, v, mask, False, None)
+    entropy = A.entropy_lse(p)[0]
+    from softmaxtheory.spec import PaperPolynomial
+
+    beta = A.beta_from_entropy(PaperPolynomial(), entropy, p.n_eff)
+    assert float(beta.max()) > 1.0  # the test needs beta != 1 somewhere
+    out = adaptive_attention(q, k, v, mask, backend="hybrid")
+    ref, _ = _reference(q, k, v, mask, False)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-12, atol=1e-13)
+    unscaled = torch.nn.functional.scaled_dot_product_attention(
+        q * beta.unsqueeze(-1), k, v, attn_mask=mask
+    )
+    assert not np.allclose(unscaled.numpy()[:, :, [0, 1, 3, 4, 5]], ref[:, :, [0, 1, 3, 4, 5]])
+
+
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bias"])
+@pytest.mark.parametrize("detach_beta", [False, True])
+def test_hybrid_gradients_match_chunked(mask_name, detach_beta):
+    """Through beta (torch pass 1) or with beta detached: the same gradients as the chunked path."""
+    q, k, v, mask = _case(torch.float64, mask_name, L=4, S=5)
+    causal = mask_name == "causal"
+    if mask is not None:
+        mask[2] = torch.tensor([0.5, -math.inf, 0.0, 1.0, 2.0], dtype=torch.float64)
+    grads = []
+    for backend in ("hybrid", "chunked"):
+        args = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = adaptive_attention(
+            *args, mask, is_causal=causal, detach_beta=detach_beta, backend=backend
+        )
+        grads.append(torch.autograd.grad((out**2).sum(), args))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_auto_on_cpu_without_interpreter_is_the_composition():
+    q, k, v, _ = _case(torch.float32, "none")
+    torch.testing.assert_close(
+        adaptive_attention(q, k, v), adaptive_attention(q, k, v, backend="composition"),
+        rtol=0, atol=0,
+    )  # fmt: skip
+
+
+def test_hybrid_refuses_entropy_eps():
+    q, k, v, _ = _case(torch.float32, "none")
+    with pytest.raises(ValueError, match="entropy_eps"):
+        adaptive_attention(q, k, v, entropy_eps=1e-9, backend="hybrid")
+
+
+# ---------------------------------------------------------------- launch configurations
+
+
+triton_config = pytest.importorskip("softmaxtheory.accelerated._triton_config")
+OutOfResources = pytest.importorskip("triton.runtime.errors").OutOfResources
+
+
+class _FakeKernel:
+    """Stands in for a JIT kernel: refuses tiles above `max_block_m` like a small GPU would."""
+
+    def __init__(self, max_block_m):
+        self.max_block_m = max_block_m
+        self.__name__ = f"fake_kernel_{max_block_m}"
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            self.calls.append((grid, kw))
+            if kw["BLOCK_M"] > self.max_block_m:
+                raise OutOfResources(232448, 101376, "shared memory")
+
+        return run
+
+
+def test_launch_falls_back_to_a_smaller_configuration():
+    """OutOfResources at launch: the next, smaller configuration runs; the refusal is remembered."""
+    cands = triton_config.configs(torch.device("cuda"), 256, 256, torch.float32, 4, budget=1 << 30)
+    assert [c["BLOCK_M"] for c in cands][:2] == [128, 128]
+    kernel = _FakeKernel(max_block_m=64)
+    used = triton_config.launch(kernel, lambda c: (c["BLOCK_M"],), (1, 2), {"X": 1}, cands)
+    assert used["BLOCK_M"] == 64
+    assert [kw["BLOCK_M"] for _, kw in kernel.calls] == [128, 128, 128, 64]
+    assert kernel.calls[-1][0] == (64,)
+    kernel.calls.clear()
+    again = triton_config.launch(kernel, lambda c: (c["BLOCK_M"],), (1, 2), {"X": 1}, cands)
+    assert again == used and len(kernel.calls) == 1  # refused configurations are skipped
+
+
+def test_launch_raises_no_config_when_nothing_fits():
+    cands = triton_config.configs(torch.device("cuda"), 64, 0, torch.float16, 0, budget=1 << 30)
+    with pytest.raises(triton_config.NoConfig, match="no launch configuration"):
+        triton_config.launch(_FakeKernel(max_block_m=8), lambda c: (1,), (), {}, cands)
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 96, 128, 192, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("mask_elem", [0, 1, 4])
+def test_configs_fit_the_shared_memory_budget(head_dim, dtype, mask_elem):
+    """Every head dim and dtype gets candidates within a 100 KiB budget (an sm_80-class limit)."""
+    budget = 100 * 1024
+    elem = torch.finfo(dtype).bits // 8
+    for value_dim in (0, head_dim):
+        cands = triton_config.configs(
+            torch.device("cuda"), head_dim, value_dim, dtype, mask_elem, budget=budget
+        )
+        assert cands
+        for c in cands:
+            est = triton_config.smem_estimate(
+                c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], c["BLOCK_D"],
+                c.get("BLOCK_DV", 0), elem, mask_elem,
+            )  # fmt: skip
+            assert est <= budget or len(cands) == 1
+        sizes = [c["BLOCK_M"] * c["BLOCK_N"] for c in cands]
+        assert sizes == sorted(sizes, reverse=True)
+
+
+def test_configs_on_cpu_are_one_small_tile():
+    (cfg,) = triton_config.configs(torch.device("cpu"), 96, 96, torch.float32, 0)
+    assert cfg == {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": 128, "BLOCK_DV": 128}
+
+
+def test_dispatch_falls_back_when_no_configuration_runs(monkeypatch):
+    """A Triton pass 1 that finds no configuration: the hybrid takes the torch pass 1 and
+    backend="triton" the composition; the user sees a result, not an exception."""
+
+    def refuse(p):
+        raise triton_config.NoConfig("no launch configuration fits (simulated)")
+
+    monkeypatch.setattr(A, "triton_available", lambda device: True)
+    monkeypatch.setattr(A, "triton_entropy_lse", refuse)
+    q, k, v, mask = _case(torch.float32, "bool")
+    with torch.no_grad():
+        auto = adaptive_attention(q, k, v, mask)
+        tri = adaptive_attention(q, k, v, mask, backend="triton")
+    ref, tol = _reference(q, k, v, mask, False)
+    for out in (auto, tri):
+        assert np.all(np.abs(out.double().numpy() - ref) <= tol)
+    torch.testing.assert_close(
+        tri, adaptive_attention(q, k, v, mask, backend="composition"), rtol=0, atol=0
+    )

@@ -1,0 +1,205 @@
+#!/usr/bin/env python
+r"""One prepared GPU session for the torch path (issue 13, item 7): about 7 minutes on an H200.
+
+Run from the repository root on a machine with a CUDA device::
+
+    python tools/gpu_check.py                 # everything, results under gpu_check_out/
+    python tools/gpu_check.py --dry-run       # print the steps and their time limits only
+    python tools/gpu_check.py --only tests    # one step (repeatable)
+
+Steps, each with its own time limit (the limits add up to the budget, 420 s):
+
+``env``
+    ``nvidia-smi`` and the versions of torch, Triton and CUDA.
+``tests``
+    ``pytest -m cuda tests`` (the CUDA tests; collection works without the docs extra).
+``conformance``
+    ``softmaxtheory check`` on CUDA for ``adaptive_softmax`` and ``adaptive_attention`` in
+    float16, bfloat16 and float32: six runs with a reduced example budget, started at once
+    (their time is the certified reference on the CPU cores; one run took 90 s on a loaded
+    2-core machine).
+``bench``
+    ``softmaxtheory bench --device cuda --json``: forward (``auto``, composition, Triton,
+    ``attention_entropy``) and forward + backward, causal and not, median of 50 timed calls,
+    peak memory. The JSON goes to ``OUT/bench_cuda.json`` and, with ``--write-docs``, to
+    ``docs/performance/bench_cuda_h200.json``, the file ``docs/performance.rst`` reads.
+
+Each step's output is written to ``OUT/<step>.log``; a summary (step, exit status, seconds)
+to ``OUT/summary.json``. The exit status is 0 only if every step that ran passed. A step
+that exceeds its limit is stopped and counted as failed; later steps still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Total wall-clock budget of the script (s): the sum of the step limits.
+BUDGET_S = 420
+
+
+@dataclass
+class Step:
+    """One step: commands run in order, with a shared time limit (seconds)."""
+
+    name: str
+    limit_s: int
+    commands: list[list[str]] = field(default_factory=list)
+    stdout_to: Path | None = None  # the first command's stdout goes there too
+    parallel: bool = False  # run the commands at once (CPU-bound reference checks)
+
+
+def _softmaxtheory(*args: str) -> list[str]:
+    return [sys.executable, "-m", "softmaxtheory", *args]
+
+
+def build_steps(out: Path, write_docs: bool) -> list[Step]:
+    """The steps of the GPU session, in order (their limits sum to :data:`BUDGET_S`)."""
+    probe = (
+        "import torch, importlib.metadata as m; "
+        "print('torch', torch.__version__, 'cuda', torch.version.cuda, "
+        "'device', torch.cuda.get_device_name() if torch.cuda.is_available() else None); "
+        "print('triton', m.version('triton'))"
+    )
+    env = Step("env", 15, [["nvidia-smi"], [sys.executable, "-c", probe]])
+    tests = Step(
+        "tests",
+        180,
+        [[sys.executable, "-m", "pytest", "-m", "cuda", "tests", "-q",
+          "-p", "no:cacheprovider", "--durations=10"]],
+    )  # fmt: skip
+    conformance = Step("conformance", 90, parallel=True)
+    for kernel, kind in (("adaptive_softmax", "adaptive_softmax"), ("adaptive_attention",
+                                                                       "attention")):  # fmt: skip
+        for dtype in ("float16", "bfloat16", "float32"):
+            conformance.commands.append(
+                _softmaxtheory(
+                    "check", f"softmaxtheory.accelerated.torch:{kernel}", "--kind", kind,
+                    "--framework", "torch", "--device", "cuda", "--dtype", dtype,
+                    "--examples", "20",
+                )
+            )  # fmt: skip
+    bench_json = out / "bench_cuda.json"
+    bench = Step("bench", 135, [_softmaxtheory("bench", "--device", "cuda", "--json")], bench_json)
+    steps = [env, tests, conformance, bench]
+    assert sum(s.limit_s for s in steps) == BUDGET_S
+    if write_docs:
+        bench.commands.append(
+            [sys.executable, "-c",
+             "import shutil, sys; shutil.copyfile(sys.argv[1], sys.argv[2])",
+             str(bench_json), str(ROOT / "docs" / "performance" / "bench_cuda_h200.json")]
+        )  # fmt: skip
+    return steps
+
+
+def _run_parallel(step: Step, out: Path) -> tuple[int, float]:
+    """Start every command of `step` at once, each with its own log; wait under the limit."""
+    start = time.monotonic()
+    procs = []
+    for i, cmd in enumerate(step.commands):
+        log = (out / f"{step.name}-{i}.log").open("w")
+        log.write(f"$ {shlex.join(cmd)}\n")
+        log.flush()
+        procs.append((subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, text=True), log))
+    status = 0
+    for proc, log in procs:
+        left = max(0.0, step.limit_s - (time.monotonic() - start))
+        try:
+            rc = proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            log.write(f"\nstopped: the step's limit of {step.limit_s} s\n")
+            rc = 124
+        log.write(f"\n[exit {rc}]\n")
+        log.close()
+        status = status or rc
+    return status, time.monotonic() - start
+
+
+def _run_step(step: Step, out: Path) -> tuple[int, float]:
+    """Run a step's commands under its limit; return (exit status, seconds)."""
+    if step.parallel:
+        return _run_parallel(step, out)
+    start = time.monotonic()
+    log = (out / f"{step.name}.log").open("w")
+    status = 0
+    try:
+        for i, cmd in enumerate(step.commands):
+            left = step.limit_s - (time.monotonic() - start)
+            if left <= 0:
+                log.write(f"time limit of {step.limit_s} s reached before: {shlex.join(cmd)}\n")
+                return 124, time.monotonic() - start
+            log.write(f"$ {shlex.join(cmd)}\n")
+            log.flush()
+            capture = step.stdout_to is not None and i == 0
+            try:
+                res = subprocess.run(
+                    cmd, cwd=ROOT, timeout=left, check=False, text=True,
+                    stdout=subprocess.PIPE if capture else log, stderr=log,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )  # fmt: skip
+            except subprocess.TimeoutExpired:
+                log.write(f"\nstopped: the step's limit of {step.limit_s} s\n")
+                return 124, time.monotonic() - start
+            except FileNotFoundError as exc:
+                log.write(f"\n{exc}\n")
+                res = subprocess.CompletedProcess(cmd, 127)
+            if capture:
+                step.stdout_to.write_text(res.stdout or "")
+                log.write(res.stdout or "")
+            log.write(f"\n[exit {res.returncode}]\n")
+            status = status or res.returncode
+    finally:
+        log.close()
+    return status, time.monotonic() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run (or, with ``--dry-run``, print) the GPU session; return the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser.add_argument("--dry-run", action="store_true", help="print the steps, run nothing")
+    parser.add_argument("--out", type=Path, default=ROOT / "gpu_check_out", help="output folder")
+    parser.add_argument(
+        "--only", action="append", choices=("env", "tests", "conformance", "bench"),
+        help="run only this step (repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--write-docs", action="store_true",
+        help="copy the benchmark JSON to docs/performance/bench_cuda_h200.json",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    steps = build_steps(args.out, args.write_docs)
+    if args.only:
+        steps = [s for s in steps if s.name in args.only]
+    if args.dry_run:
+        print(f"# budget {BUDGET_S} s; output under {args.out}")
+        for step in steps:
+            mode = ", commands in parallel" if step.parallel else ""
+            print(f"# step {step.name} (limit {step.limit_s} s{mode})")
+            for i, cmd in enumerate(step.commands):
+                redirect = f" > {step.stdout_to}" if step.stdout_to and i == 0 else ""
+                print(shlex.join(cmd) + redirect)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = []
+    for step in steps:
+        print(f"== {step.name} (limit {step.limit_s} s)", flush=True)
+        status, seconds = _run_step(step, args.out)
+        print(f"   exit {status} in {seconds:.1f} s; log {args.out / (step.name + '.log')}")
+        summary.append({"step": step.name, "status": status, "seconds": round(seconds, 1)})
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return 0 if all(s["status"] == 0 for s in summary) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
