@@ -73,7 +73,7 @@ FAMILIES: tuple[str, ...] = (
 #: :math:`\beta \le \beta_{\max} = 2.4214` the scaled logits stay finite (0.4 < 1/2.4214).
 HALF_MAX_FRACTION = 0.4
 
-_MAX_FINITE = {"float64": 1e300, "float32": 3e38, "bfloat16": 3e38, "float16": 6e4}
+_MAX_FINITE = {"float64": 1.79e308, "float32": 3.4e38, "bfloat16": 3.38e38, "float16": 65504.0}
 _TINY = {"float64": 5e-324, "float32": 1e-45, "bfloat16": 1e-40, "float16": 6e-8}
 
 
@@ -254,7 +254,7 @@ def logit_rows(
         return _cast(np.array(ks, dtype=np.float64) * tiny, dtype)
     if family == "huge":
         mag = draw(st.sampled_from([1e3, 1e4, 3e4, 1e6, 1e10, 1e30, 1e300]))
-        mag = min(mag, big / 2)
+        mag = min(mag, HALF_MAX_FRACTION * big)  # beta * x stays finite
         sign = draw(st.sampled_from([1.0, -1.0]))
         spread = draw(st.sampled_from([0.0, 1.0, 10.0, 100.0, 1000.0]))
         offs = draw(st.lists(st.floats(0, 1), min_size=n, max_size=n))
