@@ -27,10 +27,11 @@ Hypothesis with a fixed example budget); ``thorough=True`` explores more.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -406,8 +407,38 @@ def _run_given(
     def prop(example: Any) -> None:
         body(example)
 
-    with with_reporter(lambda _msg: None):
+    with with_reporter(lambda _msg: None), _without_local_constants():
         prop()  # Hypothesis re-raises the (minimal) _Failed; anything else is a bug here
+
+
+@contextlib.contextmanager
+def _without_local_constants() -> Iterator[None]:
+    """Draw without the literals of whatever "local" modules happen to be imported.
+
+    Hypothesis (6.13x and later) mixes into its draws the constants found in
+    the source of every imported module it deems local: the kernel's module,
+    and in some installations torch. The same kernel's verdict would then
+    depend on what was imported before the run (a property that fails alone
+    passed after ``import torch``). The suite's draws use Hypothesis's global
+    constants only. Private API: if it changes, the draws merely lose this
+    isolation.
+    """
+    try:
+        from hypothesis.internal.conjecture import providers as hp
+
+        empty = type(hp._local_constants)()
+        saved = hp._get_local_constants
+        cache = hp.CONSTANTS_CACHE.cache
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - other versions
+        yield
+        return
+    cache.clear()
+    hp._get_local_constants = lambda: empty
+    try:
+        yield
+    finally:
+        hp._get_local_constants = saved
+        cache.clear()
 
 
 def _rng_row(seed: int, n: int, scale: float, dtype: str) -> tuple[np.ndarray, str]:
