@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from softmaxtheory import conformance as conf
+from softmaxtheory import strategies as strat
 from softmaxtheory.spec import Constant
 from tests import broken_kernels as bk
 
@@ -110,3 +112,65 @@ def test_torch_repro_snippet_runs(capsys):
     exec("import numpy as np\n" + target.repro, ns)
     got = ns["kernel"](x.float().numpy())
     assert got.dtype.name == "float64" and abs(got.sum() - 1) < 1e-2
+
+
+# -- contracts in the suite (issue 15, section 3) ------------------------------------------
+
+
+def test_fully_masked_rows_by_kind_and_contract():
+    """NaN for a fully masked row: a softmax's convention by default; strict wants zeros."""
+
+    def nan_softmax(x):
+        x = np.asarray(x)
+        e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+        return e / np.sum(e, axis=-1, keepdims=True)
+
+    res = conf.run_property("special_values", conf.Target(nan_softmax, dtype="float32"))
+    assert res.status == "pass" and "NaN instead of the table's zeros" in res.message
+    res = conf.run_property(
+        "special_values", conf.Target(nan_softmax, dtype="float32", strict=True)
+    )
+    assert res.status == "fail" and "the table gives zeros" in res.message
+    assert "tolerated only without strict" in res.message
+
+    def nan_adaptive(x):
+        out = bk.adaptive_softmax(x)
+        return np.where(np.all(np.asarray(x) == -np.inf, axis=-1, keepdims=True), np.nan, out)
+
+    res = conf.run_property("special_values", conf.Target(nan_adaptive, kind="adaptive_softmax"))
+    assert res.status == "fail" and "not kind adaptive_softmax's" in res.message
+    res = conf.run_property("special_values", conf.Target(bk.adaptive_softmax, strict=True,
+                                                          kind="adaptive_softmax"))  # fmt: skip
+    assert res.status == "pass" and not res.message
+
+
+def test_strict_failure_says_the_default_contract_passes():
+    target = conf.Target(bk.listing_native_16bit, "tests.broken_kernels:listing_native_16bit",
+                         kind="adaptive_softmax", dtype="float16", strict=True)  # fmt: skip
+    res = conf.run_property("values", target)
+    assert res.status == "fail"
+    assert "passes under the default 16-bit contract" in res.message
+
+
+def test_strict_must_be_a_bool():
+    with pytest.raises(conf.ConformanceUsageError, match="strict"):
+        conf.Target(bk.softmax, strict="yes")
+
+
+def test_draws_do_not_depend_on_imported_modules(tmp_path, monkeypatch):
+    """Hypothesis mixes literals of imported local modules into its draws; the suite does not."""
+    mod = tmp_path / "lots_of_constants.py"
+    mod.write_text("C = [" + ", ".join(f"{1.0 + k / 7.0!r}" for k in range(400)) + "]\n")
+    target = conf.Target(bk.softmax, dtype="float32")
+
+    def drawn():
+        seen = []
+        conf._run_given(target, strat.logit_rows(max_size=8, dtype="float32"), 40,
+                        lambda x: seen.append(x.tobytes()))  # fmt: skip
+        return seen
+
+    before = drawn()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import lots_of_constants  # noqa: F401
+
+    assert drawn() == before
