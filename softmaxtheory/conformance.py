@@ -613,7 +613,7 @@ def _p_special_values(t: Target, run: _Run) -> None:
                     why = "NaNs are tolerated as a convention, finite numbers are not"
                 raise _Failed(f"{label}: got {got[0]!r}; the table gives {want} ({why})")
             if not ok_table:
-                notes.append(f"{label}: NaN instead of the table's {want}")
+                notes.append(f"{label}: NaN instead of the table's value")
             run.compare(out[1:], x[1:], what=label)
             continue
         run.compare(out, x, what=label)
