@@ -8,7 +8,7 @@ PAPER = (-0.037, 0.481, -2.3, 4.917, -1.791)
 
 
 def adaptive_softmax(x):
-    """softmax(beta(H) x) with the paper's schedule, statistics in float32; zeros if fully masked."""
+    """softmax(beta(H) x), paper schedule, statistics in float32; zeros if fully masked."""
     xf = x.float()
     masked = torch.isneginf(xf).all(dim=-1, keepdim=True)
     z = xf - xf.amax(dim=-1, keepdim=True)
