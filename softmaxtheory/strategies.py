@@ -69,7 +69,7 @@ FAMILIES: tuple[str, ...] = (
     "translated",
 )
 
-#: Largest |x| of a translated row, as a fraction of the largest finite float: with
+#: Largest ``|x|`` of a translated row, as a fraction of the largest finite float: with
 #: :math:`\beta \le \beta_{\max} = 2.4214` the scaled logits stay finite (0.4 < 1/2.4214).
 HALF_MAX_FRACTION = 0.4
 
