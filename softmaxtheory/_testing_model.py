@@ -25,6 +25,7 @@ import numpy as np
 from .spec import Constant, LogLength, Polynomial, Schedule
 
 __all__ = [
+    "BETA_MAX",
     "C_EXP",
     "FORMATS",
     "LAMBDA",
@@ -36,6 +37,8 @@ __all__ = [
     "beta_error",
     "entropy_abs_error",
     "format_named",
+    "logit_rounding_entropy_error",
+    "logit_rounding_rel_error",
     "naive_adaptive_softmax",
     "naive_attention",
     "naive_beta",
@@ -49,6 +52,9 @@ __all__ = [
     "ulp",
     "ulp_error",
 ]
+
+#: An upper bound of the paper schedule's largest β (2.4213877..., theorem T6).
+BETA_MAX = 2.4214
 
 #: Error allowed in an ``exp`` or ``log`` evaluation, in units of :math:`u`.
 C_EXP = 4.0
@@ -334,6 +340,73 @@ def adaptive_rel_error(
     q = _softmax_beta(cond, np.asarray(beta)[..., None])
     zbar = np.sum(q * cond.z, axis=-1, keepdims=True)
     return r + np.abs(cond.z - zbar) * np.asarray(dbeta)[..., None]
+
+
+def logit_rounding_rel_error(
+    cond: RowConditioning,
+    beta: np.ndarray,
+    dbeta: np.ndarray,
+    fmt: FloatFormat,
+) -> np.ndarray:
+    r"""Relative error of :math:`\operatorname{softmax}(\beta x)_i` from one rounding of its logits.
+
+    The default contract of 16-bit kernels: the logits of the final softmax,
+    :math:`w_j = \beta x_j` or :math:`w_j = \beta (x_j - m)`, may be rounded once
+    to `fmt`, :math:`\tilde w_j = w_j(1 + \epsilon_j) + \eta_j` with
+    :math:`|\epsilon_j| \le u` and :math:`|\eta_j| \le 2^{q_{\min} - 1}`. Since
+    :math:`\partial \log y_i / \partial w_j = [i = j] - q_j`,
+
+    .. math::
+
+        |\Delta \log y_i| \le u\Bigl(|w_i| + \sum_j q_j |w_j|\Bigr) + 2\eta,
+
+    the larger of the two forms of :math:`w`. The unshifted form
+    :math:`\beta x` counts only where the kernel's β may differ from 1 (``beta > 1``
+    or ``dbeta > 0``): with β exactly 1 the logits are the input, exact in `fmt`.
+
+    Parameters
+    ----------
+    cond : RowConditioning
+        The rows.
+    beta, dbeta : numpy.ndarray
+        β of each row and the bound on its error, shape ``(...)``.
+    fmt : FloatFormat
+        The kernel's format.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(..., n)``, in units of 1 (0 at masked items).
+    """
+    b = np.asarray(beta, dtype=np.float64)[..., None]
+    q = _softmax_beta(cond, b)
+    wz = b * np.abs(cond.z)
+    shifted = wz + np.sum(q * wz, axis=-1, keepdims=True)
+    wx = b * cond.absx
+    unshifted = wx + np.sum(q * wx, axis=-1, keepdims=True)
+    scaled = ((np.asarray(beta) != 1.0) | (np.asarray(dbeta) > 0))[..., None]
+    worst = np.where(scaled, np.maximum(shifted, unshifted), shifted)
+    eta = math.ldexp(1.0, fmt.qmin - 1)
+    return np.where(cond.live, fmt.u * worst + 2.0 * eta, 0.0)
+
+
+def logit_rounding_entropy_error(cond: RowConditioning, fmt: FloatFormat) -> np.ndarray:
+    r"""Absolute error of a row's entropy from one rounding of its shifted logits to `fmt`.
+
+    :math:`\partial H / \partial x_j = -p_j (z_j - \bar z)` with
+    :math:`\bar z = \sum_k p_k z_k`, so rounding :math:`z_j = x_j - m` once
+    (:math:`|\delta z_j| \le u|z_j| + 2^{q_{\min} - 1}`) moves :math:`H` by at most
+
+    .. math::
+
+        \sum_j p_j\, |z_j - \bar z|\, \bigl(u|z_j| + 2^{q_{\min} - 1}\bigr).
+
+    (The unshifted logits are the input itself, exact in `fmt`.)
+    """
+    zbar = np.sum(cond.p * cond.z, axis=-1, keepdims=True)
+    eta = math.ldexp(1.0, fmt.qmin - 1)
+    dz = fmt.u * np.abs(cond.z) + eta
+    return np.sum(np.where(cond.live, cond.p * np.abs(cond.z - zbar) * dz, 0.0), axis=-1)
 
 
 def attention_bound(

@@ -9,7 +9,11 @@ exact bfloat16 numbers).
   bounded spread, ties, ``-inf`` masks, huge magnitudes, subnormals, one-hot,
   near-uniform, and rows whose entropy lies in the adaptive window
   :math:`(H_{\mathrm{on}}, H_{\mathrm{off}})` or next to a branch point
-  (:func:`branch_points`);
+  (:func:`branch_points`), and translated rows whose finite entries all lie
+  far from zero (below :math:`-10^4`, above :math:`10^4`, or near half the
+  largest float), with or without masks;
+* :func:`window_rows`: rows of 256 to 2048 items whose entropy lies in
+  :math:`[5, H_{\mathrm{off}}]`, where β reacts most to an entropy error;
 * :func:`logit_batches`: arrays of shape ``(..., n)`` of such rows;
 * :func:`shapes`, :func:`chunkings`: batch shapes and chunkings of a row;
 * :func:`attention_inputs`: ``q, k, v`` with an optional mask or causal flag.
@@ -39,6 +43,7 @@ from .spec import PaperPolynomial
 
 __all__ = [
     "FAMILIES",
+    "HALF_MAX_FRACTION",
     "attention_inputs",
     "branch_points",
     "chunkings",
@@ -47,6 +52,8 @@ __all__ = [
     "logit_rows",
     "row_with_entropy",
     "shapes",
+    "translations",
+    "window_rows",
 ]
 
 #: The families :func:`logit_rows` draws from.
@@ -59,9 +66,14 @@ FAMILIES: tuple[str, ...] = (
     "one_hot",
     "near_uniform",
     "entropy",
+    "translated",
 )
 
-_MAX_FINITE = {"float64": 1e300, "float32": 3e38, "bfloat16": 3e38, "float16": 6e4}
+#: Largest ``|x|`` of a translated row, as a fraction of the largest finite float: with
+#: :math:`\beta \le \beta_{\max} = 2.4214` the scaled logits stay finite (0.4 < 1/2.4214).
+HALF_MAX_FRACTION = 0.4
+
+_MAX_FINITE = {"float64": 1.79e308, "float32": 3.4e38, "bfloat16": 3.38e38, "float16": 65504.0}
 _TINY = {"float64": 5e-324, "float32": 1e-45, "bfloat16": 1e-40, "float16": 6e-8}
 
 
@@ -139,6 +151,33 @@ def row_with_entropy(target: float, n: int, k: int = 1) -> np.ndarray | None:
     return np.array([0.0] * k + [-0.5 * (lo + hi)] * j)
 
 
+def translations(dtype: str) -> tuple[tuple[str, float], ...]:
+    r"""Where translated rows are put: ``(side, magnitude)`` pairs for `dtype`.
+
+    ``below`` rows have every finite entry at or below ``-magnitude``, ``above``
+    rows at or above ``+magnitude``; the magnitudes are :math:`10^4`,
+    :math:`3 \cdot 10^4` and :data:`HALF_MAX_FRACTION` of the largest float
+    (for float16, whose largest float is 65504, that is 26201.6).
+    """
+    top = float(np.finfo(_np_dtype(_check_dtype(dtype))).max)
+    half = HALF_MAX_FRACTION * top
+    mags = sorted({1e4, min(3e4, half), half})
+    return tuple((side, m) for side in ("below", "above") for m in mags)
+
+
+def _translate(row: np.ndarray, side: str, mag: float, dtype: str) -> np.ndarray:
+    """Shift `row` so that every finite entry lies beyond `mag` on `side` after rounding.
+
+    The target is ``mag * (1 + 2**-6)``: rounding to any of the four formats
+    (relative error at most ``2**-9``) cannot bring an entry back inside `mag`.
+    """
+    live = row > -np.inf
+    vals = row[live]
+    edge = mag * (1.0 + 2.0**-6)
+    c = -edge - float(np.max(vals)) if side == "below" else edge - float(np.min(vals))
+    return np.where(live, _cast(np.where(live, row + c, 0.0), dtype), -np.inf)
+
+
 def entropy_targets() -> st.SearchStrategy[float]:
     r"""Entropies over :math:`(H_{\mathrm{on}}, H_{\mathrm{off}})` and around each branch point."""
     pts = branch_points()
@@ -190,6 +229,15 @@ def logit_rows(
         row = row + shift
         perm = draw(st.permutations(range(n)))
         return _cast(row[list(perm)], dtype)
+    if family == "translated":
+        base = draw(logit_rows(min_size, max_size, dtype, ("spread", "ties", "entropy")))
+        base = base.astype(np.float64)
+        if base.shape[0] >= 2 and draw(st.booleans()):
+            keep = draw(st.integers(0, base.shape[0] - 1))
+            drop = draw(st.sets(st.integers(0, base.shape[0] - 1), min_size=1, max_size=8))
+            base[[j for j in drop if j != keep]] = -np.inf
+        side, mag = draw(st.sampled_from(translations(dtype)))
+        return _cast(_translate(base, side, mag, dtype), dtype)
     if family == "one_hot":
         gap = draw(st.sampled_from([20.0, 40.0, 100.0, 800.0]))
         row = np.full(n, -gap)
@@ -205,7 +253,7 @@ def logit_rows(
         return _cast(np.array(ks, dtype=np.float64) * tiny, dtype)
     if family == "huge":
         mag = draw(st.sampled_from([1e3, 1e4, 3e4, 1e6, 1e10, 1e30, 1e300]))
-        mag = min(mag, big / 2)
+        mag = min(mag, HALF_MAX_FRACTION * big)  # beta * x stays finite
         sign = draw(st.sampled_from([1.0, -1.0]))
         spread = draw(st.sampled_from([0.0, 1.0, 10.0, 100.0, 1000.0]))
         offs = draw(st.lists(st.floats(0, 1), min_size=n, max_size=n))
@@ -223,6 +271,64 @@ def logit_rows(
         for j in draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n - 1)):
             if j != keep:
                 row[j] = -np.inf
+    return _cast(row, dtype)
+
+
+def _row_at_entropy(g: np.ndarray, target: float) -> np.ndarray:
+    """``s * g`` with the scale ``s >= 0`` for which its entropy is `target` (bisection, T4)."""
+
+    def entropy(s: float) -> float:
+        z = s * (g - np.max(g))
+        e = np.exp(z)
+        p = e / np.sum(e)
+        return float(-np.sum(np.where(p > 0, p * z, 0.0)) + np.log(np.sum(e)))
+
+    lo, hi = 0.0, 1.0
+    while entropy(hi) > target and hi < 1e6:
+        hi *= 2.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if entropy(mid) > target else (lo, mid)
+    return 0.5 * (lo + hi) * g
+
+
+@st.composite
+def window_rows(
+    draw: Any,
+    dtype: str = "float64",
+    min_size: int = 256,
+    max_size: int = 2048,
+    translated: bool = True,
+) -> np.ndarray:
+    r"""A row of `min_size` to `max_size` items whose entropy lies in :math:`[5, H_{\mathrm{off}}]`.
+
+    There :math:`|P'(H)|` is largest relative to β and the entropy is large, so
+    an entropy computed with float16 statistics moves β by several float16
+    ulps: the rows that tell such a kernel from a backward-stable one. The
+    logits are a scaled Gaussian, uniform or two-cluster sample, scaled
+    (bisection) to the drawn entropy; with `translated` the row may also be
+    moved far from zero (:func:`translations`).
+    """
+    dtype = _check_dtype(dtype)
+    if not 2 <= min_size <= max_size:
+        raise ValueError(f"need 2 <= min_size <= max_size, got {min_size}, {max_size}")
+    n = draw(st.integers(min_size, max_size))
+    h_off = branch_points()["H_off"]
+    top = min(h_off, math.log(n) - 0.05)
+    target = draw(st.floats(min(5.0, top), top)) if top > 0.1 else top
+    shape = draw(st.sampled_from(["normal", "uniform", "clusters"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if shape == "normal":
+        g = rng.standard_normal(n)
+    elif shape == "uniform":
+        g = rng.random(n)
+    else:
+        g = np.where(rng.random(n) < 0.2, 1.0, 0.0) + 0.1 * rng.standard_normal(n)
+    row = _row_at_entropy(g, target)
+    row = row + draw(st.sampled_from([0.0, 0.0, 1.5, -2.25]))
+    if translated and draw(st.integers(0, 3)) == 0:
+        side, mag = draw(st.sampled_from(translations(dtype)))
+        row = _translate(row, side, mag, dtype)
     return _cast(row, dtype)
 
 

@@ -1,8 +1,14 @@
-"""Kernels for the conformance suite's own tests: correct ones and deliberately broken ones.
+"""Kernels for the conformance suite's own tests: correct ones and a catalogue of defects.
 
-Each broken kernel reproduces one defect class (PAPER.md's known port errors and
-classic softmax bugs); tests/test_conformance_broken.py checks that the suite
-catches each one and names the property that caught it.
+Each broken kernel reproduces one defect class, a realistic mistake: the port
+errors found in public adaptive-softmax implementations (coefficients in
+ascending powers, the polynomial read as a temperature, β silently 1 on masked
+rows, the 1e-9 guard vanishing in float16, Horner's rule in 16 bits, clamped
+logits, float64 paths that are only float32-accurate, float16 statistics, -inf
+replaced by -1e4) and classic softmax bugs. :data:`CATALOGUE` lists them with
+the options they are checked under; tests/test_conformance_broken.py checks
+that the default run catches each one (the mutation score of the docs) and
+that the correct kernels, :data:`CORRECT`, raise no false alarm.
 """
 
 from __future__ import annotations
@@ -245,6 +251,163 @@ def float32_result(x):
     return _softmax(x.astype(np.float32))
 
 
+def masked_nan_entropy(x):
+    """Defect: -sum p log p with p = 0 at masked items: 0 * (-inf) = NaN, so beta is silently 1."""
+    x = np.asarray(x)
+    w = _work(x)
+    p = _softmax(w)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        H = -np.sum(p * np.log(p), axis=-1)  # NaN on every row with a masked item
+    P = np.polyval(PAPER.astype(w.dtype), H)
+    b = np.where(H > 0.5, np.maximum(P, 1), 1).astype(w.dtype)  # NaN > 0.5 is False
+    with np.errstate(invalid="ignore"):
+        m = np.max(w, axis=-1, keepdims=True, initial=-np.inf)
+        z = w - np.where(m == -np.inf, 0, m)
+    return _softmax(b[..., None] * z).astype(x.dtype)
+
+
+def clamped_logits(x):
+    """Defect: the logits clamped to [-50, 50] "for stability" before the softmax."""
+    x = np.asarray(x)
+    with np.errstate(invalid="ignore"):
+        w = np.where(x == -np.inf, x, np.clip(_work(x), -50, 50))
+    return _softmax(w).astype(x.dtype)
+
+
+def mask_as_minus_1e4(x):
+    """Defect: -inf replaced by -1e4 (a "finite mask"), then a correct softmax."""
+    x = np.asarray(x)
+    w = np.where(x == -np.inf, -1e4, _work(x)).astype(_work(x).dtype)
+    return _softmax(w).astype(x.dtype)
+
+
+def float32_internal(x):
+    """Defect: a float64 softmax computed in float32 and returned as float64."""
+    x = np.asarray(x)
+    return _softmax(x.astype(np.float32)).astype(x.dtype)
+
+
+def entropy_without_normaliser(x):
+    """Defect: H = -sum p (x - max x), the log of the normaliser forgotten."""
+    x = np.asarray(x)
+    w = _work(x)
+    p = _softmax(w)
+    with np.errstate(invalid="ignore"):
+        m = np.max(w, axis=-1, keepdims=True, initial=-np.inf)
+        z = np.where(p > 0, w - np.where(m == -np.inf, 0, m), 0)
+    return (-np.sum(p * z, axis=-1)).astype(x.dtype)
+
+
+def wrong_axis(x):
+    """Defect: the softmax taken along the first axis instead of the last."""
+    x = np.asarray(x)
+    return _softmax(np.swapaxes(_work(x), 0, -1)).swapaxes(0, -1).astype(x.dtype)
+
+
+def epsilon_in_denominator(x):
+    """Defect: e / (sum e + 1e-12), a "safe" division that biases every coefficient."""
+    x = np.asarray(x)
+    w = _work(x)
+    with np.errstate(invalid="ignore", under="ignore"):
+        m = np.max(w, axis=-1, keepdims=True, initial=-np.inf)
+        e = np.exp(w - np.where(m == -np.inf, 0, m))
+        return (e / (np.sum(e, axis=-1, keepdims=True) + 1e-12)).astype(x.dtype)
+
+
+def _beta32(H):
+    P = np.polyval(PAPER.astype(np.float32), H.astype(np.float32))
+    return np.where(H > 0.5, np.maximum(P, 1), 1).astype(np.float32)
+
+
+def float16_statistics(x):
+    """Defect: the normaliser and the entropy accumulated in float16 (a 16-bit kernel's stats)."""
+    x = np.asarray(x)
+    w = x.astype(np.float16)
+    with np.errstate(all="ignore"):
+        m = np.max(w, axis=-1, keepdims=True, initial=-np.inf)
+        e = np.exp(w - np.where(m == -np.inf, 0, m).astype(np.float16))
+        s = np.cumsum(e, axis=-1, dtype=np.float16)[..., -1:] if w.shape[-1] else e
+        p = np.where(s > 0, e / np.where(s > 0, s, 1), 0).astype(np.float16)
+        terms = np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0).astype(np.float16)
+        H = -np.cumsum(terms, axis=-1, dtype=np.float16)[..., -1] if w.shape[-1] else m[..., 0]
+        w32 = x.astype(np.float32)
+        m32 = np.max(w32, axis=-1, keepdims=True, initial=-np.inf)
+        z = w32 - np.where(m32 == -np.inf, 0, m32)
+    return _softmax(_beta32(H)[..., None] * z).astype(x.dtype)
+
+
+def horner_float16(x):
+    """Defect: beta by Horner's rule in float16 (entropy exact in float32)."""
+    x = np.asarray(x)
+    w = x.astype(np.float32)
+    H = _entropy(w).astype(np.float16)
+    P = np.zeros_like(H)
+    with np.errstate(all="ignore"):
+        for c in PAPER.astype(np.float16):
+            P = P * H + c
+    b = np.where(H > np.float16(0.5), np.maximum(P, np.float16(1)), np.float16(1))
+    with np.errstate(invalid="ignore"):
+        m = np.max(w, axis=-1, keepdims=True, initial=-np.inf)
+        z = w - np.where(m == -np.inf, 0, m)
+    return _softmax(b.astype(np.float32)[..., None] * z).astype(x.dtype)
+
+
+def listing_native_16bit(x):
+    """Correct under the default 16-bit contract: beta in float32, beta * x rounded once to 16 bits.
+
+    The paper's listing run natively in float16: the softmax of the once-rounded
+    scaled logits (backward stable at float16's precision); strict rejects it.
+    """
+    x = np.asarray(x)
+    w = _work(x)
+    b = _beta32(_entropy(w.astype(np.float32)))
+    with np.errstate(invalid="ignore", over="ignore"):
+        scaled = (b[..., None] * w.astype(np.float32)).astype(x.dtype)  # the one rounding
+    return _softmax(scaled.astype(np.float32)).astype(x.dtype)
+
+
+def torch_listing_native_16bit(x):
+    """The same in torch: beta in float32, beta * x rounded once to the input dtype."""
+    import torch
+
+    xf = x.float()
+    p = torch.softmax(xf, dim=-1)
+    H = -(p * torch.log(p)).nan_to_num(nan=0.0).sum(dim=-1, keepdim=True)
+    P = torch.zeros_like(H)
+    for c in PAPER:
+        P = P * H + float(c)
+    beta = torch.where(H > 0.5, torch.clamp(P, min=1.0), torch.ones_like(H))
+    scaled = (beta * xf).to(x.dtype)  # the one rounding
+    out = torch.softmax(scaled.float(), dim=-1)
+    return torch.where(torch.isneginf(xf).all(-1, keepdim=True), 0.0, out).to(x.dtype)
+
+
+def torch_horner_bfloat16(x):
+    """Defect: beta by Horner's rule in bfloat16 (the entropy in float32)."""
+    import torch
+
+    xf = x.float()
+    p = torch.softmax(xf, dim=-1)
+    H = -(p * torch.log(p)).nan_to_num(nan=0.0).sum(dim=-1, keepdim=True)
+    Hb = H.to(torch.bfloat16)
+    P = torch.zeros_like(Hb)
+    for c in PAPER:
+        P = P * Hb + float(c)  # every step rounded to bfloat16
+    beta = torch.where(Hb > 0.5, torch.clamp(P, min=1.0), torch.ones_like(Hb)).float()
+    out = torch.softmax(beta * xf, dim=-1)
+    return torch.where(torch.isneginf(xf).all(-1, keepdim=True), 0.0, out).to(x.dtype)
+
+
+def attention_ignores_causal(q, k, v, mask=None, is_causal=False):
+    """Defect: an adaptive attention that accepts is_causal= and ignores it."""
+    return attention(q, k, v, mask=mask)
+
+
+def attention_ignores_mask(q, k, v, mask=None, is_causal=False):
+    """Defect: an adaptive attention that accepts mask= and ignores it."""
+    return attention(q, k, v, is_causal=is_causal)
+
+
 def unused_paper():  # pragma: no cover - keeps the import used for readers
     return PaperPolynomial()
 
@@ -261,3 +424,134 @@ def torch_sdpa(q, k, v, attn_mask=None, is_causal=False):
     import torch.nn.functional as nnf
 
     return nnf.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+# -- the catalogue ------------------------------------------------------------------
+
+_A = {"kind": "adaptive_softmax"}
+
+#: Defect class -> (kernel, Target options, the property of the default run that catches it).
+CATALOGUE = {
+    # port errors found in public adaptive-softmax implementations
+    "coefficients in ascending powers": (reversed_coefficients, _A, "values"),
+    "polynomial used as a clipped temperature": (polynomial_as_temperature, _A, "temperature_cap"),
+    "beta silently 1 on masked rows (0 * -inf = NaN entropy)": (masked_nan_entropy, _A, "values"),
+    "1e-9 guard vanishing in float16": (
+        fp16_guard_vanishing, {"kind": "entropy", "dtype": "float16", "entropy_eps": 1e-9},
+        "special_values"),
+    "Horner's rule in bfloat16": (
+        torch_horner_bfloat16, {**_A, "dtype": "bfloat16", "framework": "torch"}, "values"),
+    "Horner's rule in float16": (horner_float16, {**_A, "dtype": "float16"}, "values"),
+    "logits clamped at +-50": (clamped_logits, {"dtype": "float32"}, "values"),
+    "float64 path computed in float32": (float32_internal, {}, "values"),
+    "float64 path accumulating in float32": (float32_accumulation, {}, "long_rows"),
+    "float64 path returning float32": (float32_result, {}, "dtype_shape"),
+    "statistics accumulated in float16": (
+        float16_statistics, {**_A, "dtype": "float16"}, "branch_points"),
+    "-inf replaced by -1e4": (mask_as_minus_1e4, {"dtype": "float32"}, "values"),
+    # classic mistakes
+    "one entropy for the whole batch": (batch_global_entropy, _A, "batch_independence"),
+    "beta below 1 (no max(P, 1))": (beta_below_one, _A, "temperature_cap"),
+    "threshold dropped": (threshold_ignored, _A, "schedules"),
+    "entropy in bits": (entropy_log2, {"kind": "entropy"}, "values"),
+    "schedule fed the entropy in bits": (adaptive_log2_entropy, _A, "branch_points"),
+    "entropy without the log-normaliser": (entropy_without_normaliser, {"kind": "entropy"},
+                                           "values"),
+    "no max subtraction": (no_max_subtraction, {"kind": "softmax"}, "values"),
+    "no max subtraction, float32": (no_max_subtraction, {"dtype": "float32"}, "invariances"),
+    "softmax along the wrong axis": (wrong_axis, {"dtype": "float32"}, "values"),
+    "epsilon added to the normaliser": (epsilon_in_denominator, {}, "values"),
+    "float16 accumulation on long rows": (half_accumulation, {"dtype": "float16"}, "long_rows"),
+    "attention ignoring is_causal": (attention_ignores_causal, {"kind": "attention"},
+                                     "attention_causal"),
+    "attention ignoring the mask": (attention_ignores_mask, {"kind": "attention"},
+                                    "attention_masks"),
+    "plain attention checked as adaptive": (softmax_attention, {"kind": "attention"},
+                                            "attention_values"),
+}  # fmt: skip
+
+
+def example(module, func):
+    """A kernel of docs/examples/ (imported from its file)."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    if module not in sys.modules:
+        path = pathlib.Path(__file__).resolve().parent.parent / "docs" / "examples" / f"{module}.py"
+        spec = importlib.util.spec_from_file_location(module, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[module] = mod
+        spec.loader.exec_module(mod)
+    return getattr(sys.modules[module], func)
+
+
+#: Correct kernels (name -> (module, function, Target options)): the default run raises no
+#: alarm. The examples of docs/examples/ and the 16-bit kernels that round their scaled logits
+#: once; tests/test_conformance.py runs numpy, scipy and torch kernels in every dtype.
+CORRECT = {
+    "docs/examples my_softmax.softmax, float32": ("my_softmax", "softmax", {"dtype": "float32"}),
+    "docs/examples my_softmax.entropy, float64": ("my_softmax", "entropy", {"kind": "entropy"}),
+    "docs/examples torch_adaptive.adaptive_softmax, bfloat16": (
+        "torch_adaptive", "adaptive_softmax", {**_A, "dtype": "bfloat16", "framework": "torch"}),
+    "the paper's listing natively in float16": (
+        "tests.broken_kernels", "listing_native_16bit", {**_A, "dtype": "float16"}),
+    "the paper's listing natively in bfloat16 (torch)": (
+        "tests.broken_kernels", "torch_listing_native_16bit",
+        {**_A, "dtype": "bfloat16", "framework": "torch"}),
+}  # fmt: skip
+
+
+def correct_kernel(name):
+    """The kernel of a :data:`CORRECT` entry and its ``pkg.mod:func`` name."""
+    module, func, _ = CORRECT[name]
+    if module == "tests.broken_kernels":
+        return globals()[func], f"{module}:{func}"
+    return example(module, func), f"{module}:{func}"
+
+
+# -- the mutation score of the docs ---------------------------------------------------
+
+#: Where the measured mutation score is kept (read by docs/testing.rst, checked by the tests).
+SCORE_FILE = "docs/testing/mutation_score.json"
+
+
+def _options(opts):
+    return {
+        "kind": opts.get("kind", "softmax"),
+        "dtype": opts.get("dtype", "float64"),
+        "framework": opts.get("framework", "numpy"),
+    }
+
+
+def score_entry(name, prop, status):
+    """The record of one catalogue entry in :data:`SCORE_FILE`."""
+    kernel, opts, _ = CATALOGUE[name]
+    return {"kernel": kernel.__name__, **_options(opts), "property": prop, "status": status}
+
+
+def measure_score():
+    """Run the catching property of every defect and the default run of every correct kernel."""
+    from softmaxtheory import conformance as conf
+
+    defects = {}
+    for name, (kernel, opts, prop) in CATALOGUE.items():
+        target = conf.Target(kernel, f"tests.broken_kernels:{kernel.__name__}", **opts)
+        defects[name] = score_entry(name, prop, conf.run_property(prop, target).status)
+    correct = {}
+    for name, (_, _, opts) in CORRECT.items():
+        kernel, path = correct_kernel(name)
+        target = conf.Target(kernel, path, **opts)
+        failed = [r.name for r in conf.run_conformance(target) if r.status == "fail"]
+        correct[name] = {"kernel": path, **_options(opts), "failed": failed}
+    return {"defects": defects, "correct": correct}
+
+
+if __name__ == "__main__":  # python -m tests.broken_kernels: rewrite SCORE_FILE
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / SCORE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(measure_score(), indent=1) + "\n")
+    print(f"wrote {path}")

@@ -2,53 +2,74 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from softmaxtheory import conformance as conf
+from softmaxtheory import strategies as strat
 from softmaxtheory.spec import Constant
 from tests import broken_kernels as bk
 
-# (kernel, options, a property that must fail)
-CASES = {
-    # PAPER.md: known port errors of the adaptive temperature
-    "reversed coefficients": (bk.reversed_coefficients, {"kind": "adaptive_softmax"}, "values"),
-    "polynomial used as a temperature": (
-        bk.polynomial_as_temperature, {"kind": "adaptive_softmax"}, "temperature_cap"),
-    "batch-global entropy": (
-        bk.batch_global_entropy, {"kind": "adaptive_softmax"}, "batch_independence"),
-    "beta below 1": (bk.beta_below_one, {"kind": "adaptive_softmax"}, "temperature_cap"),
-    "fp16 guard vanishing": (
-        bk.fp16_guard_vanishing,
-        {"kind": "entropy", "dtype": "float16", "entropy_eps": 1e-9},
-        "special_values"),
-    # classic softmax defects
-    "no max subtraction": (bk.no_max_subtraction, {"kind": "softmax"}, "values"),
-    "no max subtraction, float32": (
-        bk.no_max_subtraction, {"kind": "softmax", "dtype": "float32"}, "invariances"),
-    "wrong log base (entropy)": (bk.entropy_log2, {"kind": "entropy"}, "values"),
-    "wrong log base (adaptive)": (
-        bk.adaptive_log2_entropy, {"kind": "adaptive_softmax"}, "branch_points"),
-    "threshold ignored": (bk.threshold_ignored, {"kind": "adaptive_softmax"}, "schedules"),
-    "float32 accumulation in a float64 kernel": (
-        bk.float32_accumulation, {"kind": "softmax"}, "long_rows"),
-    "float16 accumulation on long rows": (
-        bk.half_accumulation, {"kind": "softmax", "dtype": "float16"}, "long_rows"),
-    "dtype not preserved": (bk.float32_result, {"kind": "softmax"}, "dtype_shape"),
-}  # fmt: skip
+SCORE = json.loads((Path(__file__).resolve().parent.parent / bk.SCORE_FILE).read_text())
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_defect_is_caught(case):
-    kernel, opts, prop = CASES[case]
+def _needs(opts):
+    if opts.get("framework") == "torch":
+        pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("case", list(bk.CATALOGUE))
+def test_defect_is_caught_by_the_default_run(case):
+    """Each defect class of the catalogue fails a property of the default run, with a repro.
+
+    The properties are independent and deterministic, so the property that
+    catches a defect in the default run catches it alone; the docs' mutation
+    score is the record checked here.
+    """
+    kernel, opts, prop = bk.CATALOGUE[case]
+    _needs(opts)
     target = conf.Target(kernel, f"tests.broken_kernels:{kernel.__name__}", **opts)
+    assert prop in conf.properties_for(target.kind)
+    assert target.examples is None and not target.thorough and not target.strict
     res = conf.run_property(prop, target)
     assert res.status == "fail", f"{case}: {prop} did not catch it"
     assert res.message
     assert f"from tests.broken_kernels import {kernel.__name__}" in res.message or (
-        "dtype" in res.message
+        "dtype" in res.message or "table gives" in res.message
     )
     line = res.line()
     assert line.startswith("FAIL") and prop in line
+    assert SCORE["defects"][case] == bk.score_entry(case, prop, "fail")
+
+
+def test_the_mutation_score_records_every_class():
+    """docs/testing/mutation_score.json lists exactly the catalogue and the correct kernels."""
+    assert list(SCORE["defects"]) == list(bk.CATALOGUE)
+    assert list(SCORE["correct"]) == list(bk.CORRECT)
+    assert all(v["failed"] == [] for v in SCORE["correct"].values())
+    named = {
+        "coefficients in ascending powers", "polynomial used as a clipped temperature",
+        "beta silently 1 on masked rows (0 * -inf = NaN entropy)",
+        "1e-9 guard vanishing in float16", "Horner's rule in bfloat16", "logits clamped at +-50",
+        "float64 path computed in float32", "statistics accumulated in float16",
+        "-inf replaced by -1e4",
+    }  # fmt: skip
+    assert named <= set(bk.CATALOGUE)  # every class the issue names
+
+
+@pytest.mark.parametrize("name", list(bk.CORRECT))
+def test_correct_kernel_passes_the_default_run(name):
+    """The examples of docs/examples/ and 16-bit kernels rounding their scaled logits once pass."""
+    _, _, opts = bk.CORRECT[name]
+    _needs(opts)
+    kernel, path = bk.correct_kernel(name)
+    results = conf.run_conformance(conf.Target(kernel, path, **opts))
+    failed = [r for r in results if r.status == "fail"]
+    assert not failed, "\n\n".join(f"{r.name}: {r.message}" for r in failed)
+    assert SCORE["correct"][name]["failed"] == []
 
 
 def test_threshold_ignored_is_invisible_with_the_paper_schedule_alone():
@@ -57,35 +78,19 @@ def test_threshold_ignored_is_invisible_with_the_paper_schedule_alone():
     assert conf.run_property("values", target).status == "pass"
 
 
-def test_attention_defects_are_caught():
-    # plain attention checked as adaptive attention: wrong temperature
-    target = conf.Target(bk.softmax_attention, kind="attention")
-    assert conf.run_property("attention_values", target).status == "fail"
-
-    # a kernel ignoring the causal flag
-    def no_causal(q, k, v, mask=None, is_causal=False):
-        return bk.attention(q, k, v, mask=mask)
-
-    target = conf.Target(no_causal, kind="attention")
-    assert conf.run_property("attention_causal", target).status == "fail"
-
-    # a kernel ignoring the mask
-    def no_mask(q, k, v, mask=None, is_causal=False):
-        return bk.attention(q, k, v, is_causal=is_causal)
-
-    target = conf.Target(no_mask, kind="attention")
-    assert conf.run_property("attention_masks", target).status == "fail"
+def test_plain_attention_passes_as_plain_attention():
+    """The catalogue's "plain attention checked as adaptive" is right with Constant(1)."""
     target = conf.Target(bk.softmax_attention, kind="attention", schedule=Constant(1))
     assert conf.run_property("attention_values", target).status == "pass"
 
 
 @pytest.mark.parametrize(
     ("case", "framework"),
-    [("reversed coefficients", "numpy"), ("wrong log base (entropy)", "numpy"),
-     ("no max subtraction, float32", "numpy")],
+    [("coefficients in ascending powers", "numpy"), ("entropy in bits", "numpy"),
+     ("no max subtraction, float32", "numpy"), ("-inf replaced by -1e4", "numpy")],
 )  # fmt: skip
 def test_repro_snippet_reproduces_the_counterexample(case, framework, capsys):
-    kernel, opts, prop = CASES[case]
+    kernel, opts, prop = bk.CATALOGUE[case]
     target = conf.Target(kernel, f"tests.broken_kernels:{kernel.__name__}", framework=framework,
                       **opts)  # fmt: skip
     res = conf.run_property(prop, target)
@@ -107,3 +112,65 @@ def test_torch_repro_snippet_runs(capsys):
     exec("import numpy as np\n" + target.repro, ns)
     got = ns["kernel"](x.float().numpy())
     assert got.dtype.name == "float64" and abs(got.sum() - 1) < 1e-2
+
+
+# -- contracts in the suite (issue 15, section 3) ------------------------------------------
+
+
+def test_fully_masked_rows_by_kind_and_contract():
+    """NaN for a fully masked row: a softmax's convention by default; strict wants zeros."""
+
+    def nan_softmax(x):
+        x = np.asarray(x)
+        e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+        return e / np.sum(e, axis=-1, keepdims=True)
+
+    res = conf.run_property("special_values", conf.Target(nan_softmax, dtype="float32"))
+    assert res.status == "pass" and "NaN where the table gives zeros" in res.message
+    res = conf.run_property(
+        "special_values", conf.Target(nan_softmax, dtype="float32", strict=True)
+    )
+    assert res.status == "fail" and "the table gives zeros" in res.message
+    assert "tolerated only without strict" in res.message
+
+    def nan_adaptive(x):
+        out = bk.adaptive_softmax(x)
+        return np.where(np.all(np.asarray(x) == -np.inf, axis=-1, keepdims=True), np.nan, out)
+
+    res = conf.run_property("special_values", conf.Target(nan_adaptive, kind="adaptive_softmax"))
+    assert res.status == "fail" and "not kind adaptive_softmax's" in res.message
+    res = conf.run_property("special_values", conf.Target(bk.adaptive_softmax, strict=True,
+                                                          kind="adaptive_softmax"))  # fmt: skip
+    assert res.status == "pass" and not res.message
+
+
+def test_strict_failure_says_the_default_contract_passes():
+    target = conf.Target(bk.listing_native_16bit, "tests.broken_kernels:listing_native_16bit",
+                         kind="adaptive_softmax", dtype="float16", strict=True)  # fmt: skip
+    res = conf.run_property("values", target)
+    assert res.status == "fail"
+    assert "passes under the default 16-bit contract" in res.message
+
+
+def test_strict_must_be_a_bool():
+    with pytest.raises(conf.ConformanceUsageError, match="strict"):
+        conf.Target(bk.softmax, strict="yes")
+
+
+def test_draws_do_not_depend_on_imported_modules(tmp_path, monkeypatch):
+    """Hypothesis mixes literals of imported local modules into its draws; the suite does not."""
+    mod = tmp_path / "lots_of_constants.py"
+    mod.write_text("C = [" + ", ".join(f"{1.0 + k / 7.0!r}" for k in range(400)) + "]\n")
+    target = conf.Target(bk.softmax, dtype="float32")
+
+    def drawn():
+        seen = []
+        conf._run_given(target, strat.logit_rows(max_size=8, dtype="float32"), 40,
+                        lambda x: seen.append(x.tobytes()))  # fmt: skip
+        return seen
+
+    before = drawn()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import lots_of_constants  # noqa: F401
+
+    assert drawn() == before

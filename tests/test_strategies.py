@@ -115,3 +115,30 @@ def test_attention_inputs():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         _examples(strat.logit_rows(**kwargs), 1)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_translated_rows_lie_far_from_zero_with_and_without_masks(dtype):
+    """Every finite entry below -1e4 or above 1e4; both sides, masks, and near 0.4 x max."""
+    rows = _examples(strat.logit_rows(max_size=20, dtype=dtype, families=("translated",)), 60)
+    top = float(np.finfo(np.float32 if dtype == "bfloat16" else dtype).max)
+    sides, masked, far = set(), False, False
+    for row in rows:
+        fin = row[row > -np.inf].astype(np.float64)
+        assert fin.size and (np.all(fin <= -1e4) or np.all(fin >= 1e4)), row
+        sides.add(bool(fin[0] > 0))
+        masked |= bool(np.any(row == -np.inf))
+        far |= bool(np.max(np.abs(fin)) >= 0.39 * top)
+        assert np.max(np.abs(fin)) * 2.4214 < top  # beta * x stays finite (beta <= beta_max)
+    assert sides == {True, False} and masked and far
+
+
+def test_window_rows_have_medium_length_and_entropy_in_5_to_h_off():
+    pts = strat.branch_points()
+    rows = _examples(strat.window_rows(translated=False), 12)
+    H = [float(reference.entropy(r)) for r in rows]
+    assert all(256 <= r.shape[0] <= 2048 for r in rows)
+    assert all(5.0 - 1e-6 <= h <= pts["H_off"] + 1e-6 for h in H), H
+    assert len({round(h, 3) for h in H}) >= 4
+    with pytest.raises(ValueError, match="min_size"):
+        _examples(strat.window_rows(min_size=1), 1)

@@ -228,3 +228,95 @@ def test_attention_close_accepts_given_logits():
         testing.assert_attention_close(kernel(logits, v), (logits, v), scale=0.5)
     with pytest.raises(TypeError, match="logits"):
         testing.assert_attention_close(kernel(logits, v), (logits,))
+
+
+# -- the 16-bit contract (issue 15, section 3) ------------------------------------------
+
+
+def _window_row(n, h, seed, dtype):
+    from softmaxtheory.strategies import _row_at_entropy
+
+    g = np.random.default_rng(seed).standard_normal(n)
+    return _row_at_entropy(g, h).astype(dtype)[None, :]
+
+
+@pytest.mark.parametrize(("n", "h", "seed"), [(1024, 5.5, 0), (1024, 5.5, 5)])
+def test_one_rounding_of_the_scaled_logits_passes_by_default_and_fails_strict(n, h, seed):
+    """beta exact, beta * x rounded once to float16, a correct softmax: backward stable.
+
+    The default contract accepts it; strict (float32-grade output) rejects it and
+    says that the default contract passes it.
+    """
+    x = _window_row(n, h, seed, np.float16)
+    out = bk.listing_native_16bit(x)
+    rep = assert_adaptive_softmax_close(out, x)
+    assert rep.passed and rep.contract == "default" and rep.other_contract_passed is False
+    with pytest.raises(KernelMismatch, match="passes under the default 16-bit contract") as info:
+        assert_adaptive_softmax_close(out, x, strict=True)
+    assert info.value.report.contract == "strict"
+    assert info.value.report.other_contract_passed is True
+
+
+def test_beta_by_horner_in_float16_fails_both_contracts():
+    """A beta computed in 16-bit arithmetic is not a rounding of the input: rejected by both."""
+    x = _window_row(256, 5.2, 3, np.float16)
+    out = bk.horner_float16(x)
+    with pytest.raises(KernelMismatch, match="fails under strict too"):
+        assert_adaptive_softmax_close(out, x)
+    with pytest.raises(KernelMismatch, match="fails under the default 16-bit contract too"):
+        assert_adaptive_softmax_close(out, x, strict=True)
+
+
+def test_beta_by_horner_in_bfloat16_fails_both_contracts():
+    torch = pytest.importorskip("torch")
+    x = torch.from_numpy(_window_row(2048, 5.9, 4, np.float32)).to(torch.bfloat16)
+    out = bk.torch_horner_bfloat16(x)
+    for strict in (False, True):
+        with pytest.raises(KernelMismatch):
+            assert_adaptive_softmax_close(out, x, strict=strict)
+    ok = bk.torch_listing_native_16bit(x)
+    assert assert_adaptive_softmax_close(ok, x).passed
+
+
+def test_float16_statistics_fail_the_default_contract_on_window_rows():
+    """Entropy and normaliser accumulated in float16: beta off by many float16 ulps."""
+    x = _window_row(1024, 5.8, 5, np.float16)
+    with pytest.raises(KernelMismatch, match="adaptive softmax"):
+        assert_adaptive_softmax_close(bk.float16_statistics(x), x)
+
+
+def test_float16_softmax_and_entropy_contracts():
+    """Softmax and entropy kinds: one rounding of the shifted logits x - max x is accepted."""
+    x = _window_row(300, 5.3, 6, np.float16)
+    with np.errstate(all="ignore"):
+        z = (x.astype(np.float32) - x.max(axis=-1, keepdims=True)).astype(np.float16)
+    sm = bk.softmax(z)  # softmax of the once-rounded shifted logits
+    assert assert_softmax_close(sm, x).passed
+    ent = bk.entropy(z)
+    assert assert_entropy_close(ent, x).passed
+    # both contracts are the same for float32 kernels
+    x32 = x.astype(np.float32)
+    rep = assert_softmax_close(bk.softmax(x32), x32, strict=True)
+    assert rep.passed and rep.other_contract_passed is None
+
+
+def test_strict_must_be_a_bool():
+    x = _rows(np.float32)
+    with pytest.raises(TypeError, match="strict"):
+        assert_softmax_close(bk.softmax(x), x, strict="yes")
+
+
+def test_attention_strict_contract_for_16_bit_logits():
+    """Attention on float16 logits far from zero: beta * x rounded once passes by default only."""
+    logits = (1000 + RNG.normal(0, 1, (3, 40))).astype(np.float16)
+    v = RNG.normal(0, 1, (40, 8)).astype(np.float16)
+
+    def kernel(logits, v):  # beta in float32, beta * x rounded to float16, the rest in float32
+        x = logits.astype(np.float32)
+        b = bk._beta32(bk._entropy(x - x.max(axis=-1, keepdims=True)))
+        scaled = (b[:, None] * x).astype(np.float16).astype(np.float32)
+        return (bk._softmax(scaled) @ v.astype(np.float32)).astype(np.float16)
+
+    assert assert_attention_close(kernel(logits, v), (logits, v)).passed
+    with pytest.raises(KernelMismatch, match="passes under the default 16-bit contract"):
+        assert_attention_close(kernel(logits, v), (logits, v), strict=True)

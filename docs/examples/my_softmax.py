@@ -14,13 +14,15 @@ def softmax(x):
 
 
 def entropy(x):
-    """Entropy (nats) of the softmax of each row, as log s - t/s."""
+    """Entropy (nats) of the softmax of each row, as log s - t/s; 0 for a fully masked row."""
     x = np.asarray(x)
-    z = x - np.max(x, axis=-1, keepdims=True)
+    m = np.max(x, axis=-1, keepdims=True)
+    z = x - np.where(m == -np.inf, 0.0, m)  # a fully masked row stays -inf
     e = np.exp(z)
     s = np.sum(e, axis=-1)
     t = np.sum(np.where(e > 0, e * z, 0.0), axis=-1)
-    return np.log(s) - t / s
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(s == 0, 0.0, np.log(s) - t / s).astype(x.dtype)
 
 
 def test_softmax_float32():

@@ -8,8 +8,9 @@ PAPER = (-0.037, 0.481, -2.3, 4.917, -1.791)
 
 
 def adaptive_softmax(x):
-    """softmax(beta(H) x) with the paper's schedule, statistics in float32."""
+    """softmax(beta(H) x), paper schedule, statistics in float32; zeros if fully masked."""
     xf = x.float()
+    masked = torch.isneginf(xf).all(dim=-1, keepdim=True)
     z = xf - xf.amax(dim=-1, keepdim=True)
     p = torch.softmax(z, dim=-1)
     H = -(p * torch.log(p).nan_to_num(neginf=0.0)).sum(dim=-1, keepdim=True)
@@ -17,7 +18,7 @@ def adaptive_softmax(x):
     for c in PAPER:
         P = P * H + c
     beta = torch.where(H > 0.5, torch.clamp(P, min=1.0), torch.ones_like(H))
-    return torch.softmax(beta * z, dim=-1).to(x.dtype)
+    return torch.where(masked, 0.0, torch.softmax(beta * z, dim=-1)).to(x.dtype)
 
 
 def adaptive_softmax_no_clamp(x):
