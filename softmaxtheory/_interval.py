@@ -37,8 +37,11 @@ __all__ = [
     "iv_exact",
     "iv_exp",
     "iv_fraction",
+    "iv_log",
     "iv_log1p",
+    "iv_max",
     "iv_mul",
+    "iv_neg",
     "iv_sub",
     "to_fraction",
 ]
@@ -103,6 +106,26 @@ def iv_exp(a: Interval, prec: int) -> Interval:
     if a[0] == libmp.fzero and a[1] == libmp.fzero:
         return iv_exact(1)
     return _widen(libmp.mpi_exp(a, prec), prec)
+
+
+def iv_log(a: Interval, prec: int) -> Interval:
+    """An enclosure of ``log(a)`` for an interval of positive numbers."""
+    if not libmp.mpf_gt(a[0], libmp.fzero):
+        raise ValueError("iv_log needs a positive argument")
+    return _widen(libmp.mpi_log(a, prec), prec)
+
+
+def iv_neg(a: Interval) -> Interval:
+    """``-a`` (exact)."""
+    return libmp.mpf_neg(a[1]), libmp.mpf_neg(a[0])
+
+
+def iv_max(a: Interval, b: Interval) -> Interval:
+    """An enclosure of ``max(x, y)`` for ``x`` in `a` and ``y`` in `b` (exact)."""
+    return (
+        a[0] if libmp.mpf_ge(a[0], b[0]) else b[0],
+        a[1] if libmp.mpf_ge(a[1], b[1]) else b[1],
+    )
 
 
 def iv_log1p(a: Interval, prec: int) -> Interval:
