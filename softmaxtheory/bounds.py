@@ -47,14 +47,12 @@ __all__ = [
     "MAX_EXPONENT",
     "Bracket",
     "LevelRow",
-    "adaptive_dispersion_bracket",
-    "adaptive_max_coefficient_bracket",
-    "min_entropy_switch_off_size",
-    "size_text",
     "adaptive_beta_argmax",
     "adaptive_beta_max",
+    "adaptive_dispersion_bracket",
     "adaptive_dispersion_size",
     "adaptive_max_coefficient",
+    "adaptive_max_coefficient_bracket",
     "adaptive_switch_off_size",
     "adaptive_window",
     "dispersion_size",
@@ -62,6 +60,8 @@ __all__ = [
     "entropy_lower_bound",
     "max_coefficient",
     "min_coefficient",
+    "min_entropy_switch_off_size",
+    "size_text",
     "spread_from_norms",
     "spread_from_weights",
 ]
@@ -825,7 +825,7 @@ def _finite(iv: ivl.Interval) -> bool:
 
 
 def _peak_count(spread: float, h: ivl.Interval, prec: int) -> ivl.Interval:
-    r"""An enclosure of :math:`\hat k = (E/(E-1) - 1/\delta)\,e^{H_{\mathrm{off}} + \delta/(E-1) - 1}`."""
+    r"""An enclosure of the peak count :math:`\hat k` (see :func:`adaptive_switch_off_size`)."""
     d = ivl.iv_exact(spread)
     e_neg = ivl.iv_exp(ivl.iv_neg(d), prec)  # 1/E
     one = ivl.iv_exact(1)
@@ -839,7 +839,7 @@ def _peak_count(spread: float, h: ivl.Interval, prec: int) -> ivl.Interval:
 
 
 def _nu(k: int, spread: float, h: ivl.Interval, big_e: ivl.Interval, prec: int) -> ivl.Interval:
-    r"""An enclosure of :math:`\nu(k)`, the real :math:`n` at which a row of k top logits reaches H_off.
+    r"""An enclosure of :math:`\nu(k)`: the real n at which k top logits reach H_off.
 
     :math:`\nu(k) = k\bigl(1 + E\,(H_{\mathrm{off}} + t - \log k\delta)/e^t\bigr)` with
     :math:`t + e^t = \log(k\delta) + \delta - H_{\mathrm{off}}`.
@@ -859,7 +859,7 @@ def _nu(k: int, spread: float, h: ivl.Interval, big_e: ivl.Interval, prec: int) 
 
 
 def _switch_off_value(spread: float, schedule: Polynomial) -> Callable[[int], ivl.Interval] | None:
-    r"""Enclosures of :math:`V = \max_k \nu(k)`; the exact switch-off size is :math:`\lceil V\rceil`."""
+    r"""Enclosures of :math:`V = \max_k \nu(k)`; the switch-off size is :math:`\lceil V\rceil`."""
     found = _off_root(schedule)
     if found is None:
         return None
@@ -906,7 +906,9 @@ def _floor2_of(iv: ivl.Interval) -> int | None:
 
 def _scientific(x: Any, digits: int, prec: int) -> tuple[str, int] | None:
     """`x` (a positive raw float) rounded to `digits` significant digits: (mantissa, exponent)."""
-    est = libmp.to_float(libmp.mpf_div(libmp.mpf_log(x, 64), libmp.mpf_log(libmp.from_int(10), 64), 64))
+    est = libmp.to_float(
+        libmp.mpf_div(libmp.mpf_log(x, 64), libmp.mpf_log(libmp.from_int(10), 64), 64)
+    )
     e = math.floor(est)
     for _ in range(3):
         shift = e - digits + 1
@@ -1440,7 +1442,11 @@ class LevelRow:
         return np.repeat(np.array(self.levels, dtype=np.float64), self.counts)
 
     def __str__(self) -> str:
-        parts = [f"{size_text(c, 6) if c else 0} at {lv!r}" for lv, c in zip(self.levels, self.counts, strict=True) if c]
+        parts = [
+            f"{size_text(c, 6) if c else 0} at {lv!r}"
+            for lv, c in zip(self.levels, self.counts, strict=True)
+            if c
+        ]
         return ", ".join(parts)
 
 
@@ -1472,7 +1478,9 @@ def _p_float(coeffs: np.ndarray, h: np.ndarray) -> np.ndarray:
     return np.polyval(coeffs, h)
 
 
-def _search_rows(log_n: float, n_exact: int | None, spread: float, sched: Polynomial, fine: bool = True) -> tuple[float, int, float]:
+def _search_rows(
+    log_n: float, n_exact: int | None, spread: float, sched: Polynomial, fine: bool = True
+) -> tuple[float, int, float]:
     r"""The best row found of shape (1 at δ, j at c, the rest at 0): (top coefficient, j, c).
 
     Float64 arithmetic in log space (a search, not a proof: the caller certifies).
@@ -1484,7 +1492,9 @@ def _search_rows(log_n: float, n_exact: int | None, spread: float, sched: Polyno
     cs = np.linspace(0.0, d, 97 if fine else 49)[None, :]
 
     def top(j: np.ndarray, c: np.ndarray) -> np.ndarray:
-        rest = np.maximum(np.exp(log_n) - 1 - j, 0.0) if n_exact is None or n_exact < 2**52 else None
+        rest = (
+            np.maximum(np.exp(log_n) - 1 - j, 0.0) if n_exact is None or n_exact < 2**52 else None
+        )
         if n_exact is not None and n_exact < 2**52:
             rest = np.maximum(float(n_exact) - 1 - j, 0.0)
             log_rest = np.log(np.where(rest > 0, rest, 1.0)) + np.where(rest > 0, 0.0, -np.inf)
@@ -1528,7 +1538,9 @@ def _poly_iv(sched: Polynomial, h: ivl.Interval, prec: int) -> ivl.Interval:
     return acc
 
 
-def _witness_top(row: tuple[int, int, float], spread: float, sched: Polynomial) -> Callable[[int], ivl.Interval]:
+def _witness_top(
+    row: tuple[int, int, float], spread: float, sched: Polynomial
+) -> Callable[[int], ivl.Interval]:
     r"""Enclosures of the top adaptive coefficient of the row (1 at δ, j at c, n - 1 - j at 0)."""
     n, j, c = row
 
@@ -1537,7 +1549,11 @@ def _witness_top(row: tuple[int, int, float], spread: float, sched: Polynomial) 
         one = ivl.iv_exact(1)
         cm = ivl.iv_sub(ivl.iv_exact(c), d, prec)  # c - delta <= 0
         wm = ivl.iv_mul(ivl.iv_exact(j), ivl.iv_exp(cm, prec), prec)
-        wb = ivl.iv_mul(_int_iv(n - 1 - j) if n.bit_length() > 60 else ivl.iv_exact(n - 1 - j), ivl.iv_exp(ivl.iv_neg(d), prec), prec)
+        wb = ivl.iv_mul(
+            _int_iv(n - 1 - j) if n.bit_length() > 60 else ivl.iv_exact(n - 1 - j),
+            ivl.iv_exp(ivl.iv_neg(d), prec),
+            prec,
+        )
         z = ivl.iv_add(ivl.iv_add(one, wm, prec), wb, prec)
         # H = log z + delta - (delta + wm c) / z   (weights relative to the top item)
         s1 = ivl.iv_add(d, ivl.iv_mul(wm, ivl.iv_exact(c), prec), prec)
@@ -1550,7 +1566,11 @@ def _witness_top(row: tuple[int, int, float], spread: float, sched: Polynomial) 
         else:
             return _INF
         em = ivl.iv_mul(ivl.iv_exact(j), ivl.iv_exp(ivl.iv_mul(beta, cm, prec), prec), prec)
-        eb = ivl.iv_mul(_int_iv(n - 1 - j) if n.bit_length() > 60 else ivl.iv_exact(n - 1 - j), ivl.iv_exp(ivl.iv_neg(ivl.iv_mul(beta, d, prec)), prec), prec)
+        eb = ivl.iv_mul(
+            _int_iv(n - 1 - j) if n.bit_length() > 60 else ivl.iv_exact(n - 1 - j),
+            ivl.iv_exp(ivl.iv_neg(ivl.iv_mul(beta, d, prec)), prec),
+            prec,
+        )
         return ivl.iv_div(one, ivl.iv_add(ivl.iv_add(one, em, prec), eb, prec), prec)
 
     return enclose
@@ -1578,7 +1598,9 @@ def _witness(n: int, j: int, c: float, spread: float) -> LevelRow:
     return LevelRow((spread, c, 0.0), (1, j, n - 1 - j))
 
 
-def adaptive_max_coefficient_bracket(n: Any, spread: Any, schedule: Schedule | None = None) -> Bracket:
+def adaptive_max_coefficient_bracket(
+    n: Any, spread: Any, schedule: Schedule | None = None
+) -> Bracket:
     r"""The largest adaptive-softmax coefficient over `n` items, bracketed (T6).
 
     ``lower`` is reached by an explicit row, found by a search over rows with
@@ -1623,8 +1645,11 @@ def adaptive_max_coefficient_bracket(n: Any, spread: Any, schedule: Schedule | N
     return Bracket(lower=lower, upper=upper, witness=_witness(n, j, c, spread))
 
 
-def _dispersion_witness(eps: float, spread: float, sched: Polynomial, upper: int) -> tuple[int, int, float] | None:
+def _dispersion_witness(
+    eps: float, spread: float, sched: Polynomial, upper: int
+) -> tuple[int, int, float] | None:
     """The longest row found whose top adaptive coefficient reaches eps (searched in log n)."""
+
     def ok(log_n: float, n_exact: int | None) -> tuple[float, int, float]:
         return _search_rows(log_n, n_exact, spread, sched, fine=False)
 
@@ -1878,7 +1903,7 @@ def _product_norm_upper(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _mat_vec_norm_upper(w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    r"""Upper bounds on :math:`\lVert w^\top b\rVert` (`w` of shape (..., r, c), `b` of (..., r))."""
+    r"""Upper bounds on :math:`\lVert w^\top b\rVert`, `w` of shape (..., r, c), `b` of (..., r)."""
     r = w.shape[-2]
     wt = np.swapaxes(w, -1, -2)
     v = (wt @ b[..., :, None])[..., 0]
