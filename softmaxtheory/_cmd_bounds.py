@@ -147,8 +147,12 @@ def compute(
     if spread > 0 and spread * 2.5 <= bounds.MAX_EXPONENT:
         b = bounds.adaptive_dispersion_bracket(eps, spread)
         bracket = {
-            "lower": b.lower if exact or b.lower < 10**digits else bounds.size_text(b.lower, digits),
-            "upper": b.upper if exact or b.upper < 10**digits else bounds.size_text(b.upper, digits),
+            "lower": b.lower
+            if exact or b.lower < 10**digits
+            else bounds.size_text(b.lower, digits),
+            "upper": b.upper
+            if exact or b.upper < 10**digits
+            else bounds.size_text(b.upper, digits),
             "witness": str(b.witness),
         }
     rows = []
@@ -245,7 +249,8 @@ def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
             f"    every adaptive coefficient is < {doc['eps']!r} from some n in "
             f"[{_show(bracket['lower'])}, {_show(bracket['upper'])}]"
             "   (adaptive dispersion size, bracketed)\n"
-            f"      (a row reaching it, one item shorter than the lower end: {bracket['witness']})\n\n"
+            f"      (a row one item shorter than the lower end reaches it: "
+            f"{bracket['witness']})\n\n"
         )
     else:
         out.write("\n")

@@ -206,7 +206,7 @@ def _decimal_far(raw: Raw, digits: int) -> str | None:
     falls back to exact rationals). Ties cannot occur: the scaled value is a
     dyadic rational times a power of 5 whose binary exponent is far from -1.
     """
-    sign, man, exp, bc = raw
+    sign, _, exp, bc = raw
     e10 = math.floor((exp + bc) * 0.30102999566398120)  # near log10 of the value
     for _ in range(3):
         k = digits - 1 - e10  # value * 10**k should lie in [10**(digits-1), 10**digits)
