@@ -405,11 +405,13 @@ def test_dispersion_bracket(spread):
 @given(eps=st.floats(0.01, 0.99), spread=st.floats(0.0, 12.0))
 @example(eps=0.5, spread=5.69)
 @example(eps=0.99, spread=0.0)
+@example(eps=0.01, spread=0.0)
 def test_adaptive_dispersion_size_bound_stays_below(eps, spread):
     """From adaptive_dispersion_size on, adaptive_max_coefficient is below eps (a few probes)."""
     n = bounds.adaptive_dispersion_size(eps, spread)
     for m in (n, n + 1, 2 * n, 10 * n):
-        assert bounds.adaptive_max_coefficient(m, spread) < eps
+        # <=: the exact bound is below eps, its rounding to float64 may equal it
+        assert bounds.adaptive_max_coefficient(m, spread) <= eps
 
 
 @pytest.mark.parametrize("spread", [1e4, 1e5, 1.4e6 / 2.5])
