@@ -1111,7 +1111,7 @@ def adaptive_switch_off_size(
     >>> bounds.adaptive_switch_off_size(5.69)
     7419
     >>> bounds.adaptive_switch_off_size(1e5, digits=6)
-    '4.47634e+43431'
+    '3.94064e+43426'
     """
     sched = _polynomial(schedule)
     nd = _digits_option(digits)

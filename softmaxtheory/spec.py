@@ -202,7 +202,7 @@ class Polynomial(Schedule):
 
     @property
     def jumps_at_threshold(self) -> bool:
-        r"""Whether β jumps at the threshold: :math:`\theta > 0` and :math:`P(\theta) > 1` exactly.
+        r"""Whether β jumps at the threshold, that is :math:`\theta > 0` and :math:`P(\theta) > 1`.
 
         With :math:`\theta \le 0` nothing is discontinuous: an entropy is never
         negative, and it is 0 only for rows with one unmasked item, whose
