@@ -64,6 +64,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="lengths of the table (default 16,32,...,16384)",
     )
     p.add_argument("--digits", type=int, default=6, help="significant digits shown (default 6)")
+    p.add_argument(
+        "--exact-digits",
+        action="store_true",
+        help=(
+            "print every size with all its digits (default: sizes with more digits than "
+            "--digits are shown in scientific notation, correctly rounded; exact digits of a "
+            "huge spread's sizes take long)"
+        ),
+    )
     p.add_argument("--json", action="store_true", help="print JSON (float64 values) instead")
     p.add_argument("--plot", metavar="FILE", help="also write a PNG of the bounds against n")
     return p
@@ -102,14 +111,50 @@ def _measure(path: str, statistic: str, parser: argparse.ArgumentParser) -> dict
 
 
 def compute(
-    spread: float, eps: float, beta: float, sizes: tuple[int, ...], digits: int = 6
+    spread: float,
+    eps: float,
+    beta: float,
+    sizes: tuple[int, ...],
+    digits: int = 6,
+    exact: bool = False,
 ) -> dict[str, Any]:
-    """Every number the command prints, as a dict (floats and exact ints, plus decimal strings)."""
+    """Every number the command prints, as a dict (floats and sizes, plus decimal strings).
+
+    Sizes are exact ints when `exact` is true or when they have at most
+    `digits` digits; otherwise they are strings in scientific notation,
+    correctly rounded to `digits` significant digits.
+    """
     from . import bounds
 
     beta_max = bounds.adaptive_beta_max()
     h_on, h_off = bounds.adaptive_window()
-    n_off = bounds.adaptive_switch_off_size(spread)
+
+    def size(func: Any, *args: Any) -> int | str:
+        text = func(*args, digits=digits)
+        if exact or ("e" not in text):
+            if exact and "e" in text:
+                print(
+                    f"softmaxtheory bounds: computing a size of about {text} exactly...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return func(*args)
+        return text
+
+    n_off = size(bounds.adaptive_switch_off_size, spread)
+    n_star = size(bounds.dispersion_size, eps, spread, beta)
+    bracket = None
+    if spread > 0 and spread * 2.5 <= bounds.MAX_EXPONENT:
+        b = bounds.adaptive_dispersion_bracket(eps, spread)
+        bracket = {
+            "lower": b.lower
+            if exact or b.lower < 10**digits
+            else bounds.size_text(b.lower, digits),
+            "upper": b.upper
+            if exact or b.upper < 10**digits
+            else bounds.size_text(b.upper, digits),
+            "witness": str(b.witness),
+        }
     rows = []
     for n in sizes:
         adaptive_beta = bounds._beta_sup(n, spread, PaperPolynomial())
@@ -136,8 +181,9 @@ def compute(
         "spread": spread,
         "eps": eps,
         "beta": beta,
-        "dispersion_size": bounds.dispersion_size(eps, spread, beta),
-        "adaptive_dispersion_size": bounds.adaptive_dispersion_size(eps, spread),
+        "dispersion_size": n_star,
+        "adaptive_dispersion_size": bracket["upper"] if bracket else n_star,
+        "adaptive_dispersion_bracket": bracket,
         "adaptive_switch_off_size": n_off,
         "adaptive_beta_max": beta_max,
         "adaptive_window": [h_on, h_off],
@@ -156,6 +202,19 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--digits must be between 1 and 17, got {args.digits}")
 
 
+def _show(size: int | str) -> str:
+    """A size as printed: an exact int in full (Python's digit limit lifted), or its text."""
+    if isinstance(size, str):
+        return size
+    if size < 10**4000:
+        return str(size)
+    import decimal
+
+    with decimal.localcontext() as ctx:
+        ctx.prec = decimal.MAX_PREC
+        return format(decimal.Decimal(size), "f")
+
+
 def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
     out = sys.stdout
     if measured is not None:
@@ -172,7 +231,7 @@ def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
     bt = "" if beta == 1.0 else f" at beta = {beta!r}"
     out.write(f"dispersion limits for logit spread {doc['spread']!r}{bt}\n")
     out.write(
-        f"  every coefficient is < {doc['eps']!r} once n >= {doc['dispersion_size']}"
+        f"  every coefficient is < {doc['eps']!r} once n >= {_show(doc['dispersion_size'])}"
         "   (dispersion size, T2)\n"
     )
     h_on, h_off = doc["adaptive_window"]
@@ -181,13 +240,20 @@ def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
         f" > 1 only for entropies in ({h_on!r}, {h_off!r})\n"
     )
     out.write(
-        f"    beta = 1 for every row once n >= {doc['adaptive_switch_off_size']}"
+        f"    beta = 1 for every row once n >= {_show(doc['adaptive_switch_off_size'])}"
         "   (switch-off size, T6)\n"
     )
-    out.write(
-        f"    every adaptive coefficient is < {doc['eps']!r} once n >= "
-        f"{doc['adaptive_dispersion_size']}\n\n"
-    )
+    bracket = doc["adaptive_dispersion_bracket"]
+    if bracket is not None:
+        out.write(
+            f"    every adaptive coefficient is < {doc['eps']!r} from some n in "
+            f"[{_show(bracket['lower'])}, {_show(bracket['upper'])}]"
+            "   (adaptive dispersion size, bracketed)\n"
+            f"      (a row one item shorter than the lower end reaches it: "
+            f"{bracket['witness']})\n\n"
+        )
+    else:
+        out.write("\n")
     headers = ("n", "max coef", "max coef (adaptive)", "min coef", "entropy floor (nats)")
     widths = [max(8, len(str(doc["rows"][-1]["n"]))), 14, 20, 14, 20]
     out.write("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)) + "\n")
@@ -213,8 +279,11 @@ def _plot(doc: dict[str, Any], path: str) -> None:
 
     from . import bounds
 
-    n_star = doc["dispersion_size"]
-    n_off = doc["adaptive_switch_off_size"]
+    def capped(size: int | str) -> int:  # sizes shown as text are beyond any axis drawn
+        return size if isinstance(size, int) else 10**15
+
+    n_star = capped(doc["dispersion_size"])
+    n_off = capped(doc["adaptive_switch_off_size"])
     top = max(max(r["n"] for r in doc["rows"]), 4 * min(n_star, 10**12), 4 * min(n_off, 10**12))
     ns = np.unique(np.geomspace(2, top, 300).astype(np.int64))
     spread, beta = doc["spread"], doc["beta"]
@@ -262,7 +331,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         measured = _measure(args.npy, args.statistic, parser)
         spread = measured["spread"]
     try:
-        doc = compute(spread, args.eps, args.beta, args.sizes, args.digits)
+        doc = compute(spread, args.eps, args.beta, args.sizes, args.digits, args.exact_digits)
     except ValueError as exc:
         parser.error(str(exc))
     if args.json:
@@ -270,6 +339,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         out["rows"] = [{k: v for k, v in r.items() if k != "text"} for r in doc["rows"]]
         if measured is not None:
             out["measured"] = measured
+        for key in ("dispersion_size", "adaptive_dispersion_size", "adaptive_switch_off_size"):
+            if isinstance(out[key], int) and out[key] >= 10**4000:
+                out[key] = _show(out[key])  # beyond Python's int-to-str limit: digits as text
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:

@@ -37,8 +37,11 @@ __all__ = [
     "iv_exact",
     "iv_exp",
     "iv_fraction",
+    "iv_log",
     "iv_log1p",
+    "iv_max",
     "iv_mul",
+    "iv_neg",
     "iv_sub",
     "to_fraction",
 ]
@@ -105,6 +108,26 @@ def iv_exp(a: Interval, prec: int) -> Interval:
     return _widen(libmp.mpi_exp(a, prec), prec)
 
 
+def iv_log(a: Interval, prec: int) -> Interval:
+    """An enclosure of ``log(a)`` for an interval of positive numbers."""
+    if not libmp.mpf_gt(a[0], libmp.fzero):
+        raise ValueError("iv_log needs a positive argument")
+    return _widen(libmp.mpi_log(a, prec), prec)
+
+
+def iv_neg(a: Interval) -> Interval:
+    """``-a`` (exact)."""
+    return libmp.mpf_neg(a[1]), libmp.mpf_neg(a[0])
+
+
+def iv_max(a: Interval, b: Interval) -> Interval:
+    """An enclosure of ``max(x, y)`` for ``x`` in `a` and ``y`` in `b` (exact)."""
+    return (
+        a[0] if libmp.mpf_ge(a[0], b[0]) else b[0],
+        a[1] if libmp.mpf_ge(a[1], b[1]) else b[1],
+    )
+
+
 def iv_log1p(a: Interval, prec: int) -> Interval:
     r"""An enclosure of :math:`\log(1 + a)` for :math:`a \ge 0`.
 
@@ -151,9 +174,13 @@ def _decimal(value: Fraction, digits: int) -> str:
         return "0"
     sign = "-" if value < 0 else ""
     value = abs(value)
-    e = len(str(value.numerator)) - len(str(value.denominator))  # 10**(e-1) <= value < 10**(e+1)
-    if value >= Fraction(10) ** e:
+    # an estimate from the bit lengths (no conversion of huge integers to decimal), then exact
+    bits = value.numerator.bit_length() - value.denominator.bit_length()
+    e = math.floor(bits * 0.30102999566398120) + 1
+    while value >= Fraction(10) ** e:
         e += 1
+    while value < Fraction(10) ** (e - 1):
+        e -= 1
     # now 10**(e-1) <= value < 10**e
     scale = Fraction(10) ** (digits - e)
     scaled = value * scale
@@ -171,13 +198,59 @@ def _decimal(value: Fraction, digits: int) -> str:
     return sign + text
 
 
+def _decimal_far(raw: Raw, digits: int) -> str | None:
+    """`_decimal` for a raw float far from 1 (huge or tiny), without huge rationals.
+
+    The exact value times a power of ten is enclosed with directed roundings;
+    ``None`` if that enclosure straddles a rounding boundary (the caller then
+    falls back to exact rationals). Ties cannot occur: the scaled value is a
+    dyadic rational times a power of 5 whose binary exponent is far from -1.
+    """
+    sign, _, exp, bc = raw
+    e10 = math.floor((exp + bc) * 0.30102999566398120)  # near log10 of the value
+    for _ in range(3):
+        k = digits - 1 - e10  # value * 10**k should lie in [10**(digits-1), 10**digits)
+        prec = bc + 64 + 4 * digits + abs(k).bit_length()
+        ten = libmp.from_int(10)
+        p_lo = libmp.mpf_pow_int(ten, abs(k), prec, libmp.round_floor)
+        p_hi = libmp.mpf_pow_int(ten, abs(k), prec, libmp.round_ceiling)
+        x = (libmp.mpf_abs(raw), libmp.mpf_abs(raw))
+        y = libmp.mpi_mul(x, (p_lo, p_hi), prec) if k >= 0 else libmp.mpi_div(x, (p_lo, p_hi), prec)
+        y_lo, y_hi = to_fraction(y[0]), to_fraction(y[1])
+        if y_hi < 10 ** (digits - 1):
+            e10 -= 1
+            continue
+        if y_lo >= 10**digits:
+            e10 += 1
+            continue
+        m_lo, m_hi = round(y_lo), round(y_hi)
+        if m_lo != m_hi or y_lo < 10 ** (digits - 1) or y_hi >= 10**digits:
+            return None
+        sci = e10
+        if m_lo == 10**digits:
+            m_lo //= 10
+            sci += 1
+        mant = str(m_lo)
+        body = mant[0] + ("." + mant[1:] if digits > 1 else "")
+        return ("-" if sign else "") + f"{body}e{sci:+03d}"
+    return None
+
+
+def _decimal_raw(raw: Raw, digits: int) -> str:
+    if raw[1] != 0 and abs(raw[2] + raw[3]) > 4000:
+        text = _decimal_far(raw, digits)
+        if text is not None:
+            return text
+    return _decimal(to_fraction(raw), digits)
+
+
 def decimal_of(iv: Interval, digits: int) -> str | None:
     """The decimal string, `digits` significant digits, both ends of `iv` round to, else ``None``.
 
     Rounding is to nearest, ties to even, applied to the exact values of the ends.
     """
-    lo = _decimal(to_fraction(iv[0]), digits)
-    hi = _decimal(to_fraction(iv[1]), digits)
+    lo = _decimal_raw(iv[0], digits)
+    hi = _decimal_raw(iv[1], digits)
     return lo if lo == hi else None
 
 

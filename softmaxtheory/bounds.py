@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any
@@ -44,10 +45,14 @@ from .spec import Constant, LogLength, Polynomial, Schedule, resolve_schedule
 
 __all__ = [
     "MAX_EXPONENT",
+    "Bracket",
+    "LevelRow",
     "adaptive_beta_argmax",
     "adaptive_beta_max",
+    "adaptive_dispersion_bracket",
     "adaptive_dispersion_size",
     "adaptive_max_coefficient",
+    "adaptive_max_coefficient_bracket",
     "adaptive_switch_off_size",
     "adaptive_window",
     "dispersion_size",
@@ -55,6 +60,8 @@ __all__ = [
     "entropy_lower_bound",
     "max_coefficient",
     "min_coefficient",
+    "min_entropy_switch_off_size",
+    "size_text",
     "spread_from_norms",
     "spread_from_weights",
 ]
@@ -378,7 +385,21 @@ def _dispersion_size(eps: float, spread: float, beta: float) -> int:
     return _floor_size(scale, spread, beta)
 
 
-def dispersion_size(eps: Any, spread: Any, beta: Any = 1.0) -> Any:
+def _dispersion_text(eps: float, spread: float, beta: float, digits: int) -> str:
+    scale = 1 / Fraction(eps) - 1
+    if spread == 0.0:
+        return size_text(math.floor(scale) + 2, digits)
+    _check_exponent(spread * beta, "spread * beta")
+    extra = max(8, int(spread * beta).bit_length() + 8)
+
+    def enclose(prec: int) -> ivl.Interval:
+        p = prec + extra
+        return ivl.iv_mul(ivl.iv_fraction(scale, p), _exponent(spread, beta, p, +1), p)
+
+    return _size_text_of(enclose, "floor2", digits, lambda: _dispersion_size(eps, spread, beta))
+
+
+def dispersion_size(eps: Any, spread: Any, beta: Any = 1.0, *, digits: int | None = None) -> Any:
     r"""The number of items beyond which no coefficient can reach `eps` (T2).
 
     Every row of :math:`n` items with logit spread :math:`\delta` has
@@ -402,10 +423,17 @@ def dispersion_size(eps: Any, spread: Any, beta: Any = 1.0) -> Any:
     beta : float or array_like, default 1.0
         Inverse temperature :math:`\beta > 0`.
 
+    digits : int, optional
+        Return :math:`n^\ast` as text instead: all its digits when it has at
+        most `digits`, else scientific, correctly rounded to `digits`
+        significant digits (see :func:`size_text`). Fast for every spread up
+        to :data:`MAX_EXPONENT`; the exact integer of a spread near that limit
+        has hundreds of thousands of digits and takes minutes.
+
     Returns
     -------
-    int or numpy.ndarray
-        :math:`n^\ast`; arrays have dtype ``object`` and hold Python ints.
+    int, str or numpy.ndarray
+        :math:`n^\ast`; arrays have dtype ``object`` and hold Python ints (or str).
 
     Examples
     --------
@@ -416,7 +444,17 @@ def dispersion_size(eps: Any, spread: Any, beta: Any = 1.0) -> Any:
     3
     >>> bounds.dispersion_size(0.5, 800.0).bit_length()
     1155
+    >>> bounds.dispersion_size(0.5, 1e6, digits=6)
+    '3.03322e+434294'
     """
+    nd = _digits_option(digits)
+    if nd is not None:
+        return _elementwise(
+            lambda eps, spread, beta: _dispersion_text(eps, spread, beta, nd),
+            {"eps": eps, "spread": spread, "beta": beta},
+            {"eps": _probability, "spread": _spread, "beta": _positive},
+            dtype=object,
+        )
     return _elementwise(
         _dispersion_size,
         {"eps": eps, "spread": spread, "beta": beta},
@@ -647,46 +685,396 @@ def adaptive_beta_argmax(schedule: Schedule | None = None) -> float:
     return _peak(_polynomial(schedule))[0]
 
 
-@lru_cache(maxsize=4096)
-def _switch_off(spread: float, schedule: Polynomial) -> int:
+# --------------------------------------------------------------------------- T6: high precision
+
+
+def _integer_poly(p: pr.Poly) -> tuple[int, ...]:
+    den = 1
+    for c in p:
+        den = den * c.denominator // math.gcd(den, c.denominator)
+    return tuple(int(c * den) for c in p)
+
+
+def _sign_at_dyadic(p_int: tuple[int, ...], x: Fraction) -> int:
+    """The sign of the integer polynomial `p_int` at the dyadic rational `x`, exactly."""
+    m, s = x.numerator, x.denominator.bit_length() - 1
+    acc = 0
+    for i, c in enumerate(p_int):  # sum c_i m^(d-i) 2^(s i): the value times 2^(s d)
+        acc = acc * m + (c << (s * i))
+    return (acc > 0) - (acc < 0)
+
+
+def _raw_poly(p: pr.Poly, x: Any, prec: int) -> tuple[Any, Any]:
+    """p(x) and p'(x) at an mpmath raw float, rounded to `prec` bits (Newton's step)."""
+    val = libmp.fzero
+    der = libmp.fzero
+    for c in p:
+        der = libmp.mpf_add(libmp.mpf_mul(der, x, prec), val, prec)
+        cv = libmp.from_rational(c.numerator, c.denominator, prec)
+        val = libmp.mpf_add(libmp.mpf_mul(val, x, prec), cv, prec)
+    return val, der
+
+
+_ROOT_CACHE: dict[tuple[Any, ...], ivl.Interval] = {}
+
+
+def _root_interval(sf: pr.Poly, root: tuple[Fraction, Fraction], prec: int) -> ivl.Interval:
+    r"""An enclosure of width about :math:`2^{-prec}` relative of the root isolated in `root`.
+
+    Newton's iteration at doubling precision gives an approximation; the
+    enclosure is then proven by the exact signs of `sf` (integer arithmetic)
+    at two dyadic points inside the isolating interval, which holds one root.
+    """
+    key = (sf, root, prec)
+    hit = _ROOT_CACHE.get(key)
+    if hit is not None:
+        return hit
+    a, b = root
+    while b - a > Fraction(1, 1 << 24):
+        a, b = pr.refine(sf, a, b)
+    if a == b:
+        out = (ivl.iv_fraction(a, prec)[0], ivl.iv_fraction(a, prec)[1])
+        _ROOT_CACHE[key] = out
+        return out
+    p_int = _integer_poly(sf)
+    x = libmp.from_rational((a + b).numerator, (a + b).denominator * 2, 60)
+    cur = 60
+    while True:
+        cur = min(2 * cur, prec + 32)
+        for _ in range(2 if cur == prec + 32 else 1):
+            val, der = _raw_poly(sf, x, cur)
+            if der == libmp.fzero:
+                break
+            x = libmp.mpf_sub(x, libmp.mpf_div(val, der, cur), cur)
+        if cur == prec + 32:
+            break
+    xf = ivl.to_fraction(x)
+    step = Fraction(1, 1 << prec) * max(1, abs(math.floor(xf)) + 1)
+    for _ in range(8):
+        lo, hi = max(a, xf - step), min(b, xf + step)
+        s_lo, s_hi = _sign_at_dyadic(p_int, lo), _sign_at_dyadic(p_int, hi)
+        if s_lo * s_hi < 0:
+            break
+        step *= 256
+    else:  # Newton did not land inside: bisect (slow, never seen)
+        lo, hi = a, b
+        while hi - lo > Fraction(1, 1 << prec):
+            lo, hi = pr.refine(sf, lo, hi)
+    out = (ivl.iv_fraction(lo, prec)[0], ivl.iv_fraction(hi, prec)[1])
+    if len(_ROOT_CACHE) > 256:
+        _ROOT_CACHE.clear()
+    _ROOT_CACHE[key] = out
+    return out
+
+
+def _off_root(schedule: Polynomial) -> tuple[pr.Poly, tuple[Fraction, Fraction]] | None:
+    r"""The isolated root :math:`H_{\mathrm{off}}` of :math:`P - 1` (``None``: β is never > 1)."""
     segments, sf = _window_exact(schedule)
     if not segments:
-        return 1
+        return None
     end = segments[-1][1]
     if end == math.inf:
         raise ValueError(f"schedule {schedule!r} never switches off: beta > 1 for all large H")
-    _check_exponent(spread, "spread")
-    root = end
+    return sf, (end[0], end[1])
+
+
+def _solve_t(lam: ivl.Interval, prec: int) -> ivl.Interval | None:
+    r"""An enclosure of the :math:`t` with :math:`t + e^t = \Lambda` for every Λ in `lam`.
+
+    :math:`w = e^t` is the Lambert function :math:`W(e^\Lambda)`, computed
+    without forming :math:`e^\Lambda`. Newton's iteration on the increasing
+    convex :math:`t + e^t` gives an approximation; the enclosure is proven by
+    evaluating :math:`t + e^t` on its two ends in interval arithmetic.
+    """
+    lam_mid = libmp.mpf_shift(libmp.mpf_add(lam[0], lam[1], prec + 32), -1)
+    lf = libmp.to_float(lam_mid)
+    tf = lf if lf <= 1.0 else math.log(lf)
+    for _ in range(100):  # float Newton from the right: monotone, quadratic
+        step = (math.exp(tf) + tf - lf) / (math.exp(tf) + 1.0)
+        tf -= step
+        if abs(step) <= 1e-15 * max(1.0, abs(tf)):
+            break
+    t = libmp.from_float(tf)
+    cur = 53
+    while True:
+        cur = min(2 * cur, prec + 32)
+        for _ in range(1):  # quadratic convergence: one step per doubling
+            e = libmp.mpf_exp(t, cur)
+            g = libmp.mpf_sub(libmp.mpf_add(e, t, cur), lam_mid, cur)
+            t = libmp.mpf_sub(t, libmp.mpf_div(g, libmp.mpf_add(e, libmp.fone, cur), cur), cur)
+        if cur == prec + 32:
+            break
+    tf = ivl.to_fraction(t)
+    step = Fraction(1, 1 << prec) * (abs(math.floor(tf)) + 1)
+    for _ in range(6):
+        lo = ivl.iv_fraction(tf - step, prec + 32)[0]
+        hi = ivl.iv_fraction(tf + step, prec + 32)[1]
+        g_lo = ivl.iv_add(ivl.iv_exp((lo, lo), prec), (lo, lo), prec)
+        g_hi = ivl.iv_add(ivl.iv_exp((hi, hi), prec), (hi, hi), prec)
+        if libmp.mpf_le(g_lo[1], lam[0]) and libmp.mpf_ge(g_hi[0], lam[1]):
+            return lo, hi
+        step *= 256
+    return None
+
+
+_INF = (libmp.fninf, libmp.finf)
+
+
+def _finite(iv: ivl.Interval) -> bool:
+    return libmp.mpf_gt(iv[0], libmp.fninf) and libmp.mpf_lt(iv[1], libmp.finf)
+
+
+def _peak_count(spread: float, h: ivl.Interval, prec: int) -> ivl.Interval:
+    r"""An enclosure of the peak count :math:`\hat k` (see :func:`adaptive_switch_off_size`)."""
+    d = ivl.iv_exact(spread)
+    e_neg = ivl.iv_exp(ivl.iv_neg(d), prec)  # 1/E
+    one = ivl.iv_exact(1)
+    em1_over = ivl.iv_sub(one, e_neg, prec)  # (E - 1)/E = 1 - 1/E
+    ratio = ivl.iv_div(one, em1_over, prec)  # E/(E-1)
+    first = ivl.iv_sub(ratio, ivl.iv_div(one, d, prec), prec)
+    # delta/(E-1) = delta * e^-delta / (1 - e^-delta)
+    frac = ivl.iv_div(ivl.iv_mul(d, e_neg, prec), em1_over, prec)
+    expo = ivl.iv_sub(ivl.iv_add(h, frac, prec), one, prec)
+    return ivl.iv_mul(first, ivl.iv_exp(expo, prec), prec)
+
+
+def _nu(k: int, spread: float, h: ivl.Interval, big_e: ivl.Interval, prec: int) -> ivl.Interval:
+    r"""An enclosure of :math:`\nu(k)`: the real n at which k top logits reach H_off.
+
+    :math:`\nu(k) = k\bigl(1 + E\,(H_{\mathrm{off}} + t - \log k\delta)/e^t\bigr)` with
+    :math:`t + e^t = \log(k\delta) + \delta - H_{\mathrm{off}}`.
+    """
+    if k == 0:
+        return ivl.iv_exp(h, prec)
+    d = ivl.iv_exact(spread)
+    log_kd = ivl.iv_log(ivl.iv_mul(ivl.iv_exact(k), d, prec), prec)
+    lam = ivl.iv_sub(ivl.iv_add(log_kd, d, prec), h, prec)
+    t = _solve_t(lam, prec)
+    if t is None:
+        return _INF
+    w = ivl.iv_exp(t, prec)
+    x = ivl.iv_sub(ivl.iv_add(h, t, prec), log_kd, prec)
+    inner = ivl.iv_div(ivl.iv_mul(big_e, x, prec), w, prec)
+    return ivl.iv_mul(ivl.iv_exact(k), ivl.iv_add(ivl.iv_exact(1), inner, prec), prec)
+
+
+def _switch_off_value(spread: float, schedule: Polynomial) -> Callable[[int], ivl.Interval] | None:
+    r"""Enclosures of :math:`V = \max_k \nu(k)`; the switch-off size is :math:`\lceil V\rceil`."""
+    found = _off_root(schedule)
+    if found is None:
+        return None
+    sf, root = found
+    if root[1] <= 0:
+        return None  # H_off <= 0: every entropy is at least H_off
 
     def enclose(prec: int) -> ivl.Interval:
-        while root[1] - root[0] > Fraction(1, 1 << (prec + 8)):
-            root[0], root[1] = pr.refine(sf, root[0], root[1])
-        h = (ivl.iv_fraction(root[0], prec)[0], ivl.iv_fraction(root[1], prec)[1])
-        grow = ivl.iv_sub(ivl.iv_exp(h, prec), ivl.iv_exact(1), prec)
-        return ivl.iv_mul(grow, _exponent(spread, 1.0, prec, +1), prec)
+        h = _root_interval(sf, root, prec)
+        if spread == 0.0:
+            return ivl.iv_exp(h, prec)
+        k_hat = _peak_count(spread, h, prec)
+        if not _finite(k_hat):
+            return _INF
+        k_lo = max(0, math.floor(ivl.to_fraction(k_hat[0])))
+        k_hi = math.ceil(ivl.to_fraction(k_hat[1]))
+        if k_hi - k_lo > 64:
+            return _INF
+        big_e = _exponent(spread, 1.0, prec, +1)
+        value = _nu(k_lo, spread, h, big_e, prec)
+        for k in range(k_lo + 1, k_hi + 1):
+            value = ivl.iv_max(value, _nu(k, spread, h, big_e, prec))
+        return value
 
-    def accept(iv: ivl.Interval) -> int | None:
-        lo, hi = ivl.to_fraction(iv[0]), ivl.to_fraction(iv[1])
-        return math.floor(lo) + 2 if math.floor(lo) == math.floor(hi) else None
-
-    return ivl.certify(_with_magnitude(enclose, spread + 8.0), accept)
+    return enclose
 
 
-def adaptive_switch_off_size(spread: Any, schedule: Schedule | None = None) -> Any:
-    r"""The length from which the adaptive temperature is guaranteed to be 1 (T6).
+def _ceil_of(iv: ivl.Interval) -> int | None:
+    if not _finite(iv):
+        return None
+    lo, hi = math.ceil(ivl.to_fraction(iv[0])), math.ceil(ivl.to_fraction(iv[1]))
+    return lo if lo == hi else None
 
-    A row of :math:`n` items with logit spread :math:`\delta` has entropy at
-    least :math:`\log(1 + (n-1)e^{-\delta})` (T3), which reaches
-    :math:`H_{\mathrm{off}}` once
+
+def _floor2_of(iv: ivl.Interval) -> int | None:
+    if not _finite(iv):
+        return None
+    lo, hi = math.floor(ivl.to_fraction(iv[0])), math.floor(ivl.to_fraction(iv[1]))
+    return lo + 2 if lo == hi else None
+
+
+# --------------------------------------------------------------------------- sizes as text
+
+
+def _scientific(x: Any, digits: int, prec: int) -> tuple[str, int] | None:
+    """`x` (a positive raw float) rounded to `digits` significant digits: (mantissa, exponent)."""
+    est = libmp.to_float(
+        libmp.mpf_div(libmp.mpf_log(x, 64), libmp.mpf_log(libmp.from_int(10), 64), 64)
+    )
+    e = math.floor(est)
+    for _ in range(3):
+        shift = e - digits + 1
+        ten = libmp.from_int(10)
+        if shift >= 0:
+            lo_p = libmp.mpf_pow_int(ten, shift, prec, libmp.round_floor)
+            hi_p = libmp.mpf_pow_int(ten, shift, prec, libmp.round_ceiling)
+            y = libmp.mpi_div((x, x), (lo_p, hi_p), prec)
+        else:
+            lo_p = libmp.mpf_pow_int(ten, -shift, prec, libmp.round_floor)
+            hi_p = libmp.mpf_pow_int(ten, -shift, prec, libmp.round_ceiling)
+            y = libmp.mpi_mul((x, x), (lo_p, hi_p), prec)
+        y_lo, y_hi = ivl.to_fraction(y[0]), ivl.to_fraction(y[1])
+        if y_hi < 10 ** (digits - 1):
+            e -= 1
+            continue
+        if y_lo >= 10**digits:
+            e += 1
+            continue
+        m_lo, m_hi = round(y_lo), round(y_hi)
+        if m_lo != m_hi or not (10 ** (digits - 1) <= y_lo and y_hi < 10**digits):
+            return None
+        if m_lo == 10**digits:
+            return str(10 ** (digits - 1)), e + 1
+        return str(m_lo), e
+    return None
+
+
+def _format_scientific(mantissa: str, exponent: int) -> str:
+    body = mantissa[0] + ("." + mantissa[1:] if len(mantissa) > 1 else "")
+    return f"{body}e+{exponent:d}"
+
+
+def size_text(n: int, digits: int = 6) -> str:
+    r"""An exact size as text: all its digits when it has at most `digits`, else scientific.
+
+    The scientific form is correctly rounded (to nearest, ties to even) to
+    `digits` significant digits, so ``size_text(10**400 + 1)`` is
+    ``'1.00000e+400'``. No conversion of the whole integer to decimal is made,
+    so sizes of hundreds of thousands of digits print at once.
+
+    Parameters
+    ----------
+    n : int
+        A positive integer.
+    digits : int, default 6
+        Significant digits shown.
+
+    Returns
+    -------
+    str
+
+    Examples
+    --------
+    >>> from softmaxtheory import bounds
+    >>> bounds.size_text(7419), bounds.size_text(1234567, digits=3)
+    ('7419', '1.23e+6')
+    """
+    if isinstance(n, bool) or not isinstance(n, int | np.integer):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+    n = int(n)
+    if not isinstance(digits, int | np.integer) or isinstance(digits, bool) or digits < 1:
+        raise ValueError(f"digits must be an integer >= 1, got {digits!r}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if n < 10**digits:
+        return str(n)
+    raw = libmp.from_int(n)
+    prec = max(n.bit_length(), 64) + 8  # exact: the raw float holds n
+    found = _scientific(raw, int(digits), prec)
+    if found is None:  # cannot happen for an exact argument
+        raise ivl.CertificationError("size_text could not round")
+    return _format_scientific(*found)
+
+
+def _size_text_of(enclose: Any, kind: str, digits: int, exact: Callable[[], int]) -> str:
+    """The size defined by an enclosure of its real part, as text, at low precision."""
+
+    def accept(iv: ivl.Interval) -> str | None:
+        if not _finite(iv):
+            return None
+        # the integer lies in [lo + 1, hi + 2] (floor + 2) or [lo, hi + 1] (ceiling)
+        add_lo, add_hi = (1, 2) if kind == "floor2" else (0, 1)
+        p = 64 + 4 * digits
+        lo = libmp.mpf_add(iv[0], libmp.from_int(add_lo), p, libmp.round_floor)
+        hi = libmp.mpf_add(iv[1], libmp.from_int(add_hi), p, libmp.round_ceiling)
+        if libmp.mpf_lt(hi, libmp.from_int(10**digits)):
+            return size_text(exact(), digits)  # few digits: exact
+        if not libmp.mpf_gt(lo, libmp.fzero):
+            return None
+        a = _scientific(lo, digits, p + 64)
+        b = _scientific(hi, digits, p + 64)
+        if a is None or a != b:
+            return None
+        return _format_scientific(*a)
+
+    return ivl.certify(enclose, accept)
+
+
+def _digits_option(digits: Any) -> int | None:
+    if digits is None:
+        return None
+    if isinstance(digits, bool) or not isinstance(digits, int | np.integer) or digits < 1:
+        raise ValueError(f"digits must be None or an integer >= 1, got {digits!r}")
+    return int(digits)
+
+
+# --------------------------------------------------------------------------- T6: switch-off
+
+
+@lru_cache(maxsize=4096)
+def _switch_off(spread: float, schedule: Polynomial) -> int:
+    enclose = _switch_off_value(spread, schedule)
+    if enclose is None:
+        return 1
+    _check_exponent(spread, "spread")
+    return ivl.certify(_with_magnitude(enclose, spread + 8.0), _ceil_of)
+
+
+@lru_cache(maxsize=4096)
+def _switch_off_text(spread: float, schedule: Polynomial, digits: int) -> str:
+    enclose = _switch_off_value(spread, schedule)
+    if enclose is None:
+        return "1"
+    _check_exponent(spread, "spread")
+    extra = max(8, int(spread).bit_length() + 8)
+
+    def wrapped(prec: int) -> ivl.Interval:
+        return enclose(prec + extra)
+
+    return _size_text_of(wrapped, "ceil", digits, lambda: _switch_off(spread, schedule))
+
+
+def adaptive_switch_off_size(
+    spread: Any, schedule: Schedule | None = None, *, digits: int | None = None
+) -> Any:
+    r"""The exact length from which the adaptive temperature is 1 on every row (T6).
+
+    Every row of :math:`n` items with logit spread at most :math:`\delta` has
+    entropy at least the two-level minimum (theorem T6, part 3: the minimum
+    over a box is at a row with :math:`k` logits at the top and the rest at the
+    bottom),
 
     .. math::
 
-        n \;\ge\; n_{\mathrm{off}} = \bigl\lfloor (e^{H_{\mathrm{off}}} - 1)\, e^{\delta}
-        \bigr\rfloor + 2 ;
+        m(n) = \min_{0 \le k \le n} \Bigl[\log\bigl(k e^\delta + n - k\bigr)
+        - \frac{k\delta e^\delta}{k e^\delta + n - k}\Bigr],
 
-    from there on :math:`\beta = 1` and adaptive softmax is plain softmax.
-    (Entropies computed with ``entropy_eps > 0`` are slightly smaller; the
-    guarantee is for the exact entropy.)
+    which increases with :math:`n`; the result is the least :math:`n` with
+    :math:`m(n) \ge H_{\mathrm{off}}`. From there on β = 1 and adaptive
+    softmax is plain softmax; one item fewer, and some row gets
+    :math:`\beta > 1`. It is :math:`\lceil \max_k \nu(k) \rceil`, where
+    :math:`\nu(k)` is the real length at which :math:`k` top logits reach
+    :math:`H_{\mathrm{off}}`; :math:`\nu` is unimodal in :math:`k` with its
+    peak next to
+
+    .. math::
+
+        \hat k = \Bigl(\frac{e^\delta}{e^\delta - 1} - \frac1\delta\Bigr)
+        e^{H_{\mathrm{off}} + \delta/(e^\delta - 1) - 1} \;\le\; e^{H_{\mathrm{off}}},
+
+    so two or three values of :math:`k` decide. Each :math:`\nu(k)` is a
+    Lambert-function expression, enclosed in interval arithmetic and certified
+    (Ziv's strategy), so the integer is exact. (Entropies computed with
+    ``entropy_eps > 0`` are slightly smaller; the guarantee is for the exact
+    entropy.)
 
     Parameters
     ----------
@@ -694,16 +1082,26 @@ def adaptive_switch_off_size(spread: Any, schedule: Schedule | None = None) -> A
         Logit spread :math:`\delta \ge 0` of the logits given to the adaptive softmax.
     schedule : softmaxtheory.spec.Polynomial, optional
         Defaults to the paper's schedule.
+    digits : int, optional
+        Return the size as text instead: all its digits when it has at most
+        `digits`, else scientific, correctly rounded to `digits` significant
+        digits (see :func:`size_text`). Fast for every spread up to
+        :data:`MAX_EXPONENT`, where the exact integer (hundreds of thousands of
+        digits) takes minutes.
 
     Returns
     -------
-    int or numpy.ndarray
-        :math:`n_{\mathrm{off}}` (``object`` arrays of Python ints for array input).
+    int, str or numpy.ndarray
+        The size (``object`` arrays for array input).
 
     Raises
     ------
     ValueError
         If the schedule is not a polynomial one, or never switches off.
+
+    See Also
+    --------
+    min_entropy_switch_off_size : the simpler, looser length from T3's floor.
 
     Examples
     --------
@@ -711,15 +1109,172 @@ def adaptive_switch_off_size(spread: Any, schedule: Schedule | None = None) -> A
     >>> bounds.adaptive_switch_off_size(0.0)  # uniform rows: log n >= H_off from n = 382
     382
     >>> bounds.adaptive_switch_off_size(5.69)
-    112635
+    7419
+    >>> bounds.adaptive_switch_off_size(1e5, digits=6)
+    '3.94064e+43426'
     """
     sched = _polynomial(schedule)
+    nd = _digits_option(digits)
+    if nd is None:
+        return _elementwise(
+            lambda spread: _switch_off(spread, sched),
+            {"spread": spread},
+            {"spread": _spread},
+            dtype=object,
+        )
     return _elementwise(
-        lambda spread: _switch_off(spread, sched),
+        lambda spread: _switch_off_text(spread, sched, nd),
         {"spread": spread},
         {"spread": _spread},
         dtype=object,
     )
+
+
+def _min_entropy_off_value(spread: float, schedule: Polynomial) -> Any:
+    found = _off_root(schedule)
+    if found is None:
+        return None
+    sf, root = found
+
+    def enclose(prec: int) -> ivl.Interval:
+        h = _root_interval(sf, root, prec)
+        grow = ivl.iv_sub(ivl.iv_exp(h, prec), ivl.iv_exact(1), prec)
+        return ivl.iv_mul(grow, _exponent(spread, 1.0, prec, +1), prec)
+
+    return enclose
+
+
+@lru_cache(maxsize=1024)
+def _min_entropy_off(spread: float, schedule: Polynomial) -> int:
+    enclose = _min_entropy_off_value(spread, schedule)
+    if enclose is None:
+        return 1
+    _check_exponent(spread, "spread")
+    return ivl.certify(_with_magnitude(enclose, spread + 8.0), _floor2_of)
+
+
+def min_entropy_switch_off_size(
+    spread: Any, schedule: Schedule | None = None, *, digits: int | None = None
+) -> Any:
+    r"""A simpler, looser length from which the adaptive temperature is 1: T3's min-entropy floor.
+
+    The entropy is at least the min-entropy :math:`-\log\max_k\alpha_k \ge
+    \log(1 + (n-1)e^{-\delta})` (T3), which reaches :math:`H_{\mathrm{off}}` once
+
+    .. math::
+
+        n \;\ge\; \bigl\lfloor (e^{H_{\mathrm{off}}} - 1)\, e^{\delta} \bigr\rfloor + 2 .
+
+    The entropy's true minimum is higher, so this is far above the exact
+    :func:`adaptive_switch_off_size` for spreads beyond a few units (about
+    :math:`e\,\delta` times as large).
+
+    Parameters
+    ----------
+    spread : float or array_like
+        Logit spread :math:`\delta \ge 0`.
+    schedule : softmaxtheory.spec.Polynomial, optional
+        Defaults to the paper's schedule.
+    digits : int, optional
+        Return text instead, as in :func:`adaptive_switch_off_size`.
+
+    Returns
+    -------
+    int, str or numpy.ndarray
+
+    Examples
+    --------
+    >>> from softmaxtheory import bounds
+    >>> bounds.min_entropy_switch_off_size(5.69)
+    112635
+    """
+    sched = _polynomial(schedule)
+    nd = _digits_option(digits)
+
+    def one(spread: float) -> Any:
+        if nd is None:
+            return _min_entropy_off(spread, sched)
+        enclose = _min_entropy_off_value(spread, sched)
+        if enclose is None:
+            return "1"
+        _check_exponent(spread, "spread")
+        return _size_text_of(enclose, "floor2", nd, lambda: _min_entropy_off(spread, sched))
+
+    return _elementwise(one, {"spread": spread}, {"spread": _spread}, dtype=object)
+
+
+# --------------------------------------------------------------------------- T6: adaptive bounds
+
+
+@lru_cache(maxsize=1024)
+def _entropy_gap_upper(spread: float) -> Fraction:
+    r"""An upper bound on :math:`C(\delta) = r - 1 - \log r`, :math:`r = \delta/(1 - e^{-\delta})`.
+
+    :math:`\log n - C(\delta)` is the minimum of the two-level entropy over a
+    real number of top logits, so every row of :math:`n` items has entropy at
+    least :math:`\log n - C(\delta)`.
+    """
+    if spread == 0.0:
+        return Fraction(0)
+    if spread < 2.0**-20:
+        return Fraction(spread)  # r - 1 <= delta / (2 - delta) < delta, and -log r <= 0
+    prec = 128
+    d = ivl.iv_exact(spread)
+    one = ivl.iv_exact(1)
+    r = ivl.iv_div(d, ivl.iv_sub(one, ivl.iv_exp(ivl.iv_neg(d), prec), prec), prec)
+    c = ivl.iv_sub(ivl.iv_sub(r, one, prec), ivl.iv_log(r, prec), prec)
+    return ivl.to_fraction(c[1])
+
+
+def _log_bounds(n: int) -> tuple[Fraction, Fraction]:
+    """Rational bounds on log n."""
+    if n == 1:
+        return Fraction(0), Fraction(0)
+    iv = ivl.iv_log(ivl.iv_exact(n) if n.bit_length() < 4000 else _int_iv(n), 96)
+    return ivl.to_fraction(iv[0]), ivl.to_fraction(iv[1])
+
+
+def _int_iv(n: int) -> ivl.Interval:
+    return (libmp.from_int(n, 96, libmp.round_floor), libmp.from_int(n, 96, libmp.round_ceiling))
+
+
+@lru_cache(maxsize=64)
+def _critical_points(schedule: Polynomial) -> tuple[tuple[Fraction, Fraction], ...]:
+    """Isolating intervals of the real critical points of P."""
+    p = schedule.exact_coefficients
+    if len(p) <= 2:
+        return ()
+    dsf, crit = pr.isolate_roots(pr.derivative(p))
+    out = []
+    for a, b in crit:  # narrow each to 2**-40 so that the entropy ranges rarely overlap it
+        while b - a > Fraction(1, 1 << 40):
+            a, b = pr.refine(dsf, a, b)
+        out.append((a, b))
+    return tuple(out)
+
+
+def _beta_up_on(schedule: Polynomial, a: Fraction, b: Fraction) -> float:
+    r"""A float at least :math:`\sup\{\beta(H) : a \le H \le b\}`."""
+    theta = schedule.exact_threshold
+    if b <= theta:
+        return 1.0
+    lo = max(a, theta)
+    if any(cb >= lo and ca <= b for ca, cb in _critical_points(schedule)):
+        return _beta_max_up(schedule)
+    top = max(schedule.polynomial_exact(lo), schedule.polynomial_exact(b), Fraction(1))
+    if top == 1:
+        return 1.0
+    f = float(top)
+    return f if Fraction(f) >= top else math.nextafter(f, math.inf)
+
+
+def _adaptive_beta_up(n: int, spread: float, schedule: Polynomial) -> float:
+    r"""A float at least the largest β the schedule gives any row of `n` items, spread ≤ `spread`.
+
+    Rows of :math:`n` items have entropies in :math:`[\log n - C(\delta), \log n]`.
+    """
+    log_lo, log_hi = _log_bounds(n)
+    return _beta_up_on(schedule, max(Fraction(0), log_lo - _entropy_gap_upper(spread)), log_hi)
 
 
 def _beta_max_up(poly: Polynomial) -> float:
@@ -733,28 +1288,29 @@ def _beta_sup(n: int, spread: float, sched: Schedule) -> float:
         return float(sched.exact_beta)
     if isinstance(sched, LogLength):
         raise ValueError("LogLength schedules: use max_coefficient(n, spread, beta=s*log(n))")
-    poly = _polynomial(sched)
-    if n >= _switch_off(spread, poly):
-        return 1.0
-    return _beta_max_up(poly)
+    return _adaptive_beta_up(n, spread, _polynomial(sched))
 
 
 def adaptive_max_coefficient(n: Any, spread: Any, schedule: Schedule | None = None) -> Any:
-    r"""The largest coefficient an adaptive softmax over `n` items can have (T1 with T6).
+    r"""A certified upper bound on the largest coefficient of an adaptive softmax over `n` items.
 
-    The schedule picks a β in :math:`[1, \beta_{\max}]` for each row, so T1
-    holds with :math:`\beta_{\max}`; from :func:`adaptive_switch_off_size` on,
-    β is 1 and the plain bound applies:
+    The schedule gives each row a β from its entropy; the rows of :math:`n`
+    items with spread at most :math:`\delta` have entropies in
+    :math:`[\log n - C(\delta), \log n]` (the two-level minimum of T6 over a
+    real number of top logits, :math:`C(\delta) = r - 1 - \log r`,
+    :math:`r = \delta/(1 - e^{-\delta})`), so their β is at most
+    :math:`\bar\beta(n) = \sup\{\beta(H) : \log n - C(\delta) \le H \le \log n\}`
+    and T1 with :math:`\bar\beta(n)` bounds every coefficient:
 
     .. math::
 
-        \max_k \alpha_k \le \frac{1}{1 + (n-1)e^{-\bar\beta\delta}}, \qquad
-        \bar\beta = \begin{cases} \beta_{\max} & n < n_{\mathrm{off}} \\ 1 & n \ge n_{\mathrm{off}}
-        \end{cases}.
+        \max_k \alpha_k \le \frac{1}{1 + (n-1)e^{-\bar\beta(n)\,\delta}} .
 
-    :math:`\beta_{\max}` enters as the float just above it (one unit in the
-    last place over the correctly rounded value), so the bound is never below the
-    exact one.
+    :math:`\bar\beta(n)` is :math:`\beta_{\max}` while :math:`H^\ast` lies in
+    that range, less on longer rows, and 1 once :math:`\log n - C(\delta) \ge
+    H_{\mathrm{off}}`. It enters rounded upward. The largest coefficient a
+    row is *known* to reach is the lower end of
+    :func:`adaptive_max_coefficient_bracket`.
 
     Parameters
     ----------
@@ -773,9 +1329,7 @@ def adaptive_max_coefficient(n: Any, spread: Any, schedule: Schedule | None = No
     Examples
     --------
     >>> from softmaxtheory import bounds
-    >>> bounds.adaptive_max_coefficient(16384, 5.69)
-    0.9832702685146243
-    >>> bounds.adaptive_max_coefficient(200000, 5.69) == bounds.max_coefficient(200000, 5.69)
+    >>> bounds.adaptive_max_coefficient(16384, 5.69) == bounds.max_coefficient(16384, 5.69)
     True
     """
     sched = resolve_schedule(schedule)
@@ -788,23 +1342,409 @@ def adaptive_max_coefficient(n: Any, spread: Any, schedule: Schedule | None = No
     )
 
 
+def _round_up_coarse(x: Fraction) -> int:
+    """An integer >= x with at most 62 significant bits (exact when x < 2**62)."""
+    n = math.ceil(x)
+    s = max(0, n.bit_length() - 62)
+    return -((-n) >> s) << s
+
+
+def _t1_below(n: int, spread: float, beta: float, eps: float) -> bool:
+    r"""Whether :math:`1/(1 + (n-1)e^{-\beta\delta}) < \varepsilon`, proven (False if undecided)."""
+    if n <= 1:
+        return False
+    prec = 96
+    lhs = ivl.iv_mul(_int_iv(n - 1), _exponent(spread, beta, prec, -1), prec)
+    rhs = ivl.iv_fraction(1 / Fraction(eps) - 1, prec)
+    return bool(libmp.mpf_gt(lhs[0], rhs[1]))
+
+
+def _adaptive_upper_size(eps: float, spread: float, sched: Polynomial) -> int:
+    r"""A certified n from which :func:`adaptive_max_coefficient` stays below `eps`."""
+    gap = _entropy_gap_upper(spread)
+    crit = _critical_points(sched)
+    last = max((cb for _, cb in crit), default=Fraction(-(10**9)))
+    last = max(last, sched.exact_threshold)
+    # region A: log n - C >= last, where beta-bar(n) = max(P(log n - C), 1) decreases
+    start = ivl.iv_exp(ivl.iv_fraction(last + gap, 96), 96) if last + gap > -50 else None
+    n_a = max(2, _round_up_coarse(ivl.to_fraction(start[1])) if start else 2)
+
+    def below(n: int) -> bool:
+        return _t1_below(n, spread, _adaptive_beta_up(n, spread, sched), eps)
+
+    if below(n_a):
+        top = _beta_max_up(sched)
+        x = (1 / Fraction(eps) - 1) * ivl.to_fraction(_exponent(spread, top, 96, +1)[1]) + 2
+        return min(n_a, _round_up_coarse(x))
+    # beyond e^(H_off + C) beta-bar is 1, and T2 at beta = 1 applies
+    found = _off_root(sched)
+    h_top = found[1][1] if found is not None else Fraction(0)
+    off = ivl.iv_exp(ivl.iv_fraction(max(h_top, Fraction(0)) + gap, 96), 96)[1]
+    t2 = (1 / Fraction(eps) - 1) * ivl.to_fraction(_exponent(spread, 1.0, 96, +1)[1]) + 2
+    hi = max(n_a, _round_up_coarse(max(ivl.to_fraction(off), t2)) + 1)
+    for _ in range(64):
+        if below(hi):
+            break
+        hi *= 2
+    else:
+        raise ivl.CertificationError("adaptive size search did not converge")
+    lo = n_a
+    s = max(0, hi.bit_length() - 62)
+    lo_u, hi_u = lo >> s, -((-hi) >> s)
+    while hi_u - lo_u > 1:
+        mid = (lo_u + hi_u) // 2
+        if below(mid << s):
+            hi_u = mid
+        else:
+            lo_u = mid
+    return hi_u << s
+
+
+@dataclass(frozen=True)
+class LevelRow:
+    r"""A row of logits described by levels and counts: ``counts[i]`` logits equal ``levels[i]``.
+
+    Rows with a few distinct levels are where the extremes of T1, T3 and T6
+    are found; this describes one without storing :math:`n` numbers.
+
+    Attributes
+    ----------
+    levels : tuple of float
+        The distinct logit values, highest first.
+    counts : tuple of int
+        How many logits take each value.
+    """
+
+    levels: tuple[float, ...]
+    counts: tuple[int, ...]
+
+    @property
+    def n(self) -> int:
+        """The number of items."""
+        return sum(self.counts)
+
+    @property
+    def spread(self) -> float:
+        """The spread of the row (levels with a zero count do not count)."""
+        used = [lv for lv, c in zip(self.levels, self.counts, strict=True) if c > 0]
+        return max(used) - min(used)
+
+    def logits(self) -> np.ndarray:
+        """The row as a float64 array, highest levels first.
+
+        Raises
+        ------
+        ValueError
+            If the row has more than 10**8 items.
+        """
+        if self.n > 10**8:
+            raise ValueError(f"the row has {self.n} items: too many to build")
+        return np.repeat(np.array(self.levels, dtype=np.float64), self.counts)
+
+    def __str__(self) -> str:
+        parts = [
+            f"{size_text(c, 6) if c else 0} at {lv!r}"
+            for lv, c in zip(self.levels, self.counts, strict=True)
+            if c
+        ]
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Bracket:
+    r"""A certified bracket :math:`\text{lower} \le \text{truth} \le \text{upper}`.
+
+    Attributes
+    ----------
+    lower : float or int
+        Attained: the `witness` row reaches it.
+    upper : float or int
+        Proven: no admissible row goes beyond it.
+    witness : LevelRow
+        An admissible row attaining `lower`.
+    """
+
+    lower: Any
+    upper: Any
+    witness: LevelRow
+
+    @property
+    def ratio(self) -> float:
+        """``upper / lower``: how wide the bracket is."""
+        return float(Fraction(self.upper) / Fraction(self.lower))
+
+
+def _p_float(coeffs: np.ndarray, h: np.ndarray) -> np.ndarray:
+    return np.polyval(coeffs, h)
+
+
+def _search_rows(
+    log_n: float, n_exact: int | None, spread: float, sched: Polynomial, fine: bool = True
+) -> tuple[float, int, float]:
+    r"""The best row found of shape (1 at δ, j at c, the rest at 0): (top coefficient, j, c).
+
+    Float64 arithmetic in log space (a search, not a proof: the caller certifies).
+    """
+    coeffs = np.array([float(c) for c in sched.exact_coefficients])
+    theta = float(sched.exact_threshold)
+    d = spread
+    js = np.arange(0, 401, dtype=np.float64)[:, None]
+    cs = np.linspace(0.0, d, 97 if fine else 49)[None, :]
+
+    def top(j: np.ndarray, c: np.ndarray) -> np.ndarray:
+        rest = (
+            np.maximum(np.exp(log_n) - 1 - j, 0.0) if n_exact is None or n_exact < 2**52 else None
+        )
+        if n_exact is not None and n_exact < 2**52:
+            rest = np.maximum(float(n_exact) - 1 - j, 0.0)
+            log_rest = np.log(np.where(rest > 0, rest, 1.0)) + np.where(rest > 0, 0.0, -np.inf)
+        else:
+            log_rest = log_n + np.log1p(-(1 + j) * np.exp(-log_n))
+        valid = np.exp(log_rest) >= 0
+        # weights relative to the top item: 1, j e^(c-d), rest e^(-d)
+        wm = j * np.exp(c - d)
+        wb = np.exp(log_rest - d)
+        z = 1.0 + wm + wb
+        ent = np.log(z) + d - (d + wm * c) / z
+        beta = np.where(ent > theta, np.maximum(_p_float(coeffs, ent), 1.0), 1.0)
+        denom = 1.0 + j * np.exp(beta * (c - d)) + np.exp(log_rest - beta * d)
+        return np.where(valid, 1.0 / denom, 0.0)
+
+    if n_exact is not None and n_exact < 2**52:
+        js = js[js[:, 0] <= n_exact - 1]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        vals = np.nan_to_num(top(js, cs), nan=0.0)
+        i, k = np.unravel_index(int(np.argmax(vals)), vals.shape)
+        best_j = int(js[i, 0])
+        best_c = float(cs[0, k])
+        best = float(vals[i, k])
+        if fine and d > 0:
+            lo, hi = max(0.0, best_c - d / 96), min(d, best_c + d / 96)
+            grid = np.linspace(lo, hi, 257)[None, :]
+            jj = np.arange(max(0, best_j - 3), best_j + 4, dtype=np.float64)[:, None]
+            if n_exact is not None and n_exact < 2**52:
+                jj = jj[jj[:, 0] <= n_exact - 1]
+            v2 = np.nan_to_num(top(jj, grid), nan=0.0)
+            i2, k2 = np.unravel_index(int(np.argmax(v2)), v2.shape)
+            if v2[i2, k2] > best:
+                best, best_j, best_c = float(v2[i2, k2]), int(jj[i2, 0]), float(grid[0, k2])
+    return best, best_j, best_c
+
+
+def _poly_iv(sched: Polynomial, h: ivl.Interval, prec: int) -> ivl.Interval:
+    acc = ivl.iv_exact(0)
+    for c in sched.exact_coefficients:
+        acc = ivl.iv_add(ivl.iv_mul(acc, h, prec), ivl.iv_fraction(c, prec), prec)
+    return acc
+
+
+def _witness_top(
+    row: tuple[int, int, float], spread: float, sched: Polynomial
+) -> Callable[[int], ivl.Interval]:
+    r"""Enclosures of the top adaptive coefficient of the row (1 at δ, j at c, n - 1 - j at 0)."""
+    n, j, c = row
+
+    def enclose(prec: int) -> ivl.Interval:
+        d = ivl.iv_exact(spread)
+        one = ivl.iv_exact(1)
+        cm = ivl.iv_sub(ivl.iv_exact(c), d, prec)  # c - delta <= 0
+        wm = ivl.iv_mul(ivl.iv_exact(j), ivl.iv_exp(cm, prec), prec)
+        wb = ivl.iv_mul(
+            _int_iv(n - 1 - j) if n.bit_length() > 60 else ivl.iv_exact(n - 1 - j),
+            ivl.iv_exp(ivl.iv_neg(d), prec),
+            prec,
+        )
+        z = ivl.iv_add(ivl.iv_add(one, wm, prec), wb, prec)
+        # H = log z + delta - (delta + wm c) / z   (weights relative to the top item)
+        s1 = ivl.iv_add(d, ivl.iv_mul(wm, ivl.iv_exact(c), prec), prec)
+        h = ivl.iv_sub(ivl.iv_add(ivl.iv_log(z, prec), d, prec), ivl.iv_div(s1, z, prec), prec)
+        theta = ivl.iv_fraction(sched.exact_threshold, prec)
+        if libmp.mpf_le(h[1], theta[0]):
+            beta = one
+        elif libmp.mpf_gt(h[0], theta[1]):
+            beta = ivl.iv_max(_poly_iv(sched, h, prec), one)
+        else:
+            return _INF
+        em = ivl.iv_mul(ivl.iv_exact(j), ivl.iv_exp(ivl.iv_mul(beta, cm, prec), prec), prec)
+        eb = ivl.iv_mul(
+            _int_iv(n - 1 - j) if n.bit_length() > 60 else ivl.iv_exact(n - 1 - j),
+            ivl.iv_exp(ivl.iv_neg(ivl.iv_mul(beta, d, prec)), prec),
+            prec,
+        )
+        return ivl.iv_div(one, ivl.iv_add(ivl.iv_add(one, em, prec), eb, prec), prec)
+
+    return enclose
+
+
+def _certified_lower(row: tuple[int, int, float], spread: float, sched: Polynomial) -> float:
+    """The witness's top coefficient, rounded down to a float64 (never above the exact value)."""
+
+    def accept(iv: ivl.Interval) -> float | None:
+        if not _finite(iv):
+            return None
+        f = ivl.float_of(iv)
+        if f is None:
+            return None
+        return f if Fraction(f) <= ivl.to_fraction(iv[0]) else math.nextafter(f, -math.inf)
+
+    return ivl.certify(_witness_top(row, spread, sched), accept)
+
+
+def _witness(n: int, j: int, c: float, spread: float) -> LevelRow:
+    if j == 0 or c == 0.0:
+        return LevelRow((spread, 0.0), (1, n - 1))
+    if c == spread:
+        return LevelRow((spread, 0.0), (1 + j, n - 1 - j))
+    return LevelRow((spread, c, 0.0), (1, j, n - 1 - j))
+
+
+def adaptive_max_coefficient_bracket(
+    n: Any, spread: Any, schedule: Schedule | None = None
+) -> Bracket:
+    r"""The largest adaptive-softmax coefficient over `n` items, bracketed (T6).
+
+    ``lower`` is reached by an explicit row, found by a search over rows with
+    one logit at the top of the interval, :math:`j` at a level :math:`c` and
+    the rest at the bottom (:math:`0 \le j \le 400`, :math:`c` on a grid, then
+    refined), and evaluated in certified interval arithmetic (rounded down).
+    ``upper`` is :func:`adaptive_max_coefficient`.
+
+    Parameters
+    ----------
+    n : int
+        Number of items, :math:`n \ge 2`.
+    spread : float
+        Logit spread :math:`\delta > 0`.
+    schedule : softmaxtheory.spec.Polynomial, optional
+        Defaults to the paper's schedule.
+
+    Returns
+    -------
+    Bracket
+        ``lower``, ``upper`` (floats) and the ``witness`` row.
+
+    Examples
+    --------
+    >>> from softmaxtheory import bounds
+    >>> b = bounds.adaptive_max_coefficient_bracket(1252, 5.69)
+    >>> b.lower >= 0.5, b.witness.n
+    (True, 1252)
+    """
+    n = _size(n)
+    if n < 2:
+        raise ValueError(f"n must be >= 2, got {n}")
+    spread = _spread(spread)
+    if spread == 0.0:
+        raise ValueError("spread must be > 0: at spread 0 every coefficient is 1/n")
+    sched = _polynomial(schedule)
+    _check_exponent(spread * 2.5, "spread")
+    log_n = float(_log_bounds(n)[0])
+    _, j, c = _search_rows(log_n, n, spread, sched)
+    lower = _certified_lower((n, j, c), spread, sched)
+    upper = adaptive_max_coefficient(n, spread, sched)
+    return Bracket(lower=lower, upper=upper, witness=_witness(n, j, c, spread))
+
+
+def _dispersion_witness(
+    eps: float, spread: float, sched: Polynomial, upper: int
+) -> tuple[int, int, float] | None:
+    """The longest row found whose top adaptive coefficient reaches eps (searched in log n)."""
+
+    def ok(log_n: float, n_exact: int | None) -> tuple[float, int, float]:
+        return _search_rows(log_n, n_exact, spread, sched, fine=False)
+
+    lo_l = math.log(2.0)
+    if ok(lo_l, 2)[0] < eps:
+        return None
+    hi_l = float(_log_bounds(upper)[1])
+    for _ in range(48):  # bisection on log n: the best value falls with n
+        mid = 0.5 * (lo_l + hi_l)
+        n_mid = _exp_int(mid)
+        if ok(mid, n_mid)[0] >= eps:
+            lo_l = mid
+        else:
+            hi_l = mid
+        if hi_l - lo_l < 1e-9 * max(1.0, hi_l):
+            break
+    n = _exp_int(lo_l)
+    for _ in range(64):
+        best, j, c = _search_rows(float(_log_bounds(n)[0]), n, spread, sched)
+        if best >= eps:
+            row = (n, j, c)
+            try:
+                if _certified_lower(row, spread, sched) >= eps:
+                    return row
+            except ivl.CertificationError:
+                pass
+        n = max(2, n - max(1, n >> 20))
+    return None
+
+
+def _exp_int(log_n: float) -> int:
+    """An integer near e**log_n (at least 2), with at most 53 significant bits."""
+    if log_n < 36:
+        return max(2, math.floor(math.exp(log_n)))
+    bits = log_n / math.log(2.0)
+    whole = math.floor(bits)
+    mant = math.floor(2.0 ** (bits - whole + 52))
+    return mant << (whole - 52)
+
+
+def adaptive_dispersion_bracket(eps: Any, spread: Any, schedule: Schedule | None = None) -> Bracket:
+    r"""The adaptive dispersion size, bracketed: the length from which no coefficient reaches `eps`.
+
+    ``lower`` is one more than the length of an explicit row whose largest
+    adaptive coefficient reaches `eps` (the ``witness``, found by the search of
+    :func:`adaptive_max_coefficient_bracket` at each length, bisecting on
+    :math:`\log n`), so the truth is at least ``lower``. ``upper`` is
+    :func:`adaptive_dispersion_size`: from there on
+    :func:`adaptive_max_coefficient` stays below `eps`.
+
+    Parameters
+    ----------
+    eps : float
+        The level :math:`0 < \varepsilon < 1`.
+    spread : float
+        Logit spread :math:`\delta > 0`.
+    schedule : softmaxtheory.spec.Polynomial, optional
+        Defaults to the paper's schedule.
+
+    Returns
+    -------
+    Bracket
+        ``lower``, ``upper`` (ints) and the ``witness`` row (of ``lower - 1`` items).
+
+    Examples
+    --------
+    >>> from softmaxtheory import bounds
+    >>> b = bounds.adaptive_dispersion_bracket(0.5, 5.69)
+    >>> b.lower <= b.upper <= bounds.adaptive_switch_off_size(5.69)
+    True
+    """
+    eps = _probability(eps)
+    spread = _spread(spread)
+    if spread == 0.0:
+        raise ValueError("spread must be > 0: at spread 0 the size is dispersion_size(eps, 0)")
+    sched = _polynomial(schedule)
+    _check_exponent(spread * 2.5, "spread")
+    upper = _adaptive_upper_size(eps, spread, sched)
+    row = _dispersion_witness(eps, spread, sched, upper)
+    if row is None:  # no row of two items reaches eps: the size is 2 at most
+        row2 = (2, 0, 0.0)
+        return Bracket(lower=2, upper=max(2, min(upper, 2)), witness=_witness(*row2, spread))
+    n, j, c = row
+    return Bracket(lower=n + 1, upper=max(upper, n + 1), witness=_witness(n, j, c, spread))
+
+
 def adaptive_dispersion_size(eps: Any, spread: Any, schedule: Schedule | None = None) -> Any:
-    r"""The number of items beyond which no adaptive-softmax coefficient can reach `eps`.
+    r"""A certified length from which no adaptive-softmax coefficient can reach `eps`.
 
-    With :math:`n^\ast(\beta)` of :func:`dispersion_size` and
-    :math:`n_{\mathrm{off}}` of :func:`adaptive_switch_off_size`, the bound of
-    :func:`adaptive_max_coefficient` stays below :math:`\varepsilon` from
-
-    .. math::
-
-        n^\ast_{\mathrm{adaptive}} = \begin{cases}
-            n^\ast(\beta_{\max}) & n^\ast(\beta_{\max}) < n_{\mathrm{off}} \\
-            \max\bigl(n_{\mathrm{off}}, n^\ast(1)\bigr) & \text{otherwise}
-        \end{cases}
-
-    on (the bound drops at :math:`n_{\mathrm{off}}`, where β returns to 1).
-    As in :func:`adaptive_max_coefficient`, :math:`\beta_{\max}` is taken as
-    the float just above it.
+    The least :math:`n` (among integers with at most 62 significant bits) from
+    which :func:`adaptive_max_coefficient` stays below :math:`\varepsilon`:
+    beyond the last critical point of :math:`P`, :math:`\bar\beta(n)` falls
+    with :math:`n`, so the bound does too and a bisection finds the point;
+    below it, T1 with :math:`\beta_{\max}` decides. The truth lies between the
+    lower end of :func:`adaptive_dispersion_bracket` and this.
 
     Parameters
     ----------
@@ -823,8 +1763,8 @@ def adaptive_dispersion_size(eps: Any, spread: Any, schedule: Schedule | None = 
     Examples
     --------
     >>> from softmaxtheory import bounds
-    >>> bounds.adaptive_dispersion_size(0.5, 5.69)
-    112635
+    >>> bounds.adaptive_dispersion_size(0.5, 5.69) < bounds.adaptive_switch_off_size(5.69)
+    True
     """
     sched = resolve_schedule(schedule)
 
@@ -834,12 +1774,10 @@ def adaptive_dispersion_size(eps: Any, spread: Any, schedule: Schedule | None = 
         if isinstance(sched, LogLength):
             raise ValueError("LogLength schedules need not disperse: there is no such size")
         poly = _polynomial(sched)
-        top = _beta_max_up(poly)
-        off = _switch_off(spread, poly)
-        sharp = _dispersion_size(eps, spread, top)
-        if sharp < off:
-            return sharp
-        return max(off, _dispersion_size(eps, spread, 1.0))
+        if spread == 0.0:
+            return _dispersion_size(eps, 0.0, 1.0)
+        _check_exponent(spread * 2.5, "spread")
+        return _adaptive_upper_size(eps, spread, poly)
 
     return _elementwise(
         one, {"eps": eps, "spread": spread}, {"eps": _probability, "spread": _spread}, dtype=object
@@ -934,16 +1872,68 @@ def _spectral_upper(w: np.ndarray) -> np.ndarray:
     return sigma * margin
 
 
-def _bias_norm(b: Any, name: str, lead: tuple[int, ...]) -> np.ndarray:
+def _bias_vector(b: Any, name: str) -> np.ndarray | None:
     if b is None:
-        return np.zeros(lead)
+        return None
     arr = np.asarray(b)
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"{name} must be real, got dtype {arr.dtype}")
     arr = arr.astype(np.float64)
     if arr.ndim < 1 or not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} must be a finite vector (…, d), got shape {arr.shape}")
-    return np.linalg.norm(arr, axis=-1) * (1.0 + 4.0 * arr.shape[-1] * 2.0**-52)
+    return arr
+
+
+_GAMMA = 1.01 * 2.0**-53  # unit roundoff with room for the accumulated factor
+
+
+def _product_norm_upper(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    r"""Upper bounds on :math:`\lVert a^\top b\rVert_2` over the last two axes.
+
+    The computed product differs from the exact one by at most
+    :math:`\gamma_r |a|^\top |b|` entrywise (:math:`r` rows summed), whose
+    Frobenius norm bounds the spectral norm of the difference (Weyl).
+    """
+    r = a.shape[-2]
+    at = np.swapaxes(a, -1, -2)
+    m = at @ b
+    err = (r + 2) * _GAMMA * (np.abs(at) @ np.abs(b))
+    err_norm = np.sqrt(np.sum(err * err, axis=(-2, -1))) * (1 + 1e-12)
+    return _spectral_upper(m) + err_norm
+
+
+def _mat_vec_norm_upper(w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    r"""Upper bounds on :math:`\lVert w^\top b\rVert`, `w` of shape (..., r, c), `b` of (..., r)."""
+    r = w.shape[-2]
+    wt = np.swapaxes(w, -1, -2)
+    v = (wt @ b[..., :, None])[..., 0]
+    err = (r + 2) * _GAMMA * (np.abs(wt) @ np.abs(b)[..., :, None])[..., 0]
+    total = np.abs(v) + err
+    return np.linalg.norm(total, axis=-1) * (1.0 + 4.0 * total.shape[-1] * 2.0**-52)
+
+
+def _layouts(wq: np.ndarray, wk: np.ndarray, layout: str) -> list[str]:
+    rq, cq = wq.shape[-2:]
+    rk, ck = wk.shape[-2:]
+    possible = []
+    if rq == rk:
+        possible.append("out_in")
+    if cq == ck:
+        possible.append("in_out")
+    if layout == "auto":
+        if not possible:
+            raise ValueError(
+                f"w_q {wq.shape} and w_k {wk.shape} share neither their rows nor their columns"
+            )
+        return possible
+    if layout not in ("out_in", "in_out"):
+        raise ValueError(f"layout must be 'auto', 'out_in' or 'in_out', got {layout!r}")
+    if layout not in possible:
+        axis = "rows" if layout == "out_in" else "columns"
+        raise ValueError(
+            f"layout {layout!r} needs w_q {wq.shape} and w_k {wk.shape} to share their {axis}"
+        )
+    return [layout]
 
 
 def spread_from_weights(
@@ -955,20 +1945,24 @@ def spread_from_weights(
     bias_k: Any = None,
     key_input_norm: Any = None,
     scale: Any = 1.0,
+    layout: str = "auto",
 ) -> Any:
-    r"""Spread bound of an attention head from its projection weights (T9).
+    r"""The largest spread an attention head's logits can have, from its projection weights (T9).
 
-    With queries :math:`q = W_Q x + b_Q` and keys :math:`k = W_K y + b_K` of
-    inputs with :math:`\lVert x\rVert \le B_Q`, :math:`\lVert y\rVert \le B_K`,
+    With queries :math:`q = W_Q x + b_Q`, keys :math:`k_j = W_K y_j + b_K`
+    and inputs :math:`\lVert x\rVert \le B_Q`, :math:`\lVert y_j\rVert \le B_K`,
+    the logits are :math:`s\,q\cdot k_j`; the key bias adds :math:`s\,q\cdot b_K`
+    to every logit of the row and so cancels in the spread (T8), and
 
     .. math::
 
-        \lVert q\rVert \le \lVert W_Q\rVert_2 B_Q + \lVert b_Q\rVert, \qquad
-        \lVert k\rVert \le \lVert W_K\rVert_2 B_K + \lVert b_K\rVert,
+        \max_j x_j - \min_j x_j \;\le\; 2\,s\,B_K\bigl(\lVert W_Q^\top W_K\rVert_2\,B_Q
+        + \lVert W_K^\top b_Q\rVert\bigr).
 
-    and :func:`spread_from_norms` turns these into a bound on every row's
-    spread. Matrices may be stored either way round (the spectral norm of
-    :math:`W` and :math:`W^\top` agree); leading axes (heads, layers) broadcast.
+    Without a query bias this is the exact supremum over such inputs
+    (theorem T9); with one it is within a factor :math:`\sqrt2` of it, and
+    exact when :math:`W_K^\top b_Q` lies along the top left singular vector of
+    :math:`W_K^\top W_Q`. Leading axes (heads, layers) broadcast.
 
     Parameters
     ----------
@@ -977,27 +1971,34 @@ def spread_from_weights(
     input_norm : float or array_like
         :math:`B_Q`, a bound on the norm of the inputs the queries are computed
         from (and of the keys' inputs unless `key_input_norm` is given).
-    bias_q, bias_k : array_like, shape (..., d), optional
-        Projection biases.
+    bias_q : array_like, shape (..., d), optional
+        The query projection's bias.
+    bias_k : array_like, shape (..., d), optional
+        The key projection's bias: validated, and without effect on the spread.
     key_input_norm : float or array_like, optional
         :math:`B_K` when it differs from :math:`B_Q` (cross-attention).
     scale : float, default 1.0
         The logit scale (``1/sqrt(d_head)`` in scaled dot-product attention).
+    layout : {'auto', 'out_in', 'in_out'}, default 'auto'
+        How the matrices are stored: ``'out_in'`` as ``torch.nn.Linear``
+        weights, :math:`q = W x` (shape ``(d_head, d_model)``); ``'in_out'``
+        as :math:`q = x W` (shape ``(d_model, d_head)``). ``'auto'`` takes the
+        larger bound of the layouts the shapes allow, which is valid for either.
 
     Returns
     -------
     float or numpy.ndarray
-        An upper bound on the spread, rounded upward to float64. The spectral
-        norms come from LAPACK and are inflated by a relative margin of
-        :math:`8\max(r, c)\,2^{-52}` that covers its backward error.
+        An upper bound on the spread, rounded upward to float64. The product's
+        spectral norm comes from LAPACK, inflated to cover the rounding of the
+        product and LAPACK's backward error.
 
     Examples
     --------
     >>> import numpy as np
     >>> from softmaxtheory import bounds
     >>> w = np.diag([2.0, 1.0])
-    >>> bounds.spread_from_weights(w, w, 1.0)  # 2 * (2 * 1) * (2 * 1), rounded up
-    8.00000000000006
+    >>> bounds.spread_from_weights(w, w, 1.0)  # 2 * ||W^T W|| = 2 * 4, rounded up
+    8.000000000000037
     """
     wq = _matrix(w_q, "w_q")
     wk = _matrix(w_k, "w_k")
@@ -1011,10 +2012,27 @@ def spread_from_weights(
         if np.any(~np.isfinite(bk_in)) or np.any(bk_in < 0):
             raise ValueError(f"key_input_norm must be finite and >= 0, got {key_input_norm!r}")
     s = _positive(scale, "scale")
-    q_norm = _spectral_upper(wq) * bq_in + _bias_norm(bias_q, "bias_q", wq.shape[:-2])
-    k_norm = _spectral_upper(wk) * bk_in + _bias_norm(bias_k, "bias_k", wk.shape[:-2])
-    bound = 2.0 * s * q_norm * k_norm
+    bq = _bias_vector(bias_q, "bias_q")
+    _bias_vector(bias_k, "bias_k")  # validated: it cancels in the spread
+    best: Any = None
+    for lay in _layouts(wq, wk, layout):
+        # in the out_in layout q.k_j = (W_K^T q) . y_j; in_out transposes both matrices
+        a, b = (wq, wk) if lay == "out_in" else (np.swapaxes(wq, -1, -2), np.swapaxes(wk, -1, -2))
+        if bq is not None and bq.shape[-1] != a.shape[-2]:
+            if layout == "auto":
+                continue  # the bias rules this layout out
+            raise ValueError(
+                f"bias_q has {bq.shape[-1]} entries, the {lay} layout needs {a.shape[-2]}"
+            )
+        per = _product_norm_upper(a, b) * bq_in
+        if bq is not None:
+            per = per + _mat_vec_norm_upper(b, bq)
+        best = per if best is None else np.maximum(best, per)
+    if best is None:
+        raise ValueError(f"bias_q of shape {bq.shape} fits neither layout of w_q {wq.shape}")
+    bound = 2.0 * s * bk_in * best
     bound = np.nextafter(bound, np.inf)  # cover the float rounding of the lines above
+    bound = np.nextafter(bound, np.inf)
     bound = np.nextafter(bound, np.inf)
     return float(bound) if np.ndim(bound) == 0 else bound
 

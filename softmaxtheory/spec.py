@@ -202,8 +202,15 @@ class Polynomial(Schedule):
 
     @property
     def jumps_at_threshold(self) -> bool:
-        r"""Whether β jumps at the threshold, i.e. :math:`P(\theta) > 1` exactly."""
-        return self.polynomial_exact(self.exact_threshold) > 1
+        r"""Whether β jumps at the threshold, that is :math:`\theta > 0` and :math:`P(\theta) > 1`.
+
+        With :math:`\theta \le 0` nothing is discontinuous: an entropy is never
+        negative, and it is 0 only for rows with one unmasked item, whose
+        softmax is 1 whatever β is; every other row has :math:`H > 0 \ge \theta`
+        and gets :math:`\max(P(H), 1)`, a continuous function of the logits.
+        """
+        theta = self.exact_threshold
+        return theta > 0 and self.polynomial_exact(theta) > 1
 
     def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
         h = np.asarray(entropy, dtype=np.float64)

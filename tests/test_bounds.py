@@ -294,48 +294,161 @@ def test_switch_off_size_is_tight_for_uniform_rows():
 @pytest.mark.theorem("T6")
 @given(spread=st.floats(0.0, 30.0))
 @example(spread=5.69)
-def test_switch_off_size_matches_the_formula(spread):
-    """adaptive_switch_off_size is floor((e^H_off - 1) e^spread) + 2, computed exactly."""
+def test_min_entropy_switch_off_size_matches_the_formula(spread):
+    """The loose T3 form is floor((e^H_off - 1) e^spread) + 2, computed exactly."""
     h_off = independent_constants()[3]
     with mpmath.workprec(2000):
         y = (mpmath.exp(h_off) - 1) * mpmath.exp(mpmath.mpf(spread))
         expected = int(mpmath.floor(y)) + 2
-    assert bounds.adaptive_switch_off_size(spread) == expected
+    assert bounds.min_entropy_switch_off_size(spread) == expected
+    assert bounds.adaptive_switch_off_size(spread) <= expected
 
 
-def test_adaptive_max_coefficient_switches_at_n_off():
-    n_off = bounds.adaptive_switch_off_size(5.69)
-    beta_max = bounds.adaptive_beta_max()
-    # the float just above beta_max, so that the bound is never below the exact one
-    beta_up = math.nextafter(beta_max, math.inf)
-    assert bounds.adaptive_max_coefficient(n_off - 1, 5.69) == bounds.max_coefficient(
-        n_off - 1, 5.69, beta_up
-    )
-    assert bounds.adaptive_max_coefficient(n_off, 5.69) == bounds.max_coefficient(n_off, 5.69)
+def two_level_entropy(k, n, spread):
+    """Entropy of k logits at spread and n - k at 0 (mpmath, current precision)."""
+    e = mpmath.exp(mpmath.mpf(spread))
+    z = k * e + (n - k)
+    return mpmath.log(z) - k * mpmath.mpf(spread) * e / z
 
 
-def exact_adaptive_max(n: int, spread: float) -> mpmath.mpf:
-    beta = 1.0 if n >= bounds.adaptive_switch_off_size(spread) else BETA_MAX_UP
-    return exact_max(n, spread, beta)
+def two_level_minimum(n, spread):
+    """min over k in [0, n] of the two-level entropy: a float scan, then mpmath near its minimum."""
+    k = np.arange(0, n + 1, dtype=np.float64)
+    e = math.exp(spread)
+    z = k * e + (n - k)
+    h = np.log(z) - k * spread * e / z
+    best = int(np.argmin(h))
+    near = range(max(0, best - 3), min(n, best + 3) + 1)
+    values = {j: two_level_entropy(j, n, spread) for j in near}
+    k_min = min(values, key=values.get)
+    return values[k_min], k_min
 
 
-BETA_MAX_UP = math.nextafter(bounds.adaptive_beta_max(), math.inf)
+@pytest.mark.theorem("T6")
+@given(spread=st.floats(0.0, 9.0))
+@example(spread=5.69)
+@example(spread=0.0)
+@example(spread=1e-6)
+def test_switch_off_size_is_the_least_n_with_two_level_minimum_above_h_off(spread):
+    """adaptive_switch_off_size is the least n whose two-level minimum entropy is >= H_off."""
+    n = bounds.adaptive_switch_off_size(spread)
+    h_off = independent_constants()[3]
+    with mpmath.workprec(200):
+        assert two_level_minimum(n, spread)[0] >= h_off
+        assert two_level_minimum(n - 1, spread)[0] < h_off
+
+
+@pytest.mark.theorem("T6")
+def test_switch_off_size_at_gemma_spread():
+    """At spread 5.69 the switch-off is 7,419: n = 7,418 with k = 118 top logits is below H_off."""
+    h_off = independent_constants()[3]
+    assert bounds.adaptive_switch_off_size(5.69) == 7419
+    with mpmath.workprec(200):
+        low, k = two_level_minimum(7418, 5.69)
+        assert k == 118
+        assert low < h_off
+        assert mpmath.nstr(low, 7) == "5.94447"
+        assert mpmath.nstr(two_level_minimum(7419, 5.69)[0], 7) == "5.944606"
+    row = np.r_[np.full(118, 5.69), np.zeros(7418 - 118)]
+    assert float(reference.beta(row)) > 1.0
+    assert bounds.min_entropy_switch_off_size(5.69) == 112635
+
+
+@pytest.mark.theorem("T6")
+@given(
+    spread=st.floats(0.0, 12.0),
+    n=st.integers(1, 40),
+    seed=st.integers(0, 2**32 - 1),
+    vertex=st.booleans(),
+)
+@example(spread=5.69, n=12, seed=0, vertex=True)
+@example(spread=3.0, n=2, seed=1, vertex=False)
+def test_no_row_has_entropy_below_the_two_level_minimum(spread, n, seed, vertex):
+    """Random rows in [0, spread] (some at the box's corners) stay above the two-level minimum."""
+    rng = np.random.default_rng(seed)
+    row = rng.choice([0.0, spread], size=n) if vertex else rng.uniform(0.0, spread, size=n)
+    with mpmath.workprec(200):
+        floor = min(two_level_entropy(k, n, spread) for k in range(n + 1))
+        assert reference.entropy_mp(row, prec=200) >= floor - mpmath.mpf(2) ** -150
+
+
+@pytest.mark.theorem("T6")
+def test_max_coefficient_bracket_at_gemma_spread():
+    """The bracket's lower row, evaluated by the reference, attains the stated lower end."""
+    b = bounds.adaptive_max_coefficient_bracket(1252, 5.69)
+    assert b.witness.n == 1252 and b.witness.spread == 5.69
+    got = float(np.max(reference.adaptive_softmax(b.witness.logits())))
+    assert got >= b.lower >= 0.5
+    assert got <= math.nextafter(b.lower, 1.0)
+    assert b.upper == bounds.adaptive_max_coefficient(1252, 5.69) >= got
+    b4096 = bounds.adaptive_max_coefficient_bracket(4096, 5.69)
+    got = float(np.max(reference.adaptive_softmax(b4096.witness.logits())))
+    assert b4096.lower <= got <= math.nextafter(b4096.lower, 1.0)
+    assert b4096.upper < 0.99 * bounds.max_coefficient(4096, 5.69, bounds.adaptive_beta_max())
+
+
+@pytest.mark.theorem("T6")
+@pytest.mark.parametrize("spread", [5.69, 2.0, 12.0])
+def test_dispersion_bracket(spread):
+    """The witness row (lower - 1 items) reaches eps; from upper on the certified bound is < eps."""
+    b = bounds.adaptive_dispersion_bracket(0.5, spread)
+    assert b.witness.n == b.lower - 1
+    got = float(np.max(reference.adaptive_softmax(b.witness.logits())))
+    assert got >= 0.5
+    assert b.lower <= b.upper <= bounds.min_entropy_switch_off_size(spread)
+    assert b.upper == bounds.adaptive_dispersion_size(0.5, spread)
+    assert bounds.adaptive_max_coefficient(b.upper, spread) < 0.5
+    if spread == 5.69:
+        assert (b.lower, b.upper) == (1253, 5828)
 
 
 @given(eps=st.floats(0.01, 0.99), spread=st.floats(0.0, 12.0))
 @example(eps=0.5, spread=5.69)
 @example(eps=0.99, spread=0.0)
 @example(eps=0.01, spread=0.0)
-def test_adaptive_dispersion_size_is_the_first_size_from_which_the_bound_stays_below(eps, spread):
+def test_adaptive_dispersion_size_bound_stays_below(eps, spread):
+    """From adaptive_dispersion_size on, adaptive_max_coefficient is below eps (a few probes)."""
     n = bounds.adaptive_dispersion_size(eps, spread)
-    n_off = bounds.adaptive_switch_off_size(spread)
-    e = Fraction(eps)
-    with mpmath.workprec(3000):
-        eps_mp = mpmath.mpf(e.numerator) / e.denominator
-        assert exact_adaptive_max(n, spread) < eps_mp
-        # the bound only drops at n_off, so below n it is >= eps except where it jumps
-        assert n == 2 or exact_adaptive_max(n - 1, spread) >= eps_mp or n == n_off
-        assert n <= n_off or exact_adaptive_max(n_off, spread) >= eps_mp
+    for m in (n, n + 1, 2 * n, 10 * n):
+        # <=: the exact bound is below eps, its rounding to float64 may equal it
+        assert bounds.adaptive_max_coefficient(m, spread) <= eps
+
+
+@pytest.mark.parametrize("spread", [1e4, 1e5, 1.4e6 / 2.5])
+def test_huge_spreads_answer_as_text(spread):
+    """Issue 14 item 8: sizes at huge spreads, as correctly rounded text (minutes before)."""
+    text = bounds.dispersion_size(0.5, spread, digits=6)
+    with mpmath.workprec(200):
+        mant, exp10 = mpmath.nstr(
+            mpmath.exp(mpmath.mpf(spread)), 6, min_fixed=1, max_fixed=0
+        ).split("e")
+        assert text == f"{mant}e+{int(exp10)}"
+    assert "e+" in bounds.adaptive_switch_off_size(spread, digits=6)
+    b = bounds.adaptive_dispersion_bracket(0.5, spread)
+    assert b.lower <= b.upper
+
+
+def test_size_text():
+    assert bounds.size_text(7419) == "7419"
+    assert bounds.size_text(10**400 + 1) == "1.00000e+400"
+    assert bounds.size_text(1234567, digits=3) == "1.23e+6"
+    assert bounds.size_text(9999999, digits=3) == "1.00e+7"
+    assert bounds.dispersion_size(0.5, 800.0, digits=6) == bounds.size_text(
+        bounds.dispersion_size(0.5, 800.0)
+    )
+    assert bounds.adaptive_switch_off_size(30.0, digits=4) == bounds.size_text(
+        bounds.adaptive_switch_off_size(30.0), 4
+    )
+    with pytest.raises(ValueError, match="digits"):
+        bounds.dispersion_size(0.5, 1.0, digits=0)
+
+
+@pytest.mark.theorem("T5")
+def test_threshold_at_or_below_zero_never_jumps():
+    """T5 part 3 needs theta > 0: with theta <= 0 nothing is discontinuous."""
+    assert not Polynomial(("1", "2"), threshold="0").jumps_at_threshold
+    assert not Polynomial(("1", "2"), threshold="-1").jumps_at_threshold
+    assert Polynomial(("1", "2"), threshold="0.5").jumps_at_threshold
 
 
 def test_constant_and_loglength_schedules():
@@ -442,12 +555,47 @@ def test_logits_from_weights_never_exceed_the_bound(seed, d_model, d_head, input
 
 
 @pytest.mark.theorem("T9")
+@given(seed=st.integers(0, 2**32 - 1), d_model=st.integers(1, 8), d_head=st.integers(1, 4))
+@example(seed=0, d_model=64, d_head=16)
+def test_aligned_inputs_attain_the_sharp_weight_bound(seed, d_model, d_head):
+    """With zero biases, x = B u1 and keys from +-B v1 attain 2 s B^2 ||W_Q^T W_K|| to 1e-9."""
+    rng = np.random.default_rng(seed)
+    wq = rng.normal(size=(d_head, d_model))
+    wk = rng.normal(size=(d_head, d_model))
+    big_b, scale = 1.7, 0.25
+    bound = bounds.spread_from_weights(wq, wk, big_b, scale=scale, layout="out_in")
+    u, _, vt = np.linalg.svd(wq.T @ wk)
+    x, y = big_b * u[:, 0], big_b * vt[0]
+    q = exact_matvec(wq, x)
+    keys = [exact_matvec(wk, y), exact_matvec(wk, -y)]
+    logits = [Fraction(scale) * exact_dot(q, k) for k in keys]
+    attained = float(max(logits) - min(logits))
+    assert attained <= bound <= attained * (1 + 1e-9)
+
+
+@pytest.mark.theorem("T9")
+def test_key_bias_cancels_and_query_bias_is_bounded():
+    """A key bias leaves the bound unchanged (T8); a query bias adds 2 s B ||W_K^T b_Q|| at most."""
+    rng = np.random.default_rng(3)
+    wq, wk = rng.normal(size=(2, 3, 5))
+    bq, bk = rng.normal(size=(2, 3))
+    plain = bounds.spread_from_weights(wq, wk, 1.0, layout="out_in")
+    assert bounds.spread_from_weights(wq, wk, 1.0, bias_k=bk * 1e6, layout="out_in") == plain
+    biased = bounds.spread_from_weights(wq, wk, 1.0, bias_q=bq, layout="out_in")
+    sigma = np.linalg.norm(wq.T @ wk, 2)
+    c = np.linalg.norm(wk.T @ bq)
+    assert biased == pytest.approx(2 * (sigma + c), rel=1e-12)
+    # the supremum is at least 2 sqrt(sigma^2 + |c|^2): the bound is within sqrt 2 of it
+    assert biased <= math.sqrt(2) * 2 * math.hypot(sigma, c) * (1 + 1e-12)
+
+
+@pytest.mark.theorem("T9")
 def test_spread_from_weights_is_nearly_attained():
     """Inputs along the top singular vector attain the T9 weight bound to within 1e-12."""
     rng = np.random.default_rng(1)
     w = rng.normal(size=(3, 5))
     _, sv, vt = np.linalg.svd(w)
-    bound = bounds.spread_from_weights(w, w, 2.0)
+    bound = bounds.spread_from_weights(w, w, 2.0, layout="out_in")
     # query and keys along the top right singular vector: logits +-|q||k|
     q = w @ (2.0 * vt[0])
     k_plus, k_minus = w @ (2.0 * vt[0]), w @ (-2.0 * vt[0])
@@ -460,12 +608,15 @@ def test_spread_from_weights_per_head_and_layout():
     rng = np.random.default_rng(2)
     w_q = rng.normal(size=(4, 8, 2))  # 4 heads, (d_model, d_head) layout
     w_k = rng.normal(size=(4, 8, 2))
-    per_head = bounds.spread_from_weights(w_q, w_k, 1.5, scale=0.5)
+    per_head = bounds.spread_from_weights(w_q, w_k, 1.5, scale=0.5, layout="in_out")
     assert per_head.shape == (4,)
     for h in range(4):
         # the transposed (d_head, d_model) layout of nn.Linear gives the same bound
-        transposed = bounds.spread_from_weights(w_q[h].T, w_k[h].T, 1.5, scale=0.5)
+        transposed = bounds.spread_from_weights(w_q[h].T, w_k[h].T, 1.5, scale=0.5, layout="out_in")
         assert transposed == pytest.approx(per_head[h], rel=1e-14)
+        assert bounds.spread_from_weights(w_q[h], w_k[h], 1.5, scale=0.5) >= per_head[h]
+    with pytest.raises(ValueError, match="layout"):
+        bounds.spread_from_weights(w_q, w_k, 1.5, layout="rows")
 
 
 # ---------------------------------------------------------------- measurement

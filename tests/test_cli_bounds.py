@@ -14,6 +14,7 @@ import pytest
 
 from softmaxtheory import bounds
 from softmaxtheory.cli import main
+from softmaxtheory.spec import PaperPolynomial
 
 MAX = re.compile(r"^\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$")
 
@@ -25,8 +26,7 @@ def run(capsys, *argv):
 
 
 def exact_values(n: int, spread: float, beta: float) -> dict[str, mpmath.mpf]:
-    beta_up = np.nextafter(bounds.adaptive_beta_max(), np.inf)
-    adaptive = 1.0 if n >= bounds.adaptive_switch_off_size(spread) else float(beta_up)
+    adaptive = bounds._beta_sup(n, spread, PaperPolynomial())
     with mpmath.workprec(3000):
         s, b = mpmath.mpf(spread), mpmath.mpf(beta)
         return {
@@ -63,8 +63,8 @@ def test_table_values_are_correctly_rounded(capsys, spread, beta, digits):
         exact = exact_values(int(m.group(1)), spread, beta)
         for text, key in zip(m.groups()[1:], ("max", "adaptive", "min", "entropy"), strict=True):
             assert_correctly_rounded(text, exact[key], digits)
-    assert f"once n >= {bounds.dispersion_size(0.5, spread, beta)} " in out
-    assert f"once n >= {bounds.adaptive_switch_off_size(spread)} " in out
+    assert f"once n >= {bounds.dispersion_size(0.5, spread, beta, digits=digits)} " in out
+    assert f"once n >= {bounds.adaptive_switch_off_size(spread, digits=digits)} " in out
 
 
 def test_gemma_example(capsys):
@@ -73,15 +73,43 @@ def test_gemma_example(capsys):
     assert "every coefficient is < 0.5 once n >= 297" in out
     assert "beta <= 2.421387706631524" in out
     assert "(0.8485819960098693, 5.9445208279051425)" in out
-    assert "once n >= 112635" in out
+    assert "beta = 1 for every row once n >= 7419 " in out
+    assert "from some n in [1253, 5828]" in out
+    assert "9 at 4.40595" in out
+
+
+def test_huge_spreads_print_scientific_sizes_at_once(capsys):
+    """Issue 14 item 8: spread 10000 printed a traceback after minutes; now scientific text."""
+    code, out, _ = run(capsys, "bounds", "--spread", "10000", "--sizes", "16")
+    assert code == 0
+    assert f"once n >= {bounds.dispersion_size(0.5, 1e4, digits=6)} " in out
+    assert "once n >= 8.80682e+4342 " in out
+    assert f"once n >= {bounds.adaptive_switch_off_size(1e4, digits=6)} " in out
+    code, out, _ = run(capsys, "bounds", "--spread", "1400000", "--sizes", "16", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["dispersion_size"] == bounds.dispersion_size(0.5, 1.4e6, digits=6)
+    assert doc["rows"][0]["max_coefficient"] == 1.0
+
+
+def test_exact_digits(capsys):
+    """--exact-digits prints every digit of the sizes (and says so on stderr while computing)."""
+    code, out, err = run(capsys, "bounds", "--spread", "800", "--sizes", "16", "--exact-digits")
+    assert code == 0
+    assert f"once n >= {bounds.dispersion_size(0.5, 800.0)} " in out
+    assert "exactly" in err
 
 
 def test_json(capsys):
-    code, out, _ = run(capsys, "bounds", "--spread", "800", "--json", "--sizes", "16,1000000")
+    code, out, _ = run(
+        capsys, "bounds", "--spread", "800", "--json", "--sizes", "16,1000000", "--exact-digits"
+    )
     assert code == 0
     doc = json.loads(out)
     assert doc["dispersion_size"] == bounds.dispersion_size(0.5, 800.0)  # a 348-digit integer
     assert doc["adaptive_switch_off_size"] == bounds.adaptive_switch_off_size(800.0)
+    code, out, _ = run(capsys, "bounds", "--spread", "800", "--json", "--sizes", "16")
+    assert json.loads(out)["dispersion_size"] == "2.72637e+347"
     assert [r["n"] for r in doc["rows"]] == [16, 1000000]
     row = doc["rows"][1]
     assert row["max_coefficient"] == 1.0

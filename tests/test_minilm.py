@@ -265,8 +265,11 @@ def test_layer_norm_output_bound_holds_for_any_input(model64, bounds64):
         assert expect <= hb.input_norm[layer] <= expect * (1 + 1e-12)
 
 
-def test_weight_bound_is_the_product_of_norms(model64, bounds64):
-    """The per-head T9 bound, recomputed directly from the spectral norms of each head's rows."""
+def test_weight_bound_is_the_sharp_t9_form(model64, bounds64):
+    """The per-head T9 bound, recomputed from ||W_Q^T W_K|| and ||W_K^T b_Q|| of each head's rows.
+
+    It is below the older product of the two norms, which the key bias no longer enters.
+    """
     hb = bounds64
     for layer in (0, 4):
         wq, bq = (t.numpy() for t in model64.projection(layer, "query"))
@@ -274,10 +277,13 @@ def test_weight_bound_is_the_product_of_norms(model64, bounds64):
         for head in (0, 7, 11):
             rows = slice(32 * head, 32 * head + 32)
             b_in = hb.input_norm[layer]
+            sigma = np.linalg.norm(wq[rows].T @ wk[rows], 2)
+            c = np.linalg.norm(wk[rows].T @ bq[rows])
+            expect = 2 * b_in * (sigma * b_in + c) / math.sqrt(32)
+            assert expect <= hb.weight[layer, head] <= expect * (1 + 1e-9)
             qn = np.linalg.norm(wq[rows], 2) * b_in + np.linalg.norm(bq[rows])
             kn = np.linalg.norm(wk[rows], 2) * b_in + np.linalg.norm(bk[rows])
-            expect = 2 * qn * kn / math.sqrt(32)
-            assert expect <= hb.weight[layer, head] <= expect * (1 + 1e-11)
+            assert hb.weight[layer, head] <= 2 * qn * kn / math.sqrt(32)
     assert np.all(hb.folded <= hb.weight)  # folding gamma in never loosens it here
 
 

@@ -190,12 +190,18 @@ def _head_bounds(model: MiniLM) -> HeadBounds:
         bq_h = bq.reshape(heads, dh)
         bk_h = bk.reshape(heads, dh)
         weight[layer] = bounds.spread_from_weights(
-            wq_h, wk_h, input_norm[layer], bias_q=bq_h, bias_k=bk_h, scale=model.scale
+            wq_h,
+            wk_h,
+            input_norm[layer],
+            bias_q=bq_h,
+            bias_k=bk_h,
+            scale=model.scale,
+            layout="out_in",
         )
         fq_w, fq_b = _fold(wq_h, bq_h, gamma, beta)
         fk_w, fk_b = _fold(wk_h, bk_h, gamma, beta)
         folded[layer] = bounds.spread_from_weights(
-            fq_w, fk_w, sqrt_d, bias_q=fq_b, bias_k=fk_b, scale=model.scale
+            fq_w, fk_w, sqrt_d, bias_q=fq_b, bias_k=fk_b, scale=model.scale, layout="out_in"
         )
     return HeadBounds(input_norm=input_norm, normalized_norm=sqrt_d, weight=weight, folded=folded)
 
