@@ -363,23 +363,26 @@ def _block_stats(x, lo, hi, m, out, store):
     t = zero
     xs = x[lo:hi]
     os = out[lo:hi]
+    # an item is unmasked when x > -inf; its shift d = x - m may still overflow to -inf
+    # (x = -1e308, m = 1e308): e = 0 and its term of t is 0, but it counts in n_eff
+    ninf = as_like(-np.inf, m)
     if store:
         for i in range(xs.size):
             d = xs[i] - m
             e = fexp(d)
             os[i] = e
             r += e if d < zero else zero
-            t += e * (d if d > -np.inf else zero)
+            t += e * (d if d > ninf else zero)
             c += one if d == zero else zero
-            n_eff += one if d > -np.inf else zero
+            n_eff += one if xs[i] > ninf else zero
     else:
         for i in range(xs.size):
             d = xs[i] - m
             e = fexp(d)
             r += e if d < zero else zero
-            t += e * (d if d > -np.inf else zero)
+            t += e * (d if d > ninf else zero)
             c += one if d == zero else zero
-            n_eff += one if d > -np.inf else zero
+            n_eff += one if xs[i] > ninf else zero
     return np.int64(c), np.int64(n_eff), np.float64(r), np.float64(t)
 
 
@@ -911,7 +914,9 @@ def merge_state(m1, c1, n1, r1, t1, m2, c2, n2, r2, t2):
 
     With :math:`M = \max(m_1, m_2)` and :math:`s_k = c_k + r_k`, a state whose maximum
     is below :math:`M` contributes :math:`s_k e^{m_k-M}` to `r` and
-    :math:`(t_k + s_k (m_k - M)) e^{m_k - M}` to `t` (every term :math:`\le 0`).
+    :math:`(t_k + s_k (m_k - M)) e^{m_k - M}` to `t` (every term :math:`\le 0`); when
+    :math:`e^{m_k - M}` underflows to 0 (:math:`m_k - M` may even overflow to ``-inf``)
+    both contributions are exactly 0, so the state stays finite.
     """
     if m1 == -np.inf:
         return m2, c2, n2, r2, t2
@@ -921,8 +926,12 @@ def merge_state(m1, c1, n1, r1, t1, m2, c2, n2, r2, t2):
         return m1, c1 + c2, n1 + n2, r1 + r2, t1 + t2
     if m1 < m2:
         m1, c1, n1, r1, t1, m2, c2, n2, r2, t2 = m2, c2, n2, r2, t2, m1, c1, n1, r1, t1
-    delta = m2 - m1
+    delta = m2 - m1  # may overflow to -inf (m1 = 1e308, m2 = -1e308)
     w = math.exp(delta)
+    if w == 0.0:
+        # the smaller state's mass underflows to exactly 0; (t2 + s2 delta) * 0 could be
+        # (-inf) * 0 = NaN, so it is left out rather than multiplied
+        return m1, c1, n1 + n2, r1, t1
     s2 = c2 + r2
     return m1, c1, n1 + n2, r1 + s2 * w, t1 + (t2 + s2 * delta) * w
 

@@ -270,11 +270,17 @@ def _run(
     if out is not None:
         lead = moved_shape[:-1]
         _check_out(out, (*lead[:axis], moved_shape[-1], *lead[axis:]), in_dtype)
+        # the kernels overwrite a row's output before they have read all of its input
+        # (the exponentials are stored, then the row is read again for β ≠ 1): an `out`
+        # overlapping the input they read gets a fresh buffer, copied into `out` at the end
+        # (numpy's ufunc semantics). Both are C-contiguous here, so overlapping bounds
+        # mean shared memory; the non-aliasing path allocates nothing.
         direct = (
             axis == work.ndim - 1
             and out.flags.c_contiguous
             and out.flags.writeable
             and out.dtype == work.dtype
+            and not np.may_share_memory(out, work)
         )
         if direct:
             values = out.reshape(rows, n)
@@ -366,7 +372,8 @@ def softmax(x: Any, axis: int = -1, *, out: np.ndarray | None = None) -> np.ndar
     axis : int, default -1
         The axis to normalise along.
     out : numpy.ndarray, optional
-        Destination of the same shape and dtype as the result (any strides).
+        Destination of the same shape and dtype as the result (any strides). It may
+        be `x` itself or overlap it: the result is then that of a separate output.
 
     Returns
     -------
@@ -446,7 +453,8 @@ def adaptive_softmax(
     entropy_eps : float, default 0.0
         The entropy mode (see :func:`entropy`).
     out : numpy.ndarray, optional
-        Destination (same shape and dtype as the result; any strides).
+        Destination (same shape and dtype as the result; any strides). It may be `x`
+        itself (in place) or overlap it: the result is that of a separate output.
 
     Returns
     -------
