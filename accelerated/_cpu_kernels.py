@@ -1007,38 +1007,91 @@ def fold_sum(values):
 
 KEY_BLOCK = 128
 
+#: Row kinds of the attention kernels: those of :func:`row_entropy` (0 regular, 2 fully
+#: masked, 3 invalid) and this one, a row with a logit beyond the float range, finished by
+#: :func:`attention_wide_stats` and :func:`attention_wide_apply`.
+KIND_WIDE = 4
+
+_FLOAT64_MAX = 1.7976931348623157e308
+
+
+def lowest_like(arr):  # pragma: no cover - replaced by the overload in jitted code
+    """The most negative finite value of the dtype of `arr`."""
+    raise NotImplementedError
+
+
+@overload(lowest_like)
+def _ol_lowest_like(arr):
+    if arr.dtype == types.float32:
+        return lambda arr: np.float32(-3.4028234663852886e38)
+    return lambda arr: -_FLOAT64_MAX
+
+
+@njit(fastmath=_LOOP_FLAGS, cache=True)
+def _dot(q, k, i, j):
+    # q[i] . k[j] in the inputs' precision; the order of the sum is free (the documented
+    # logit error (d + 2) u sum |q_f k_f| holds for any order), so it vectorises
+    acc = like_array(0.0, q)
+    for f in range(q.shape[1]):
+        acc += q[i, f] * k[j, f]
+    return acc
+
 
 @njit(cache=True)
-def _logits_block(q, k, addmask, keep, i, j0, j1, scale, buf):
-    d = q.shape[1]
+def _logits_block(q, k, addmask, keep, causal, qbad, kbad, i, j0, j1, scale, buf):
+    """Logits of query `i` against keys ``[j0, j1)`` into `buf` (dtype of `q`).
+
+    ``-inf`` for a masked key (boolean mask, causal mask or an additive ``-inf``, whatever
+    the dot product), NaN for a kept key when query `i` or the key has a non-finite
+    component (as in the reference). Returns True when a logit of finite inputs left the
+    float range (its row goes to the wide kernels).
+    """
+    overflow = False
     for j in range(j0, j1):
-        acc = 0.0
-        for f in range(d):
-            acc += np.float64(q[i, f]) * np.float64(k[j, f])
-        x = scale * acc + addmask[i, j]
-        buf[j - j0] = x if keep[i, j] else -np.inf
+        x = -np.inf
+        if (causal and j > i) or not keep[i, j]:
+            pass
+        elif qbad or kbad[j]:
+            x = np.nan
+        else:
+            a = np.float64(addmask[i, j])
+            if a != -np.inf:
+                x = scale * np.float64(_dot(q, k, i, j)) + a
+                xr = like_array(x, buf)
+                if (math.isinf(xr) or math.isnan(xr)) and abs(a) <= _FLOAT64_MAX:
+                    overflow = True
+        buf[j - j0] = like_array(x, buf)
+    return overflow
 
 
 @njit(parallel=True, cache=True)
-def attention_stats(q, k, addmask, keep, scale, eps, kind_out, m_out, neff_out, h_out):
+def attention_stats(
+    q, k, addmask, keep, causal, qbad, kbad, scale, eps, kind_out, m_out, neff_out, h_out
+):
     """Pass 1 of adaptive attention for one batch entry: q (L, d), k (S, d).
 
     The streaming state of each query's logits over key blocks (T7), then its
-    entropy; at most ``KEY_BLOCK`` logits are held at once.
+    entropy; at most ``KEY_BLOCK`` logits are held at once, in the dtype of `q`.
+    `addmask` and `keep` are (L, S) views read in place (broadcast strides allowed);
+    `causal` keeps keys ``j <= i`` only. A row with a logit beyond the float range
+    gets kind :data:`KIND_WIDE`.
     """
     L = q.shape[0]
     S = k.shape[0]
     for i in prange(L):
-        buf = np.empty(KEY_BLOCK)
+        buf = np.empty(KEY_BLOCK, q.dtype)
         M = -np.inf
         C = 0
         N = 0
         R = 0.0
         T = 0.0
         bad = False
+        wide = False
         for j0 in range(0, S, KEY_BLOCK):
             j1 = min(j0 + KEY_BLOCK, S)
-            _logits_block(q, k, addmask, keep, i, j0, j1, scale, buf)
+            if _logits_block(q, k, addmask, keep, causal, qbad[i], kbad, i, j0, j1, scale, buf):
+                wide = True
+                break
             m, nnan = pass_max(buf, 0, j1 - j0)
             if nnan > 0 or m == np.inf:
                 bad = True
@@ -1046,10 +1099,13 @@ def attention_stats(q, k, addmask, keep, scale, eps, kind_out, m_out, neff_out, 
             if m == -np.inf:
                 continue
             c, n_eff, r, t = pass_stats(buf, 0, j1 - j0, m, buf, False)
-            M, C, N, R, T = merge_state(M, C, N, R, T, m, c, n_eff, r, t)
+            M, C, N, R, T = merge_state(M, C, N, R, T, np.float64(m), c, n_eff, r, t)
         m_out[i] = M
         neff_out[i] = N
-        if bad:
+        if wide:
+            kind_out[i] = KIND_WIDE
+            h_out[i] = np.nan
+        elif bad:
             kind_out[i] = 3
             h_out[i] = np.nan
         elif M == -np.inf:
@@ -1061,7 +1117,7 @@ def attention_stats(q, k, addmask, keep, scale, eps, kind_out, m_out, neff_out, 
             h_acc = 0.0
             for j0 in range(0, S, KEY_BLOCK):
                 j1 = min(j0 + KEY_BLOCK, S)
-                _logits_block(q, k, addmask, keep, i, j0, j1, scale, buf)
+                _logits_block(q, k, addmask, keep, causal, qbad[i], kbad, i, j0, j1, scale, buf)
                 h_acc += pass_entropy_eps(buf, 0, j1 - j0, M, inv_s, eps)
             h_out[i] = -h_acc
         else:
@@ -1070,33 +1126,207 @@ def attention_stats(q, k, addmask, keep, scale, eps, kind_out, m_out, neff_out, 
 
 
 @njit(parallel=True, cache=True)
-def attention_apply(q, k, v, addmask, keep, scale, kind, m, beta, out):
-    """Pass 2 of adaptive attention: tempered weights accumulated into `out` (L, dv)."""
+def attention_apply(q, k, v, addmask, keep, causal, qbad, kbad, scale, kind, m, beta, out):
+    """Pass 2 of adaptive attention: tempered weights accumulated into `out` (L, dv).
+
+    Logits and exponentials in the dtype of `q`, the weighted sums in float64. Rows of
+    kind :data:`KIND_WIDE` are left alone.
+    """
     L = q.shape[0]
     S = k.shape[0]
     dv = v.shape[1]
     for i in prange(L):
+        if kind[i] == KIND_WIDE:
+            continue
         if kind[i] != 0:
             fill = np.nan if kind[i] == 3 else 0.0
             for f in range(dv):
                 out[i, f] = fill
             continue
-        buf = np.empty(KEY_BLOCK)
+        buf = np.empty(KEY_BLOCK, q.dtype)
         acc = np.zeros(dv)
         total = 0.0
-        M = m[i]
-        b = beta[i]
+        M = like_array(m[i], buf)
+        b = like_array(beta[i], buf)
+        low = lowest_like(buf)
         for j0 in range(0, S, KEY_BLOCK):
             j1 = min(j0 + KEY_BLOCK, S)
-            _logits_block(q, k, addmask, keep, i, j0, j1, scale, buf)
+            _logits_block(q, k, addmask, keep, causal, qbad[i], kbad, i, j0, j1, scale, buf)
             for j in range(j1 - j0):
                 if buf[j] == -np.inf:
                     continue  # masked: weight 0 for any β (0 * -inf would be NaN)
-                w = exp64(b * (buf[j] - M))
+                d = buf[j] - M
+                d = d if d >= low else low  # a finite logit whose shift overflowed
+                w = np.float64(fexp(b * d))
                 if w != 0.0:
                     total += w
                     for f in range(dv):
-                        acc[f] += w * v[j0 + j, f]
+                        acc[f] += w * np.float64(v[j0 + j, f])
+        inv = 1.0 / total
+        for f in range(dv):
+            out[i, f] = acc[f] * inv
+
+
+@njit(cache=True)
+def _exponent(v):
+    # e with |v| < 2**e (0 for v = 0): math.frexp's exponent
+    return math.frexp(v)[1]
+
+
+@njit(cache=True)
+def _wide_exponent(addmask, keep, causal, i, S, qe, ke, se):
+    # G of row i: every scaled logit x 2**-G has magnitude below d + 1
+    ae = -1074
+    for j in range(S):
+        if (causal and j > i) or not keep[i, j]:
+            continue
+        a = np.float64(addmask[i, j])
+        if abs(a) <= _FLOAT64_MAX and a != 0.0:
+            ae = max(ae, _exponent(a))
+    return max(qe + ke + se, ae)
+
+
+@njit(cache=True)
+def _wide_logit(q, k, addmask, keep, causal, qbad, kbad, i, j, qe, ke, se, sn, g):
+    r"""The logit of (i, j) times :math:`2^{-G}`, in float64 (``-inf`` masked, NaN invalid).
+
+    :math:`x 2^{-G} = s_n \sum_f (q_f 2^{-q_e})(k_f 2^{-k_e})\, 2^{q_e+k_e+s_e-G}
+    + a\, 2^{-G}` with :math:`s_n = \mathrm{scale}\, 2^{-s_e}`: every factor is scaled
+    by a power of two, so nothing overflows; what underflows is below the rounding
+    error of the float logit.
+    """
+    if (causal and j > i) or not keep[i, j]:
+        return -np.inf
+    if qbad or kbad[j]:
+        return np.nan
+    a = np.float64(addmask[i, j])
+    if a == -np.inf:
+        return -np.inf
+    acc = 0.0
+    for f in range(q.shape[1]):
+        acc += math.ldexp(np.float64(q[i, f]), -qe) * math.ldexp(np.float64(k[j, f]), -ke)
+    return math.ldexp(sn * acc, qe + ke + se - g) + math.ldexp(a, -g)
+
+
+@njit(cache=True)
+def _wide_shift(y, m, g):
+    # (y - m) 2**g, clamped to a finite value: the item is unmasked, its weight e^(β d) is
+    # 0 for β > 0 and 1 for β = 0
+    d = math.ldexp(y - m, g) if g <= 2000 else (y - m) * math.inf
+    if y == m:
+        d = 0.0
+    return d if d >= -1e300 else -1e300
+
+
+@njit(parallel=True, cache=True)
+def attention_wide_stats(
+    q, k, addmask, keep, causal, qbad, kbad, scale, ke, eps, rows,
+    kind_out, m_out, g_out, neff_out, h_out,
+):  # fmt: skip
+    r"""Pass 1 of the rows in `rows` whose logits leave the float range.
+
+    Each logit is formed scaled by a power of two :math:`2^{-G}` chosen per row
+    (:func:`_wide_logit`), so none overflows; the shifts :math:`x_j - m` are the scaled
+    differences times :math:`2^G`, clamped to a finite value. The statistics are
+    summed in float64 over the whole row (a slow path, three scans of the keys).
+    `ke` is the exponent of the largest finite key component; `m_out` receives the
+    scaled maximum and `g_out` the exponent :math:`G`.
+    """
+    S = k.shape[0]
+    se = _exponent(scale)
+    sn = math.ldexp(scale, -se)
+    for r in prange(rows.size):
+        i = rows[r]
+        qe = -1074
+        for f in range(q.shape[1]):
+            if q[i, f] != 0.0:
+                qe = max(qe, _exponent(np.float64(q[i, f])))
+        g = _wide_exponent(addmask, keep, causal, i, S, qe, ke, se)
+        M = -np.inf
+        bad = False
+        for j in range(S):
+            y = _wide_logit(q, k, addmask, keep, causal, qbad[i], kbad, i, j, qe, ke, se, sn, g)
+            if y != y or y == np.inf:
+                bad = True
+            elif y > M:
+                M = y
+        g_out[i] = g
+        m_out[i] = M
+        if bad:
+            kind_out[i] = 3
+            neff_out[i] = 0
+            h_out[i] = np.nan
+            continue
+        if M == -np.inf:
+            kind_out[i] = 2
+            neff_out[i] = 0
+            h_out[i] = 0.0
+            continue
+        c = 0
+        n_eff = 0
+        rs = 0.0
+        t = 0.0
+        for j in range(S):
+            y = _wide_logit(q, k, addmask, keep, causal, qbad[i], kbad, i, j, qe, ke, se, sn, g)
+            if y == -np.inf:
+                continue
+            d = _wide_shift(y, M, g)
+            n_eff += 1
+            if d == 0.0:
+                c += 1
+            else:
+                e = math.exp(d)
+                rs += e
+                t += e * d
+        kind_out[i] = 0
+        neff_out[i] = n_eff
+        if eps > 0.0:
+            inv_s = 1.0 / (c + rs)
+            acc = 0.0
+            for j in range(S):
+                y = _wide_logit(q, k, addmask, keep, causal, qbad[i], kbad, i, j, qe, ke, se, sn, g)
+                if y != -np.inf:
+                    p = math.exp(_wide_shift(y, M, g)) * inv_s
+                    acc += p * math.log(p + eps)
+            h_out[i] = -acc
+        else:
+            h_out[i] = entropy_from_state(c, rs, t)
+
+
+@njit(parallel=True, cache=True)
+def attention_wide_apply(
+    q, k, v, addmask, keep, causal, qbad, kbad, scale, ke, rows, kind, m, g_in, beta, out
+):
+    """Pass 2 of the rows of :func:`attention_wide_stats` (same scaled logits)."""
+    S = k.shape[0]
+    dv = v.shape[1]
+    se = _exponent(scale)
+    sn = math.ldexp(scale, -se)
+    for r in prange(rows.size):
+        i = rows[r]
+        if kind[i] != 0:
+            fill = np.nan if kind[i] == 3 else 0.0
+            for f in range(dv):
+                out[i, f] = fill
+            continue
+        qe = -1074
+        for f in range(q.shape[1]):
+            if q[i, f] != 0.0:
+                qe = max(qe, _exponent(np.float64(q[i, f])))
+        g = g_in[i]
+        M = m[i]
+        b = beta[i]
+        acc = np.zeros(dv)
+        total = 0.0
+        for j in range(S):
+            y = _wide_logit(q, k, addmask, keep, causal, qbad[i], kbad, i, j, qe, ke, se, sn, g)
+            if y == -np.inf:
+                continue
+            w = math.exp(b * _wide_shift(y, M, g))
+            if w != 0.0:
+                total += w
+                for f in range(dv):
+                    acc[f] += w * np.float64(v[j, f])
         inv = 1.0 / total
         for f in range(dv):
             out[i, f] = acc[f] * inv

@@ -56,7 +56,6 @@ from softmaxtheory.spec import (
     attention_layout,
     check_entropy_eps,
     resolve_schedule,
-    split_mask,
 )
 
 from . import _cpu_kernels as _k
@@ -490,6 +489,43 @@ def _attn_array(a: Any, name: str) -> np.ndarray:
     return arr
 
 
+def _attn_mask(
+    mask: Any, lead: tuple[int, ...], L: int, S: int
+) -> tuple[np.ndarray | None, np.ndarray | None, tuple[int, ...]]:
+    """(keep, add, lead): the mask as it is, for the kernels to read in place.
+
+    A boolean mask is the keep mask, a floating one the additive term (float16 is
+    widened to float32, any other float read as given); neither is broadcast or
+    copied here. An integer mask is refused, as torch refuses it.
+    """
+    marr = np.asarray(mask)
+    if marr.dtype.kind in "iu":
+        raise TypeError(
+            f"mask must be boolean (True attends) or floating (added to the logits), "
+            f"got integer dtype {marr.dtype}: pass mask.astype(bool) or a float mask"
+        )
+    if marr.dtype != bool and marr.dtype.type not in (np.float16, np.float32, np.float64):
+        raise TypeError(f"mask must be boolean or floating, got dtype {marr.dtype}")
+    try:
+        target = np.broadcast_shapes(marr.shape, (*lead, L, S))
+    except ValueError as exc:
+        shape = (*lead, L, S)
+        raise ValueError(f"mask of shape {marr.shape} does not broadcast to {shape}") from exc
+    if marr.dtype == bool:
+        return marr, None, target[:-2]
+    if marr.dtype == np.float16:
+        marr = marr.astype(np.float32)
+    return None, marr, target[:-2]
+
+
+def _kernel_view(a: np.ndarray, shape: tuple[int, ...], idx: tuple[int, ...]) -> np.ndarray:
+    """The (L, S) slice `idx` of `a` broadcast to `shape`, a read-only view.
+
+    Strides are 0 where broadcast; one compiled signature whatever the mask's layout.
+    """
+    return np.broadcast_to(a, shape)[idx]
+
+
 def adaptive_attention(
     q: Any,
     k: Any,
@@ -511,7 +547,16 @@ def adaptive_attention(
     Pass 1 folds each query's logits, one block of keys at a time, into the
     streaming state of theorem T7 (its entropy, hence β); pass 2 recomputes the
     logits block by block and accumulates the tempered weights times `v`.
-    Memory is :math:`O(n d)`; logits are formed in float64.
+    Memory is :math:`O((L + S) d)` plus the output: the mask is read in place,
+    by key block, through its broadcast strides (a boolean mask as booleans), and
+    ``is_causal`` builds no mask at all.
+
+    Logits and exponentials are computed in float32 when every input is float32
+    (or float16), else in float64; the weighted sums of `v` in float64. A query
+    whose logits leave the float range (``q, k ~ 1e200``, ``scale = 1e308``) is
+    recomputed on a slower path that scales each logit by a power of two
+    :math:`2^{-G}` chosen for its row, so its outputs are those of the exact
+    logits up to the usual rounding of the float logits.
 
     Parameters
     ----------
@@ -520,7 +565,8 @@ def adaptive_attention(
         dimensions broadcast.
     mask : array_like, optional
         Broadcastable to ``(..., L, S)``: boolean (``True`` takes part) or
-        floating (added to the logits, ``-inf`` masks).
+        floating (added to the logits, ``-inf`` masks). Integer masks are refused
+        (as in torch).
     scale : float, optional
         Default ``1 / sqrt(d)``.
     is_causal : bool, default False
@@ -535,51 +581,74 @@ def adaptive_attention(
     -------
     numpy.ndarray
         ``(..., L, dv)``, float32 if every input is float32 (or float16),
-        else float64. A query whose keys are all masked gives zeros, a NaN or
-        ``+inf`` logit gives NaN.
+        else float64. A query whose keys are all masked gives zeros; a NaN or
+        ``+inf`` logit, or a non-finite component of the query or of a key it
+        attends to, gives NaN (as in the reference).
+
+    Raises
+    ------
+    TypeError
+        For an integer or non-numeric `mask`, a non-bool `is_causal`.
+    ValueError
+        For shapes that do not match or broadcast, `mask` together with `is_causal`.
     """
     qa, ka, va = _attn_array(q, "q"), _attn_array(k, "k"), _attn_array(v, "v")
     if not isinstance(is_causal, bool | np.bool_):
         raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
-    if is_causal:
-        if mask is not None:
-            raise ValueError("pass either mask or is_causal=True, not both")
-        mask = np.tril(np.ones((qa.shape[-2], ka.shape[-2]), dtype=bool))
+    causal = bool(is_causal)
+    if causal and mask is not None:
+        raise ValueError("pass either mask or is_causal=True, not both")
     lead, L, S, scale = attention_layout(qa, ka, va, scale)
     schedule = resolve_schedule(schedule)
     eps = check_entropy_eps(entropy_eps)
     d = qa.shape[-1]
     dv = va.shape[-1]
     low = all(a.dtype in (np.float16, np.float32) for a in (qa, ka, va))
-    out_dtype = np.float32 if low else np.float64
-    keep = np.ones((1, 1), dtype=bool)
-    add = np.zeros((1, 1))
+    work = np.float32 if low else np.float64
+    keep, add = np.ones((1, 1), dtype=bool), np.zeros((1, 1), dtype=work)
     if mask is not None:
-        keep, add, lead = split_mask(mask, lead, L, S)
-    keep_b = np.broadcast_to(keep, (*lead, L, S))
-    add_b = np.broadcast_to(add, (*lead, L, S))
-    qb = np.broadcast_to(qa.astype(np.float64), (*lead, L, d))
-    kb = np.broadcast_to(ka.astype(np.float64), (*lead, S, d))
-    vb = np.broadcast_to(va.astype(np.float64), (*lead, S, dv))
+        keep_m, add_m, lead = _attn_mask(mask, lead, L, S)
+        keep = keep if keep_m is None else keep_m
+        add = add if add_m is None else add_m
+    qb = np.broadcast_to(qa, (*lead, L, d))
+    kb = np.broadcast_to(ka, (*lead, S, d))
+    vb = np.broadcast_to(va, (*lead, S, dv))
     out = np.zeros((*lead, L, dv), dtype=np.float64)
     kind = np.empty(L, dtype=np.int64)
     m = np.empty(L)
     neff = np.empty(L, dtype=np.int64)
     h = np.empty(L)
+    g = np.zeros(L, dtype=np.int64)
+    shape = (*lead, L, S)
     for idx in np.ndindex(*lead):
-        qi = np.ascontiguousarray(qb[idx])
-        ki = np.ascontiguousarray(kb[idx])
-        vi = np.ascontiguousarray(vb[idx])
-        ai = np.ascontiguousarray(add_b[idx])
-        ke = np.ascontiguousarray(keep_b[idx])
-        _k.attention_stats(qi, ki, ai, ke, scale, eps, kind, m, neff, h)
+        qi = np.ascontiguousarray(qb[idx], dtype=work)
+        ki = np.ascontiguousarray(kb[idx], dtype=work)
+        vi = np.ascontiguousarray(vb[idx], dtype=work)
+        ai = _kernel_view(add, shape, idx)
+        ke = _kernel_view(keep, shape, idx)
+        qbad = ~np.isfinite(qi).all(axis=1)
+        kbad = ~np.isfinite(ki).all(axis=1)
+        _k.attention_stats(qi, ki, ai, ke, causal, qbad, kbad, scale, eps, kind, m, neff, h)
+        wide = np.flatnonzero(kind == _k.KIND_WIDE)
+        if wide.size:
+            finite = np.abs(ki[np.isfinite(ki)]) if ki.size else ki
+            kexp = math.frexp(float(finite.max()))[1] if finite.size and finite.max() else -1074
+            _k.attention_wide_stats(
+                qi, ki, ai, ke, causal, qbad, kbad, scale, kexp, eps, wide, kind, m, g, neff, h
+            )
         b = schedule.beta_float(h, neff)
         b[kind == 3] = np.nan
         b[kind == 2] = 1.0
         o = np.empty((L, dv))
-        _k.attention_apply(qi, ki, vi, ai, ke, scale, kind, m, b, o)
+        apply_kind = kind.copy()
+        apply_kind[wide] = _k.KIND_WIDE
+        _k.attention_apply(qi, ki, vi, ai, ke, causal, qbad, kbad, scale, apply_kind, m, b, o)
+        if wide.size:
+            _k.attention_wide_apply(
+                qi, ki, vi, ai, ke, causal, qbad, kbad, scale, kexp, wide, kind, m, g, b, o
+            )
         out[idx] = o
-    return out.astype(out_dtype)
+    return out.astype(work)
 
 
 # ---------------------------------------------------------------------------
