@@ -28,13 +28,34 @@ Floating-point discipline
 from __future__ import annotations
 
 import math
+import os
 
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 __all__: list[str] = []
+
+
+def _choose_threading_layer() -> None:
+    """Select Numba's fork-safe threading layers unless the user chose one.
+
+    The default search order starts with GNU OpenMP where TBB is absent, and a process
+    that has run a parallel kernel on GNU OpenMP hangs in ``fork()`` (``multiprocessing``'s
+    default start method on Linux, pytest-xdist). ``"forksafe"`` takes TBB when installed,
+    else the ``workqueue`` layer. The kernels hold the GIL while they run, so two Python
+    threads never launch them concurrently (``workqueue`` is not thread-safe); results
+    do not depend on the layer (each row or chunk is one task, merged in a fixed order).
+    An explicit ``NUMBA_THREADING_LAYER`` or ``numba.config.THREADING_LAYER`` wins; a
+    layer already started by other code before this import stays in use.
+    """
+    if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
+        numba.config.THREADING_LAYER = "forksafe"
+
+
+_choose_threading_layer()
 
 BLOCK = 1024
 CHUNK = 1 << 16
@@ -989,6 +1010,48 @@ def chunks_entropy_eps(x, chunk, m, inv_s, eps, acc_out):
     for k in prange(acc_out.size):
         lo = k * chunk
         acc_out[k] = pass_entropy_eps(x, lo, min(lo + chunk, n), m, inv_s, eps)
+
+
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_NAN_KEY = np.uint64(0x7FF8000000000000)
+
+
+@njit(cache=True)
+def _mix64(z):
+    # the splitmix64 finaliser: a bijection of uint64 that scatters nearby keys
+    z = (z + _GOLDEN) & np.uint64(0xFFFFFFFFFFFFFFFF)
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True)
+def _digest_range(x, lo, hi):
+    # sum of _mix64(bits) mod 2**64 over x[lo:hi] (-0.0 as +0.0, every NaN alike)
+    h = np.uint64(0)
+    zero = like_array(0.0, x)
+    for i in range(lo, hi):
+        v = x[i] + zero  # -0.0 + 0.0 = +0.0: equal values hash alike
+        key = _NAN_KEY if v != v else np.uint64(order_key(v))
+        h += _mix64(key)
+    return h
+
+
+@njit(parallel=True, cache=True)
+def chunk_digests(x, chunk, h_out):
+    r"""A multiset digest of every chunk of the 1-d `x`.
+
+    The digest is :math:`\sum_i \mathrm{mix}(x_i) \bmod 2^{64}`: the sum over items of
+    a 64-bit mix of each value's bits does not depend on the order or the chunking of
+    the items, and states merge by adding digests. Two different multisets of the same
+    size collide with probability about :math:`2^{-64}` for unrelated data.
+    """
+    n = x.size
+    for k in prange(h_out.size):
+        lo = k * chunk
+        h_out[k] = _digest_range(x, lo, min(lo + chunk, n))
 
 
 @njit(cache=True)

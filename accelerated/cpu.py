@@ -655,6 +655,15 @@ def adaptive_attention(
 # streaming object
 # ---------------------------------------------------------------------------
 
+_MASK64 = (1 << 64) - 1
+
+
+def _digest(arr: np.ndarray) -> int:
+    """Multiset digest of a 1-d chunk (order- and chunking-independent, mod 2**64)."""
+    parts = np.empty(max(1, -(-arr.size // CHUNK)), dtype=np.uint64)
+    _k.chunk_digests(arr, CHUNK, parts)
+    return int(parts.sum(dtype=np.uint64))
+
 
 class StreamingSoftmax:
     r"""Adaptive softmax of one row too long for memory, fed in chunks.
@@ -684,6 +693,18 @@ class StreamingSoftmax:
     needs the normaliser before the sum). Merging is the fixed-order float ⊕ of
     T7; different chunkings give results equal within the documented error, and
     the same chunking gives identical bits for any thread count.
+
+    Misuse is detected where it is cheap. Each pass keeps a multiset digest of its
+    items (a sum of 64-bit hashes, independent of order and chunking, added on
+    merge): a tempered pass that reaches the item count of pass 1 with other items
+    raises :class:`ValueError`, as does one fed more items, and :meth:`normalize`
+    or :meth:`update_tempered` of a value above the row's maximum (NaN, ``+inf``
+    included) — such a value was never fed. Not detected: :meth:`normalize` of a
+    value below the maximum that was never fed (it gets the probability it would
+    have, without being part of the row; the reference's
+    :class:`~softmaxtheory.reference.StreamState` raises), chunks normalised twice
+    or not at all, and a digest collision (about :math:`2^{-64}` for unrelated
+    data, not a guarantee against crafted input).
 
     Examples
     --------
@@ -718,6 +739,8 @@ class StreamingSoftmax:
         self._tb_c = 0
         self._tb_r = 0.0
         self._tb_count = 0
+        self._digest = 0  # multiset digests (mod 2**64) of the items of each pass
+        self._tb_digest = 0
         self._beta: float | None = None
 
     # -- pass 1 ------------------------------------------------------------
@@ -736,6 +759,7 @@ class StreamingSoftmax:
         arr = self._chunk(chunk)
         if arr.size == 0:
             return self
+        self._digest = (self._digest + _digest(arr)) & _MASK64
         if arr.size > CHUNK:
             bad, M, C, N, R, T = _long_row_state(arr)
         else:
@@ -769,6 +793,8 @@ class StreamingSoftmax:
         new = StreamingSoftmax(self.schedule, self.dtype)
         new._fold(self._bad, self._m, self._c, self._n, self._r, self._t, self._count)
         new._fold(other._bad, other._m, other._c, other._n, other._r, other._t, other._count)
+        new._digest = (self._digest + other._digest) & _MASK64
+        new._tb_digest = (self._tb_digest + other._tb_digest) & _MASK64
         if self._tb_count or other._tb_count:
             if self._m != other._m and self._tb_count and other._tb_count:
                 raise ValueError("tempered sums of states with different maxima cannot be merged")
@@ -821,11 +847,25 @@ class StreamingSoftmax:
 
     # -- pass 2 ------------------------------------------------------------
     def update_tempered(self, chunk: Any) -> StreamingSoftmax:
-        r"""Add :math:`\sum e^{\beta(x-m)}` of a chunk (pass 2); returns self."""
+        r"""Add :math:`\sum e^{\beta(x-m)}` of a chunk (pass 2); returns self.
+
+        Raises
+        ------
+        ValueError
+            If the chunk holds a value above the maximum of pass 1 (never fed), if
+            pass 2 is fed more items than pass 1, or if, once it has as many, its
+            items are not those of pass 1 (their multiset digests differ).
+        """
         arr = self._chunk(chunk)
         b = self.beta()
         if not self.needs_tempered_pass:
             return self
+        if self._tb_count + arr.size > self._count:
+            raise ValueError(
+                f"update_tempered() was fed {self._tb_count + arr.size} items, more than the "
+                f"{self._count} fed to update(): feed each chunk of the row once"
+            )
+        self._check_fed(arr)
         nchunk = max(1, -(-arr.size // CHUNK))
         cb = np.zeros(nchunk, dtype=np.int64)
         rb = np.zeros(nchunk)
@@ -834,11 +874,46 @@ class StreamingSoftmax:
         self._tb_c += int(cb.sum())
         self._tb_r += float(_k.fold_sum(rb))
         self._tb_count += arr.size
+        self._tb_digest = (self._tb_digest + _digest(arr)) & _MASK64
+        self._check_passes_agree()
         return self
+
+    def _check_fed(self, arr: np.ndarray) -> None:
+        """Refuse a chunk holding a value that cannot have been fed to pass 1.
+
+        Only values above the maximum (NaN and ``+inf`` included, in a valid state)
+        are certainly new; a value below it is not looked up.
+        """
+        if arr.size == 0 or self._bad:
+            return
+        top, nnan = _k.pass_max(arr, 0, arr.size)
+        if nnan or top > self._m:
+            bad = arr[np.isnan(arr) | (arr > self._m)][0]
+            raise ValueError(
+                f"chunk holds {float(bad)!r}, above the maximum {self._m!r} of every chunk "
+                f"fed to update(): it was never fed to this state"
+            )
+
+    def _check_passes_agree(self) -> None:
+        if self._tb_count == self._count and self._tb_digest != self._digest:
+            raise ValueError(
+                "the chunks fed to update_tempered() are not those fed to update() (same "
+                f"number of items, {self._count}, different values): feed every chunk of "
+                "the row once to each pass"
+            )
 
     # -- pass 3 ------------------------------------------------------------
     def normalize(self, chunk: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """The (adaptive) softmax values of a chunk of the row, given the complete state."""
+        """The (adaptive) softmax values of a chunk of the row, given the complete state.
+
+        Raises
+        ------
+        ValueError
+            If the chunk holds a value above the row's maximum, NaN or ``+inf`` (never
+            fed to a valid state), or if the tempered pass saw other items than pass 1.
+        RuntimeError
+            If β ≠ 1 and the tempered pass is incomplete.
+        """
         arr = self._chunk(chunk)
         if out is None:
             out = np.empty(arr.shape, dtype=self.dtype)
@@ -846,6 +921,7 @@ class StreamingSoftmax:
             _check_out(out, arr.shape, self.dtype)
             if not out.flags.c_contiguous:
                 raise ValueError("out must be C-contiguous")
+        self._check_fed(arr)
         if self._bad:
             out[...] = np.nan
             return out
@@ -859,6 +935,7 @@ class StreamingSoftmax:
                     f"β = {b} ≠ 1: feed every chunk to update_tempered() before normalize() "
                     f"({self._tb_count} of {self._count} items seen)"
                 )
+            self._check_passes_agree()
             inv = 1.0 / (self._tb_c + self._tb_r)
         else:
             inv = 1.0 / (self._c + self._r)
