@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import math
 import os
+import types as _pytypes
+from typing import Any
 
 import numba
 import numpy as np
@@ -38,24 +40,6 @@ from numba.extending import intrinsic, overload
 
 __all__: list[str] = []
 
-
-def _choose_threading_layer() -> None:
-    """Select Numba's fork-safe threading layers unless the user chose one.
-
-    The default search order starts with GNU OpenMP where TBB is absent, and a process
-    that has run a parallel kernel on GNU OpenMP hangs in ``fork()`` (``multiprocessing``'s
-    default start method on Linux, pytest-xdist). ``"forksafe"`` takes TBB when installed,
-    else the ``workqueue`` layer. The kernels hold the GIL while they run, so two Python
-    threads never launch them concurrently (``workqueue`` is not thread-safe); results
-    do not depend on the layer (each row or chunk is one task, merged in a fixed order).
-    An explicit ``NUMBA_THREADING_LAYER`` or ``numba.config.THREADING_LAYER`` wins; a
-    layer already started by other code before this import stays in use.
-    """
-    if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
-        numba.config.THREADING_LAYER = "forksafe"
-
-
-_choose_threading_layer()
 
 BLOCK = 1024
 CHUNK = 1 << 16
@@ -1407,3 +1391,126 @@ def parallel_copy(src, dst):
         d = dst[lo:hi]
         for i in range(s.size):
             d[i] = s[i]
+
+
+# ---------------------------------------------------------------------------
+# fork safety: serial twins of the parallel kernels in a forked child
+# ---------------------------------------------------------------------------
+
+
+class KernelTable:
+    """The kernels as :mod:`softmaxtheory.accelerated.cpu` calls them.
+
+    An attribute is this module's global of the same name, except in a process
+    forked from one whose active threading layer is GNU OpenMP: there
+    :meth:`use_serial` has replaced every ``parallel=True`` kernel by its serial
+    twin, the same Python function compiled with ``parallel=False`` and the same
+    other options (``prange`` becomes ``range``). GNU OpenMP's pool does not
+    survive ``fork()``: Numba terminates a child that starts a parallel region
+    ("fork() called from a process already using GNU OpenMP"). The kernels split
+    the work into rows or fixed chunks and merge in a fixed order, so a twin's
+    result is the parallel kernel's bit for bit.
+    """
+
+    def __init__(self) -> None:
+        self.serial = False
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name not in globals():
+            raise AttributeError(name)
+        value = globals()[name]
+        setattr(self, name, value)  # cached: later look-ups are plain attributes
+        return value
+
+    def use_serial(self) -> None:
+        """Route every parallel kernel to its serial twin (compiled on first call)."""
+        if self.serial:
+            return
+        self.serial = True
+        for name in parallel_kernel_names():
+            setattr(self, name, _LazyTwin(name))
+
+
+def parallel_kernel_names() -> list[str]:
+    """Names of this module's kernels compiled with ``parallel=True``."""
+    return sorted(
+        name
+        for name, value in globals().items()
+        if isinstance(value, numba.core.registry.CPUDispatcher)
+        and value.targetoptions.get("parallel")
+    )
+
+
+_TWINS: dict[str, Any] = {}
+
+
+def serial_twins() -> dict[str, Any]:
+    """Serial twins of the parallel kernels, created once (each compiled lazily).
+
+    A twin is a copy of the kernel's Python function under the qualified name
+    ``<name>__serial`` (so Numba's on-disk cache keeps it apart from the
+    parallel version) whose globals map every parallel kernel to its twin, so a
+    parallel kernel calling another (``rows_adaptive_short``) stays serial.
+    """
+    if not _TWINS:
+        names = parallel_kernel_names()
+        scope = dict(globals())
+        for name in names:
+            disp = globals()[name]
+            f = disp.py_func
+            twin_f = _pytypes.FunctionType(
+                f.__code__, scope, f.__name__, f.__defaults__, f.__closure__
+            )
+            twin_f.__qualname__ = f"{f.__qualname__}__serial"
+            twin_f.__doc__ = f.__doc__
+            opts = {
+                k: v for k, v in disp.targetoptions.items() if k not in ("parallel", "cache", "nopython")
+            }
+            _TWINS[name] = njit(parallel=False, cache=True, **opts)(twin_f)
+        scope.update(_TWINS)
+    return _TWINS
+
+
+class _LazyTwin:
+    """Calls the serial twin of one kernel, creating the twins on first use."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, *args: Any) -> Any:
+        twin = serial_twins()[self.name]
+        setattr(kernels, self.name, twin)
+        return twin(*args)
+
+
+def fork_unsafe_layer_active() -> bool:
+    """Whether this process runs parallel kernels on GNU OpenMP (unsafe across ``fork``).
+
+    ``False`` before any parallel kernel has run (no layer is started yet: a
+    child starts its own) and for TBB, ``workqueue`` and Intel OpenMP.
+    """
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no parallel function has run in this process
+        return False
+    if layer != "omp":
+        return False
+    try:
+        from numba.np.ufunc import omppool
+
+        return str(omppool.openmp_vendor) == "GNU"
+    except (ImportError, AttributeError):  # pragma: no cover - unknown build: be safe
+        return True
+
+
+def _after_fork_in_child() -> None:
+    if fork_unsafe_layer_active():
+        kernels.use_serial()
+
+
+#: The table :mod:`softmaxtheory.accelerated.cpu` calls the kernels through.
+kernels = KernelTable()
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

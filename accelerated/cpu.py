@@ -58,7 +58,7 @@ from softmaxtheory.spec import (
     resolve_schedule,
 )
 
-from . import _cpu_kernels as _k
+from ._cpu_kernels import kernels as _k
 
 __all__ = [
     "CHUNK",
