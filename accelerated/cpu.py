@@ -28,6 +28,25 @@ thread count. The exponential is the kernel's own (no SVML in this llvmlite):
 Cody-Waite reduction and a short polynomial, vectorised; see
 :doc:`/performance` for its measured error.
 
+Processes
+---------
+The kernels use Numba's default threading layer (or the one chosen with
+``NUMBA_THREADING_LAYER`` / ``numba.config.THREADING_LAYER``; nothing is
+forced). Without TBB that is GNU OpenMP, whose thread pool does not survive
+``fork()``: a forked child that starts a parallel region is terminated
+("fork() called from a process already using GNU OpenMP"). So a handler
+registered with :func:`os.register_at_fork` checks, in every forked child,
+whether the parent's active layer is GNU OpenMP (``numba.threading_layer()``
+after a parallel kernel has run; before that no pool exists and the child starts
+its own). If so, the child calls serial twins of the parallel kernels: the same
+Python functions compiled with ``parallel=False`` and the same fast-math flags,
+compiled on first use (and cached on disk). The work is split into rows and fixed
+chunks merged in a fixed order, so a child's results equal the parent's bit for
+bit; a ``multiprocessing`` pool with the ``fork`` start method (the Linux
+default, pytest-xdist's workers) works after kernel calls, running one thread per
+worker. TBB, ``workqueue`` and Intel OpenMP are fork-safe and keep running in
+parallel in the child.
+
 Examples
 --------
 >>> import numpy as np
