@@ -35,7 +35,7 @@ The kernels use Numba's default threading layer (or the one chosen with
 forced). Without TBB that is GNU OpenMP, whose thread pool does not survive
 ``fork()``: a forked child that starts a parallel region is terminated
 ("fork() called from a process already using GNU OpenMP"). So a handler
-registered with :func:`os.register_at_fork` checks, in every forked child,
+registered with ``os.register_at_fork`` checks, in every forked child,
 whether the parent's active layer is GNU OpenMP (``numba.threading_layer()``
 after a parallel kernel has run; before that no pool exists and the child starts
 its own). If so, the child calls serial twins of the parallel kernels: the same
