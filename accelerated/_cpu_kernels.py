@@ -28,13 +28,18 @@ Floating-point discipline
 from __future__ import annotations
 
 import math
+import os
+import types as _pytypes
+from typing import Any
 
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 __all__: list[str] = []
+
 
 BLOCK = 1024
 CHUNK = 1 << 16
@@ -363,23 +368,26 @@ def _block_stats(x, lo, hi, m, out, store):
     t = zero
     xs = x[lo:hi]
     os = out[lo:hi]
+    # an item is unmasked when x > -inf; its shift d = x - m may still overflow to -inf
+    # (x = -1e308, m = 1e308): e = 0 and its term of t is 0, but it counts in n_eff
+    ninf = as_like(-np.inf, m)
     if store:
         for i in range(xs.size):
             d = xs[i] - m
             e = fexp(d)
             os[i] = e
             r += e if d < zero else zero
-            t += e * (d if d > -np.inf else zero)
+            t += e * (d if d > ninf else zero)
             c += one if d == zero else zero
-            n_eff += one if d > -np.inf else zero
+            n_eff += one if xs[i] > ninf else zero
     else:
         for i in range(xs.size):
             d = xs[i] - m
             e = fexp(d)
             r += e if d < zero else zero
-            t += e * (d if d > -np.inf else zero)
+            t += e * (d if d > ninf else zero)
             c += one if d == zero else zero
-            n_eff += one if d > -np.inf else zero
+            n_eff += one if xs[i] > ninf else zero
     return np.int64(c), np.int64(n_eff), np.float64(r), np.float64(t)
 
 
@@ -911,7 +919,9 @@ def merge_state(m1, c1, n1, r1, t1, m2, c2, n2, r2, t2):
 
     With :math:`M = \max(m_1, m_2)` and :math:`s_k = c_k + r_k`, a state whose maximum
     is below :math:`M` contributes :math:`s_k e^{m_k-M}` to `r` and
-    :math:`(t_k + s_k (m_k - M)) e^{m_k - M}` to `t` (every term :math:`\le 0`).
+    :math:`(t_k + s_k (m_k - M)) e^{m_k - M}` to `t` (every term :math:`\le 0`); when
+    :math:`e^{m_k - M}` underflows to 0 (:math:`m_k - M` may even overflow to ``-inf``)
+    both contributions are exactly 0, so the state stays finite.
     """
     if m1 == -np.inf:
         return m2, c2, n2, r2, t2
@@ -921,8 +931,12 @@ def merge_state(m1, c1, n1, r1, t1, m2, c2, n2, r2, t2):
         return m1, c1 + c2, n1 + n2, r1 + r2, t1 + t2
     if m1 < m2:
         m1, c1, n1, r1, t1, m2, c2, n2, r2, t2 = m2, c2, n2, r2, t2, m1, c1, n1, r1, t1
-    delta = m2 - m1
+    delta = m2 - m1  # may overflow to -inf (m1 = 1e308, m2 = -1e308)
     w = math.exp(delta)
+    if w == 0.0:
+        # the smaller state's mass underflows to exactly 0; (t2 + s2 delta) * 0 could be
+        # (-inf) * 0 = NaN, so it is left out rather than multiplied
+        return m1, c1, n1 + n2, r1, t1
     s2 = c2 + r2
     return m1, c1, n1 + n2, r1 + s2 * w, t1 + (t2 + s2 * delta) * w
 
@@ -982,6 +996,48 @@ def chunks_entropy_eps(x, chunk, m, inv_s, eps, acc_out):
         acc_out[k] = pass_entropy_eps(x, lo, min(lo + chunk, n), m, inv_s, eps)
 
 
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_NAN_KEY = np.uint64(0x7FF8000000000000)
+
+
+@njit(cache=True)
+def _mix64(z):
+    # the splitmix64 finaliser: a bijection of uint64 that scatters nearby keys
+    z = (z + _GOLDEN) & np.uint64(0xFFFFFFFFFFFFFFFF)
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True)
+def _digest_range(x, lo, hi):
+    # sum of _mix64(bits) mod 2**64 over x[lo:hi] (-0.0 as +0.0, every NaN alike)
+    h = np.uint64(0)
+    zero = like_array(0.0, x)
+    for i in range(lo, hi):
+        v = x[i] + zero  # -0.0 + 0.0 = +0.0: equal values hash alike
+        key = _NAN_KEY if v != v else np.uint64(order_key(v))
+        h += _mix64(key)
+    return h
+
+
+@njit(parallel=True, cache=True)
+def chunk_digests(x, chunk, h_out):
+    r"""A multiset digest of every chunk of the 1-d `x`.
+
+    The digest is :math:`\sum_i \mathrm{mix}(x_i) \bmod 2^{64}`: the sum over items of
+    a 64-bit mix of each value's bits does not depend on the order or the chunking of
+    the items, and states merge by adding digests. Two different multisets of the same
+    size collide with probability about :math:`2^{-64}` for unrelated data.
+    """
+    n = x.size
+    for k in prange(h_out.size):
+        lo = k * chunk
+        h_out[k] = _digest_range(x, lo, min(lo + chunk, n))
+
+
 @njit(cache=True)
 def fold_sum(values):
     """Neumaier sum of `values` left to right (a fixed order)."""
@@ -998,38 +1054,91 @@ def fold_sum(values):
 
 KEY_BLOCK = 128
 
+#: Row kinds of the attention kernels: those of :func:`row_entropy` (0 regular, 2 fully
+#: masked, 3 invalid) and this one, a row with a logit beyond the float range, finished by
+#: :func:`attention_wide_stats` and :func:`attention_wide_apply`.
+KIND_WIDE = 4
+
+_FLOAT64_MAX = 1.7976931348623157e308
+
+
+def lowest_like(arr):  # pragma: no cover - replaced by the overload in jitted code
+    """The most negative finite value of the dtype of `arr`."""
+    raise NotImplementedError
+
+
+@overload(lowest_like)
+def _ol_lowest_like(arr):
+    if arr.dtype == types.float32:
+        return lambda arr: np.float32(-3.4028234663852886e38)
+    return lambda arr: -_FLOAT64_MAX
+
+
+@njit(fastmath=_LOOP_FLAGS, cache=True)
+def _dot(q, k, i, j):
+    # q[i] . k[j] in the inputs' precision; the order of the sum is free (the documented
+    # logit error (d + 2) u sum |q_f k_f| holds for any order), so it vectorises
+    acc = like_array(0.0, q)
+    for f in range(q.shape[1]):
+        acc += q[i, f] * k[j, f]
+    return acc
+
 
 @njit(cache=True)
-def _logits_block(q, k, addmask, keep, i, j0, j1, scale, buf):
-    d = q.shape[1]
+def _logits_block(q, k, addmask, keep, causal, qbad, kbad, i, j0, j1, scale, buf):
+    """Logits of query `i` against keys ``[j0, j1)`` into `buf` (dtype of `q`).
+
+    ``-inf`` for a masked key (boolean mask, causal mask or an additive ``-inf``, whatever
+    the dot product), NaN for a kept key when query `i` or the key has a non-finite
+    component (as in the reference). Returns True when a logit of finite inputs left the
+    float range (its row goes to the wide kernels).
+    """
+    overflow = False
     for j in range(j0, j1):
-        acc = 0.0
-        for f in range(d):
-            acc += np.float64(q[i, f]) * np.float64(k[j, f])
-        x = scale * acc + addmask[i, j]
-        buf[j - j0] = x if keep[i, j] else -np.inf
+        x = -np.inf
+        if (causal and j > i) or not keep[i, j]:
+            pass
+        elif qbad or kbad[j]:
+            x = np.nan
+        else:
+            a = np.float64(addmask[i, j])
+            if a != -np.inf:
+                x = scale * np.float64(_dot(q, k, i, j)) + a
+                xr = like_array(x, buf)
+                if (math.isinf(xr) or math.isnan(xr)) and abs(a) <= _FLOAT64_MAX:
+                    overflow = True
+        buf[j - j0] = like_array(x, buf)
+    return overflow
 
 
 @njit(parallel=True, cache=True)
-def attention_stats(q, k, addmask, keep, scale, eps, kind_out, m_out, neff_out, h_out):
+def attention_stats(
+    q, k, addmask, keep, causal, qbad, kbad, scale, eps, kind_out, m_out, neff_out, h_out
+):
     """Pass 1 of adaptive attention for one batch entry: q (L, d), k (S, d).
 
     The streaming state of each query's logits over key blocks (T7), then its
-    entropy; at most ``KEY_BLOCK`` logits are held at once.
+    entropy; at most ``KEY_BLOCK`` logits are held at once, in the dtype of `q`.
+    `addmask` and `keep` are (L, S) views read in place (broadcast strides allowed);
+    `causal` keeps keys ``j <= i`` only. A row with a logit beyond the float range
+    gets kind :data:`KIND_WIDE`.
     """
     L = q.shape[0]
     S = k.shape[0]
     for i in prange(L):
-        buf = np.empty(KEY_BLOCK)
+        buf = np.empty(KEY_BLOCK, q.dtype)
         M = -np.inf
         C = 0
         N = 0
         R = 0.0
         T = 0.0
         bad = False
+        wide = False
         for j0 in range(0, S, KEY_BLOCK):
             j1 = min(j0 + KEY_BLOCK, S)
-            _logits_block(q, k, addmask, keep, i, j0, j1, scale, buf)
+            if _logits_block(q, k, addmask, keep, causal, qbad[i], kbad, i, j0, j1, scale, buf):
+                wide = True
+                break
             m, nnan = pass_max(buf, 0, j1 - j0)
             if nnan > 0 or m == np.inf:
                 bad = True
@@ -1037,10 +1146,13 @@ def attention_stats(q, k, addmask, keep, scale, eps, kind_out, m_out, neff_out, 
             if m == -np.inf:
                 continue
             c, n_eff, r, t = pass_stats(buf, 0, j1 - j0, m, buf, False)
-            M, C, N, R, T = merge_state(M, C, N, R, T, m, c, n_eff, r, t)
+            M, C, N, R, T = merge_state(M, C, N, R, T, np.float64(m), c, n_eff, r, t)
         m_out[i] = M
         neff_out[i] = N
-        if bad:
+        if wide:
+            kind_out[i] = KIND_WIDE
+            h_out[i] = np.nan
+        elif bad:
             kind_out[i] = 3
             h_out[i] = np.nan
         elif M == -np.inf:
@@ -1052,7 +1164,7 @@ def attention_stats(q, k, addmask, keep, scale, eps, kind_out, m_out, neff_out, 
             h_acc = 0.0
             for j0 in range(0, S, KEY_BLOCK):
                 j1 = min(j0 + KEY_BLOCK, S)
-                _logits_block(q, k, addmask, keep, i, j0, j1, scale, buf)
+                _logits_block(q, k, addmask, keep, causal, qbad[i], kbad, i, j0, j1, scale, buf)
                 h_acc += pass_entropy_eps(buf, 0, j1 - j0, M, inv_s, eps)
             h_out[i] = -h_acc
         else:
@@ -1061,33 +1173,207 @@ def attention_stats(q, k, addmask, keep, scale, eps, kind_out, m_out, neff_out, 
 
 
 @njit(parallel=True, cache=True)
-def attention_apply(q, k, v, addmask, keep, scale, kind, m, beta, out):
-    """Pass 2 of adaptive attention: tempered weights accumulated into `out` (L, dv)."""
+def attention_apply(q, k, v, addmask, keep, causal, qbad, kbad, scale, kind, m, beta, out):
+    """Pass 2 of adaptive attention: tempered weights accumulated into `out` (L, dv).
+
+    Logits and exponentials in the dtype of `q`, the weighted sums in float64. Rows of
+    kind :data:`KIND_WIDE` are left alone.
+    """
     L = q.shape[0]
     S = k.shape[0]
     dv = v.shape[1]
     for i in prange(L):
+        if kind[i] == KIND_WIDE:
+            continue
         if kind[i] != 0:
             fill = np.nan if kind[i] == 3 else 0.0
             for f in range(dv):
                 out[i, f] = fill
             continue
-        buf = np.empty(KEY_BLOCK)
+        buf = np.empty(KEY_BLOCK, q.dtype)
         acc = np.zeros(dv)
         total = 0.0
-        M = m[i]
-        b = beta[i]
+        M = like_array(m[i], buf)
+        b = like_array(beta[i], buf)
+        low = lowest_like(buf)
         for j0 in range(0, S, KEY_BLOCK):
             j1 = min(j0 + KEY_BLOCK, S)
-            _logits_block(q, k, addmask, keep, i, j0, j1, scale, buf)
+            _logits_block(q, k, addmask, keep, causal, qbad[i], kbad, i, j0, j1, scale, buf)
             for j in range(j1 - j0):
                 if buf[j] == -np.inf:
                     continue  # masked: weight 0 for any β (0 * -inf would be NaN)
-                w = exp64(b * (buf[j] - M))
+                d = buf[j] - M
+                d = d if d >= low else low  # a finite logit whose shift overflowed
+                w = np.float64(fexp(b * d))
                 if w != 0.0:
                     total += w
                     for f in range(dv):
-                        acc[f] += w * v[j0 + j, f]
+                        acc[f] += w * np.float64(v[j0 + j, f])
+        inv = 1.0 / total
+        for f in range(dv):
+            out[i, f] = acc[f] * inv
+
+
+@njit(cache=True)
+def _exponent(v):
+    # e with |v| < 2**e (0 for v = 0): math.frexp's exponent
+    return math.frexp(v)[1]
+
+
+@njit(cache=True)
+def _wide_exponent(addmask, keep, causal, i, S, qe, ke, se):
+    # G of row i: every scaled logit x 2**-G has magnitude below d + 1
+    ae = -1074
+    for j in range(S):
+        if (causal and j > i) or not keep[i, j]:
+            continue
+        a = np.float64(addmask[i, j])
+        if abs(a) <= _FLOAT64_MAX and a != 0.0:
+            ae = max(ae, _exponent(a))
+    return max(qe + ke + se, ae)
+
+
+@njit(cache=True)
+def _wide_logit(q, k, addmask, keep, causal, qbad, kbad, i, j, qe, ke, se, sn, g):
+    r"""The logit of (i, j) times :math:`2^{-G}`, in float64 (``-inf`` masked, NaN invalid).
+
+    :math:`x 2^{-G} = s_n \sum_f (q_f 2^{-q_e})(k_f 2^{-k_e})\, 2^{q_e+k_e+s_e-G}
+    + a\, 2^{-G}` with :math:`s_n = \mathrm{scale}\, 2^{-s_e}`: every factor is scaled
+    by a power of two, so nothing overflows; what underflows is below the rounding
+    error of the float logit.
+    """
+    if (causal and j > i) or not keep[i, j]:
+        return -np.inf
+    if qbad or kbad[j]:
+        return np.nan
+    a = np.float64(addmask[i, j])
+    if a == -np.inf:
+        return -np.inf
+    acc = 0.0
+    for f in range(q.shape[1]):
+        acc += math.ldexp(np.float64(q[i, f]), -qe) * math.ldexp(np.float64(k[j, f]), -ke)
+    return math.ldexp(sn * acc, qe + ke + se - g) + math.ldexp(a, -g)
+
+
+@njit(cache=True)
+def _wide_shift(y, m, g):
+    # (y - m) 2**g, clamped to a finite value: the item is unmasked, its weight e^(β d) is
+    # 0 for β > 0 and 1 for β = 0
+    d = math.ldexp(y - m, g) if g <= 2000 else (y - m) * math.inf
+    if y == m:
+        d = 0.0
+    return d if d >= -1e300 else -1e300
+
+
+@njit(parallel=True, cache=True)
+def attention_wide_stats(
+    q, k, addmask, keep, causal, qbad, kbad, scale, ke, eps, rows,
+    kind_out, m_out, g_out, neff_out, h_out,
+):  # fmt: skip
+    r"""Pass 1 of the rows in `rows` whose logits leave the float range.
+
+    Each logit is formed scaled by a power of two :math:`2^{-G}` chosen per row
+    (:func:`_wide_logit`), so none overflows; the shifts :math:`x_j - m` are the scaled
+    differences times :math:`2^G`, clamped to a finite value. The statistics are
+    summed in float64 over the whole row (a slow path, three scans of the keys).
+    `ke` is the exponent of the largest finite key component; `m_out` receives the
+    scaled maximum and `g_out` the exponent :math:`G`.
+    """
+    S = k.shape[0]
+    se = _exponent(scale)
+    sn = math.ldexp(scale, -se)
+    for r in prange(rows.size):
+        i = rows[r]
+        qe = -1074
+        for f in range(q.shape[1]):
+            if q[i, f] != 0.0:
+                qe = max(qe, _exponent(np.float64(q[i, f])))
+        g = _wide_exponent(addmask, keep, causal, i, S, qe, ke, se)
+        M = -np.inf
+        bad = False
+        for j in range(S):
+            y = _wide_logit(q, k, addmask, keep, causal, qbad[i], kbad, i, j, qe, ke, se, sn, g)
+            if y != y or y == np.inf:
+                bad = True
+            elif y > M:
+                M = y
+        g_out[i] = g
+        m_out[i] = M
+        if bad:
+            kind_out[i] = 3
+            neff_out[i] = 0
+            h_out[i] = np.nan
+            continue
+        if M == -np.inf:
+            kind_out[i] = 2
+            neff_out[i] = 0
+            h_out[i] = 0.0
+            continue
+        c = 0
+        n_eff = 0
+        rs = 0.0
+        t = 0.0
+        for j in range(S):
+            y = _wide_logit(q, k, addmask, keep, causal, qbad[i], kbad, i, j, qe, ke, se, sn, g)
+            if y == -np.inf:
+                continue
+            d = _wide_shift(y, M, g)
+            n_eff += 1
+            if d == 0.0:
+                c += 1
+            else:
+                e = math.exp(d)
+                rs += e
+                t += e * d
+        kind_out[i] = 0
+        neff_out[i] = n_eff
+        if eps > 0.0:
+            inv_s = 1.0 / (c + rs)
+            acc = 0.0
+            for j in range(S):
+                y = _wide_logit(q, k, addmask, keep, causal, qbad[i], kbad, i, j, qe, ke, se, sn, g)
+                if y != -np.inf:
+                    p = math.exp(_wide_shift(y, M, g)) * inv_s
+                    acc += p * math.log(p + eps)
+            h_out[i] = -acc
+        else:
+            h_out[i] = entropy_from_state(c, rs, t)
+
+
+@njit(parallel=True, cache=True)
+def attention_wide_apply(
+    q, k, v, addmask, keep, causal, qbad, kbad, scale, ke, rows, kind, m, g_in, beta, out
+):
+    """Pass 2 of the rows of :func:`attention_wide_stats` (same scaled logits)."""
+    S = k.shape[0]
+    dv = v.shape[1]
+    se = _exponent(scale)
+    sn = math.ldexp(scale, -se)
+    for r in prange(rows.size):
+        i = rows[r]
+        if kind[i] != 0:
+            fill = np.nan if kind[i] == 3 else 0.0
+            for f in range(dv):
+                out[i, f] = fill
+            continue
+        qe = -1074
+        for f in range(q.shape[1]):
+            if q[i, f] != 0.0:
+                qe = max(qe, _exponent(np.float64(q[i, f])))
+        g = g_in[i]
+        M = m[i]
+        b = beta[i]
+        acc = np.zeros(dv)
+        total = 0.0
+        for j in range(S):
+            y = _wide_logit(q, k, addmask, keep, causal, qbad[i], kbad, i, j, qe, ke, se, sn, g)
+            if y == -np.inf:
+                continue
+            w = math.exp(b * _wide_shift(y, M, g))
+            if w != 0.0:
+                total += w
+                for f in range(dv):
+                    acc[f] += w * np.float64(v[j, f])
         inv = 1.0 / total
         for f in range(dv):
             out[i, f] = acc[f] * inv
@@ -1105,3 +1391,126 @@ def parallel_copy(src, dst):
         d = dst[lo:hi]
         for i in range(s.size):
             d[i] = s[i]
+
+
+# ---------------------------------------------------------------------------
+# fork safety: serial twins of the parallel kernels in a forked child
+# ---------------------------------------------------------------------------
+
+
+class KernelTable:
+    """The kernels as :mod:`softmaxtheory.accelerated.cpu` calls them.
+
+    An attribute is this module's global of the same name, except in a process
+    forked from one whose active threading layer is GNU OpenMP: there
+    :meth:`use_serial` has replaced every ``parallel=True`` kernel by its serial
+    twin, the same Python function compiled with ``parallel=False`` and the same
+    other options (``prange`` becomes ``range``). GNU OpenMP's pool does not
+    survive ``fork()``: Numba terminates a child that starts a parallel region
+    ("fork() called from a process already using GNU OpenMP"). The kernels split
+    the work into rows or fixed chunks and merge in a fixed order, so a twin's
+    result is the parallel kernel's bit for bit.
+    """
+
+    def __init__(self) -> None:
+        self.serial = False
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name not in globals():
+            raise AttributeError(name)
+        value = globals()[name]
+        setattr(self, name, value)  # cached: later look-ups are plain attributes
+        return value
+
+    def use_serial(self) -> None:
+        """Route every parallel kernel to its serial twin (compiled on first call)."""
+        if self.serial:
+            return
+        self.serial = True
+        for name in parallel_kernel_names():
+            setattr(self, name, _LazyTwin(name))
+
+
+def parallel_kernel_names() -> list[str]:
+    """Names of this module's kernels compiled with ``parallel=True``."""
+    return sorted(
+        name
+        for name, value in globals().items()
+        if isinstance(value, numba.core.registry.CPUDispatcher)
+        and value.targetoptions.get("parallel")
+    )
+
+
+_TWINS: dict[str, Any] = {}
+
+
+def serial_twins() -> dict[str, Any]:
+    """Serial twins of the parallel kernels, created once (each compiled lazily).
+
+    A twin is a copy of the kernel's Python function under the qualified name
+    ``<name>__serial`` (so Numba's on-disk cache keeps it apart from the
+    parallel version) whose globals map every parallel kernel to its twin, so a
+    parallel kernel calling another (``rows_adaptive_short``) stays serial.
+    """
+    if not _TWINS:
+        names = parallel_kernel_names()
+        scope = dict(globals())
+        for name in names:
+            disp = globals()[name]
+            f = disp.py_func
+            twin_f = _pytypes.FunctionType(
+                f.__code__, scope, f.__name__, f.__defaults__, f.__closure__
+            )
+            twin_f.__qualname__ = f"{f.__qualname__}__serial"
+            twin_f.__doc__ = f.__doc__
+            opts = {
+                k: v for k, v in disp.targetoptions.items() if k not in ("parallel", "cache", "nopython")
+            }
+            _TWINS[name] = njit(parallel=False, cache=True, **opts)(twin_f)
+        scope.update(_TWINS)
+    return _TWINS
+
+
+class _LazyTwin:
+    """Calls the serial twin of one kernel, creating the twins on first use."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, *args: Any) -> Any:
+        twin = serial_twins()[self.name]
+        setattr(kernels, self.name, twin)
+        return twin(*args)
+
+
+def fork_unsafe_layer_active() -> bool:
+    """Whether this process runs parallel kernels on GNU OpenMP (unsafe across ``fork``).
+
+    ``False`` before any parallel kernel has run (no layer is started yet: a
+    child starts its own) and for TBB, ``workqueue`` and Intel OpenMP.
+    """
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no parallel function has run in this process
+        return False
+    if layer != "omp":
+        return False
+    try:
+        from numba.np.ufunc import omppool
+
+        return str(omppool.openmp_vendor) == "GNU"
+    except (ImportError, AttributeError):  # pragma: no cover - unknown build: be safe
+        return True
+
+
+def _after_fork_in_child() -> None:
+    if fork_unsafe_layer_active():
+        kernels.use_serial()
+
+
+#: The table :mod:`softmaxtheory.accelerated.cpu` calls the kernels through.
+kernels = KernelTable()
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

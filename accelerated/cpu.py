@@ -28,6 +28,25 @@ thread count. The exponential is the kernel's own (no SVML in this llvmlite):
 Cody-Waite reduction and a short polynomial, vectorised; see
 :doc:`/performance` for its measured error.
 
+Processes
+---------
+The kernels use Numba's default threading layer (or the one chosen with
+``NUMBA_THREADING_LAYER`` / ``numba.config.THREADING_LAYER``; nothing is
+forced). Without TBB that is GNU OpenMP, whose thread pool does not survive
+``fork()``: a forked child that starts a parallel region is terminated
+("fork() called from a process already using GNU OpenMP"). So a handler
+registered with ``os.register_at_fork`` checks, in every forked child,
+whether the parent's active layer is GNU OpenMP (``numba.threading_layer()``
+after a parallel kernel has run; before that no pool exists and the child starts
+its own). If so, the child calls serial twins of the parallel kernels: the same
+Python functions compiled with ``parallel=False`` and the same fast-math flags,
+compiled on first use (and cached on disk). The work is split into rows and fixed
+chunks merged in a fixed order, so a child's results equal the parent's bit for
+bit; a ``multiprocessing`` pool with the ``fork`` start method (the Linux
+default, pytest-xdist's workers) works after kernel calls, running one thread per
+worker. TBB, ``workqueue`` and Intel OpenMP are fork-safe and keep running in
+parallel in the child.
+
 Examples
 --------
 >>> import numpy as np
@@ -56,10 +75,9 @@ from softmaxtheory.spec import (
     attention_layout,
     check_entropy_eps,
     resolve_schedule,
-    split_mask,
 )
 
-from . import _cpu_kernels as _k
+from ._cpu_kernels import kernels as _k
 
 __all__ = [
     "CHUNK",
@@ -270,11 +288,17 @@ def _run(
     if out is not None:
         lead = moved_shape[:-1]
         _check_out(out, (*lead[:axis], moved_shape[-1], *lead[axis:]), in_dtype)
+        # the kernels overwrite a row's output before they have read all of its input
+        # (the exponentials are stored, then the row is read again for β ≠ 1): an `out`
+        # overlapping the input they read gets a fresh buffer, copied into `out` at the end
+        # (numpy's ufunc semantics). Both are C-contiguous here, so overlapping bounds
+        # mean shared memory; the non-aliasing path allocates nothing.
         direct = (
             axis == work.ndim - 1
             and out.flags.c_contiguous
             and out.flags.writeable
             and out.dtype == work.dtype
+            and not np.may_share_memory(out, work)
         )
         if direct:
             values = out.reshape(rows, n)
@@ -366,7 +390,8 @@ def softmax(x: Any, axis: int = -1, *, out: np.ndarray | None = None) -> np.ndar
     axis : int, default -1
         The axis to normalise along.
     out : numpy.ndarray, optional
-        Destination of the same shape and dtype as the result (any strides).
+        Destination of the same shape and dtype as the result (any strides). It may
+        be `x` itself or overlap it: the result is then that of a separate output.
 
     Returns
     -------
@@ -446,7 +471,8 @@ def adaptive_softmax(
     entropy_eps : float, default 0.0
         The entropy mode (see :func:`entropy`).
     out : numpy.ndarray, optional
-        Destination (same shape and dtype as the result; any strides).
+        Destination (same shape and dtype as the result; any strides). It may be `x`
+        itself (in place) or overlap it: the result is that of a separate output.
 
     Returns
     -------
@@ -482,6 +508,43 @@ def _attn_array(a: Any, name: str) -> np.ndarray:
     return arr
 
 
+def _attn_mask(
+    mask: Any, lead: tuple[int, ...], L: int, S: int
+) -> tuple[np.ndarray | None, np.ndarray | None, tuple[int, ...]]:
+    """(keep, add, lead): the mask as it is, for the kernels to read in place.
+
+    A boolean mask is the keep mask, a floating one the additive term (float16 is
+    widened to float32, any other float read as given); neither is broadcast or
+    copied here. An integer mask is refused, as torch refuses it.
+    """
+    marr = np.asarray(mask)
+    if marr.dtype.kind in "iu":
+        raise TypeError(
+            f"mask must be boolean (True attends) or floating (added to the logits), "
+            f"got integer dtype {marr.dtype}: pass mask.astype(bool) or a float mask"
+        )
+    if marr.dtype != bool and marr.dtype.type not in (np.float16, np.float32, np.float64):
+        raise TypeError(f"mask must be boolean or floating, got dtype {marr.dtype}")
+    try:
+        target = np.broadcast_shapes(marr.shape, (*lead, L, S))
+    except ValueError as exc:
+        shape = (*lead, L, S)
+        raise ValueError(f"mask of shape {marr.shape} does not broadcast to {shape}") from exc
+    if marr.dtype == bool:
+        return marr, None, target[:-2]
+    if marr.dtype == np.float16:
+        marr = marr.astype(np.float32)
+    return None, marr, target[:-2]
+
+
+def _kernel_view(a: np.ndarray, shape: tuple[int, ...], idx: tuple[int, ...]) -> np.ndarray:
+    """The (L, S) slice `idx` of `a` broadcast to `shape`, a read-only view.
+
+    Strides are 0 where broadcast; one compiled signature whatever the mask's layout.
+    """
+    return np.broadcast_to(a, shape)[idx]
+
+
 def adaptive_attention(
     q: Any,
     k: Any,
@@ -503,7 +566,16 @@ def adaptive_attention(
     Pass 1 folds each query's logits, one block of keys at a time, into the
     streaming state of theorem T7 (its entropy, hence β); pass 2 recomputes the
     logits block by block and accumulates the tempered weights times `v`.
-    Memory is :math:`O(n d)`; logits are formed in float64.
+    Memory is :math:`O((L + S) d)` plus the output: the mask is read in place,
+    by key block, through its broadcast strides (a boolean mask as booleans), and
+    ``is_causal`` builds no mask at all.
+
+    Logits and exponentials are computed in float32 when every input is float32
+    (or float16), else in float64; the weighted sums of `v` in float64. A query
+    whose logits leave the float range (``q, k ~ 1e200``, ``scale = 1e308``) is
+    recomputed on a slower path that scales each logit by a power of two
+    :math:`2^{-G}` chosen for its row, so its outputs are those of the exact
+    logits up to the usual rounding of the float logits.
 
     Parameters
     ----------
@@ -512,7 +584,8 @@ def adaptive_attention(
         dimensions broadcast.
     mask : array_like, optional
         Broadcastable to ``(..., L, S)``: boolean (``True`` takes part) or
-        floating (added to the logits, ``-inf`` masks).
+        floating (added to the logits, ``-inf`` masks). Integer masks are refused
+        (as in torch).
     scale : float, optional
         Default ``1 / sqrt(d)``.
     is_causal : bool, default False
@@ -527,56 +600,88 @@ def adaptive_attention(
     -------
     numpy.ndarray
         ``(..., L, dv)``, float32 if every input is float32 (or float16),
-        else float64. A query whose keys are all masked gives zeros, a NaN or
-        ``+inf`` logit gives NaN.
+        else float64. A query whose keys are all masked gives zeros; a NaN or
+        ``+inf`` logit, or a non-finite component of the query or of a key it
+        attends to, gives NaN (as in the reference).
+
+    Raises
+    ------
+    TypeError
+        For an integer or non-numeric `mask`, a non-bool `is_causal`.
+    ValueError
+        For shapes that do not match or broadcast, `mask` together with `is_causal`.
     """
     qa, ka, va = _attn_array(q, "q"), _attn_array(k, "k"), _attn_array(v, "v")
     if not isinstance(is_causal, bool | np.bool_):
         raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
-    if is_causal:
-        if mask is not None:
-            raise ValueError("pass either mask or is_causal=True, not both")
-        mask = np.tril(np.ones((qa.shape[-2], ka.shape[-2]), dtype=bool))
+    causal = bool(is_causal)
+    if causal and mask is not None:
+        raise ValueError("pass either mask or is_causal=True, not both")
     lead, L, S, scale = attention_layout(qa, ka, va, scale)
     schedule = resolve_schedule(schedule)
     eps = check_entropy_eps(entropy_eps)
     d = qa.shape[-1]
     dv = va.shape[-1]
     low = all(a.dtype in (np.float16, np.float32) for a in (qa, ka, va))
-    out_dtype = np.float32 if low else np.float64
-    keep = np.ones((1, 1), dtype=bool)
-    add = np.zeros((1, 1))
+    work = np.float32 if low else np.float64
+    keep, add = np.ones((1, 1), dtype=bool), np.zeros((1, 1), dtype=work)
     if mask is not None:
-        keep, add, lead = split_mask(mask, lead, L, S)
-    keep_b = np.broadcast_to(keep, (*lead, L, S))
-    add_b = np.broadcast_to(add, (*lead, L, S))
-    qb = np.broadcast_to(qa.astype(np.float64), (*lead, L, d))
-    kb = np.broadcast_to(ka.astype(np.float64), (*lead, S, d))
-    vb = np.broadcast_to(va.astype(np.float64), (*lead, S, dv))
+        keep_m, add_m, lead = _attn_mask(mask, lead, L, S)
+        keep = keep if keep_m is None else keep_m
+        add = add if add_m is None else add_m
+    qb = np.broadcast_to(qa, (*lead, L, d))
+    kb = np.broadcast_to(ka, (*lead, S, d))
+    vb = np.broadcast_to(va, (*lead, S, dv))
     out = np.zeros((*lead, L, dv), dtype=np.float64)
     kind = np.empty(L, dtype=np.int64)
     m = np.empty(L)
     neff = np.empty(L, dtype=np.int64)
     h = np.empty(L)
+    g = np.zeros(L, dtype=np.int64)
+    shape = (*lead, L, S)
     for idx in np.ndindex(*lead):
-        qi = np.ascontiguousarray(qb[idx])
-        ki = np.ascontiguousarray(kb[idx])
-        vi = np.ascontiguousarray(vb[idx])
-        ai = np.ascontiguousarray(add_b[idx])
-        ke = np.ascontiguousarray(keep_b[idx])
-        _k.attention_stats(qi, ki, ai, ke, scale, eps, kind, m, neff, h)
+        qi = np.ascontiguousarray(qb[idx], dtype=work)
+        ki = np.ascontiguousarray(kb[idx], dtype=work)
+        vi = np.ascontiguousarray(vb[idx], dtype=work)
+        ai = _kernel_view(add, shape, idx)
+        ke = _kernel_view(keep, shape, idx)
+        qbad = ~np.isfinite(qi).all(axis=1)
+        kbad = ~np.isfinite(ki).all(axis=1)
+        _k.attention_stats(qi, ki, ai, ke, causal, qbad, kbad, scale, eps, kind, m, neff, h)
+        wide = np.flatnonzero(kind == _k.KIND_WIDE)
+        if wide.size:
+            finite = np.abs(ki[np.isfinite(ki)]) if ki.size else ki
+            kexp = math.frexp(float(finite.max()))[1] if finite.size and finite.max() else -1074
+            _k.attention_wide_stats(
+                qi, ki, ai, ke, causal, qbad, kbad, scale, kexp, eps, wide, kind, m, g, neff, h
+            )
         b = schedule.beta_float(h, neff)
         b[kind == 3] = np.nan
         b[kind == 2] = 1.0
         o = np.empty((L, dv))
-        _k.attention_apply(qi, ki, vi, ai, ke, scale, kind, m, b, o)
+        apply_kind = kind.copy()
+        apply_kind[wide] = _k.KIND_WIDE
+        _k.attention_apply(qi, ki, vi, ai, ke, causal, qbad, kbad, scale, apply_kind, m, b, o)
+        if wide.size:
+            _k.attention_wide_apply(
+                qi, ki, vi, ai, ke, causal, qbad, kbad, scale, kexp, wide, kind, m, g, b, o
+            )
         out[idx] = o
-    return out.astype(out_dtype)
+    return out.astype(work)
 
 
 # ---------------------------------------------------------------------------
 # streaming object
 # ---------------------------------------------------------------------------
+
+_MASK64 = (1 << 64) - 1
+
+
+def _digest(arr: np.ndarray) -> int:
+    """Multiset digest of a 1-d chunk (order- and chunking-independent, mod 2**64)."""
+    parts = np.empty(max(1, -(-arr.size // CHUNK)), dtype=np.uint64)
+    _k.chunk_digests(arr, CHUNK, parts)
+    return int(parts.sum(dtype=np.uint64))
 
 
 class StreamingSoftmax:
@@ -607,6 +712,18 @@ class StreamingSoftmax:
     needs the normaliser before the sum). Merging is the fixed-order float ⊕ of
     T7; different chunkings give results equal within the documented error, and
     the same chunking gives identical bits for any thread count.
+
+    Misuse is detected where it is cheap. Each pass keeps a multiset digest of its
+    items (a sum of 64-bit hashes, independent of order and chunking, added on
+    merge): a tempered pass that reaches the item count of pass 1 with other items
+    raises :class:`ValueError`, as does one fed more items, and :meth:`normalize`
+    or :meth:`update_tempered` of a value above the row's maximum (NaN, ``+inf``
+    included) — such a value was never fed. Not detected: :meth:`normalize` of a
+    value below the maximum that was never fed (it gets the probability it would
+    have, without being part of the row; the reference's
+    :class:`~softmaxtheory.reference.StreamState` raises), chunks normalised twice
+    or not at all, and a digest collision (about :math:`2^{-64}` for unrelated
+    data, not a guarantee against crafted input).
 
     Examples
     --------
@@ -641,6 +758,8 @@ class StreamingSoftmax:
         self._tb_c = 0
         self._tb_r = 0.0
         self._tb_count = 0
+        self._digest = 0  # multiset digests (mod 2**64) of the items of each pass
+        self._tb_digest = 0
         self._beta: float | None = None
 
     # -- pass 1 ------------------------------------------------------------
@@ -659,6 +778,7 @@ class StreamingSoftmax:
         arr = self._chunk(chunk)
         if arr.size == 0:
             return self
+        self._digest = (self._digest + _digest(arr)) & _MASK64
         if arr.size > CHUNK:
             bad, M, C, N, R, T = _long_row_state(arr)
         else:
@@ -692,6 +812,8 @@ class StreamingSoftmax:
         new = StreamingSoftmax(self.schedule, self.dtype)
         new._fold(self._bad, self._m, self._c, self._n, self._r, self._t, self._count)
         new._fold(other._bad, other._m, other._c, other._n, other._r, other._t, other._count)
+        new._digest = (self._digest + other._digest) & _MASK64
+        new._tb_digest = (self._tb_digest + other._tb_digest) & _MASK64
         if self._tb_count or other._tb_count:
             if self._m != other._m and self._tb_count and other._tb_count:
                 raise ValueError("tempered sums of states with different maxima cannot be merged")
@@ -744,11 +866,25 @@ class StreamingSoftmax:
 
     # -- pass 2 ------------------------------------------------------------
     def update_tempered(self, chunk: Any) -> StreamingSoftmax:
-        r"""Add :math:`\sum e^{\beta(x-m)}` of a chunk (pass 2); returns self."""
+        r"""Add :math:`\sum e^{\beta(x-m)}` of a chunk (pass 2); returns self.
+
+        Raises
+        ------
+        ValueError
+            If the chunk holds a value above the maximum of pass 1 (never fed), if
+            pass 2 is fed more items than pass 1, or if, once it has as many, its
+            items are not those of pass 1 (their multiset digests differ).
+        """
         arr = self._chunk(chunk)
         b = self.beta()
         if not self.needs_tempered_pass:
             return self
+        if self._tb_count + arr.size > self._count:
+            raise ValueError(
+                f"update_tempered() was fed {self._tb_count + arr.size} items, more than the "
+                f"{self._count} fed to update(): feed each chunk of the row once"
+            )
+        self._check_fed(arr)
         nchunk = max(1, -(-arr.size // CHUNK))
         cb = np.zeros(nchunk, dtype=np.int64)
         rb = np.zeros(nchunk)
@@ -757,11 +893,46 @@ class StreamingSoftmax:
         self._tb_c += int(cb.sum())
         self._tb_r += float(_k.fold_sum(rb))
         self._tb_count += arr.size
+        self._tb_digest = (self._tb_digest + _digest(arr)) & _MASK64
+        self._check_passes_agree()
         return self
+
+    def _check_fed(self, arr: np.ndarray) -> None:
+        """Refuse a chunk holding a value that cannot have been fed to pass 1.
+
+        Only values above the maximum (NaN and ``+inf`` included, in a valid state)
+        are certainly new; a value below it is not looked up.
+        """
+        if arr.size == 0 or self._bad:
+            return
+        top, nnan = _k.pass_max(arr, 0, arr.size)
+        if nnan or top > self._m:
+            bad = arr[np.isnan(arr) | (arr > self._m)][0]
+            raise ValueError(
+                f"chunk holds {float(bad)!r}, above the maximum {self._m!r} of every chunk "
+                f"fed to update(): it was never fed to this state"
+            )
+
+    def _check_passes_agree(self) -> None:
+        if self._tb_count == self._count and self._tb_digest != self._digest:
+            raise ValueError(
+                "the chunks fed to update_tempered() are not those fed to update() (same "
+                f"number of items, {self._count}, different values): feed every chunk of "
+                "the row once to each pass"
+            )
 
     # -- pass 3 ------------------------------------------------------------
     def normalize(self, chunk: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """The (adaptive) softmax values of a chunk of the row, given the complete state."""
+        """The (adaptive) softmax values of a chunk of the row, given the complete state.
+
+        Raises
+        ------
+        ValueError
+            If the chunk holds a value above the row's maximum, NaN or ``+inf`` (never
+            fed to a valid state), or if the tempered pass saw other items than pass 1.
+        RuntimeError
+            If β ≠ 1 and the tempered pass is incomplete.
+        """
         arr = self._chunk(chunk)
         if out is None:
             out = np.empty(arr.shape, dtype=self.dtype)
@@ -769,6 +940,7 @@ class StreamingSoftmax:
             _check_out(out, arr.shape, self.dtype)
             if not out.flags.c_contiguous:
                 raise ValueError("out must be C-contiguous")
+        self._check_fed(arr)
         if self._bad:
             out[...] = np.nan
             return out
@@ -782,6 +954,7 @@ class StreamingSoftmax:
                     f"β = {b} ≠ 1: feed every chunk to update_tempered() before normalize() "
                     f"({self._tb_count} of {self._count} items seen)"
                 )
+            self._check_passes_agree()
             inv = 1.0 / (self._tb_c + self._tb_r)
         else:
             inv = 1.0 / (self._c + self._r)

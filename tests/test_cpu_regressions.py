@@ -1,0 +1,407 @@
+"""Regressions of the CPU kernels found by the audit of issue 14 (aliasing, overflow, misuse).
+
+Each test pins one defect that once gave a silently wrong result, a NaN, a hang or an
+O(L·S) allocation.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from softmaxtheory.accelerated import cpu
+
+from softmaxtheory import reference
+from softmaxtheory.spec import Constant, LogLength
+from softmaxtheory.testing import assert_attention_close
+
+INF = np.inf
+#: the audit's row: β ≠ 1 under the paper's schedule
+AUDIT_ROW = np.array([3.0, 1, 0, 0, -1, 2])
+
+
+# ---------------------------------------------------------------------------
+# 1. out aliasing the input
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("n", [6, 2000, cpu.CHUNK + 5])
+@pytest.mark.parametrize("func", ["softmax", "adaptive_softmax"])
+def test_out_is_x_gives_the_out_of_place_result(dtype, n, func) -> None:
+    """``out=x`` (in place) gives the result of a separate output, bit for bit."""
+    rng = np.random.default_rng(n)
+    x = rng.normal(scale=2.0, size=(3, n)).astype(dtype)
+    x[:, :6] = AUDIT_ROW
+    x[:, 6:50] -= 6.0  # keep β ≠ 1 for the longer rows
+    if n > 6:
+        x[:, 50:] = -40.0
+    f = getattr(cpu, func)
+    expected = f(x.copy())
+    y = x.copy()
+    got = f(y, out=y)
+    assert got is y
+    np.testing.assert_array_equal(y, expected)
+
+
+def test_out_is_x_audit_row() -> None:
+    """The audit's example: in place gives the adaptive probabilities, not a re-softmax."""
+    y = AUDIT_ROW.copy()
+    cpu.adaptive_softmax(y, out=y)
+    np.testing.assert_allclose(y, reference.adaptive_softmax(AUDIT_ROW), rtol=1e-13)
+
+
+@pytest.mark.parametrize("func", ["softmax", "adaptive_softmax"])
+@pytest.mark.parametrize("shift", [1, 3, -2])
+def test_partially_overlapping_out(func, shift) -> None:
+    """An `out` that overlaps `x` partially gives the result for the original `x`."""
+    n = 40
+    buf = np.random.default_rng(1).normal(scale=3.0, size=n + 8)
+    lo = 4
+    x = buf[lo : lo + n]
+    out = buf[lo + shift : lo + shift + n]
+    f = getattr(cpu, func)
+    expected = f(x.copy())
+    got = f(x, out=out)
+    assert got is out
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_aliasing_along_another_axis() -> None:
+    """Aliasing through a transposed view (the non-direct path) is also correct."""
+    x = np.random.default_rng(2).normal(scale=3.0, size=(5, 7))
+    expected = cpu.adaptive_softmax(x.copy(), axis=0)
+    cpu.adaptive_softmax(x, axis=0, out=x)
+    np.testing.assert_array_equal(x, expected)
+
+
+# ---------------------------------------------------------------------------
+# 2. merging states whose maxima differ by more than the float maximum
+# ---------------------------------------------------------------------------
+
+
+def test_long_row_with_chunk_maxima_beyond_the_float_range() -> None:
+    """Chunks at 1e308 and -1e308: finite entropy and probabilities (reference 11.09)."""
+    z = np.r_[np.full(cpu.CHUNK, 1e308), np.full(10, -1e308)]
+    h = float(cpu.entropy(z))
+    assert h == pytest.approx(float(reference.entropy(z)), rel=1e-13)
+    p = cpu.adaptive_softmax(z)
+    assert np.all(np.isfinite(p))
+    np.testing.assert_allclose(p[: cpu.CHUNK], 1.0 / cpu.CHUNK, rtol=1e-13)
+    assert np.all(p[cpu.CHUNK :] == 0.0)
+    flipped = z[::-1].copy()
+    assert float(cpu.entropy(flipped)) == pytest.approx(h, rel=1e-13)
+
+
+@pytest.mark.parametrize("order", [(1e308, -1e308), (-1e308, 1e308)])
+def test_stream_with_maxima_beyond_the_float_range(order) -> None:
+    """``update([1e308]).update([-1e308])`` (either order) finishes with the right answer."""
+    state = cpu.StreamingSoftmax()
+    for v in order:
+        state.update([v])
+    assert state.entropy() == 0.0
+    assert state.beta() == 1.0 and not state.needs_tempered_pass
+    assert state.n_eff == 2
+    assert state.normalize([1e308]).tolist() == [1.0]
+    assert state.normalize([-1e308]).tolist() == [0.0]
+
+
+def test_item_whose_shift_overflows_still_counts() -> None:
+    """x − m = −inf by overflow is an unmasked item: n_eff (LogLength's β) counts it."""
+    x = np.array([1e308, -1e308, 1e308])
+    sched = LogLength("0.5")
+    assert float(cpu.beta(x, schedule=sched)) == float(reference.beta(x, schedule=sched))
+    state = cpu.StreamingSoftmax(sched).update(x)
+    assert state.n_eff == 3
+    long = np.r_[np.full(cpu.CHUNK, -1e308), [1e308]]
+    assert float(cpu.beta(long, schedule=sched)) == float(reference.beta(long, schedule=sched))
+
+
+# ---------------------------------------------------------------------------
+# 3, 4. attention logits: infinite keys, logits beyond the float range
+# ---------------------------------------------------------------------------
+
+
+def test_attention_infinite_key_gives_nan() -> None:
+    """A key with ``+inf`` makes every query that sees it NaN (reference and torch)."""
+    q = np.array([[1.0, 0], [-1, 0]])
+    k = np.array([[INF, 0], [0, 1]])
+    v = np.array([[1.0], [2]])
+    ref = reference.adaptive_attention(q, k, v)
+    got = cpu.adaptive_attention(q, k, v)
+    assert np.isnan(ref).all() and np.isnan(got).all()
+    # masked away by a boolean mask, the key does not count (as in the reference)
+    keep = np.array([[False, True], [False, True]])
+    np.testing.assert_array_equal(cpu.adaptive_attention(q, k, v, mask=keep), [[2.0], [2.0]])
+    # a NaN or -inf component of a query poisons that query only
+    q2 = np.array([[np.nan, 0], [1, 0]])
+    k2 = np.array([[1.0, 0], [0, 1]])
+    got2 = cpu.adaptive_attention(q2, k2, v)
+    ref2 = reference.adaptive_attention(q2, k2, v)
+    assert np.isnan(got2[0]).all() and np.isnan(ref2[0]).all()
+    np.testing.assert_allclose(got2[1], ref2[1], rtol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_attention_logits_beyond_the_float_range(dtype) -> None:
+    """Logits that overflow (q, k ~ 1e200; scale = 1e308) give the reference's finite outputs."""
+    rng = np.random.default_rng(0)
+    big = 1e200 if dtype == np.float64 else 1e30
+    q = (rng.normal(size=(2, 3, 4)) * big).astype(dtype)
+    k = (rng.normal(size=(2, 5, 4)) * big).astype(dtype)
+    v = rng.normal(size=(2, 5, 2)).astype(dtype)
+    got = cpu.adaptive_attention(q, k, v)
+    ref = reference.adaptive_attention(q, k, v, dtype=dtype)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, ref, rtol=1e-6 if dtype == np.float32 else 1e-14)
+    scale = 1e308 if dtype == np.float64 else 1e38
+    qs, ks = rng.normal(size=(3, 4)).astype(dtype), rng.normal(size=(6, 4)).astype(dtype)
+    vs = rng.normal(size=(6, 3)).astype(dtype)
+    got = cpu.adaptive_attention(qs, ks, vs, scale=scale)
+    ref = reference.adaptive_attention(qs, ks, vs, scale=scale, dtype=dtype)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, ref, rtol=1e-6 if dtype == np.float32 else 1e-14)
+
+
+def test_attention_overflow_with_masks_ties_and_additive_terms() -> None:
+    """Overflowing rows keep the masks, ties and additive terms of the spec."""
+    q = np.array([[1e200, 0.0], [1e200, 0.0], [1.0, 0.0]])
+    k = np.array([[1e200, 0.0], [1e200, 0.0], [-1e200, 0.0], [0.0, 1.0]])
+    v = np.array([[1.0], [3.0], [5.0], [7.0]])
+    keep = np.array([[True, True, True, True], [False, True, True, True], [True] * 4])
+    got = cpu.adaptive_attention(q, k, v, mask=keep, scale=1.0)
+    ref = reference.adaptive_attention(q, k, v, mask=keep, scale=1.0)
+    np.testing.assert_allclose(got, ref, rtol=1e-14)
+    add = np.array([[0.0, -INF, 0.0, 1e308], [1e308, 1e308, 0.0, 0.0], [0.0] * 4])
+    got = cpu.adaptive_attention(q, k, v, mask=add, scale=1.0)
+    ref = reference.adaptive_attention(q, k, v, mask=add, scale=1.0)
+    np.testing.assert_allclose(got, ref, rtol=1e-14)
+    for sched in (Constant("1"), LogLength("0.5")):
+        got = cpu.adaptive_attention(q, k, v, scale=1.0, schedule=sched)
+        ref = reference.adaptive_attention(q, k, v, scale=1.0, schedule=sched)
+        np.testing.assert_allclose(got, ref, rtol=1e-14)
+
+
+# ---------------------------------------------------------------------------
+# 5. StreamingSoftmax misuse
+# ---------------------------------------------------------------------------
+
+
+def test_tempered_pass_over_other_chunks_is_refused() -> None:
+    """Pass 2 fed different items with the same count raises instead of misnormalising."""
+    state = cpu.StreamingSoftmax().update(AUDIT_ROW)
+    assert state.needs_tempered_pass
+    state.update_tempered(AUDIT_ROW[:3])
+    with pytest.raises(ValueError, match="not those fed to update"):
+        state.update_tempered(AUDIT_ROW[:3])
+    with pytest.raises(ValueError, match="not those fed to update"):
+        state.normalize(AUDIT_ROW)
+
+
+def test_tempered_pass_in_another_chunking_and_order_is_accepted() -> None:
+    """The check is a multiset one: any chunking and order of the same items pass."""
+    x = np.random.default_rng(0).normal(scale=3.0, size=1000)
+    x[:20] += 14.0
+    state = cpu.StreamingSoftmax().update(x[:300]).update(x[300:])
+    assert state.needs_tempered_pass
+    for part in (x[700:], x[:123], x[123:700]):
+        state.update_tempered(part)
+    p = np.concatenate([state.normalize(x[:500]), state.normalize(x[500:])])
+    np.testing.assert_allclose(p, cpu.adaptive_softmax(x), rtol=1e-12)
+
+
+def test_tempered_pass_with_more_items_than_pass_one_is_refused() -> None:
+    state = cpu.StreamingSoftmax().update(AUDIT_ROW)
+    state.update_tempered(AUDIT_ROW)
+    with pytest.raises(ValueError, match="update_tempered"):
+        state.update_tempered(AUDIT_ROW[:1])
+
+
+def test_tempered_pass_with_a_value_above_the_maximum_is_refused() -> None:
+    state = cpu.StreamingSoftmax().update(AUDIT_ROW)
+    with pytest.raises(ValueError, match="never fed"):
+        state.update_tempered(np.array([4.0]))
+
+
+@pytest.mark.parametrize("schedule", [None, Constant("1")])
+def test_normalize_of_a_value_never_fed_is_refused(schedule) -> None:
+    """A value above the maximum, NaN or +inf was never fed: ValueError, as in the reference."""
+    state = cpu.StreamingSoftmax(schedule).update(AUDIT_ROW)
+    if state.needs_tempered_pass:
+        state.update_tempered(AUDIT_ROW)
+    for bad in (5.0, np.nan, INF):
+        with pytest.raises(ValueError, match="never fed"):
+            state.normalize(np.array([0.0, bad]))
+        with pytest.raises(ValueError, match="never fed"):
+            reference.StreamState.from_logits(AUDIT_ROW).normalize(np.array([0.0, bad]))
+    assert state.normalize(np.array([3.0, -INF])).tolist()[1] == 0.0
+
+
+def test_merged_states_keep_the_pass_checks() -> None:
+    a = cpu.StreamingSoftmax().update(AUDIT_ROW[:3])
+    b = cpu.StreamingSoftmax().update(AUDIT_ROW[3:])
+    total = a + b
+    total.update_tempered(AUDIT_ROW[::-1])
+    np.testing.assert_allclose(
+        total.normalize(AUDIT_ROW), cpu.adaptive_softmax(AUDIT_ROW), rtol=1e-14
+    )
+
+
+# ---------------------------------------------------------------------------
+# 6. fork safety
+# ---------------------------------------------------------------------------
+
+_FORK_SCRIPT = textwrap.dedent(
+    """
+    import multiprocessing as mp
+    import numpy as np
+    from softmaxtheory.accelerated import cpu
+    from softmaxtheory.accelerated import _cpu_kernels as K
+
+    def results(seed):
+        rng = np.random.default_rng(seed)
+        x32 = rng.normal(size=(64, 100)).astype(np.float32)
+        x64 = rng.normal(size=(64, 100)) * 3
+        long = rng.normal(size=cpu.CHUNK + 1000) * 4
+        q, k, v = (rng.normal(size=(2, 16, 8)) for _ in range(3))
+        s = cpu.StreamingSoftmax(dtype=np.float64)
+        for part in np.array_split(long, 3):
+            s.update(part)
+        out = [
+            cpu.softmax(x32), cpu.softmax(long), cpu.entropy(x64), cpu.entropy(long),
+            cpu.adaptive_softmax(x32), cpu.adaptive_softmax(x64),
+            cpu.adaptive_softmax(long), np.float64(s.entropy()),
+            cpu.adaptive_attention(q, k, v), cpu.adaptive_attention(q, k, v, is_causal=True),
+        ]
+        if s.needs_tempered_pass:
+            for part in np.array_split(long, 3):
+                s.update_tempered(part)
+        out.append(s.normalize(long))
+        return [np.asarray(a).tobytes() for a in out]
+
+    def work(seed):
+        return results(seed), K.kernels.serial
+
+    if __name__ == "__main__":
+        results(0)                           # the parent has run every parallel kernel
+        unsafe = K.fork_unsafe_layer_active()
+        with mp.get_context("fork").Pool(2) as pool:
+            got = pool.map(work, range(3))
+        assert all(serial == unsafe for _, serial in got), (unsafe, got)
+        assert [r for r, _ in got] == [results(s) for s in range(3)]
+        print("ok", unsafe)
+    """
+)
+
+
+def test_fork_based_pool_after_a_kernel_call() -> None:
+    """A fork-start pool works after kernel calls, with the parent's results bit for bit.
+
+    With GNU OpenMP active in the parent (Numba's default without TBB) the children run
+    the serial twins of the parallel kernels; their results must equal the parent's.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ok"), proc.stdout
+    assert "unsafe" not in proc.stderr
+    assert "Terminating" not in proc.stderr
+
+
+def test_serial_twins_cover_every_parallel_kernel() -> None:
+    """Every parallel kernel has a serial twin, and the twins call no parallel kernel."""
+    from softmaxtheory.accelerated import _cpu_kernels as K
+
+    names = K.parallel_kernel_names()
+    assert {"rows_softmax", "rows_adaptive_short", "_rows_short_second", "chunk_states"} <= set(
+        names
+    )
+    twins = K.serial_twins()
+    assert sorted(twins) == names
+    for name, twin in twins.items():
+        assert not twin.targetoptions.get("parallel"), name
+        assert twin.py_func.__globals__["_rows_short_second"] is twins["_rows_short_second"]
+
+
+# ---------------------------------------------------------------------------
+# 7. attention masks read in place; the float32 path; integer masks refused
+# ---------------------------------------------------------------------------
+
+_MEMORY_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from softmaxtheory.accelerated import cpu
+
+    def status(key):
+        for line in open("/proc/self/status"):
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+        raise KeyError(key)
+
+    kind, n = sys.argv[1], int(sys.argv[2])
+    rng = np.random.default_rng(0)
+    def inputs(n):
+        q = rng.normal(size=(n, 64)); k = rng.normal(size=(n, 64)); v = rng.normal(size=(n, 64))
+        if kind == "bool":
+            return q, k, v, dict(mask=np.tril(np.ones((n, n), dtype=bool))[None])
+        if kind == "row":  # a broadcast additive mask over the keys
+            return q, k, v, dict(mask=np.where(np.arange(n) % 3 == 0, -np.inf, 0.0))
+        return q, k, v, dict(is_causal=True)
+    q, k, v, kw = inputs(64)
+    cpu.adaptive_attention(q, k, v, **kw)          # compile / load every specialisation
+    q, k, v, kw = inputs(n)
+    with open("/proc/self/clear_refs", "w") as f:  # reset VmHWM to the current RSS
+        f.write("5")
+    before = status("VmRSS:")
+    cpu.adaptive_attention(q, k, v, **kw)
+    print(status("VmHWM:") - before)
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["causal", "bool", "row"])
+def test_attention_mask_memory_is_not_quadratic(kind) -> None:
+    """At L = S = 4096, D = 64 the peak RSS grows by far less than one L·S float64 copy."""
+    n = 4096
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEMORY_SCRIPT, kind, str(n)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    growth = int(proc.stdout.strip().splitlines()[-1])
+    # a float64 copy of the mask is 128 MiB, a boolean one 16 MiB
+    assert growth < 12 * 2**20, f"peak RSS grew by {growth / 2**20:.1f} MiB"
+
+
+def test_attention_float32_path_is_float32_accurate() -> None:
+    """float32 inputs are computed in float32, within the float32 error model."""
+    rng = np.random.default_rng(7)
+    q = rng.normal(size=(2, 9, 8)).astype(np.float32)
+    k = rng.normal(size=(2, 300, 8)).astype(np.float32)
+    v = rng.normal(size=(2, 300, 3)).astype(np.float32)
+    mask = rng.random((9, 300)) < 0.8
+    for kw in ({}, {"mask": mask}, {"is_causal": True}, {"schedule": Constant("1")}):
+        got = cpu.adaptive_attention(q, k, v, **kw)
+        assert got.dtype == np.float32
+        assert_attention_close(got, (q, k, v), **kw)
+    add = np.where(mask, 0.0, -np.inf).astype(np.float32)
+    got = cpu.adaptive_attention(q, k, v, mask=add)
+    assert_attention_close(got, (q, k, v), mask=add)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int8, np.uint8])
+def test_integer_attention_mask_is_refused(dtype) -> None:
+    """An integer mask is refused (as torch does), never taken as additive."""
+    q = np.zeros((2, 3))
+    with pytest.raises(TypeError, match="mask"):
+        cpu.adaptive_attention(q, q, q, mask=np.zeros((2, 2), dtype=dtype))
