@@ -1464,7 +1464,9 @@ def serial_twins() -> dict[str, Any]:
             twin_f.__qualname__ = f"{f.__qualname__}__serial"
             twin_f.__doc__ = f.__doc__
             opts = {
-                k: v for k, v in disp.targetoptions.items() if k not in ("parallel", "cache", "nopython")
+                k: v
+                for k, v in disp.targetoptions.items()
+                if k not in ("parallel", "cache", "nopython")
             }
             _TWINS[name] = njit(parallel=False, cache=True, **opts)(twin_f)
         scope.update(_TWINS)

@@ -262,7 +262,7 @@ _FORK_SCRIPT = textwrap.dedent(
     import multiprocessing as mp
     import numpy as np
     from softmaxtheory.accelerated import cpu
-    from softmaxtheory.accelerated import _cpu_kernels as K
+    from softmaxtheory.accelerated import _cpu_kernels as kmod
 
     def results(seed):
         rng = np.random.default_rng(seed)
@@ -317,13 +317,13 @@ def test_fork_based_pool_after_a_kernel_call() -> None:
 
 def test_serial_twins_cover_every_parallel_kernel() -> None:
     """Every parallel kernel has a serial twin, and the twins call no parallel kernel."""
-    from softmaxtheory.accelerated import _cpu_kernels as K
+    from softmaxtheory.accelerated import _cpu_kernels as kmod
 
-    names = K.parallel_kernel_names()
+    names = kmod.parallel_kernel_names()
     assert {"rows_softmax", "rows_adaptive_short", "_rows_short_second", "chunk_states"} <= set(
         names
     )
-    twins = K.serial_twins()
+    twins = kmod.serial_twins()
     assert sorted(twins) == names
     for name, twin in twins.items():
         assert not twin.targetoptions.get("parallel"), name
