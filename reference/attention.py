@@ -233,7 +233,8 @@ def adaptive_attention(
     mask : array_like, optional
         Broadcastable to ``(..., L, S)``. Boolean: ``True`` takes part in
         attention (the SDPA convention). Floating: added to the logits
-        (``-inf`` masks).
+        (``-inf`` masks). An integer mask is refused (:class:`TypeError`), as
+        SDPA refuses it.
     scale : float, optional
         Logit scale; default ``1 / math.sqrt(d)`` evaluated in float64.
     is_causal : bool, default False
@@ -265,6 +266,8 @@ def adaptive_attention(
     qa = _as_float_array(q, "q")
     ka = _as_float_array(k, "k")
     va = _as_float_array(v, "v")
+    if not isinstance(is_causal, bool | np.bool_):
+        raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
     lead, L, S, scale = attention_layout(qa, ka, va, scale)
     fmt = format_for(dtype)
     schedule = resolve_schedule(schedule)
