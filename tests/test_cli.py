@@ -196,7 +196,7 @@ def test_plot_path_is_checked_before_the_table(capsys):
 
 
 def test_options_are_not_abbreviated(capsys):
-    """``--n`` was taken as ``--npy`` (argparse's prefix matching); it is refused on every parser."""
+    """``--n`` was taken as ``--npy`` (prefix matching); it is refused on every parser."""
     from softmaxtheory.cli import _build_parser
 
     parser, subparsers = _build_parser()

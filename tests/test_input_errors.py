@@ -6,7 +6,6 @@ import math
 import re
 
 import mpmath
-
 import numpy as np
 import pytest
 from softmaxtheory.reference import StreamState
@@ -287,7 +286,7 @@ def test_reference_attention_is_causal_must_be_a_bool(is_causal) -> None:
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int64, np.uint8])
 def test_integer_attention_mask_is_refused_as_torch_does(dtype) -> None:
-    """torch refuses an integer attn_mask; the reference took it as additive: one rule everywhere."""
+    """torch refuses an integer attn_mask; the reference took it as additive: one rule now."""
     mask = np.ones((2, 2), dtype=dtype)
     with pytest.raises(TypeError, match=names("mask")):
         reference.adaptive_attention(ATT_Q, ATT_Q, ATT_V, mask=mask)
@@ -306,12 +305,12 @@ def test_split_mask_names_the_argument() -> None:
         split_mask(np.zeros((2, 2), dtype=np.int32), (), 2, 2, name="attn_mask")
     with pytest.raises(ValueError, match=names("attn_mask")):
         split_mask(np.zeros((3, 2)), (), 2, 2, name="attn_mask")
-    keep, add, lead = split_mask(np.zeros((2, 2), dtype=np.float32), (), 2, 2)
+    _keep, add, lead = split_mask(np.zeros((2, 2), dtype=np.float32), (), 2, 2)
     assert add.dtype == np.float64 and lead == ()
 
 
 @pytest.mark.parametrize("prec", [8, 53, 113, 800])
-@pytest.mark.parametrize("big", [1e308, 1.7976931348623157e308, 2.0**200, 2.0**129])
+@pytest.mark.parametrize("big", [1e308, 1.7976931348623157e308, 2.0**1000])
 def test_mp_tempered_item_beyond_relative_precision_is_certified_zero(prec, big) -> None:
     """``adaptive_softmax_mp([1e308] * 5 + [0.])`` raised PrecisionError.
 
@@ -322,8 +321,9 @@ def test_mp_tempered_item_beyond_relative_precision_is_certified_zero(prec, big)
     row = [big] * 5 + [0.0]
     got = reference.adaptive_softmax_mp(row, prec=prec)
     assert got[-1] == 0
-    tol = mpmath.mpf(2) ** -prec
-    assert all(abs(v - mpmath.mpf(1) / 5) <= tol / 5 for v in got[:5])
+    with mpmath.workprec(prec + 40):
+        tol = mpmath.mpf(2) ** -prec
+        assert all(abs(v - mpmath.mpf(1) / 5) <= tol / 5 for v in got[:5])
     assert reference.adaptive_softmax(row)[-1] == 0.0
 
 
@@ -331,7 +331,7 @@ def test_mp_tempered_items_below_the_zero_cutoff_keep_their_relative_precision()
     """An item with beta * |z| just below 2^128 is still certified to 2^-prec (not zeroed)."""
     row = [0.0] * 5 + [-(2.0**126)]
     got = reference.adaptive_softmax_mp(row, prec=800)
-    beta = reference.beta_mp(row, prec=900)
+    beta = reference.beta_mp(row, prec=800)
     with mpmath.workprec(1200):
         exact = mpmath.exp(beta * row[-1]) / (5 + mpmath.exp(beta * row[-1]))
         assert got[-1] != 0
