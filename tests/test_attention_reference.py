@@ -178,3 +178,32 @@ def test_errors_name_the_argument(kwargs, error, match):
     args.update(kwargs)
     with pytest.raises(error, match=match):
         adaptive_attention(args["q"], args["k"], args["v"], **opts)
+
+
+@pytest.mark.parametrize(
+    ("q", "k", "v", "want"),
+    [
+        # equal weights: the mean 1 + 2**-53 is a rounding tie (to even: 1.0)
+        ([[0.0]], [[0.0], [0.0]], [[1.0], [1.0 + 2.0**-52]], [[1.0]]),
+        # -2**-1075, half the least subnormal: rounds to -0.0
+        ([[0.0]], [[0.0], [0.0]], [[0.0], [-5e-324]], [[-0.0]]),
+        # two tie groups of different weight, each of mean 1 + 2**-53
+        (
+            [[1.0]],
+            [[1.0], [0.0], [1.0], [0.0]],
+            [[1.0], [1 + 2.0**-52], [1 + 2.0**-52], [1.0]],
+            [[1.0]],
+        ),
+        # a column with one mean, another without: each certified its own way
+        ([[0.0]], [[0.0], [0.0]], [[1.0, 2.0], [1.0 + 2.0**-52, 3.0]], [[1.0, 2.5]]),
+    ],
+)
+def test_outputs_on_a_rounding_tie_are_rounded_exactly(q, k, v, want) -> None:
+    """These raised PrecisionError (found by the fuzz test): no error ball decides a tie.
+
+    When every group of equal logits has the same mean value, the output is that
+    mean exactly, whatever the coefficients; it is rounded exactly.
+    """
+    got = adaptive_attention(np.array(q), np.array(k), np.array(v))
+    np.testing.assert_array_equal(got, np.array(want))
+    assert np.signbit(got).tolist() == np.signbit(np.array(want)).tolist()
