@@ -711,6 +711,14 @@ MASKED_INF_QUERY = {
     "v": np.array([[1.0]]),
     "mask": np.array([[False], [True]]),
 }
+#: a fully masked query, a NaN among the values: zeros
+MASKED_NAN_VALUE = {
+    **ITEM3,
+    "q": np.array([[np.nan]]),
+    "k": np.array([[0.0]]),
+    "v": np.array([[np.nan, -1.0, -np.inf]]),
+    "mask": np.array([[False]]),
+}
 #: equal weights and the mean -2**-1075, a rounding tie (reference raised PrecisionError)
 TIE = {**ITEM3, "q": np.zeros((1, 1)), "k": np.zeros((2, 1)), "v": np.array([[0.0], [-5e-324]])}
 INT_MASK = {**ITEM3, "k": np.array([[1.0, 0.0], [0.0, 1.0]]), "mask": np.zeros((2, 2), np.int64)}
@@ -744,6 +752,7 @@ def test_cpu_attention(call) -> None:
 @example(INT_MASK)
 @example(NOT_BOOL_CAUSAL)
 @example(TIE)
+@example(MASKED_NAN_VALUE)
 def test_reference_attention(call) -> None:
     """reference.adaptive_attention: the special values, or a clear error."""
     CURRENT[0] = dict(locals())
@@ -755,8 +764,8 @@ def test_reference_attention(call) -> None:
         assert got.shape == (*lead, q.shape[-2], v.shape[-1]), got.shape
         assert got.dtype == np.float64
         # a convex combination: within the range of each value column (or NaN)
-        vmin = np.min(v, axis=-2, initial=np.inf)
-        vmax = np.max(v, axis=-2, initial=-np.inf)
+        vmin = np.fmin.reduce(v, axis=-2, initial=np.inf)  # (NaN values: no bound)
+        vmax = np.fmax.reduce(v, axis=-2, initial=-np.inf)
         finite = np.isfinite(got)
         lo = np.broadcast_to(np.minimum(vmin, 0.0), got.shape)
         hi = np.broadcast_to(np.maximum(vmax, 0.0), got.shape)
