@@ -143,6 +143,9 @@ def _certify_row(
             sums.append(acc)
         group_sums[d] = sums
     vmax = float(np.max(np.abs(vcols))) if vcols.size else 0.0
+    # each column's own bound on the dead items' values: a column of tiny values is not
+    # swamped by another column's huge ones (its output may round to a signed zero)
+    col_max = np.max(np.abs(vcols), axis=0).tolist() if vcols.size else [0.0] * vcols.shape[1]
     fixed = _common_means(groups, group_sums, dv, fmt)
     keep_all = False
     for p in precisions(fmt.precision + 40 + row.n.bit_length()):
@@ -162,7 +165,7 @@ def _certify_row(
         coeff = {eng.fzero: (one, one_rel)}
         for k, v, r in zip(ep.alive.tolist(), vals, rel.tolist(), strict=True):
             coeff[row.z[k]] = (v, r)
-        outputs = _combine(coeff, group_sums, dv, p, ep.dead_log2, vmax, fmt, fixed)
+        outputs = _combine(coeff, group_sums, dv, p, ep.dead_log2, col_max, fmt, fixed)
         if outputs is not None:
             return outputs
     raise PrecisionError("could not certify an attention output within the precision cap")
@@ -202,7 +205,7 @@ def _combine(
     dv: int,
     p: int,
     dead_log2: int | None,
-    vmax: float,
+    col_max: list[float],
     fmt: BinaryFormat,
     fixed: dict[int, float] | None = None,
 ) -> list[float] | None:
@@ -211,14 +214,14 @@ def _combine(
     live = [(coeff[d], sums) for d, sums in group_sums.items() if d in coeff]
     max_rel = max((r for (_, r), _ in live), default=0.0)
     factor = (max_rel + 2 * u + (len(live) + 1) * math.ldexp(1.0, -ps)) * eng.SLACK
-    extra = None
-    if dead_log2 is not None and vmax > 0:
-        extra = dead_log2 + math.frexp(vmax)[1] + 1
     out = []
     for c in range(dv):
         if fixed and c in fixed:
             out.append(fixed[c])
             continue
+        extra = None
+        if dead_log2 is not None and col_max[c] > 0:
+            extra = dead_log2 + math.frexp(col_max[c])[1] + 1
         total = fzero
         mass = fzero
         for (alpha, _), sums in live:

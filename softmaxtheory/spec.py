@@ -478,11 +478,13 @@ def split_mask(
             else ""
         )
         raise TypeError(f"{name} must be boolean or floating, got dtype {marr.dtype}{hint}")
+    shape = (*lead, L, S)
     try:
-        target = np.broadcast_shapes(marr.shape, (*lead, L, S))
+        target = np.broadcast_shapes(marr.shape, shape)
     except ValueError as exc:
-        shape = (*lead, L, S)
         raise ValueError(f"{name} of shape {marr.shape} does not broadcast to {shape}") from exc
+    if target[-2:] != (L, S):  # e.g. a (1, 3) mask with L = 0, S = 1 broadcasts to (0, 3)
+        raise ValueError(f"{name} of shape {marr.shape} does not broadcast to {shape}")
     if marr.dtype == bool:
         return marr, np.zeros((1, 1)), target[:-2]
     return np.ones((1, 1), dtype=bool), marr.astype(np.float64), target[:-2]

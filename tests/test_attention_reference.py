@@ -207,3 +207,16 @@ def test_outputs_on_a_rounding_tie_are_rounded_exactly(q, k, v, want) -> None:
     got = adaptive_attention(np.array(q), np.array(k), np.array(v))
     np.testing.assert_array_equal(got, np.array(want))
     assert np.signbit(got).tolist() == np.signbit(np.array(want)).tolist()
+
+
+def test_a_column_of_tiny_values_is_certified_beside_a_column_of_huge_ones() -> None:
+    """Raised PrecisionError (found by the fuzz test): the dead items' error bound used the
+    largest value of every column, so a column of tiny values, whose output rounds to a
+    signed zero, could never be decided. Each column now uses its own bound."""
+    q = np.array([[35.861847, 31.992689]])
+    k = np.array([[0.0, 0.0], [0.0, -6.9620767], [-745.0, -11.121573]])
+    v = np.array([[31.99, 4.06e16, 0.0], [35.86, 31.99, -6.44e-270], [-4.06e16, 1e300, -3.7e-222]])
+    got = adaptive_attention(q, k, v)
+    for c in range(3):
+        np.testing.assert_array_equal(got[:, c], adaptive_attention(q, k, v[:, c : c + 1])[:, 0])
+    assert got[0, 2] == 0.0 and np.signbit(got[0, 2])

@@ -711,6 +711,21 @@ MASKED_INF_QUERY = {
     "v": np.array([[1.0]]),
     "mask": np.array([[False], [True]]),
 }
+#: a mask that broadcasts with (L, S) = (0, 1) but not to it
+MASK_WIDER = {
+    **ITEM3,
+    "q": np.zeros((0, 2), dtype=np.float32),
+    "k": np.array([[-0.0, np.nan]], dtype=np.float32),
+    "v": np.array([[-0.0]], dtype=np.float32),
+    "mask": np.array([[False, False, False]]),
+}
+#: a column of tiny values beside one of huge values (reference raised PrecisionError)
+SIGNED_ZERO_COLUMN = {
+    **ITEM3,
+    "q": np.array([[35.861847, 31.992689]]),
+    "k": np.array([[0.0, 0.0], [0.0, -6.9620767], [-745.0, -11.121573]]),
+    "v": np.array([[32.0, 4.06e16, 0.0], [35.9, 32.0, -6.44e-270], [-4.06e16, 1e300, -3.7e-222]]),
+}
 #: a fully masked query, a NaN among the values: zeros
 MASKED_NAN_VALUE = {
     **ITEM3,
@@ -731,6 +746,8 @@ NOT_BOOL_CAUSAL = {**ITEM3, "k": np.array([[1.0, 0.0], [0.0, 1.0]]), "is_causal"
 @example(ITEM4)  # issue 14 item 4
 @example(TIE)
 @example(MASKED_INF_QUERY)
+@example(MASK_WIDER)
+@example(SIGNED_ZERO_COLUMN)
 @example(INT_MASK)
 @example(NOT_BOOL_CAUSAL)
 def test_cpu_attention(call) -> None:
@@ -753,6 +770,7 @@ def test_cpu_attention(call) -> None:
 @example(NOT_BOOL_CAUSAL)
 @example(TIE)
 @example(MASKED_NAN_VALUE)
+@example(MASK_WIDER)
 def test_reference_attention(call) -> None:
     """reference.adaptive_attention: the special values, or a clear error."""
     CURRENT[0] = dict(locals())

@@ -305,6 +305,12 @@ def test_split_mask_names_the_argument() -> None:
         split_mask(np.zeros((2, 2), dtype=np.int32), (), 2, 2, name="attn_mask")
     with pytest.raises(ValueError, match=names("attn_mask")):
         split_mask(np.zeros((3, 2)), (), 2, 2, name="attn_mask")
+    # broadcasting together is not enough: the mask must broadcast to (L, S)
+    with pytest.raises(ValueError, match=names("mask")):
+        split_mask(np.zeros((1, 3), dtype=bool), (), 0, 1)
+    with pytest.raises(ValueError, match=names("mask")):
+        reference.adaptive_attention(np.zeros((0, 2)), np.zeros((1, 2)), np.zeros((1, 1)),
+                                     mask=np.zeros((1, 3), dtype=bool))  # fmt: skip
     _keep, add, lead = split_mask(np.zeros((2, 2), dtype=np.float32), (), 2, 2)
     assert add.dtype == np.float64 and lead == ()
 
