@@ -1391,13 +1391,31 @@ NEW_DEFECTS = [
         lambda: test_torch_attention.hypothesis.inner_test(MASKED_INF_QUERY, "float64"),
         id="torch.adaptive_attention-nan-for-fully-masked-query-holding-inf",
     ),
+    pytest.param(
+        lambda: test_torch_attention.hypothesis.inner_test(
+            {**ITEM3, "q": np.array([[np.inf]]), "k": np.zeros((0, 1)), "v": np.zeros((0, 3))},
+            "float32",
+        ),
+        id="torch.adaptive_attention-nan-for-no-keys-and-inf-query",
+    ),
+    pytest.param(
+        lambda: test_testing_helpers.hypothesis.inner_test(
+            np.array([3.4028235e38], dtype=np.float32),
+            "adaptive_softmax",
+            "perturbed",
+            "auto",
+            None,
+            4.0,
+        ),
+        id="testing.assert_adaptive_softmax_close-passes-1.25-for-1.0-near-float32-max",
+    ),
 ]
 
 
 @pytest.mark.xfail(strict=True, raises=Misbehaviour, reason="a defect outside this branch")
 @pytest.mark.parametrize("check", NEW_DEFECTS)
 def test_new_defects_found_by_the_fuzz_test(check) -> None:
-    """Counterexamples the fuzz test found in the CPU and torch kernels (issue 14 report).
+    """Counterexamples the fuzz test found in the kernels and the oracle (issue 14 report).
 
     Each fails today; when its fix lands the test passes, xfail_strict flags it,
     and the case moves into the fuzz test's ``@example`` list.
