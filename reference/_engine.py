@@ -142,11 +142,13 @@ class PreparedRow:
     def from_shifts(cls, z: list, n: int, index: np.ndarray) -> PreparedRow:
         """A row from exact shifted logits (mpf tuples, maximum exactly 0)."""
         zf = np.array([-to_float(d) for d in z], dtype=np.float64)  # |z|, rounded down
+        with np.errstate(over="ignore"):  # a |z| near the float maximum bounds up to inf
+            zabs = zf * (1.0 + 2.0**-50)
         return cls(
             n=n,
             index=index,
             z=z,
-            zabs=zf * (1.0 + 2.0**-50),
+            zabs=zabs,
             zlow=zf * (1.0 - 2.0**-50),
             ones=np.array([d == fzero for d in z], dtype=bool),
         )

@@ -78,6 +78,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--repeat must be >= 1")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
+    if args.threads is not None:
+        import numba
+
+        limit = int(numba.config.NUMBA_NUM_THREADS)
+        if args.threads > limit:
+            parser.error(
+                f"--threads must be between 1 and {limit} (numba's NUMBA_NUM_THREADS), "
+                f"got {args.threads}"
+            )
     sections = args.section or (["reference"] if args.n is not None else ["kernels"])
     doc: dict[str, Any] = {"machine": bench.machine()}
     lines: list[str] = []
