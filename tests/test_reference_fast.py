@@ -274,3 +274,36 @@ def test_random_rows_bit_for_bit(
     """Rows of every family, in every input format, every function and output format."""
     x = strat._cast(row, in_dtype)
     _assert_same(*_both(fn, x, dtype))
+
+
+def test_exact_sum_of_tiny_terms() -> None:
+    """Terms far below the finest grid are scaled first, never lost.
+
+    Regression: a row [0, -150, -160, -170, -1000] once had its entropy
+    (1.08e-63) certified as 0.0 for float64: its sum of e^-150.. fell below
+    the fixed grids and was taken for "no item alive".
+    """
+    hi = np.array([math.exp(-150.0), math.exp(-160.0)])
+    lo = np.zeros(2)
+    total, err = _fast._sum(hi, lo)
+    assert mpmath.mpf(total) == mpmath.mpf(hi[0]) + mpmath.mpf(hi[1])
+    assert err < 1e-100
+
+
+def test_slope_bound_is_sound_and_tight() -> None:
+    """|P'| over the entropy's ball: above the true slope, far below the absolute-value bound."""
+    from softmaxtheory.reference import _engine
+
+    coeffs = [float(c) for c in PaperPolynomial().exact_coefficients]
+    d = len(coeffs) - 1
+    for H in (0.6, 2.0, 5.318, 7.5, 12.0):
+        EH = 1e-6
+        bound = _engine._slope_bound(coeffs, H, EH, H + EH)
+        with mpmath.workprec(200):
+            exact = [mpmath.mpf(c) for c in PaperPolynomial().exact_coefficients]
+            for h in (H - EH, H, H + EH):
+                slope = abs(sum(c * (d - i) * mpmath.mpf(h) ** (d - i - 1) for i, c in enumerate(exact[:-1])))
+                assert slope <= bound
+        plain = sum(abs(c) * (d - i) * (H + EH) ** max(d - i - 1, 0) for i, c in enumerate(coeffs))
+        assert bound <= plain
+    assert _engine._slope_bound(coeffs, 5.318, 1e-20, 5.318) < 2.0  # the plain bound: 92
