@@ -300,7 +300,7 @@ def test_slope_bound_is_sound_and_tight() -> None:
         EH = 1e-6
         bound = _engine._slope_bound(coeffs, H, EH, H + EH)
         with mpmath.workprec(200):
-            exact = [mpmath.mpf(c) for c in PaperPolynomial().exact_coefficients]
+            exact = [mpmath.mpf(c.numerator) / c.denominator for c in PaperPolynomial().exact_coefficients]
             for h in (H - EH, H, H + EH):
                 slope = abs(sum(c * (d - i) * mpmath.mpf(h) ** (d - i - 1) for i, c in enumerate(exact[:-1])))
                 assert slope <= bound
