@@ -513,7 +513,9 @@ def _slope_bound(c: list[float], Hf: float, EH: float, hmax: float) -> float:
     for i, ci in enumerate(c[:-1]):
         deriv = deriv * Hf + ci * (d - i)
     abs1 = sum(abs(ci) * (d - i) * hmax ** max(d - i - 1, 0) for i, ci in enumerate(c))
-    abs2 = sum(abs(ci) * (d - i) * (d - i - 1) * hmax ** max(d - i - 2, 0) for i, ci in enumerate(c))
+    abs2 = sum(
+        abs(ci) * (d - i) * (d - i - 1) * hmax ** max(d - i - 2, 0) for i, ci in enumerate(c)
+    )
     gamma = (2 * d + 2) * 2.0**-53 / (1 - (2 * d + 2) * 2.0**-53)
     bound = abs(deriv) + gamma * abs1 + (EH + 2.0**-52 * abs(Hf)) * abs2
     return min(bound * 1.01, abs1)

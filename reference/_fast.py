@@ -75,8 +75,8 @@ sum of one level is a multiple of its grid below :math:`2^{53}` grid units, so
 ``numpy.sum`` adds each level *exactly*, in whatever order. What is left of
 each term is below :math:`2^{-131}`. All terms are first scaled by the power of
 two that puts the largest in :math:`[1, 2)`, so the computed sum is within
-:math:`n 2^{-130}` times the largest term of the sum of the computed terms, and is held exactly as an
-mpmath number. (A plain ``numpy.sum`` of the low parts would only be known
+:math:`n 2^{-130}` times the largest term of the sum of the computed terms, and
+is held exactly as an mpmath number. (A plain ``numpy.sum`` of the low parts would only be known
 within Higham's :math:`\gamma_{n-1}\sum_i|l_i| \approx n u^2 \sum_i e_i`, about
 :math:`2^{-86}` for :math:`n = 2^{20}`: the limit of the entropy's accuracy, and of β's.)
 
@@ -227,7 +227,7 @@ def _two_prod(a: Any, b: Any) -> tuple[Any, Any]:
 
 
 def _ln2_parts() -> tuple[float, float, float]:
-    """:math:`\\ln 2 = L_1 + L_2 + L_3 + \\tau`: two 42-bit parts and a float."""
+    r""":math:`\ln 2 = L_1 + L_2 + L_3 + \tau`: two 42-bit parts and a float."""
     ln2 = mpmath.libmp.mpf_ln2(300, RN)
     l1 = mpf_pos(ln2, 42, RN)
     rest = mpf_sub(ln2, l1, 300, RN)
@@ -279,9 +279,7 @@ def exp_dd(yh: np.ndarray, yl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     j = np.rint(rh * 2.0**_TABLE_BITS)
     bh, bl = _two_sum(rh - j * 2.0**-_TABLE_BITS, rl)
     s2h, s2e = _two_prod(bh, bh)
-    cubic = (s2h * bh) * (
-        1.0 / 6.0 + bh * (1.0 / 24.0 + bh * (1.0 / 120.0 + bh * (1.0 / 720.0)))
-    )
+    cubic = (s2h * bh) * (1.0 / 6.0 + bh * (1.0 / 24.0 + bh * (1.0 / 120.0 + bh * (1.0 / 720.0))))
     Eh, e3 = _two_sum(bh, 0.5 * s2h)
     El = ((e3 + bl) + (0.5 * s2e + bh * bl)) + cubic
     idx = j.astype(np.intp) + half
@@ -311,7 +309,7 @@ def _chunked(fn: Any, n_out: int, *arrays: np.ndarray) -> tuple[np.ndarray, ...]
 
 
 def _scaled_exp(zh: np.ndarray, zl: np.ndarray, bh: float, bl: float) -> tuple[Any, Any]:
-    """:math:`e^{\\beta z}` with :math:`\\beta = b_h + b_l` (the product in double-double)."""
+    r""":math:`e^{\beta z}` with :math:`\beta = b_h + b_l` (the product in double-double)."""
     if bh == 1.0 and bl == 0.0:
         return exp_dd(zh, zl)
     ph, pe = _two_prod(zh, bh)

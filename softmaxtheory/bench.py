@@ -26,13 +26,13 @@ import numpy as np
 __all__ = [
     "BenchResult",
     "KernelResult",
+    "ReferenceSpeedup",
     "as_dicts",
     "kernel_rows",
     "machine",
     "measure_bandwidth",
     "reference_rows",
     "run_kernels",
-    "ReferenceSpeedup",
     "run_reference",
     "run_reference_speedup",
 ]
@@ -277,8 +277,8 @@ def run_reference_speedup(
     say: Callable[[str], None] | None = None,
 ) -> list[ReferenceSpeedup]:
     """Time the reference's fast pass and its pure mpmath path (see :class:`ReferenceSpeedup`)."""
-    from .reference import _fast
     from . import reference
+    from .reference import _fast
 
     mpmath_n = min(mpmath_n, n)
     results = []
@@ -293,11 +293,14 @@ def run_reference_speedup(
                     _fast.STATS[key] = 0
                 fn(row, dtype=dtype)  # counts of one call (and the exp table built)
                 stats = dict(_fast.STATS)
-                fast = _best_time(lambda fn=fn, dtype=dtype: fn(row, dtype=dtype), repeat, 0.0)
+                fast = _best_time(
+                    lambda fn=fn, dtype=dtype, row=row: fn(row, dtype=dtype), repeat, 0.0
+                )
                 with _fast.pure_mpmath():
-                    slow = _best_time(
-                        lambda fn=fn, dtype=dtype: fn(small, dtype=dtype), 1, 0.0
-                    ) * (n / mpmath_n)
+                    small_time = _best_time(
+                        lambda fn=fn, dtype=dtype, small=small: fn(small, dtype=dtype), 1, 0.0
+                    )
+                slow = small_time * (n / mpmath_n)
                 items = 1 if fname == "entropy" else n
                 undecided = items if stats["row_fallback"] else stats["element_fallback"]
                 results.append(

@@ -20,11 +20,11 @@ from mpmath.libmp import (
     round_nearest,
     to_float,
 )
+from softmaxtheory.reference import _fast
+from softmaxtheory.reference._rounding import FORMATS
 
 from softmaxtheory import reference
 from softmaxtheory import strategies as strat
-from softmaxtheory.reference import _fast
-from softmaxtheory.reference._rounding import FORMATS
 from softmaxtheory.spec import Constant, LogLength, PaperPolynomial, Polynomial
 
 FUNCS = ("softmax", "entropy", "beta", "adaptive_softmax")
@@ -64,7 +64,9 @@ def test_ln2_parts_sum_to_ln2() -> None:
     for part in (_fast._L1, _fast._L2):
         man = from_float(part)[1]
         assert man.bit_length() <= 42
-    total = mpf_add(mpf_add(from_float(_fast._L1), from_float(_fast._L2), 0), from_float(_fast._L3), 0)
+    total = mpf_add(
+        mpf_add(from_float(_fast._L1), from_float(_fast._L2), 0), from_float(_fast._L3), 0
+    )
     err = to_float(mpf_abs(mpf_sub(total, mpf_ln2(300, round_nearest), 300, round_nearest)))
     assert err < 2.0**-130
 
@@ -82,7 +84,7 @@ def _exp_errors(yh: np.ndarray, yl: np.ndarray) -> float:
 
 def _adversarial_arguments() -> np.ndarray:
     ln2 = math.log(2.0)
-    ys = [0.0, -5e-324, -1e-300, -2.0**-60, -2.0**-14, -(2.0**-14) * (1 + 2.0**-40)]
+    ys = [0.0, -5e-324, -1e-300, -(2.0**-60), -(2.0**-14), -(2.0**-14) * (1 + 2.0**-40)]
     for k in (1, 2, 3, 100, 500, 865):
         for d in (-1e-17, 0.0, 1e-17):
             ys += [-k * ln2 + d, -(k + 0.5) * ln2 + d]
@@ -268,9 +270,7 @@ _DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
 @example(np.array([1e308, -1e308]), "adaptive_softmax", np.float32, "float64")
 @example(np.array([0.0, -103.97]), "softmax", np.float32, "float32")
 @example(np.array([0.0, -16.6]), "adaptive_softmax", np.float16, "float16")
-def test_random_rows_bit_for_bit(
-    row: np.ndarray, fn: str, dtype: object, in_dtype: str
-) -> None:
+def test_random_rows_bit_for_bit(row: np.ndarray, fn: str, dtype: object, in_dtype: str) -> None:
     """Rows of every family, in every input format, every function and output format."""
     x = strat._cast(row, in_dtype)
     _assert_same(*_both(fn, x, dtype))
@@ -290,6 +290,9 @@ def test_exact_sum_of_tiny_terms() -> None:
     assert err < 1e-100
 
 
+_PAPER_COEFFS = PaperPolynomial().exact_coefficients
+
+
 def test_slope_bound_is_sound_and_tight() -> None:
     """|P'| over the entropy's ball: above the true slope, far below the absolute-value bound."""
     from softmaxtheory.reference import _engine
@@ -300,9 +303,10 @@ def test_slope_bound_is_sound_and_tight() -> None:
         EH = 1e-6
         bound = _engine._slope_bound(coeffs, H, EH, H + EH)
         with mpmath.workprec(200):
-            exact = [mpmath.mpf(c.numerator) / c.denominator for c in PaperPolynomial().exact_coefficients]
-            for h in (H - EH, H, H + EH):
-                slope = abs(sum(c * (d - i) * mpmath.mpf(h) ** (d - i - 1) for i, c in enumerate(exact[:-1])))
+            exact = [mpmath.mpf(c.numerator) / c.denominator for c in _PAPER_COEFFS]
+            for h in map(mpmath.mpf, (H - EH, H, H + EH)):
+                terms = (c * (d - i) * h ** (d - i - 1) for i, c in enumerate(exact[:-1]))
+                slope = abs(sum(terms))
                 assert slope <= bound
         plain = sum(abs(c) * (d - i) * (H + EH) ** max(d - i - 1, 0) for i, c in enumerate(coeffs))
         assert bound <= plain
