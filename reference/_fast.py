@@ -241,8 +241,11 @@ _INV_LN2 = 1.0 / math.log(2.0)
 
 
 @lru_cache(maxsize=1)
-def _exp_table() -> tuple[np.ndarray, np.ndarray, int]:
-    """``exp(j 2**-13)`` as ``hi + lo`` for |j| <= 2900 (within 2**-105, mpmath at 128 bits)."""
+def _exp_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """``exp(j 2**-13)`` as ``hi + lo`` for |j| <= 2900 (within 2**-105, mpmath at 128 bits).
+
+    Also Veltkamp's split of ``hi`` (for Dekker's product).
+    """
     half = 2900  # 0.354 * 2**13
     hi = np.empty(2 * half + 1)
     lo = np.empty(2 * half + 1)
@@ -251,7 +254,8 @@ def _exp_table() -> tuple[np.ndarray, np.ndarray, int]:
         h = to_float(v)
         hi[i] = h
         lo[i] = to_float(mpf_sub(v, from_float(h), 128, RN))
-    return hi, lo, half
+    split_h, split_l = _split(hi)
+    return hi, lo, split_h, split_l, half
 
 
 def exp_dd(yh: np.ndarray, yl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -270,7 +274,7 @@ def exp_dd(yh: np.ndarray, yl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         exact in the normal range of float64 (``y_h >= -708``), with an extra
         absolute error below :math:`2^{-1070}` below it.
     """
-    th_tab, tl_tab, half = _exp_table()
+    th_tab, tl_tab, th_split_h, th_split_l, half = _exp_table()
     k = np.rint(yh * _INV_LN2)
     r1, e1 = _two_sum(yh, -(k * _L1))
     r2, e2 = _two_sum(r1, -(k * _L2))
@@ -278,14 +282,19 @@ def exp_dd(yh: np.ndarray, yl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rh, rl = _two_sum(r2, rl)
     j = np.rint(rh * 2.0**_TABLE_BITS)
     bh, bl = _two_sum(rh - j * 2.0**-_TABLE_BITS, rl)
-    s2h, s2e = _two_prod(bh, bh)
+    s2h = bh * bh  # Dekker's square: s2h + s2e = bh**2 exactly
+    sh_, sl_ = _split(bh)
+    s2e = ((sh_ * sh_ - s2h) + 2.0 * (sh_ * sl_)) + sl_ * sl_
     cubic = (s2h * bh) * (1.0 / 6.0 + bh * (1.0 / 24.0 + bh * (1.0 / 120.0 + bh * (1.0 / 720.0))))
     Eh, e3 = _two_sum(bh, 0.5 * s2h)
     El = ((e3 + bl) + (0.5 * s2e + bh * bl)) + cubic
     idx = j.astype(np.intp) + half
     th = th_tab[idx]
     tl = tl_tab[idx]
-    ph, pe = _two_prod(th, Eh)
+    ph = th * Eh  # Dekker's product with th's split from the table
+    eh_, el_ = _split(Eh)
+    ah, al = th_split_h[idx], th_split_l[idx]
+    pe = ((ah * eh_ - ph) + ah * el_ + al * eh_) + al * el_
     Rh, re = _two_sum(th, ph)
     lo = (((re + tl) + pe) + th * El) + tl * Eh
     Rh, lo = _fast_two_sum(Rh, lo)
@@ -369,11 +378,14 @@ def _sum(hi: np.ndarray, lo: np.ndarray) -> tuple[tuple, float]:
     if not top > 0.0:
         raise eng.Undecided("a sum of zeros")
     K = 1 - math.frexp(top)[1]
+    if K > 1000:
+        raise eng.Undecided("terms too small to scale")
+    scale = math.ldexp(1.0, K)
     total = fzero
     for arr, levels in ((hi, _HI_LEVELS), (lo, _LO_LEVELS)):
         sums = [0.0] * len(levels)
         for start in range(0, n, _CHUNK):
-            part = np.ldexp(arr[start : start + _CHUNK], K)
+            part = arr[start : start + _CHUNK] * scale  # exact: a power of two
             for i, v in enumerate(_level_sums(part, levels)):
                 sums[i] += v
         for v in sums:
@@ -490,22 +502,33 @@ class _Pass:
             ay = (-zh * bh) * (1.0 + 2.0**-49)  # >= |y|, inf on overflow
         live = ay * (1.0 - brel) * (1.0 - 2.0**-50) <= C
         fast = live & (ay < row.y_tiny)
-        n_dead = int(live.size - np.count_nonzero(live)) + row.n_overflow
-        self.n_tiny = int(np.count_nonzero(live & ~fast))
-        self.tiny = row.cand[live & ~fast]
-        sel = np.flatnonzero(fast)
-        self.sel = row.cand[sel]
-        eh, el = _chunked(lambda a, b: _scaled_exp(a, b, bh, bl), 2, zh[sel], zl[sel])
-        with np.errstate(over="ignore"):
-            em1 = np.expm1(ay[sel] * brel * (1.0 + 2.0**-50)) if brel else np.zeros(sel.size)
-        rel_true = em1 + EXP_REL * (1.0 + em1)
-        self.rel_e = np.where(rel_true < 0.5, rel_true / (1.0 - rel_true), np.inf) * _SLACK
+        n_fast = int(np.count_nonzero(fast))
+        if n_fast == fast.size:  # the common case: no copies
+            n_dead, self.n_tiny = row.n_overflow, 0
+            self.tiny = row.cand[:0]
+            self.sel = row.cand
+            zs, zls, ays = zh, zl, ay
+        else:
+            n_dead = int(live.size - np.count_nonzero(live)) + row.n_overflow
+            self.n_tiny = int(np.count_nonzero(live & ~fast))
+            self.tiny = row.cand[live & ~fast]
+            sel = np.flatnonzero(fast)
+            self.sel = row.cand[sel]
+            zs, zls, ays = zh[sel], zl[sel], ay[sel]
+        eh, el = _chunked(lambda a, b: _scaled_exp(a, b, bh, bl), 2, zs, zls)
+        if brel:
+            with np.errstate(over="ignore"):
+                em1 = np.expm1(ays * brel * (1.0 + 2.0**-50))
+            rel_true = em1 + EXP_REL * (1.0 + em1)
+            self.rel_e = np.where(rel_true < 0.5, rel_true / (1.0 - rel_true), np.inf) * _SLACK
+        else:
+            self.rel_e = np.full(self.sel.size, EXP_REL / (1.0 - EXP_REL) * _SLACK)
         self.eh, self.el = eh, el
         max_rel = float(self.rel_e.max()) if self.rel_e.size else 0.0
         sigma, err = _sum(eh, el)
         sigma_f = to_float(sigma)
         if sigma == fzero:
-            sigma_rel = 0.0 if not sel.size else math.inf
+            sigma_rel = 0.0 if not self.sel.size else math.inf
         else:
             sigma_rel = (max_rel * (1.0 + 2 * max_rel) + err / (sigma_f * (1 - 2.0**-40))) * _SLACK
         dead_log2 = _dead_log2(n_dead, C, self.n_tiny, row.y_tiny)
@@ -526,11 +549,11 @@ class _Pass:
         )
         if want_t:
             # w = e |z| in double-double, then t = -sum(w)
-            wh, wl = _chunked(_weighted, 2, eh, el, zh[sel], zl[sel])
+            wh, wl = _chunked(_weighted, 2, eh, el, zs, zls)
             tsum, terr = _sum(wh, wl)
             t_f = to_float(tsum)
             if tsum == fzero:
-                t_rel = 0.0 if not sel.size else math.inf
+                t_rel = 0.0 if not self.sel.size else math.inf
             else:
                 t_rel = (max_rel + PROD_REL + terr / (t_f * (1 - 2.0**-40))) * _SLACK
             self.ep.t = mpmath.libmp.mpf_neg(tsum)
