@@ -20,7 +20,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description=(
             "Time the Numba CPU kernels against scipy and torch (ratios to torch.softmax, "
             "elements/s, GB/s against a bandwidth measured in the same run) and the certified "
-            "reference on one long row; print a table; progress goes to stderr."
+            "reference on one long row, then its fast pass against pure mpmath on a row of "
+            "2**20 items (--n sets both lengths); print a table; progress goes to stderr."
         ),
     )
     bench.add_argument(

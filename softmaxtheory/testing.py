@@ -15,7 +15,9 @@ within the error model (see the documentation page *The error model*):
 * ``mode="bound"`` or ``mode="baseline"``: only one of the two rules;
 * ``mode="ulps"``: a fixed number of ulps, ``max_ulps``.
 
-The reference is the float64 correctly rounded value (certified by mpmath):
+The reference is the float64 correctly rounded value (certified by Ziv's
+strategy: a double-double pass with proven error bounds, mpmath where that
+pass cannot decide; see the documentation page on the reference):
 for float32, float16 and bfloat16 kernels its error is far below their ulp,
 for float64 kernels it is at most half an ulp.
 

@@ -311,3 +311,20 @@ def test_slope_bound_is_sound_and_tight() -> None:
         plain = sum(abs(c) * (d - i) * (H + EH) ** max(d - i - 1, 0) for i, c in enumerate(coeffs))
         assert bound <= plain
     assert _engine._slope_bound(coeffs, 5.318, 1e-20, 5.318) < 2.0  # the plain bound: 92
+
+
+def test_bench_reference_section_reports_the_speedup(capsys) -> None:
+    """``softmaxtheory bench --section reference``: fast pass against pure mpmath, one run."""
+    import json
+
+    from softmaxtheory.cli import main
+
+    assert main(["bench", "--quick", "--section", "reference", "--n", "300", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = doc["reference_speedup"]
+    assert {r["function"] for r in rows} == {"softmax", "entropy", "adaptive_softmax"}
+    assert {r["dtype"] for r in rows} == {"float32", "float64"}
+    for r in rows:
+        assert r["n"] == 300 and r["mpmath_n"] == 300 and not r["extrapolated"]
+        assert r["speedup"] == pytest.approx(r["mpmath_seconds"] / r["fast_seconds"])
+        assert r["undecided_fraction"] == 0.0 and not r["row_fallback"]
