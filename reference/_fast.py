@@ -515,6 +515,8 @@ class _Pass:
             sel = np.flatnonzero(fast)
             self.sel = row.cand[sel]
             zs, zls, ays = zh[sel], zl[sel], ay[sel]
+        if zs.size and not -float(zs.min()) < 2.0**990:
+            raise eng.Undecided("a live shift too large for Dekker's split (a tiny beta)")
         eh, el = _chunked(lambda a, b: _scaled_exp(a, b, bh, bl), 2, zs, zls)
         if brel:
             with np.errstate(over="ignore"):

@@ -187,6 +187,7 @@ def test_pinned_rows_bit_for_bit(name: str, row: np.ndarray, dtype: object) -> N
 
 
 SCHEDULES = [
+    Constant("1e-300"),  # shifts of 1e300 are alive: the fast pass declines them
     Constant("0.5"),
     Constant("3"),
     LogLength("0.5"),
@@ -200,6 +201,7 @@ def test_schedules_bit_for_bit(schedule: object) -> None:
     """beta < 1 (items beyond the cutoff come back alive), beta > 1, log n, a jump."""
     rows = [
         np.array([0.0, -100.0, -200.0, -300.0, -1e308]),
+        np.array([1e300, -1e300, 0.0, 5e299]),
         np.random.default_rng(2).normal(0, 4, 300),
         strat.row_with_entropy(1.0, 64, 1),  # exactly at the jump
         strat.row_with_entropy(1.0 + 1e-12, 64, 1),
