@@ -390,6 +390,8 @@ def _sum(hi: np.ndarray, lo: np.ndarray) -> tuple[tuple, float]:
                 sums[i] += v
         for v in sums:
             total = mpf_add(total, from_float(v), 0)
+    if total in (mpmath.libmp.fnan, mpmath.libmp.finf, mpmath.libmp.fninf):
+        raise eng.Undecided("a non-finite sum")
     total = mpmath.libmp.mpf_shift(total, -K)
     err = (n * math.ldexp(2.0**-130, -K) + n * 2.0**-1060) * _SLACK
     return total, err
@@ -656,8 +658,9 @@ def evaluate(
     if not _state["enabled"] or entropy_eps != 0.0 or x.shape[0] > MAX_N:
         return None
     try:
-        result = _evaluate(np.asarray(x, dtype=np.float64), want, fmt, schedule)
-    except eng.Undecided:
+        with np.errstate(all="ignore"):  # a non-finite intermediate never certifies (below)
+            result = _evaluate(np.asarray(x, dtype=np.float64), want, fmt, schedule)
+    except (eng.Undecided, ArithmeticError):
         result = None
     if result is None:
         STATS["row_fallback"] += 1
