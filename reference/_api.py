@@ -19,6 +19,7 @@ from softmaxtheory.spec import (
 )
 
 from . import _engine as eng
+from . import _fast
 from ._rounding import BinaryFormat, format_for, round_ball
 
 __all__ = [
@@ -91,8 +92,9 @@ def evaluate_row(
     qmin: int | None,
     schedule: Schedule,
     entropy_eps: float,
+    tempered_cutoff: float = math.inf,
 ) -> dict[str, Any]:
-    """Certify the wanted results of one regular row (Ziv's loop).
+    r"""Certify the wanted results of one regular row (Ziv's loop).
 
     Parameters
     ----------
@@ -112,6 +114,12 @@ def evaluate_row(
         The temperature schedule.
     entropy_eps : float
         The entropy mode.
+    tempered_cutoff : float, default ``inf``
+        In the pass with an inexact β, items whose scaled logit provably
+        satisfies :math:`\beta |z_i| >` `tempered_cutoff` are dropped as dead
+        (their coefficient, below :math:`e^{-\mathrm{cutoff}}`, is returned as
+        0 and their mass is carried as an error). With ``qmin`` set, the
+        format's own cutoff applies when it is smaller.
 
     Returns
     -------
@@ -128,7 +136,9 @@ def evaluate_row(
     for p in precisions(start):
         C = math.inf if keep_all else eng.cutoff(row.n, p, qmin)
         try:
-            result = _attempt(row, want, accept, p, C, schedule, entropy_eps)
+            result = _attempt(
+                row, want, accept, p, C, schedule, entropy_eps, min(C, tempered_cutoff)
+            )
         except eng.Undecided:
             # a jump cannot be decided: drop nothing from now on (the mass of the
             # negligible items may be what separates the entropy from the threshold)
@@ -168,6 +178,7 @@ def _attempt(
     C: float,
     schedule: Schedule,
     entropy_eps: float,
+    C_tempered: float,
 ) -> dict[str, Any] | None:
     wants_beta = bool(want & {"beta", "adaptive"})
     need_h = "entropy" in want or (wants_beta and schedule.needs_entropy)
@@ -204,7 +215,7 @@ def _attempt(
                     return result
                 ep2 = ep1 or eng.exp_pass(row, None, p, C, want_t=False)
             else:
-                ep2 = eng.exp_pass(row, b, p, C, want_t=False)
+                ep2 = eng.exp_pass(row, b, p, C_tempered, want_t=False)
             values = _row_values(row, ep2, p, accept)
             if values is None:
                 return None
@@ -236,6 +247,10 @@ def _evaluate(
             if not vector:
                 out[idx] = 1.0 if want == "beta" else 0.0
         else:
+            fast = _fast.evaluate(arr[idx], want, fmt, schedule, entropy_eps)
+            if fast is not None:  # certified by the double-double pass
+                out[idx] = fast
+                continue
             row = eng.prepare_row(arr[idx])
             start = fmt.precision + 40 + row.n.bit_length()
             res = evaluate_row(
@@ -407,11 +422,29 @@ def _evaluate_mp(
         qmin=None,
         schedule=schedule,
         entropy_eps=entropy_eps,
+        tempered_cutoff=_mp_zero_cutoff(prec),
     )
     value = res[want]
     if vector:
         return [v if isinstance(v, mpmath.mpf) else mpmath.mpf(v) for v in value]
     return value
+
+
+def _mp_zero_cutoff(prec: int) -> float:
+    r"""The scaled logit beyond which the mp functions return a tempered coefficient as 0.
+
+    With an inexact :math:`\beta` (from the entropy, or a decimal that is not a
+    dyadic rational), the coefficient :math:`e^{\beta z_i} / s` of an item with
+    a huge :math:`|z_i|` cannot be certified to relative precision: the error
+    of :math:`\beta` is multiplied by :math:`|z_i|` in the exponent. Such an item
+    is certified as an exact zero instead, when a rigorous lower bound of
+    :math:`\beta |z_i|` exceeds :math:`C = 2^{\mathrm{MAX\_PRECISION} - \mathrm{prec} - 32}`
+    (at least :math:`2^{128}`): its value is below :math:`e^{-C}`, far below
+    :math:`2^{-1075}`, half the least subnormal of float64 (and so of float32,
+    float16 and bfloat16), so it rounds to 0 in every float format. Every item
+    below the cutoff is certifiable at :data:`MAX_PRECISION` bits.
+    """
+    return math.ldexp(1.0, MAX_PRECISION - prec - 32)
 
 
 def softmax_mp(x: Any, *, prec: int = 113) -> list[mpmath.mpf]:
@@ -438,5 +471,16 @@ def beta_mp(
 def adaptive_softmax_mp(
     x: Any, *, prec: int = 113, schedule: Schedule | None = None, entropy_eps: float = 0.0
 ) -> list[mpmath.mpf]:
-    """Adaptive softmax of one row as mpf values with relative error at most ``2**-prec``."""
+    r"""Adaptive softmax of one row as mpf values with relative error at most ``2**-prec``.
+
+    An item whose scaled logit :math:`\beta |z_i|` exceeds ``2**(MAX_PRECISION - prec - 32)``
+    (at least :math:`2^{128}`) is an exact 0: its value, below :math:`e^{-2^{128}}`,
+    cannot be certified to relative precision but rounds to 0 in every float format.
+
+    Examples
+    --------
+    >>> from softmaxtheory.reference import adaptive_softmax_mp
+    >>> [float(v) for v in adaptive_softmax_mp([1e308] * 5 + [0.0])]
+    [0.2, 0.2, 0.2, 0.2, 0.2, 0.0]
+    """
     return _evaluate_mp(x, "adaptive", prec, schedule=schedule, entropy_eps=entropy_eps)

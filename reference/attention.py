@@ -20,6 +20,7 @@ exact zero, returned as ``+0.0``.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from functools import cmp_to_key
 from typing import Any
 
@@ -48,7 +49,7 @@ from softmaxtheory.spec import (
 
 from . import _engine as eng
 from ._api import PrecisionError, precisions
-from ._rounding import BinaryFormat, format_for, round_ball
+from ._rounding import BinaryFormat, format_for, round_ball, round_exact
 
 __all__ = ["adaptive_attention"]
 
@@ -142,6 +143,10 @@ def _certify_row(
             sums.append(acc)
         group_sums[d] = sums
     vmax = float(np.max(np.abs(vcols))) if vcols.size else 0.0
+    # each column's own bound on the dead items' values: a column of tiny values is not
+    # swamped by another column's huge ones (its output may round to a signed zero)
+    col_max = np.max(np.abs(vcols), axis=0).tolist() if vcols.size else [0.0] * vcols.shape[1]
+    fixed = _common_means(groups, group_sums, dv, fmt)
     keep_all = False
     for p in precisions(fmt.precision + 40 + row.n.bit_length()):
         C = math.inf if keep_all else eng.cutoff(row.n, p, fmt.qmin) + math.log1p(vmax)
@@ -160,10 +165,38 @@ def _certify_row(
         coeff = {eng.fzero: (one, one_rel)}
         for k, v, r in zip(ep.alive.tolist(), vals, rel.tolist(), strict=True):
             coeff[row.z[k]] = (v, r)
-        outputs = _combine(coeff, group_sums, dv, p, ep.dead_log2, vmax, fmt)
+        outputs = _combine(coeff, group_sums, dv, p, ep.dead_log2, col_max, fmt, fixed)
         if outputs is not None:
             return outputs
     raise PrecisionError("could not certify an attention output within the precision cap")
+
+
+def _common_means(groups: dict, group_sums: dict, dv: int, fmt: BinaryFormat) -> dict[int, float]:
+    r"""Outputs known exactly: columns where every tie group has the same mean value.
+
+    The output is :math:`\sum_g \alpha_g S_g` with :math:`\sum_g \alpha_g n_g = 1`
+    (:math:`S_g` the exact sum of the group's values, :math:`n_g` its size), so
+    when every :math:`S_g / n_g` equals one :math:`\mu` the output is exactly
+    :math:`\mu`, whatever the coefficients. A dyadic :math:`\mu` may be a
+    rounding tie (``v = [1, 1 + 2**-52]`` with equal weights gives
+    :math:`1 + 2^{-53}`), which no error ball can decide: it is rounded exactly.
+    """
+    fixed: dict[int, float] = {}
+    members = {d: len(pos) for d, pos in groups.items()}
+    for c in range(dv):
+        mean = None
+        for d, sums in group_sums.items():
+            sign, man, exp, _ = sums[c]
+            value = Fraction(-man if sign else man) * Fraction(2) ** exp / members[d]
+            if mean is None:
+                mean = value
+            elif value != mean:
+                break
+        else:
+            if mean is not None and mean != 0 and mean.denominator & (mean.denominator - 1) == 0:
+                k = mean.denominator.bit_length() - 1
+                fixed[c] = round_exact(int(mean < 0), abs(mean.numerator), -k, fmt)
+    return fixed
 
 
 def _combine(
@@ -172,19 +205,23 @@ def _combine(
     dv: int,
     p: int,
     dead_log2: int | None,
-    vmax: float,
+    col_max: list[float],
     fmt: BinaryFormat,
+    fixed: dict[int, float] | None = None,
 ) -> list[float] | None:
     u = math.ldexp(1.0, -p)
     ps = p + (len(coeff) + 1).bit_length() + 2
     live = [(coeff[d], sums) for d, sums in group_sums.items() if d in coeff]
     max_rel = max((r for (_, r), _ in live), default=0.0)
     factor = (max_rel + 2 * u + (len(live) + 1) * math.ldexp(1.0, -ps)) * eng.SLACK
-    extra = None
-    if dead_log2 is not None and vmax > 0:
-        extra = dead_log2 + math.frexp(vmax)[1] + 1
     out = []
     for c in range(dv):
+        if fixed and c in fixed:
+            out.append(fixed[c])
+            continue
+        extra = None
+        if dead_log2 is not None and col_max[c] > 0:
+            extra = dead_log2 + math.frexp(col_max[c])[1] + 1
         total = fzero
         mass = fzero
         for (alpha, _), sums in live:
@@ -233,7 +270,8 @@ def adaptive_attention(
     mask : array_like, optional
         Broadcastable to ``(..., L, S)``. Boolean: ``True`` takes part in
         attention (the SDPA convention). Floating: added to the logits
-        (``-inf`` masks).
+        (``-inf`` masks). An integer mask is refused (:class:`TypeError`), as
+        SDPA refuses it.
     scale : float, optional
         Logit scale; default ``1 / math.sqrt(d)`` evaluated in float64.
     is_causal : bool, default False
@@ -265,6 +303,8 @@ def adaptive_attention(
     qa = _as_float_array(q, "q")
     ka = _as_float_array(k, "k")
     va = _as_float_array(v, "v")
+    if not isinstance(is_causal, bool | np.bool_):
+        raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
     lead, L, S, scale = attention_layout(qa, ka, va, scale)
     fmt = format_for(dtype)
     schedule = resolve_schedule(schedule)

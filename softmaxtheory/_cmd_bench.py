@@ -20,7 +20,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description=(
             "Time the Numba CPU kernels against scipy and torch (ratios to torch.softmax, "
             "elements/s, GB/s against a bandwidth measured in the same run) and the certified "
-            "reference on one long row; print a table; progress goes to stderr."
+            "reference on one long row, then its fast pass against pure mpmath on a row of "
+            "2**20 items (--n sets both lengths); print a table; progress goes to stderr."
         ),
     )
     bench.add_argument(
@@ -64,6 +65,31 @@ def _fmt_kernels(results: list[Any], info: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _reference_speedup(args: argparse.Namespace, doc: dict[str, Any], say: Any) -> list[str]:
+    """The fast first pass of the reference against its pure mpmath path."""
+    from . import bench
+
+    n = args.n or (4096 if args.quick else 1 << 20)
+    mp_n = min(n, 1024 if args.quick else 1 << 14)
+    repeat = args.repeat or (1 if args.quick else 3)
+    say(f"timing the reference's fast pass against pure mpmath on one row of {n} items ...")
+    results = bench.run_reference_speedup(n=n, mpmath_n=mp_n, repeat=repeat, say=say)
+    doc["reference_speedup"] = bench.as_dicts(results)
+    note = f" (mpmath timed on the first {mp_n} items, scaled by n / {mp_n})" if mp_n < n else ""
+    lines = [
+        f"certified reference, fast pass vs pure mpmath, n = {n}{note}",
+        f"{'function':<18} {'row':<8} {'dtype':<8} {'fast s':>8} {'mpmath s':>9} "
+        f"{'speed-up':>9} {'undecided':>10}",
+    ]
+    for r in results:
+        undecided = "whole row" if r.row_fallback else f"{r.undecided_fraction:.2e}"
+        lines.append(
+            f"{r.function:<18} {r.row:<8} {r.dtype:<8} {r.fast_seconds:>8.3f} "
+            f"{r.mpmath_seconds:>9.1f} {r.speedup:>8.0f}x {undecided:>10}"
+        )
+    return lines
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the benchmarks and print the results; return the exit status."""
     if args.device != "cpu":
@@ -78,6 +104,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--repeat must be >= 1")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
+    if args.threads is not None:
+        import numba
+
+        limit = int(numba.config.NUMBA_NUM_THREADS)
+        if args.threads > limit:
+            parser.error(
+                f"--threads must be between 1 and {limit} (numba's NUMBA_NUM_THREADS), "
+                f"got {args.threads}"
+            )
     sections = args.section or (["reference"] if args.n is not None else ["kernels"])
     doc: dict[str, Any] = {"machine": bench.machine()}
     lines: list[str] = []
@@ -107,6 +142,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 f"{r.case:<40} {r.dtype:<8} {r.n:>7} {r.beta:>8.4f} {r.seconds:>9.3f} "
                 f"{r.items_per_second:>10.0f}"
             )
+    if "reference" in sections:
+        lines += _reference_speedup(args, doc, say)
     if args.json:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Any
 
 import numpy as np
 
-from .cli import parse_float
+from .cli import load_npy, parse_float
 from .spec import PaperPolynomial
 
 __all__ = ["DEFAULT_SIZES", "add_parser", "compute", "run"]
@@ -81,10 +82,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def _measure(path: str, statistic: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
     from .bounds import empirical_spread
 
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        parser.error(f"cannot read {path}: {exc}")
+    arr = load_npy(path, parser)
     try:
         spreads = np.atleast_1d(empirical_spread(arr))
     except (TypeError, ValueError) as exc:
@@ -215,6 +213,28 @@ def _show(size: int | str) -> str:
         return format(decimal.Decimal(size), "f")
 
 
+def _check_range(spread: float, beta: float, parser: argparse.ArgumentParser) -> None:
+    """Refuse a spread and beta whose sizes would be too large to compute (exit 2)."""
+    from .bounds import MAX_EXPONENT
+
+    if spread * beta > MAX_EXPONENT:
+        parser.error(
+            f"--beta times the spread = {beta!r} * {spread!r} is too large: the sizes would "
+            f"have more than 630,000 digits (the limit is {MAX_EXPONENT!r})"
+        )
+
+
+def _check_plot_path(path: str, parser: argparse.ArgumentParser) -> None:
+    """Refuse a --plot path that cannot be written, before anything is printed."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        parser.error(f"--plot must name a file, got the directory {path!r}")
+    if not os.path.isdir(folder):
+        parser.error(f"--plot: the folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        parser.error(f"--plot: {path!r} is not writable")
+
+
 def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
     out = sys.stdout
     if measured is not None:
@@ -330,6 +350,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.npy is not None:
         measured = _measure(args.npy, args.statistic, parser)
         spread = measured["spread"]
+    _check_range(spread, args.beta, parser)
+    if args.plot is not None:
+        _check_plot_path(args.plot, parser)
     try:
         doc = compute(spread, args.eps, args.beta, args.sizes, args.digits, args.exact_digits)
     except ValueError as exc:
@@ -347,6 +370,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     else:
         _print_table(doc, measured)
     if args.plot is not None:
-        _plot(doc, args.plot)
+        try:
+            _plot(doc, args.plot)
+        except OSError as exc:
+            parser.error(f"--plot: cannot write {args.plot}: {exc.strerror or exc}")
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .cli import parse_float, parse_schedule
+from .cli import load_npy, parse_float, parse_schedule
 from .spec import PaperPolynomial
 
 __all__ = ["add_parser", "run"]
@@ -50,13 +50,7 @@ def _load_logits(args: argparse.Namespace, parser: argparse.ArgumentParser) -> n
     if sum(sources) != 1:
         parser.error("give the logits once: as arguments, with --logits A,B,C, or with --npy FILE")
     if args.npy is not None:
-        try:
-            arr = np.load(args.npy, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            parser.error(f"cannot read {args.npy}: {exc}")
-        if arr.ndim == 0:
-            parser.error(f"{args.npy} holds a 0-d array; logits need shape (..., n)")
-        return arr
+        return load_npy(args.npy, parser)
     if args.logits_csv is not None:
         items = [s for s in args.logits_csv.split(",") if s.strip()]
         try:

@@ -5,9 +5,12 @@ against ``scipy.special.softmax``, ``torch.softmax`` and a straightforward torch
 adaptive softmax, as ratios to ``torch.softmax``, with elements/s and GB/s
 against a memory bandwidth measured in the same run.
 
-The reference section times the certified mpmath oracle on one long row whose
+The reference section times the certified oracle on one long row whose
 entropy lies in the window where the paper's schedule sharpens (β > 1), so
-both passes run, and on the same row for plain softmax.
+both passes run, and on the same row for plain softmax; then
+(:func:`run_reference_speedup`) its fast double-double first pass against the
+pure mpmath path, as ratios measured in the same run, with the fraction of
+elements the fast pass could not decide.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 __all__ = [
     "BenchResult",
     "KernelResult",
+    "ReferenceSpeedup",
     "as_dicts",
     "kernel_rows",
     "machine",
@@ -30,6 +34,7 @@ __all__ = [
     "reference_rows",
     "run_kernels",
     "run_reference",
+    "run_reference_speedup",
 ]
 
 #: The shapes of the kernel section: three batches and one long row.
@@ -237,6 +242,83 @@ def run_kernels(
                     )
     info = {"threads": nthreads, "bandwidth_gb_per_second": bandwidth / 1e9}
     return results, info
+
+
+@dataclass(frozen=True)
+class ReferenceSpeedup:
+    """The fast first pass against the pure mpmath path on one row.
+
+    ``mpmath_seconds`` is measured on a row of ``mpmath_n`` items (the first
+    ``mpmath_n`` items of the same row) and scaled by ``n / mpmath_n`` when
+    ``mpmath_n < n`` (``extrapolated``): the mpmath path is linear in ``n``.
+    ``undecided_fraction`` is the fraction of the row's elements the fast pass
+    left to mpmath; ``row_fallback`` says the whole row went to mpmath.
+    """
+
+    function: str
+    row: str
+    n: int
+    dtype: str
+    fast_seconds: float
+    mpmath_n: int
+    mpmath_seconds: float
+    extrapolated: bool
+    speedup: float
+    undecided_fraction: float
+    row_fallback: bool
+
+
+def run_reference_speedup(
+    n: int = 1 << 20,
+    mpmath_n: int = 1 << 14,
+    repeat: int = 3,
+    seed: int = 0,
+    dtypes: tuple[str, ...] = ("float32", "float64"),
+    say: Callable[[str], None] | None = None,
+) -> list[ReferenceSpeedup]:
+    """Time the reference's fast pass and its pure mpmath path (see :class:`ReferenceSpeedup`)."""
+    from . import reference
+    from .reference import _fast
+
+    mpmath_n = min(mpmath_n, n)
+    results = []
+    for label, row in reference_rows(n, seed).items():
+        small = row[:mpmath_n]
+        for dtype in dtypes:
+            for fname in ("softmax", "entropy", "adaptive_softmax"):
+                fn = getattr(reference, fname)
+                if say is not None:
+                    say(f"  {fname} ({label}), {dtype}, n = {n} ...")
+                for key in _fast.STATS:
+                    _fast.STATS[key] = 0
+                fn(row, dtype=dtype)  # counts of one call (and the exp table built)
+                stats = dict(_fast.STATS)
+                fast = _best_time(
+                    lambda fn=fn, dtype=dtype, row=row: fn(row, dtype=dtype), repeat, 0.0
+                )
+                with _fast.pure_mpmath():
+                    small_time = _best_time(
+                        lambda fn=fn, dtype=dtype, small=small: fn(small, dtype=dtype), 1, 0.0
+                    )
+                slow = small_time * (n / mpmath_n)
+                items = 1 if fname == "entropy" else n
+                undecided = items if stats["row_fallback"] else stats["element_fallback"]
+                results.append(
+                    ReferenceSpeedup(
+                        function=fname,
+                        row=label,
+                        n=n,
+                        dtype=dtype,
+                        fast_seconds=fast,
+                        mpmath_n=mpmath_n,
+                        mpmath_seconds=slow,
+                        extrapolated=mpmath_n < n,
+                        speedup=slow / fast,
+                        undecided_fraction=undecided / items,
+                        row_fallback=bool(stats["row_fallback"]),
+                    )
+                )
+    return results
 
 
 def _cpu_model() -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from . import __version__
 from .spec import Constant, LogLength, PaperPolynomial, Polynomial, Schedule
 
-__all__ = ["COMMANDS", "main", "parse_float", "parse_schedule"]
+__all__ = ["COMMANDS", "load_npy", "main", "parse_float", "parse_schedule"]
 
 #: The subcommands, each implemented by the module ``softmaxtheory._cmd_<name>``.
 COMMANDS: tuple[str, ...] = ("reference", "bounds", "check", "bench", "reproduce")
@@ -73,8 +74,51 @@ def parse_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
 
 
+class _Parser(argparse.ArgumentParser):
+    """The parser of every subcommand: no abbreviated options, one-line errors.
+
+    Options are never abbreviated (``--n`` is not ``--npy``), and a usage
+    error prints one line, ``PROG: error: MESSAGE (see PROG --help)``, on
+    stderr and exits with status 2. Subparsers inherit both (argparse builds
+    them with the parent's class).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        """Print one line on stderr and exit with status 2."""
+        text = " ".join(str(message).split())
+        self.exit(2, f"{self.prog}: error: {text} (see {self.prog} --help)\n")
+
+
+def load_npy(path: str, parser: argparse.ArgumentParser) -> Any:
+    """Read one array from a ``.npy`` file, or stop with a one-line usage error.
+
+    Returns a :class:`numpy.ndarray` with at least one axis.
+
+    An ``.npz`` archive, an empty or truncated file, a pickled object array or
+    a 0-d array is refused with a message naming the file (exit status 2).
+    """
+    import numpy as np
+
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        parser.error(f"cannot read {path}: {exc or type(exc).__name__}")
+    if not isinstance(arr, np.ndarray):  # an .npz archive holds several arrays
+        close = getattr(arr, "close", None)
+        if close is not None:
+            close()
+        parser.error(f"{path} is not a .npy file of one array (an .npz archive?); use np.save")
+    if arr.ndim == 0:
+        parser.error(f"{path} holds a 0-d array; logits need shape (..., n)")
+    return arr
+
+
 def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="softmaxtheory",
         description="Softmax dispersion and adaptive temperature, certified.",
     )
@@ -91,10 +135,33 @@ def _command_module(name: str) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status."""
+    """Run the command line; return the exit status.
+
+    Usage errors exit with status 2 and one line on stderr. When the reader of
+    the output goes away (``softmaxtheory reference ... | head``), the command
+    stops quietly, as the Python documentation recommends for SIGPIPE: the
+    rest of the output goes to ``os.devnull`` and the status is 1.
+    """
     parser, subparsers = _build_parser()
     args = parser.parse_args(argv)
-    return int(_command_module(args.command).run(args, subparsers[args.command]))
+    try:
+        code = int(_command_module(args.command).run(args, subparsers[args.command]))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+        return 1
+    return code
+
+
+def _silence_stdout() -> None:
+    """Point stdout at ``os.devnull`` so that the interpreter's final flush cannot fail."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (captured output)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 if __name__ == "__main__":  # pragma: no cover

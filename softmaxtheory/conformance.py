@@ -637,6 +637,13 @@ def _p_long_rows(t: Target, run: _Run) -> None:
     run.compare(run.call(x), x, source=src, what="long row in the adaptive window, n = 8192")
 
 
+def _p_million_row(t: Target, run: _Run) -> None:
+    """One row of 2**20 items (2**24 with --thorough): accumulation over a million keys."""
+    n = 1 << (24 if t.thorough else 20)
+    x, src = _rng_row(20, n, 2.0, t.dtype)
+    run.compare(run.call(x), x, source=src, what=f"long row, n = 2**{n.bit_length() - 1}")
+
+
 def _branch_entropies() -> list[float]:
     pts = strat.branch_points()
     centres = [0.3, pts["threshold"], 0.7, pts["H_on"], 2.0, pts["H_star"], 5.0, pts["H_off"]]
@@ -987,6 +994,7 @@ def _p_attention_batch(t: Target, run: _Run) -> None:
 PROPERTIES: dict[str, tuple[Callable[[Target, _Run], None], tuple[str, ...]]] = {
     "values": (_p_values, ("softmax", "entropy", "adaptive_softmax")),
     "long_rows": (_p_long_rows, ("softmax", "entropy", "adaptive_softmax")),
+    "million_row": (_p_million_row, ("softmax", "entropy", "adaptive_softmax")),
     "branch_points": (_p_branch_points, ("entropy", "adaptive_softmax")),
     "batch_independence": (_p_batch_independence, ("softmax", "entropy", "adaptive_softmax")),
     "dtype_shape": (_p_dtype_shape, ("softmax", "entropy", "adaptive_softmax")),

@@ -82,6 +82,8 @@ PAPER_ENTROPY_EPS: float = 1e-9
 
 Number = str | float | int | Fraction
 
+_FLOAT_MAX = float(np.finfo(np.float64).max)
+
 
 def exact_value(value: Number, name: str) -> Fraction:
     """Return the exact rational value of a schedule parameter.
@@ -104,16 +106,24 @@ def exact_value(value: Number, name: str) -> Fraction:
     TypeError
         If `value` is not a number or a decimal string.
     ValueError
-        If `value` is not finite or not a valid decimal.
+        If `value` is not finite, not a valid decimal, or beyond the float64
+        range (float backends need its nearest float).
     """
     if isinstance(value, bool) or not isinstance(value, str | float | int | Fraction):
         raise TypeError(f"{name} must be a decimal string or a real number, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}")
     try:
-        return Fraction(value)
+        exact = Fraction(value)
     except (ValueError, ZeroDivisionError) as exc:
         raise ValueError(f"{name} must be a finite decimal, got {value!r}") from exc
+    try:
+        float(exact)  # float backends use the nearest float: it must exist
+    except OverflowError:
+        raise ValueError(
+            f"{name} must lie within the float64 range (|value| <= {_FLOAT_MAX!r}), got {value!r}"
+        ) from None
+    return exact
 
 
 class Schedule(abc.ABC):
@@ -175,7 +185,13 @@ class Polynomial(Schedule):
     needs_entropy = True
 
     def __post_init__(self) -> None:
-        coefficients = tuple(self.coefficients)
+        raw = self.coefficients
+        if isinstance(raw, str | bytes) or not hasattr(raw, "__iter__"):
+            raise TypeError(
+                "coefficients must be a sequence of decimal strings or numbers (highest degree "
+                f"first), got {raw!r}"
+            )
+        coefficients = tuple(raw)
         if not coefficients:
             raise ValueError("coefficients must hold at least one value")
         for i, c in enumerate(coefficients):
@@ -424,12 +440,15 @@ def classify_rows(x: np.ndarray) -> np.ndarray:
 
 
 def split_mask(
-    mask: Any, lead: tuple[int, ...], L: int, S: int
+    mask: Any, lead: tuple[int, ...], L: int, S: int, name: str = "mask"
 ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     r"""Split an attention mask into a keep mask and an additive term (the SDPA conventions).
 
     A boolean mask keeps the ``True`` entries (``False`` acts as :math:`-\infty`);
-    a floating or integer mask is added to the logits.
+    a floating mask is added to the logits. An integer mask is refused, as
+    ``torch.nn.functional.scaled_dot_product_attention`` refuses it: it is
+    ambiguous (a 0/1 keep mask or an additive term?), so every backend raises
+    the same :class:`TypeError`.
 
     Parameters
     ----------
@@ -439,6 +458,8 @@ def split_mask(
         The batch dimensions of the queries and keys.
     L, S : int
         Numbers of queries and keys.
+    name : str, default ``"mask"``
+        The argument's name, for error messages.
 
     Returns
     -------
@@ -454,19 +475,26 @@ def split_mask(
     ValueError
         If the mask does not broadcast.
     TypeError
-        If the mask is neither boolean nor real.
+        If the mask is neither boolean nor floating (integer masks included).
     """
     marr = np.asarray(mask)
+    if marr.dtype != bool and marr.dtype.kind != "f":
+        hint = (
+            " (an integer mask is ambiguous: use a boolean keep mask or a floating additive one)"
+            if marr.dtype.kind in "iu"
+            else ""
+        )
+        raise TypeError(f"{name} must be boolean or floating, got dtype {marr.dtype}{hint}")
+    shape = (*lead, L, S)
     try:
-        target = np.broadcast_shapes(marr.shape, (*lead, L, S))
+        target = np.broadcast_shapes(marr.shape, shape)
     except ValueError as exc:
-        shape = (*lead, L, S)
-        raise ValueError(f"mask of shape {marr.shape} does not broadcast to {shape}") from exc
+        raise ValueError(f"{name} of shape {marr.shape} does not broadcast to {shape}") from exc
+    if target[-2:] != (L, S):  # e.g. a (1, 3) mask with L = 0, S = 1 broadcasts to (0, 3)
+        raise ValueError(f"{name} of shape {marr.shape} does not broadcast to {shape}")
     if marr.dtype == bool:
         return marr, np.zeros((1, 1)), target[:-2]
-    if marr.dtype.kind in "fiu":
-        return np.ones((1, 1), dtype=bool), marr.astype(np.float64), target[:-2]
-    raise TypeError(f"mask must be boolean or floating, got dtype {marr.dtype}")
+    return np.ones((1, 1), dtype=bool), marr.astype(np.float64), target[:-2]
 
 
 def attention_layout(

@@ -24,7 +24,9 @@ demands float32-grade statistics and output (the output rounded once). The
 kernels the two contracts coincide. A failure message says whether the
 element passes under the other contract.
 
-The reference is the float64 correctly rounded value (certified by mpmath):
+The reference is the float64 correctly rounded value (certified by Ziv's
+strategy: a double-double pass with proven error bounds, mpmath where that
+pass cannot decide; see the documentation page on the reference):
 for float32, float16 and bfloat16 kernels its error is far below their ulp,
 for float64 kernels it is at most half an ulp.
 

@@ -178,3 +178,45 @@ def test_errors_name_the_argument(kwargs, error, match):
     args.update(kwargs)
     with pytest.raises(error, match=match):
         adaptive_attention(args["q"], args["k"], args["v"], **opts)
+
+
+@pytest.mark.parametrize(
+    ("q", "k", "v", "want"),
+    [
+        # equal weights: the mean 1 + 2**-53 is a rounding tie (to even: 1.0)
+        ([[0.0]], [[0.0], [0.0]], [[1.0], [1.0 + 2.0**-52]], [[1.0]]),
+        # -2**-1075, half the least subnormal: rounds to -0.0
+        ([[0.0]], [[0.0], [0.0]], [[0.0], [-5e-324]], [[-0.0]]),
+        # two tie groups of different weight, each of mean 1 + 2**-53
+        (
+            [[1.0]],
+            [[1.0], [0.0], [1.0], [0.0]],
+            [[1.0], [1 + 2.0**-52], [1 + 2.0**-52], [1.0]],
+            [[1.0]],
+        ),
+        # a column with one mean, another without: each certified its own way
+        ([[0.0]], [[0.0], [0.0]], [[1.0, 2.0], [1.0 + 2.0**-52, 3.0]], [[1.0, 2.5]]),
+    ],
+)
+def test_outputs_on_a_rounding_tie_are_rounded_exactly(q, k, v, want) -> None:
+    """These raised PrecisionError (found by the fuzz test): no error ball decides a tie.
+
+    When every group of equal logits has the same mean value, the output is that
+    mean exactly, whatever the coefficients; it is rounded exactly.
+    """
+    got = adaptive_attention(np.array(q), np.array(k), np.array(v))
+    np.testing.assert_array_equal(got, np.array(want))
+    assert np.signbit(got).tolist() == np.signbit(np.array(want)).tolist()
+
+
+def test_a_column_of_tiny_values_is_certified_beside_a_column_of_huge_ones() -> None:
+    """Raised PrecisionError (found by the fuzz test): the dead items' error bound used the
+    largest value of every column, so a column of tiny values, whose output rounds to a
+    signed zero, could never be decided. Each column now uses its own bound."""
+    q = np.array([[35.861847, 31.992689]])
+    k = np.array([[0.0, 0.0], [0.0, -6.9620767], [-745.0, -11.121573]])
+    v = np.array([[31.99, 4.06e16, 0.0], [35.86, 31.99, -6.44e-270], [-4.06e16, 1e300, -3.7e-222]])
+    got = adaptive_attention(q, k, v)
+    for c in range(3):
+        np.testing.assert_array_equal(got[:, c], adaptive_attention(q, k, v[:, c : c + 1])[:, 0])
+    assert got[0, 2] == 0.0 and np.signbit(got[0, 2])

@@ -116,3 +116,111 @@ def test_console_script_and_module_entry_point():
         [sys.executable, "-m", "softmaxtheory", "--version"], capture_output=True, text=True
     )
     assert out.returncode == 0 and out.stdout.startswith("softmaxtheory ")
+
+
+def one_line_usage_error(capsys, argv):
+    """Run `argv`; assert exit status 2 and exactly one line on stderr; return that line."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    captured = capsys.readouterr()
+    assert info.value.code == 2, (argv, captured.err)
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, (argv, captured.err)
+    assert "Traceback" not in captured.err
+    return lines[0]
+
+
+@pytest.fixture
+def npz_file(tmp_path):
+    path = tmp_path / "logits.npz"
+    np.savez(path, x=np.zeros(3))
+    return str(path)
+
+
+@pytest.fixture
+def empty_file(tmp_path):
+    path = tmp_path / "empty.npy"
+    path.write_bytes(b"")
+    return str(path)
+
+
+@pytest.fixture
+def truncated_file(tmp_path):
+    path = tmp_path / "cut.npy"
+    np.save(path, np.zeros(100))
+    path.write_bytes(path.read_bytes()[:90])
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["reference", "--npy", "{npz}"], "not a .npy file of one array"),
+        (["reference", "--npy", "{empty}"], "cannot read"),
+        (["reference", "--npy", "/dev/null"], "cannot read /dev/null"),
+        (["reference", "--npy", "{cut}"], "cannot read"),
+        (["bounds", "--npy", "{npz}"], "not a .npy file of one array"),
+        (["bounds", "--npy", "/dev/null"], "cannot read /dev/null"),
+        (["reference", "--schedule", "poly:1e400", "1", "2"], "coefficients[0] must lie within"),
+        (["reference", "--schedule", "constant:1e400", "1"], "beta must lie within"),
+        (["reference", "--schedule", "poly:1@1e999", "1"], "threshold must lie within"),
+        (["bounds", "--beta", "1e300", "--spread", "1"], "too large"),
+        (["bounds", "--spread", "1e300", "--beta", "1e300"], "too large"),
+        (["bounds", "--spread", "1", "--plot", "/nonexistent/x.png"], "does not exist"),
+        (["bounds", "--spread", "1", "--plot", "{dir}"], "must name a file"),
+        (["bench", "--threads", "1000", "--quick"], "--threads must be between 1 and"),
+        (["bounds", "--n", "0", "--spread", "1"], "unrecognized arguments: --n 0"),
+        (["reference", "--lo=1,2"], "unrecognized arguments: --lo=1,2"),
+        (["reference", "--json", "--dtype", "int8", "1"], "invalid choice"),
+        (["bounds", "--spread", "1", "--digits", "x"], "invalid int value"),
+        (["nosuchcommand"], "invalid choice"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(
+    capsys, tmp_path, npz_file, empty_file, truncated_file, argv, message
+):
+    """Issue 14 item 9: each of these raised a traceback, or printed the table before failing."""
+    subs = {"{npz}": npz_file, "{empty}": empty_file, "{cut}": truncated_file}
+    subs["{dir}"] = str(tmp_path)
+    argv = [subs.get(a, a) for a in argv]
+    line = one_line_usage_error(capsys, argv)
+    assert message in line
+    assert line.startswith("softmaxtheory")
+
+
+def test_plot_path_is_checked_before_the_table(capsys):
+    """A --plot path that cannot be written stops the command before any output."""
+    with pytest.raises(SystemExit):
+        main(["bounds", "--spread", "1", "--plot", "/nonexistent/x.png"])
+    assert capsys.readouterr().out == ""
+
+
+def test_options_are_not_abbreviated(capsys):
+    """``--n`` was taken as ``--npy`` (prefix matching); it is refused on every parser."""
+    from softmaxtheory.cli import _build_parser
+
+    parser, subparsers = _build_parser()
+    assert parser.allow_abbrev is False
+    assert all(p.allow_abbrev is False for p in subparsers.values())
+    line = one_line_usage_error(capsys, ["reference", "--max", "3", "1"])
+    assert "--max" in line
+
+
+def test_closed_pipe_exits_quietly(tmp_path):
+    """``softmaxtheory reference --npy big.npy --json | head -1``: no BrokenPipeError traceback."""
+    path = tmp_path / "big.npy"
+    np.save(path, np.linspace(-3.0, 3.0, 4000).reshape(50, 80))  # ~0.5 MB of JSON
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "softmaxtheory", "reference", "--npy", str(path), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away, as `head -1` does
+    err = proc.stderr.read().decode()
+    code = proc.wait()
+    proc.stderr.close()
+    assert first.strip() == b"{"
+    assert err == ""
+    assert code == 1

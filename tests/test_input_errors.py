@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 
+import mpmath
 import numpy as np
 import pytest
 from softmaxtheory.reference import StreamState
@@ -135,6 +136,16 @@ def test_bad_schedule_is_a_type_error_naming_schedule(func, schedule) -> None:
         (lambda: Polynomial(("1",), threshold="nan"), ValueError, "threshold"),
         (lambda: Polynomial(("1",), threshold=math.nan), ValueError, "threshold"),
         (lambda: Polynomial(("1",), threshold=None), TypeError, "threshold"),
+        # issue 14 item 10: accepted, then every backend raised OverflowError or a bare message
+        (lambda: Polynomial(["1e400"]), ValueError, "coefficients"),
+        (lambda: Polynomial(["1", "-1e309"]), ValueError, "coefficients"),
+        (lambda: Polynomial([10**400]), ValueError, "coefficients"),
+        (lambda: Polynomial(["1"], threshold="1e400"), ValueError, "threshold"),
+        (lambda: Polynomial(5), TypeError, "coefficients"),
+        (lambda: Polynomial(None), TypeError, "coefficients"),
+        (lambda: Polynomial("1.5"), TypeError, "coefficients"),
+        (lambda: Constant("1e400"), ValueError, "beta"),
+        (lambda: LogLength(10**309), ValueError, "s"),
     ],
 )
 def test_invalid_schedule_parameters(make, exc, arg) -> None:
@@ -248,3 +259,87 @@ def test_stream_readings_validate_their_arguments(state, reading) -> None:
     call, exc, arg = READINGS[reading]
     with pytest.raises(exc, match=names(arg)):
         call(STATES[state]())
+
+
+# ---------------------------------------------------------------------------
+# issue 14 item 10: attention options and the mp functions' far-out items
+# ---------------------------------------------------------------------------
+
+
+def test_huge_but_finite_schedule_parameters_are_accepted() -> None:
+    """The float64 range is the limit, not less: the largest float and tiny decimals pass."""
+    big = Polynomial([float(np.finfo(np.float64).max), "1e-400"])
+    assert big.beta_float(0.75, 3) == 0.75 * np.finfo(np.float64).max
+    assert Constant("1e-400").exact_beta > 0
+
+
+ATT_Q = np.array([[1.0, 0.0], [-1.0, 0.0]])
+ATT_V = np.array([[1.0], [2.0]])
+
+
+@pytest.mark.parametrize("is_causal", ["no", "", 0, 1, None, np.array([True])])
+def test_reference_attention_is_causal_must_be_a_bool(is_causal) -> None:
+    """``is_causal="no"`` was taken as True (truthy); the CPU kernel already refused it."""
+    with pytest.raises(TypeError, match=names("is_causal")):
+        reference.adaptive_attention(ATT_Q, ATT_Q, ATT_V, is_causal=is_causal)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int64, np.uint8])
+def test_integer_attention_mask_is_refused_as_torch_does(dtype) -> None:
+    """torch refuses an integer attn_mask; the reference took it as additive: one rule now."""
+    mask = np.ones((2, 2), dtype=dtype)
+    with pytest.raises(TypeError, match=names("mask")):
+        reference.adaptive_attention(ATT_Q, ATT_Q, ATT_V, mask=mask)
+
+
+@pytest.mark.parametrize("mask", [np.array([[1 + 0j, 0], [0, 1]]), np.array([["a", "b"]])])
+def test_non_real_attention_mask_is_refused(mask) -> None:
+    with pytest.raises(TypeError, match=names("mask")):
+        reference.adaptive_attention(ATT_Q, ATT_Q, ATT_V, mask=mask)
+
+
+def test_split_mask_names_the_argument() -> None:
+    from softmaxtheory.spec import split_mask
+
+    with pytest.raises(TypeError, match=names("attn_mask")):
+        split_mask(np.zeros((2, 2), dtype=np.int32), (), 2, 2, name="attn_mask")
+    with pytest.raises(ValueError, match=names("attn_mask")):
+        split_mask(np.zeros((3, 2)), (), 2, 2, name="attn_mask")
+    # broadcasting together is not enough: the mask must broadcast to (L, S)
+    with pytest.raises(ValueError, match=names("mask")):
+        split_mask(np.zeros((1, 3), dtype=bool), (), 0, 1)
+    with pytest.raises(ValueError, match=names("mask")):
+        reference.adaptive_attention(np.zeros((0, 2)), np.zeros((1, 2)), np.zeros((1, 1)),
+                                     mask=np.zeros((1, 3), dtype=bool))  # fmt: skip
+    _keep, add, lead = split_mask(np.zeros((2, 2), dtype=np.float32), (), 2, 2)
+    assert add.dtype == np.float64 and lead == ()
+
+
+@pytest.mark.parametrize("prec", [8, 53, 113, 800])
+@pytest.mark.parametrize("big", [1e308, 1.7976931348623157e308, 2.0**1000])
+def test_mp_tempered_item_beyond_relative_precision_is_certified_zero(prec, big) -> None:
+    """``adaptive_softmax_mp([1e308] * 5 + [0.])`` raised PrecisionError.
+
+    The last item is e^(-beta * 1e308): beta's error times 1e308 in the exponent
+    forbids any relative bound, but it is provably below e^(-2^128), far below
+    2^-1075, so it is returned as an exact zero (what every float format holds).
+    """
+    row = [big] * 5 + [0.0]
+    got = reference.adaptive_softmax_mp(row, prec=prec)
+    assert got[-1] == 0
+    with mpmath.workprec(prec + 40):
+        tol = mpmath.mpf(2) ** -prec
+        assert all(abs(v - mpmath.mpf(1) / 5) <= tol / 5 for v in got[:5])
+    assert reference.adaptive_softmax(row)[-1] == 0.0
+
+
+def test_mp_tempered_items_below_the_zero_cutoff_keep_their_relative_precision() -> None:
+    """An item with beta * |z| just below 2^128 is still certified to 2^-prec (not zeroed)."""
+    row = [0.0] * 5 + [-(2.0**126)]
+    got = reference.adaptive_softmax_mp(row, prec=800)
+    beta = reference.beta_mp(row, prec=800)
+    with mpmath.workprec(1200):
+        exact = mpmath.exp(beta * row[-1]) / (5 + mpmath.exp(beta * row[-1]))
+        assert got[-1] != 0
+        # beta_mp's own error is amplified by 2^126: compare the exponents instead
+        assert abs(mpmath.log(got[-1]) - mpmath.log(exact)) <= mpmath.mpf(2) ** -600 * 2.0**126
