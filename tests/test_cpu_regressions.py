@@ -286,11 +286,11 @@ _FORK_SCRIPT = textwrap.dedent(
         return [np.asarray(a).tobytes() for a in out]
 
     def work(seed):
-        return results(seed), K.kernels.serial
+        return results(seed), kmod.kernels.serial
 
     if __name__ == "__main__":
         results(0)                           # the parent has run every parallel kernel
-        unsafe = K.fork_unsafe_layer_active()
+        unsafe = kmod.fork_unsafe_layer_active()
         with mp.get_context("fork").Pool(2) as pool:
             got = pool.map(work, range(3))
         assert all(serial == unsafe for _, serial in got), (unsafe, got)
