@@ -272,25 +272,23 @@ def perturbed_logits_rel_error(
     row ``[3.4e38]`` in float32 was allowed any answer).
 
     :math:`\sum_{j \ne i}` is formed in the log domain, excluding the row's
-    largest term exactly and bounded by the full sum for the other items; a
-    non-finite intermediate gives :math:`T = \infty` (the first-order bound).
+    largest term (a sum of the others, no cancellation) and bounded by the full
+    sum for the other items; a non-finite intermediate gives
+    :math:`T = \infty` (the first-order bound).
     """
     live = cond.live & cond.regular[..., None]
     with np.errstate(all="ignore"):
         # log q_j from the logits: q_j may underflow where q_j e^{d_j} does not
         g = np.where(live, b * cond.z - _log_sum(cond, b) + d, -np.inf)
-        top = np.argmax(g, axis=-1)[..., None] if g.shape[-1] else None
         m = np.max(g, axis=-1, keepdims=True, initial=-np.inf)
         t = np.where(live, np.exp(g - m), 0.0)
-        total = np.sum(t, axis=-1, keepdims=True)
-        if top is not None:
-            own = np.take_along_axis(t, top, axis=-1)
-            # rounding of the sum and the difference, covered generously
-            rounding = (summation_factor(cond.n_eff)[..., None] + 2.0) * 2.0**-52
-            others = np.maximum(total - own, 0.0) + rounding * total
-            is_top = np.arange(g.shape[-1]) == top
-        else:
-            others, is_top = total, np.zeros(g.shape, dtype=bool)
+        is_top = np.zeros(g.shape, dtype=bool)
+        if g.shape[-1]:
+            is_top = np.arange(g.shape[-1]) == np.argmax(g, axis=-1)[..., None]
+        # sums of positive terms: relative rounding error below sigma(n) * 2^-53
+        grow = 1.0 + (summation_factor(cond.n_eff)[..., None] + 2.0) * 2.0**-52
+        total = np.sum(t, axis=-1, keepdims=True) * grow
+        others = np.sum(np.where(is_top, 0.0, t), axis=-1, keepdims=True) * grow
         log_r = m + np.log(np.where(is_top, others, total))
         big_t = np.exp(d + log_r)
         exact = -np.log1p(-np.minimum(big_t, 1.0))
