@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -239,7 +239,11 @@ def _bad_rows(
     is_causal: bool,
     group: int = 1,
 ) -> torch.Tensor | None:
-    """Rows whose spec answer is NaN: a non-finite query, unmasked key or mask entry."""
+    """Rows whose spec answer is NaN: a non-finite query, unmasked key or mask entry.
+
+    A query with no unmasked key is never bad (its row is zeros, the
+    special-value table's fully masked row), whatever `q` holds.
+    """
     with torch.no_grad():
         q_bad = ~torch.isfinite(q).all(-1)
         k_bad = ~torch.isfinite(k).all(-1)
@@ -250,6 +254,8 @@ def _bad_rows(
             k_bad = k_bad.repeat_interleave(group, dim=1)
         L, S = q.shape[-2], k.shape[-2]
         if keep is not None:
+            # a fully masked query never forms a logit: zeros even if q is not finite
+            q_bad = q_bad & keep.any(-1)
             row_bad = (keep & k_bad.unsqueeze(-2)).any(-1)
         elif is_causal:
             upto = torch.clamp(torch.arange(L, device=q.device), max=S - 1)
@@ -648,6 +654,54 @@ def _hybrid_entropy(p: Prepared, schedule: Schedule, beta_grad: bool) -> torch.T
     return entropy_lse(p)[0]
 
 
+# ---------------------------------------------------------------- non-finite values
+
+
+def _finite_values(p: Prepared) -> tuple[Prepared, torch.Tensor | None]:
+    """`p` with non-finite values replaced by 0, and the (B, H', S, Dv) non-finite mask.
+
+    The mask is None (and `p` unchanged) when every value is finite.
+    """
+    with torch.no_grad():
+        bad = ~torch.isfinite(p.v)
+        if not bool(bad.any()):
+            return p, None
+    zero = torch.zeros((), dtype=p.v.dtype, device=p.v.device)
+    return replace(p, v=torch.where(bad, zero, p.v)), bad
+
+
+def _nonfinite_columns(p: Prepared, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    r"""Override the output columns that meet a non-finite value of an unmasked key.
+
+    Every unmasked key has an exactly positive weight :math:`p_{ij} > 0` (even
+    where it underflows in floating point), so the output
+    :math:`\sum_j p_{ij} v_{jc}` is, in IEEE terms: NaN if an unmasked
+    :math:`v_{jc}` is NaN or both :math:`+\infty` and :math:`-\infty` occur,
+    else :math:`\pm\infty` if one of them occurs (the reference's rule); other
+    columns keep the kernel's value (computed with those values set to 0).
+    `v` is the original (B, H', S, Dv) values, `out` is (B, H, L, Dv).
+    """
+    with torch.no_grad():
+        kinds = torch.stack([v == torch.inf, v == -torch.inf, torch.isnan(v)])
+        ind = kinds.to(torch.float32)  # (3, B, H', S, Dv)
+        if p.group > 1:
+            ind = ind.repeat_interleave(p.group, dim=2)
+        L, S = p.q.shape[-2], p.k.shape[-2]
+        if p.keep is not None:
+            w = p.keep.to(torch.float32)  # (B, H, L, S): a mask's own footprint
+        elif p.is_causal:
+            w = torch.ones((L, S), dtype=torch.float32, device=v.device).tril()
+        else:
+            w = torch.ones((1, S), dtype=torch.float32, device=v.device)
+        hits = torch.matmul(w, ind) > 0  # (3, B, H, L or 1, Dv)
+        pos, neg, nan = hits[0], hits[1], hits[2]
+        nan = nan | (pos & neg)
+    inf = torch.full_like(out, torch.inf)
+    out = torch.where(pos, inf, out)
+    out = torch.where(neg, -inf, out)
+    return torch.where(nan, torch.full_like(out, torch.nan), out)
+
+
 # ---------------------------------------------------------------- dispatch
 
 
@@ -680,6 +734,8 @@ def attention(
             raise ValueError(
                 "backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 for CPU tensors)"
             )
+    v_orig = p.v
+    p, v_bad = _finite_values(p)
     safe = q.shape[-1] == 0 or not _fits(p)
     if safe:
         pass  # the overflow-safe chunked path below (also for an empty feature axis)
@@ -694,6 +750,8 @@ def attention(
     if out is None:
         out = _chunked(p, schedule, entropy_eps, detach_beta, safe=safe)
     out = out.to(q.dtype)
+    if v_bad is not None:
+        out = _nonfinite_columns(p, v_orig, out)
     if p.keep is not None or p.is_causal:
         out = torch.where((p.n_eff == 0).unsqueeze(-1), torch.zeros_like(out), out)
     if p.bad is not None:

@@ -45,6 +45,7 @@ __all__ = [
     "naive_entropy",
     "naive_softmax",
     "near_jump",
+    "perturbed_logits_rel_error",
     "round_to_format",
     "row_conditioning",
     "softmax_rel_error",
@@ -243,7 +244,67 @@ def softmax_rel_error(
     q = _softmax_beta(cond, b)
     mean_a = np.sum(q * a, axis=-1, keepdims=True)
     sigma = summation_factor(cond.n_eff)[..., None]
-    return u * (a + mean_a + 2.0 * C_EXP + sigma + 2.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = u * a
+        shift = perturbed_logits_rel_error(cond, b, q, d, u * (a + mean_a))
+    return shift + u * (2.0 * C_EXP + sigma + 2.0)
+
+
+def perturbed_logits_rel_error(
+    cond: RowConditioning, b: np.ndarray, q: np.ndarray, d: np.ndarray, first: np.ndarray
+) -> np.ndarray:
+    r"""Bound on :math:`|\Delta \log y_i|` when each logit :math:`w_j` moves by at most :math:`d_j`.
+
+    With :math:`y = \operatorname{softmax}(w)`, :math:`q = y` unperturbed and
+    :math:`c_j = \delta_j - \delta_i`, :math:`|c_j| \le d_i + d_j`,
+
+    .. math::
+
+        \Delta \log y_i = -\log\Bigl(q_i + \sum_{j \ne i} q_j e^{c_j}\Bigr),
+        \qquad |\Delta \log y_i| \le -\log(1 - T_i),
+        \quad T_i = e^{d_i} \sum_{j \ne i} q_j e^{d_j}
+
+    (the sum lies in :math:`[1 - T_i, 1 + T_i]`; exact, not first-order). The
+    result is the smaller of that and the first-order bound `first`
+    (:math:`d_i + \sum_j q_j d_j`). It matters where one item dominates: a row
+    with a single unmasked item is exactly 1 however its logit is perturbed
+    (:math:`T = 0`), while the first-order terms grow with :math:`|x|` (a
+    row ``[3.4e38]`` in float32 was allowed any answer).
+
+    :math:`\sum_{j \ne i}` is formed in the log domain, excluding the row's
+    largest term (a sum of the others, no cancellation) and bounded by the full
+    sum for the other items; a non-finite intermediate gives
+    :math:`T = \infty` (the first-order bound).
+    """
+    live = cond.live & cond.regular[..., None]
+    with np.errstate(all="ignore"):
+        # log q_j from the logits: q_j may underflow where q_j e^{d_j} does not
+        g = np.where(live, b * cond.z - _log_sum(cond, b) + d, -np.inf)
+        m = np.max(g, axis=-1, keepdims=True, initial=-np.inf)
+        t = np.where(live, np.exp(g - m), 0.0)
+        is_top = np.zeros(g.shape, dtype=bool)
+        if g.shape[-1]:
+            is_top = np.arange(g.shape[-1]) == np.argmax(g, axis=-1)[..., None]
+        # sums of positive terms: relative rounding error below sigma(n) * 2^-53
+        grow = 1.0 + (summation_factor(cond.n_eff)[..., None] + 2.0) * 2.0**-52
+        total = np.sum(t, axis=-1, keepdims=True) * grow
+        others = np.sum(np.where(is_top, 0.0, t), axis=-1, keepdims=True) * grow
+        log_r = m + np.log(np.where(is_top, others, total))
+        big_t = np.exp(d + log_r)
+        exact = -np.log1p(-np.minimum(big_t, 1.0))
+        exact = np.where(np.isnan(exact), np.inf, exact)
+    # one unmasked item: y = 1 exactly for any finite perturbation (no sum to form)
+    exact = np.where((cond.n_eff == 1)[..., None] & live, 0.0, exact)
+    return np.where(cond.live, np.minimum(first, exact), first)
+
+
+def _log_sum(cond: RowConditioning, b: np.ndarray) -> np.ndarray:
+    """``log sum_j exp(b z_j)`` over the unmasked items (shape ``(..., 1)``)."""
+    live = cond.live & cond.regular[..., None]
+    with np.errstate(all="ignore"):
+        e = np.where(live, np.exp(b * cond.z), 0.0)
+        s = np.sum(e, axis=-1, keepdims=True)
+    return np.log(np.where(s > 0, s, 1.0))
 
 
 def _softmax_beta(cond: RowConditioning, b: np.ndarray) -> np.ndarray:
@@ -387,7 +448,10 @@ def logit_rounding_rel_error(
     scaled = ((np.asarray(beta) != 1.0) | (np.asarray(dbeta) > 0))[..., None]
     worst = np.where(scaled, np.maximum(shifted, unshifted), shifted)
     eta = math.ldexp(1.0, fmt.qmin - 1)
-    return np.where(cond.live, fmt.u * worst + 2.0 * eta, 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = fmt.u * np.where(scaled, np.maximum(wz, wx), wz) + eta
+        rel = perturbed_logits_rel_error(cond, b, q, d, fmt.u * worst + 2.0 * eta)
+    return np.where(cond.live, rel, 0.0)
 
 
 def logit_rounding_entropy_error(cond: RowConditioning, fmt: FloatFormat) -> np.ndarray:

@@ -320,3 +320,54 @@ def test_attention_strict_contract_for_16_bit_logits():
     assert assert_attention_close(kernel(logits, v), (logits, v)).passed
     with pytest.raises(KernelMismatch, match="passes under the default 16-bit contract"):
         assert_attention_close(kernel(logits, v), (logits, v), strict=True)
+
+
+@pytest.mark.parametrize(
+    ("x", "dtype"),
+    [
+        ([3.4028235e38], np.float32),  # the fuzz test's counterexample (issue 14)
+        ([-3.4028235e38], np.float32),
+        ([1.7e308], np.float64),
+        ([3.4e38, -np.inf, -np.inf], np.float32),  # one unmasked item
+        ([3.4e38, 0.0], np.float32),  # the other item is e^(-3.4e38) however rounded
+    ],
+)
+def test_a_dominant_item_far_from_zero_is_held_to_its_exact_value(x, dtype):
+    """A row whose answer is 1 (and 0) is checked to a few ulps, not to |x| * u.
+
+    The first-order logit-perturbation term u * beta * (|x_i| + |max x|) made the
+    allowance infinite near the float maximum: 1.25 passed for 1.0 (2.1e6 ulp).
+    """
+    x = np.array(x, dtype=dtype)
+    exact = reference.adaptive_softmax(x, dtype=dtype)
+    assert assert_adaptive_softmax_close(exact, x).passed
+    assert assert_softmax_close(reference.softmax(x, dtype=dtype), x).passed
+    wrong = exact.copy()
+    wrong[0] = dtype(1.25)
+    with pytest.raises(KernelMismatch):
+        assert_adaptive_softmax_close(wrong, x)
+    with pytest.raises(KernelMismatch):
+        assert_softmax_close(wrong, x)
+    if x.size == 1:
+        wrong[0] = np.nextafter(dtype(1), dtype(2)) * 1.0001
+        with pytest.raises(KernelMismatch):
+            assert_adaptive_softmax_close(wrong, x)
+
+
+def test_exact_perturbation_bound_is_sound_for_perturbed_logits():
+    """perturbed_logits_rel_error bounds |log y~ - log y| for random logit perturbations."""
+    from softmaxtheory import _testing_model as model
+
+    for _ in range(200):
+        n = int(RNG.integers(1, 6))
+        x = RNG.normal(0, float(RNG.choice([1.0, 30.0])), n)
+        d = np.abs(RNG.normal(0, float(RNG.choice([1e-8, 1e-2, 1.0])), n))
+        cond = model.row_conditioning(x)
+        b = np.ones((1,))
+        q = model._softmax_beta(cond, b)
+        bound = model.perturbed_logits_rel_error(cond, b, q, d, np.full(n, np.inf))
+        w = x + d * RNG.uniform(-1, 1, n)
+        y = np.exp(x - x.max()) / np.sum(np.exp(x - x.max()))
+        yt = np.exp(w - w.max()) / np.sum(np.exp(w - w.max()))
+        err = np.abs(np.log(yt) - np.log(y))
+        assert np.all(err <= bound * (1 + 1e-9) + 1e-15), (x, d, err, bound)

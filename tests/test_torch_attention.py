@@ -311,3 +311,50 @@ def test_gpu_bench_reports_missing_cuda(monkeypatch, capsys):
     status = run_device(argparse.Namespace(device="cuda", repeat=1, json=False))
     assert status == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mode", ["none", "mask", "causal"])
+def test_non_finite_values_whose_weight_underflows(dtype, mode):
+    """An unmasked key's weight is exactly positive: its infinite value reaches the output.
+
+    ``v = [1, -inf]`` with the second weight e^(-1e6) (0 in floating point) gave NaN
+    (0 * -inf); the reference gives -inf. +inf and -inf in one column give NaN,
+    a NaN value gives NaN; masked keys' values are ignored.
+    """
+    q = torch.tensor([[1e3, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    k = torch.tensor([[1e3, 0.0], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    v = torch.tensor(
+        [[1.0, 1.0, 1.0, 2.0], [-math.inf, math.inf, math.nan, 3.0], [1.0, -math.inf, 1.0, 4.0]],
+        dtype=torch.float64,
+    )
+    mask = torch.tensor([[True, True, False], [False, True, True]]) if mode == "mask" else None
+    causal = mode == "causal"
+    want = R.adaptive_attention(
+        q.numpy(), k.numpy(), v.numpy(), mask=None if mask is None else mask.numpy(),
+        is_causal=causal,
+    )  # fmt: skip
+    for backend in BACKENDS:
+        got = adaptive_attention(
+            q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=mask, is_causal=causal,
+            backend=backend,
+        ).to(torch.float64).numpy()  # fmt: skip
+        special = ~np.isfinite(want)
+        np.testing.assert_array_equal(got[special], want[special])
+        assert np.all(np.isfinite(got[~special]))
+        np.testing.assert_allclose(got[~special], want[~special], rtol=1e-6)
+
+
+def test_fully_masked_query_holding_inf_gives_zeros():
+    """The masked logits of a fully masked query are never formed: zeros, not NaN."""
+    q = torch.tensor([[math.inf, 0.0], [1.0, 0.0]], dtype=torch.float64)
+    k = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    v = torch.tensor([[1.0]], dtype=torch.float64)
+    mask = torch.tensor([[False], [True]])
+    for backend in BACKENDS:
+        got = adaptive_attention(q, k, v, attn_mask=mask, backend=backend)
+        assert got.tolist() == [[0.0], [1.0]]
+    from softmaxtheory.accelerated.torch import attention_entropy
+
+    h, lse = attention_entropy(q, k, attn_mask=mask)
+    assert h.tolist() == [0.0, 0.0] and lse[0].item() == -math.inf
