@@ -132,6 +132,8 @@ def _check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, name: str = "o
         raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
     if out.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype}, got {out.dtype}")
+    if not out.flags.writeable:
+        raise ValueError(f"{name} must be writeable, got a read-only array")
 
 
 @functools.lru_cache(maxsize=64)
@@ -436,6 +438,7 @@ def beta(
         float64, shape of `x` without `axis`.
     """
     schedule = resolve_schedule(schedule)
+    check_entropy_eps(entropy_eps)
     work, _, _ = _prepare(x, axis)
     x2 = _rows2d(work)
     if x2.shape[0] == 0:
@@ -666,8 +669,49 @@ def adaptive_attention(
             _k.attention_wide_apply(
                 qi, ki, vi, ai, ke, causal, qbad, kbad, scale, kexp, wide, kind, m, g, b, o
             )
+        vbad = np.flatnonzero(~np.isfinite(vi).all(axis=1))
+        if vbad.size:
+            _non_finite_values(o, vi[vbad], vbad, ai, ke, causal, kind)
         out[idx] = o
     return out.astype(work)
+
+
+def _non_finite_values(
+    o: np.ndarray,
+    vj: np.ndarray,
+    cols: np.ndarray,
+    add: np.ndarray,
+    keep: np.ndarray,
+    causal: bool,
+    kind: np.ndarray,
+) -> None:
+    r"""Set the outputs that meet a non-finite value of a key they attend to, in place.
+
+    Every unmasked key has a weight :math:`e^{\beta x_{ij}} / Z > 0` in exact
+    arithmetic, however small its float value: one ``±inf`` value makes the
+    output column ``±inf``, a NaN or both signs make it NaN. The kernels'
+    weights can underflow to 0, so the rule is applied here, only to the keys
+    `cols` whose values `vj` are not finite (``O(L · len(cols))`` work).
+    """
+    L = o.shape[0]
+    live = np.asarray(keep[:, cols], dtype=bool) & (np.asarray(add[:, cols]) > -np.inf)
+    if causal:
+        live &= cols[None, :] <= np.arange(L)[:, None]
+    # only regular rows (kind 0): NaN rows (kind 3) stay NaN, fully masked rows zeros
+    live &= (kind == 0)[:, None]
+    for c in range(o.shape[1]):
+        col = vj[:, c]
+        bad = ~np.isfinite(col)
+        if not bad.any():
+            continue
+        hit = live[:, bad]
+        vals = col[bad]
+        pos = (hit & (vals == np.inf)).any(axis=1)
+        neg = (hit & (vals == -np.inf)).any(axis=1)
+        nan = (hit & np.isnan(vals)).any(axis=1) | (pos & neg)
+        o[pos, c] = np.inf
+        o[neg, c] = -np.inf
+        o[nan, c] = np.nan
 
 
 # ---------------------------------------------------------------------------
@@ -744,7 +788,10 @@ class StreamingSoftmax:
 
     def __init__(self, schedule: Schedule | None = None, dtype: Any = np.float64) -> None:
         self.schedule = resolve_schedule(schedule)
-        dt = np.dtype(dtype)
+        try:
+            dt = np.dtype(dtype)
+        except TypeError as exc:
+            raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from exc
         if dt not in (np.float32, np.float64):
             raise TypeError(f"dtype must be float32 or float64, got {dt}")
         self.dtype = dt

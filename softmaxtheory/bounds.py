@@ -160,18 +160,39 @@ def _elementwise(func: Any, args: dict[str, Any], checks: dict[str, Any], *, dty
 MAX_EXPONENT = 1.45e6
 
 
+#: Beyond this exponent :math:`e^{\pm t}` is enclosed by :math:`[e^{C}, \infty]` or
+#: :math:`[0, e^{-C}]` instead of being evaluated (a million-bit exponential,
+#: ``beta * spread = 1e300`` has no float answer other than 0 or 1 anyway).
+_EXP_CAP = 1 << 21
+
+
 def _exponent(spread: float, beta: float, prec: int, sign: int) -> ivl.Interval:
-    r"""An enclosure of :math:`e^{\pm\beta\delta}`."""
+    r"""An enclosure of :math:`e^{\pm\beta\delta}` (endpoints 0 or ∞ beyond :data:`_EXP_CAP`)."""
     t = ivl.iv_mul(ivl.iv_exact(beta), ivl.iv_exact(spread), prec)
     if sign < 0:
         t = (libmp.mpf_neg(t[1]), libmp.mpf_neg(t[0]))
-    return ivl.iv_exp(t, prec)
+    big = libmp.from_int(_EXP_CAP)
+    small = libmp.mpf_neg(big)
+    lo, hi = t
+
+    def clamp(a: Any) -> Any:
+        return small if libmp.mpf_lt(a, small) else big if libmp.mpf_gt(a, big) else a
+
+    lo_c, hi_c = clamp(lo), clamp(hi)
+    e_lo, e_hi = ivl.iv_exp((lo_c, hi_c), prec)
+    if libmp.mpf_lt(lo, small):
+        e_lo = libmp.fzero
+    if libmp.mpf_gt(hi, big):
+        e_hi = libmp.finf
+    return e_lo, e_hi
 
 
 def _coefficient_bound(n: int, spread: float, beta: float, sign: int) -> Callable[[int], Any]:
     r"""Enclosures of :math:`1 / (1 + (n-1) e^{\mp\beta\delta})` at a given precision."""
 
     def enclose(prec: int) -> ivl.Interval:
+        if n == 1:  # one item: the coefficient is 1 (and 0 * inf must not enter)
+            return ivl.iv_exact(1)
         e = _exponent(spread, beta, prec, sign)
         denom = ivl.iv_add(ivl.iv_exact(1), ivl.iv_mul(ivl.iv_exact(n - 1), e, prec), prec)
         return ivl.iv_div(ivl.iv_exact(1), denom, prec)
@@ -274,6 +295,8 @@ def _entropy_floor(n: int, spread: float, beta: float) -> Callable[[int], Any]:
     r"""Enclosures of :math:`\log(1 + (n-1) e^{-\beta\delta})` at a given precision."""
 
     def enclose(prec: int) -> ivl.Interval:
+        if n == 1:
+            return ivl.iv_exact(0)
         e = _exponent(spread, beta, prec, -1)
         return ivl.iv_log1p(ivl.iv_mul(ivl.iv_exact(n - 1), e, prec), prec)
 

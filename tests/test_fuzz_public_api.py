@@ -1402,28 +1402,28 @@ NEW_DEFECTS = [
 ]
 
 
-@pytest.mark.xfail(strict=True, raises=Misbehaviour, reason="a defect outside this branch")
 @pytest.mark.parametrize("check", NEW_DEFECTS)
-def test_new_defects_found_by_the_fuzz_test(check) -> None:
-    """Counterexamples the fuzz test found in the kernels and the oracle (issue 14 report).
+def test_defects_found_by_the_fuzz_test_stay_fixed(check) -> None:
+    """Counterexamples the fuzz test found in the CPU kernels (issue 14 report), now fixed.
 
-    Each fails today; when its fix lands the test passes, xfail_strict flags it,
-    and the case moves into the fuzz test's ``@example`` list.
+    ``cpu.beta`` skipped its ``entropy_eps`` check on empty input; CPU attention
+    dropped an infinite value whose weight underflows to 0 (every unmasked key has
+    a positive weight, so the reference gives ``-inf``).
     """
     if CENSUS:
         pytest.skip("the census counts these in the fuzz tests")
     check()
 
 
-@pytest.mark.xfail(strict=False, raises=Misbehaviour, reason="bounds: OverflowError (issue 14)")
 @pytest.mark.parametrize(
     ("func", "n", "spread", "beta"),
     [("min_coefficient", 16, 1.0, 1e300), ("entropy_lower_bound", 16, 1e300, 1e300)],
 )
 def test_bounds_beyond_max_exponent(func, n, spread, beta) -> None:
-    """min_coefficient(16, 1, 1e300) raised OverflowError; a value (0.0) or a clear error is right.
+    """min_coefficient(16, 1, 1e300) raised OverflowError; now the correctly rounded 0.0.
 
-    Not strict: the bounds branch (issue 14 item 8) may fix it along with its speed work.
+    Beyond ``bounds.MAX_EXPONENT`` the exponential is enclosed by ``[e^C, inf]``
+    (or ``[0, e^-C]``) rather than evaluated, so the float answer is still certified.
     """
     if CENSUS:
         pytest.skip("the census counts these in the fuzz tests")
