@@ -528,11 +528,13 @@ def _attn_mask(
         )
     if marr.dtype != bool and marr.dtype.type not in (np.float16, np.float32, np.float64):
         raise TypeError(f"mask must be boolean or floating, got dtype {marr.dtype}")
+    shape = (*lead, L, S)
     try:
-        target = np.broadcast_shapes(marr.shape, (*lead, L, S))
-    except ValueError as exc:
-        shape = (*lead, L, S)
-        raise ValueError(f"mask of shape {marr.shape} does not broadcast to {shape}") from exc
+        target = np.broadcast_shapes(marr.shape, shape)
+    except ValueError:
+        target = None
+    if target is None or target[-2:] != (L, S):  # it must broadcast to (L, S), not only with it
+        raise ValueError(f"mask of shape {marr.shape} does not broadcast to {shape}")
     if marr.dtype == bool:
         return marr, None, target[:-2]
     if marr.dtype == np.float16:

@@ -1057,12 +1057,20 @@ def _switch_off_text(spread: float, schedule: Polynomial, digits: int) -> str:
     if enclose is None:
         return "1"
     _check_exponent(spread, "spread")
+    if spread <= _EXACT_SWITCH_OFF_SPREAD:
+        # the exact integer costs milliseconds here: round it (correctly) instead
+        return size_text(_switch_off(spread, schedule), digits)
     extra = max(8, int(spread).bit_length() + 8)
 
     def wrapped(prec: int) -> ivl.Interval:
         return enclose(prec + extra)
 
     return _size_text_of(wrapped, "ceil", digits, lambda: _switch_off(spread, schedule))
+
+
+#: Up to this spread the exact switch-off size (an integer of at most ~440 digits)
+#: is computed and rounded for ``digits=``; beyond it the enclosure is rounded.
+_EXACT_SWITCH_OFF_SPREAD = 1000.0
 
 
 def adaptive_switch_off_size(

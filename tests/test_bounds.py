@@ -718,3 +718,11 @@ def test_invalid_arguments_name_the_argument(call, name):
 def test_wrong_types_are_type_errors(call):
     with pytest.raises(TypeError):
         call()
+
+
+def test_switch_off_size_as_text_is_the_rounded_exact_size():
+    """adaptive_switch_off_size(12.0, digits=6) never returned (its enclosure did not converge
+    for spreads of about 9.5 to 14.5); the text is the exact size, correctly rounded."""
+    for spread in (9.3, 12.0, 14.4, 999.0):
+        exact = bounds.adaptive_switch_off_size(spread)
+        assert bounds.adaptive_switch_off_size(spread, digits=6) == bounds.size_text(exact, 6)
