@@ -48,6 +48,8 @@ __all__ = [
     "attention",
     "attention_entropy",
     "entropy_lse",
+    "entropy_lse_backward",
+    "entropy_lse_grad",
     "prepare",
     "triton_available",
     "triton_entropy_lse",
@@ -543,6 +545,125 @@ def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Te
     return h, torch.cat(lses, dim=-1).to(sd)
 
 
+def entropy_lse_backward(
+    p: Prepared,
+    entropy: torch.Tensor,
+    lse: torch.Tensor,
+    grad_entropy: torch.Tensor,
+    grad_lse: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The backward of pass 1 in torch: ``(dq, dk)`` from the row gradients of ``(H, LSE)``.
+
+    The same formula as the Triton kernel
+    (:func:`~._triton_attention.triton_entropy_backward`): blocks of queries
+    against every key recompute the logits and
+    :math:`p_{ij} = e^{x_{ij} - \mathrm{LSE}_i}` from the stored log-sum-exp,
+    then :math:`ar x_{ij} = p_{ij}(ar L_i - ar H_i (x_{ij} - \mathrm{LSE}_i + H_i))`,
+    :math:`ar q_i = \mathrm{scale}\sum_j ar x_{ij} k_j` and
+    :math:`ar k_j = \mathrm{scale}\sum_i ar x_{ij} q_i` (summed over the
+    query heads of a group). Memory :math:`O(\mathrm{block}\cdot S)`; nothing is
+    kept from the forward but ``(H, LSE)``. Results in the statistics dtype,
+    shapes of ``p.q`` and ``p.k``.
+    """
+    wd, qs, kt, block, _ = _scaled_operands(p, False)
+    k = p.k.to(wd)
+    big = torch.finfo(wd).max
+    ent, lse, d_ent, d_lse = (t.to(wd).unsqueeze(-1) for t in (entropy, lse, grad_entropy, grad_lse))
+    lse = torch.where(lse == -torch.inf, torch.zeros_like(lse), lse)
+    dqs = []
+    dk = torch.zeros(k.shape, dtype=wd, device=k.device)
+    g = p.group
+    for i0 in range(0, p.q.shape[-2], block):
+        i1 = min(p.q.shape[-2], i0 + block)
+        x = _tile_logits(p, i0, i1, qs, kt, 0)
+        live = (d_ent[..., i0:i1, :] != 0) | (d_lse[..., i0:i1, :] != 0)
+        valid = (x != -torch.inf) & live  # rows no loss reaches add nothing (not 0 * NaN)
+        z = torch.clamp(torch.where(valid, x - lse[..., i0:i1, :], torch.zeros_like(x)), min=-big)
+        e = torch.where(valid, torch.exp(z), torch.zeros_like(z))
+        dx = e * (d_lse[..., i0:i1, :] - d_ent[..., i0:i1, :] * (z + ent[..., i0:i1, :]))
+        dx = torch.where(valid, dx, torch.zeros_like(dx))
+        qt = qs[..., i0:i1, :]
+        if g > 1:
+            dxg = dx.unflatten(1, (k.shape[1], g))  # (B, H/g, g, l, S)
+            dqs.append(torch.matmul(dxg, k.unsqueeze(2)).flatten(1, 2))
+            dk = dk + torch.matmul(dxg.transpose(-1, -2), qt.unflatten(1, (k.shape[1], g))).sum(2)
+        else:
+            dqs.append(torch.matmul(dx, k))
+            dk = dk + torch.matmul(dx.transpose(-1, -2), qt)
+    dq = torch.cat(dqs, dim=-2) * p.scale
+    return dq, dk
+
+
+def _pass1_forward(p: Prepared, use_triton: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Pass 1 without a graph: ``(entropy, lse, triton_ran)`` in the statistics dtype."""
+    if use_triton:
+        from softmaxtheory.accelerated._triton_config import NoConfig
+
+        try:
+            h, lse = triton_entropy_lse(p)
+            return h, lse, True
+        except NoConfig:
+            pass
+    with torch.no_grad():
+        h, lse = entropy_lse(p)
+    return h, lse, False
+
+
+class _Pass1(torch.autograd.Function):
+    """Pass 1 with its own backward (no tile is kept: p is recomputed from the log-sum-exp)."""
+
+    @staticmethod
+    def forward(  # noqa: D102
+        ctx: torch.autograd.function.FunctionCtx,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        p: Prepared,
+        use_triton: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h, lse, ran = _pass1_forward(p, use_triton)
+        ctx.prepared = p
+        ctx.triton = ran
+        ctx.save_for_backward(h, lse)
+        return h, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(  # noqa: D102
+        ctx: torch.autograd.function.FunctionCtx, grad_h: torch.Tensor, grad_lse: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        p: Prepared = ctx.prepared
+        h, lse = ctx.saved_tensors
+        dq = dk = None
+        if ctx.triton:
+            from softmaxtheory.accelerated import _triton_attention as tri
+            from softmaxtheory.accelerated._triton_config import NoConfig
+
+            kind, mask = _triton_mask(p)
+            try:
+                dq, dk = tri.triton_entropy_backward(
+                    p.q, p.k, mask, kind, p.is_causal, p.scale, p.group, h, lse, grad_h, grad_lse
+                )
+            except NoConfig:
+                dq = dk = None
+        if dq is None:
+            dq, dk = entropy_lse_backward(p, h, lse, grad_h, grad_lse)
+        want_q, want_k = ctx.needs_input_grad[:2]
+        return (dq.to(p.q.dtype) if want_q else None, dk.to(p.k.dtype) if want_k else None,
+                None, None)  # fmt: skip
+
+
+def entropy_lse_grad(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
+    """Differentiable pass 1: ``(entropy, lse)`` with the pass-1 backward.
+
+    The Triton kernels (forward and backward) where they run, else the torch
+    ones; logits that could overflow take the overflow-safe torch path with
+    autograd through its tiles.
+    """
+    if p.q.shape[-1] == 0 or not _fits(p):
+        return entropy_lse(p)
+    return _Pass1.apply(p.q, p.k, p, _pass1_triton_ok(p))
+
+
 # ---------------------------------------------------------------- hybrid path
 
 
@@ -598,13 +719,17 @@ def _triton_mask(p: Prepared) -> tuple[int, torch.Tensor | None]:
 
 
 def triton_entropy_lse(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pass 1 with the Triton kernel: ``(entropy, lse)`` float32 (B, H, L), no gradient."""
+    """Pass 1 with the Triton kernel: ``(entropy, lse)`` float32 (B, H, L), no gradient.
+
+    float64 inputs (only under ``TRITON_INTERPRET=1``, for the float64 gradient
+    checks of the kernels) give float64 statistics.
+    """
     from softmaxtheory.accelerated import _triton_attention as tri
 
     kind, mask = _triton_mask(p)
     with torch.no_grad():
         h, lse = tri.triton_entropy(p.q, p.k, mask, kind, p.is_causal, p.scale, p.group)
-        upper = torch.log(torch.clamp(p.n_eff, min=1).to(torch.float32))
+        upper = torch.log(torch.clamp(p.n_eff, min=1).to(h.dtype))
     return torch.minimum(h, upper), lse
 
 
@@ -637,21 +762,37 @@ def triton_available(device: torch.device) -> bool:
 
 
 def _pass1_triton_ok(p: Prepared) -> bool:
-    return p.q.dtype != torch.float64 and triton_available(p.q.device) and _fits(p)
+    """Whether the Triton pass 1 (and its backward) takes these inputs.
+
+    float16, bfloat16 and float32 on CUDA; float64 too on CPU under
+    ``TRITON_INTERPRET=1`` (the kernels' float64 gradient checks).
+    """
+    f64 = p.q.device.type == "cpu" and _triton_interpreting()
+    return (
+        (p.q.dtype != torch.float64 or f64) and triton_available(p.q.device) and _fits(p)
+    )
 
 
 def _hybrid_entropy(p: Prepared, schedule: Schedule, beta_grad: bool) -> torch.Tensor | None:
-    """Pass 1 for the hybrid path: Triton when it fits and no gradient reaches β, else torch."""
+    """Pass 1 for the hybrid path (Triton where it runs, else torch).
+
+    With a gradient through β, pass 1 carries its own backward
+    (:func:`entropy_lse_grad`); without one it records no graph, so
+    ``detach_beta=True`` costs SDPA's backward plus the :math:`O(L)` scaling.
+    """
     if not schedule.needs_entropy:
         return None
-    if not beta_grad and _pass1_triton_ok(p):
+    if beta_grad:
+        return entropy_lse_grad(p)[0]
+    if _pass1_triton_ok(p):
         from softmaxtheory.accelerated._triton_config import NoConfig
 
         try:
             return triton_entropy_lse(p)[0]
         except NoConfig:
             pass
-    return entropy_lse(p)[0]
+    with torch.no_grad():
+        return entropy_lse(p)[0]
 
 
 # ---------------------------------------------------------------- non-finite values
@@ -741,9 +882,7 @@ def attention(
         pass  # the overflow-safe chunked path below (also for an empty feature axis)
     elif backend == "triton":
         out = _triton(p, schedule)
-    elif backend == "hybrid" or (
-        backend == "auto" and entropy_eps == 0.0 and not beta_grad and _pass1_triton_ok(p)
-    ):
+    elif backend == "hybrid" or (backend == "auto" and entropy_eps == 0.0 and _pass1_triton_ok(p)):
         out = _hybrid(p, schedule, detach_beta, _hybrid_entropy(p, schedule, beta_grad))
     if out is None and not safe and backend != "chunked" and entropy_eps == 0.0 and not p.bias:
         out = _composition(p, schedule, detach_beta)
@@ -762,8 +901,9 @@ def attention(
 def attention_entropy(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
     """Each query's ``(entropy, lse)`` in the statistics dtype, shape (B, H, L).
 
-    The Triton pass-1 kernel on CUDA (and on CPU under ``TRITON_INTERPRET=1``)
-    when no gradient is needed; otherwise the differentiable torch pass 1.
+    The Triton pass-1 kernel on CUDA (and on CPU under ``TRITON_INTERPRET=1``),
+    else the torch pass 1; with a gradient, either carries its own backward
+    (:func:`entropy_lse_grad`).
     """
     sd = stats_dtype(p.q.dtype)
     B, H, L = p.q.shape[:3]
@@ -771,7 +911,9 @@ def attention_entropy(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
         h = torch.zeros((B, H, L), dtype=sd, device=p.q.device)
         return h, torch.full_like(h, -torch.inf)
     out = None
-    if not _want_grad(p.q, p.k) and _pass1_triton_ok(p):
+    if _want_grad(p.q, p.k):
+        out = entropy_lse_grad(p)
+    elif _pass1_triton_ok(p):
         from softmaxtheory.accelerated._triton_config import NoConfig
 
         try:

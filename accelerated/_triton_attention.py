@@ -41,7 +41,14 @@ import triton
 import triton.language as tl
 from softmaxtheory.accelerated._triton_config import configs, launch
 
-__all__ = ["MASK_ADD", "MASK_BOOL", "MASK_NONE", "triton_attention", "triton_entropy"]
+__all__ = [
+    "MASK_ADD",
+    "MASK_BOOL",
+    "MASK_NONE",
+    "triton_attention",
+    "triton_entropy",
+    "triton_entropy_backward",
+]
 
 #: Mask kinds (the ``MASK_KIND`` compile-time argument).
 MASK_NONE = 0
@@ -51,6 +58,47 @@ MASK_ADD = 2
 _MASK_BOOL = tl.constexpr(MASK_BOOL)
 _MASK_ADD = tl.constexpr(MASK_ADD)
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+@triton.jit
+def _tile(
+    q,
+    k,
+    Mask,
+    offs_m,
+    cols,
+    mask_base,
+    stride_mask_q,
+    stride_mask_k,
+    L,
+    S,
+    scale,
+    MASK_KIND: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Logits of the (BLOCK_M, BLOCK_N) tile of loaded `q` and `k`, and which take part."""
+    x = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC) * scale
+    valid = (cols[None, :] < S) & (offs_m[:, None] >= 0)
+    if CAUSAL:
+        valid = valid & (cols[None, :] <= offs_m[:, None])
+    if MASK_KIND != 0:
+        m_ptrs = (
+            Mask
+            + mask_base
+            + offs_m[:, None].to(tl.int64) * stride_mask_q
+            + cols[None, :].to(tl.int64) * stride_mask_k
+        )
+        m_ok = (offs_m[:, None] < L) & (cols[None, :] < S)
+        if MASK_KIND == _MASK_BOOL:
+            keep = tl.load(m_ptrs, mask=m_ok, other=0)
+            valid = valid & (keep != 0)
+        else:
+            add = tl.load(m_ptrs, mask=m_ok, other=0.0).to(ACC)
+            valid = valid & (add != float("-inf"))
+            x = x + tl.where(valid, add, 0.0)
+    return x, valid
 
 
 @triton.jit
@@ -76,8 +124,9 @@ def _logits(
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    ACC: tl.constexpr,
 ):
-    """Logits of a (BLOCK_M, BLOCK_N) tile and which of them take part."""
+    """Load the key block at `start_n`; the tile's logits, which take part, and the keys."""
     cols = start_n + offs_n
     cols64 = cols.to(tl.int64)
     k_ptrs = (
@@ -87,26 +136,11 @@ def _logits(
     if UPCAST:
         q = q.to(tl.float32)
         k = k.to(tl.float32)
-    x = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=tl.float32) * scale
-    valid = (cols[None, :] < S) & (offs_m[:, None] >= 0)
-    if CAUSAL:
-        valid = valid & (cols[None, :] <= offs_m[:, None])
-    if MASK_KIND != 0:
-        m_ptrs = (
-            Mask
-            + mask_base
-            + offs_m[:, None].to(tl.int64) * stride_mask_q
-            + cols64[None, :] * stride_mask_k
-        )
-        m_ok = (offs_m[:, None] < L) & (cols[None, :] < S)
-        if MASK_KIND == _MASK_BOOL:
-            keep = tl.load(m_ptrs, mask=m_ok, other=0)
-            valid = valid & (keep != 0)
-        else:
-            add = tl.load(m_ptrs, mask=m_ok, other=0.0).to(tl.float32)
-            valid = valid & (add != float("-inf"))
-            x = x + tl.where(valid, add, 0.0)
-    return x, valid
+    x, valid = _tile(
+        q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, scale,
+        MASK_KIND, CAUSAL, PRECISION, ACC,
+    )  # fmt: skip
+    return x, valid, k
 
 
 @triton.jit
@@ -133,16 +167,18 @@ def _entropy_kernel(
     L,
     S,
     D,
-    scale,
+    Scale,
     MASK_KIND: tl.constexpr,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    ACC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
+    scale = tl.load(Scale)
     pid_bh = tl.program_id(1)
     batch = (pid_bh // num_heads).to(tl.int64)
     head = (pid_bh % num_heads).to(tl.int64)
@@ -160,17 +196,17 @@ def _entropy_kernel(
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D), other=0.0)
     k_base = batch * stride_k_batch + kv_head * stride_k_head
     mask_base = batch * stride_mask_batch + head * stride_mask_head
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    s_i = tl.zeros([BLOCK_M], tl.float32)
-    t_i = tl.zeros([BLOCK_M], tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), ACC)
+    s_i = tl.zeros([BLOCK_M], ACC)
+    t_i = tl.zeros([BLOCK_M], ACC)
     hi = S
     if CAUSAL:
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M)  # later key blocks are fully masked
     for start_n in range(0, hi, BLOCK_N):
-        x, valid = _logits(
+        x, valid, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST,
+            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC,
         )  # fmt: skip
         x = tl.where(valid, x, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(x, 1))
@@ -190,6 +226,197 @@ def _entropy_kernel(
     row = pid_bh.to(tl.int64) * L + offs_m
     tl.store(OutLse + row, lse, mask=offs_m < L)
     tl.store(OutEntropy + row, entropy, mask=offs_m < L)
+
+
+@triton.jit
+def _grad_logits(x, valid, lse, ent, d_ent, d_lse):
+    r"""The gradient of a loss with respect to the tile's logits (masked entries 0).
+
+    :math:`\partial \mathrm{LSE}_i/\partial x_{ij} = p_{ij}` and
+    :math:`\partial H_i/\partial x_{ij} = -p_{ij}(\log p_{ij} + H_i)` with
+    :math:`\log p_{ij} = x_{ij} - \mathrm{LSE}_i`, so
+    :math:`\bar x_{ij} = p_{ij}\,(\bar L_i - \bar H_i\,(x_{ij} - \mathrm{LSE}_i + H_i))`.
+    """
+    # rows no loss reaches (a NaN row's where() sends them 0) contribute nothing, not 0 * NaN
+    valid = valid & ((d_ent != 0.0) | (d_lse != 0.0))[:, None]
+    lse_safe = tl.where(lse == float("-inf"), 0.0, lse)
+    z = tl.where(valid, tl.maximum(x - lse_safe[:, None], -_FLT_MAX), 0.0)
+    p = tl.where(valid, tl.exp(z), 0.0)
+    return tl.where(valid, p * (d_lse[:, None] - d_ent[:, None] * (z + ent[:, None])), 0.0)
+
+
+@triton.jit
+def _entropy_bwd_dq_kernel(
+    Q,
+    K,
+    Mask,
+    Scale,
+    Lse,
+    Ent,
+    DEnt,
+    DLse,
+    DQ,
+    stride_q_batch,
+    stride_q_head,
+    stride_q_seq,
+    stride_q_dim,
+    stride_k_batch,
+    stride_k_head,
+    stride_k_seq,
+    stride_k_dim,
+    stride_mask_batch,
+    stride_mask_head,
+    stride_mask_q,
+    stride_mask_k,
+    num_heads,
+    group,
+    L,
+    S,
+    D,
+    MASK_KIND: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    scale = tl.load(Scale)
+    batch = (pid_bh // num_heads).to(tl.int64)
+    head = (pid_bh % num_heads).to(tl.int64)
+    kv_head = head // group
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_ptrs = (
+        Q
+        + batch * stride_q_batch
+        + head * stride_q_head
+        + offs_m[:, None].to(tl.int64) * stride_q_seq
+        + offs_d[None, :].to(tl.int64) * stride_q_dim
+    )
+    q = tl.load(q_ptrs, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D), other=0.0)
+    row = pid_bh.to(tl.int64) * L + offs_m
+    in_rows = offs_m < L
+    lse = tl.load(Lse + row, mask=in_rows, other=0.0)
+    ent = tl.load(Ent + row, mask=in_rows, other=0.0)
+    d_ent = tl.load(DEnt + row, mask=in_rows, other=0.0)
+    d_lse = tl.load(DLse + row, mask=in_rows, other=0.0)
+    k_base = batch * stride_k_batch + kv_head * stride_k_head
+    mask_base = batch * stride_mask_batch + head * stride_mask_head
+    acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
+    hi = S
+    if CAUSAL:
+        hi = tl.minimum(S, (pid_m + 1) * BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
+        x, valid, k = _logits(
+            q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
+            stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
+            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC,
+        )  # fmt: skip
+        dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse)
+        acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
+    dq_ptrs = (
+        DQ + pid_bh.to(tl.int64) * L * D + offs_m[:, None].to(tl.int64) * D + offs_d[None, :]
+    )
+    tl.store(dq_ptrs, acc * scale, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D))
+
+
+@triton.jit
+def _entropy_bwd_dk_kernel(
+    Q,
+    K,
+    Mask,
+    Scale,
+    Lse,
+    Ent,
+    DEnt,
+    DLse,
+    DK,
+    stride_q_batch,
+    stride_q_head,
+    stride_q_seq,
+    stride_q_dim,
+    stride_k_batch,
+    stride_k_head,
+    stride_k_seq,
+    stride_k_dim,
+    stride_mask_batch,
+    stride_mask_head,
+    stride_mask_q,
+    stride_mask_k,
+    num_heads,
+    group,
+    L,
+    S,
+    D,
+    MASK_KIND: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)  # over batch * key heads
+    scale = tl.load(Scale)
+    kv_heads = num_heads // group
+    batch = (pid_bh // kv_heads).to(tl.int64)
+    kv_head = (pid_bh % kv_heads).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k_ptrs = (
+        K
+        + batch * stride_k_batch
+        + kv_head * stride_k_head
+        + cols[:, None].to(tl.int64) * stride_k_seq
+        + offs_d[None, :].to(tl.int64) * stride_k_dim
+    )
+    k = tl.load(k_ptrs, mask=(cols[:, None] < S) & (offs_d[None, :] < D), other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_D], ACC)
+    lo = 0
+    if CAUSAL:
+        lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M  # earlier query blocks see none of these keys
+    for g in range(0, group):
+        head = kv_head * group + g
+        q_base = batch * stride_q_batch + head * stride_q_head
+        mask_base = batch * stride_mask_batch + head * stride_mask_head
+        row_base = (batch * num_heads + head) * L
+        for start_m in range(lo, L, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            q_ptrs = (
+                Q
+                + q_base
+                + offs_m[:, None].to(tl.int64) * stride_q_seq
+                + offs_d[None, :].to(tl.int64) * stride_q_dim
+            )
+            q = tl.load(q_ptrs, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D), other=0.0)
+            if UPCAST:
+                q = q.to(tl.float32)
+            in_rows = offs_m < L
+            row = row_base + offs_m
+            lse = tl.load(Lse + row, mask=in_rows, other=0.0)
+            ent = tl.load(Ent + row, mask=in_rows, other=0.0)
+            d_ent = tl.load(DEnt + row, mask=in_rows, other=0.0)
+            d_lse = tl.load(DLse + row, mask=in_rows, other=0.0)
+            x, valid = _tile(
+                q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, scale,
+                MASK_KIND, CAUSAL, PRECISION, ACC,
+            )  # fmt: skip
+            valid = valid & (offs_m[:, None] < L)
+            dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse)
+            acc += tl.dot(tl.trans(dx.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC)
+    dk_ptrs = (
+        DK + pid_bh.to(tl.int64) * S * D + cols[:, None].to(tl.int64) * D + offs_d[None, :]
+    )
+    tl.store(dk_ptrs, acc * scale, mask=(cols[:, None] < S) & (offs_d[None, :] < D))
 
 
 @triton.jit
@@ -263,10 +490,10 @@ def _attention_kernel(
     if CAUSAL:
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M)
     for start_n in range(0, hi, BLOCK_N):
-        x, valid = _logits(
+        x, valid, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST,
+            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, tl.float32,
         )  # fmt: skip
         y = tl.where(valid, beta[:, None] * x, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(y, 1))
@@ -323,8 +550,15 @@ def _precision(q: torch.Tensor) -> dict[str, object]:
     logits (and ``p`` is still rounded to bfloat16 before the values product).
     """
     upcast = q.device.type != "cuda" and q.dtype == torch.bfloat16
-    ieee = q.dtype == torch.float32 or upcast
+    ieee = q.dtype in (torch.float32, torch.float64) or upcast
     return {"PRECISION": "ieee" if ieee else "tf32", "UPCAST": upcast}
+
+
+def _acc(q: torch.Tensor) -> tuple[torch.dtype, object]:
+    """The statistics dtype of pass 1: float64 for float64 inputs (interpreter), else float32."""
+    if q.dtype == torch.float64:
+        return torch.float64, tl.float64
+    return torch.float32, tl.float32
 
 
 def triton_entropy(
@@ -336,24 +570,29 @@ def triton_entropy(
     scale: float,
     group: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pass 1: ``(entropy, lse)`` of every query row, float32, shape (B, H, L).
+    """Pass 1: ``(entropy, lse)`` of every query row, shape (B, H, L).
 
-    `q` is (B, H, L, D), `k` (B, H // group, S, D) (expanded views allowed);
-    `mask` is (B, H, L, S) (bool or the dtype of `q`, expanded views allowed)
-    or None. Raises :class:`~._triton_config.NoConfig` when no launch
+    float32 (float64 for float64 inputs, which only the interpreter's tests
+    send). `q` is (B, H, L, D), `k` (B, H // group, S, D) (expanded views
+    allowed); `mask` is (B, H, L, S) (bool or the dtype of `q`, expanded views
+    allowed) or None. Raises :class:`~._triton_config.NoConfig` when no launch
     configuration fits the device.
     """
     B, H, L, D = q.shape
     S = k.shape[-2]
-    lse = torch.empty((B, H, L), dtype=torch.float32, device=q.device)
+    acc, acc_tl = _acc(q)
+    lse = torch.empty((B, H, L), dtype=acc, device=q.device)
     entropy = torch.empty_like(lse)
+    scale_t = torch.full((1,), scale, dtype=acc, device=q.device)
     m_arg, m_strides = _mask_args(mask, mask_kind, q)
     cands = configs(q.device, D, 0, q.dtype, _mask_elem(mask, mask_kind))
     args = (
         q, k, m_arg, lse, entropy, *q.stride(), *k.stride(), *m_strides,
-        H, group, L, S, D, float(scale),
+        H, group, L, S, D, scale_t,
     )  # fmt: skip
-    constexprs = {"MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), **_precision(q)}
+    constexprs = {
+        "MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), "ACC": acc_tl, **_precision(q)
+    }  # fmt: skip
     launch(
         _entropy_kernel,
         lambda cfg: (triton.cdiv(L, cfg["BLOCK_M"]), B * H),
@@ -362,6 +601,69 @@ def triton_entropy(
         cands,
     )
     return entropy, lse
+
+
+def triton_entropy_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    mask: torch.Tensor | None,
+    mask_kind: int,
+    is_causal: bool,
+    scale: float,
+    group: int,
+    entropy: torch.Tensor,
+    lse: torch.Tensor,
+    grad_entropy: torch.Tensor,
+    grad_lse: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The backward of pass 1: ``(dq, dk)`` from the row gradients of ``(H, LSE)``.
+
+    With :math:`p_{ij} = e^{x_{ij} - \mathrm{LSE}_i}` recomputed from the
+    stored log-sum-exp (no values read, no :math:`L \times S` matrix kept),
+
+    .. math::
+
+        \bar x_{ij} = p_{ij}\bigl(\bar L_i - \bar H_i\,(x_{ij} - \mathrm{LSE}_i + H_i)\bigr),
+        \quad
+        \bar q_i = \mathrm{scale}\sum_j \bar x_{ij} k_j, \quad
+        \bar k_j = \mathrm{scale}\sum_{h \in \mathrm{group}}\sum_i \bar x_{ij} q_i.
+
+    One kernel per query block accumulates ``dq`` over the key blocks, one per
+    key block accumulates ``dk`` over the query blocks of every query head of
+    its group (grouped-query attention: the sum over the group, no repeated
+    K). Causal blocks skip the fully masked tiles. The statistics `entropy`,
+    `lse` and the gradients are (B, H, L); the results are float32 (float64 for
+    float64 inputs), shapes of `q` and `k`. Raises
+    :class:`~._triton_config.NoConfig` when no launch configuration fits.
+    """
+    B, H, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    acc, acc_tl = _acc(q)
+    stats = [t.to(acc).contiguous() for t in (lse, entropy, grad_entropy, grad_lse)]
+    dq = torch.empty((B, H, L, D), dtype=acc, device=q.device)
+    dk = torch.empty((B, Hkv, S, D), dtype=acc, device=q.device)
+    scale_t = torch.full((1,), scale, dtype=acc, device=q.device)
+    m_arg, m_strides = _mask_args(mask, mask_kind, q)
+    cands = configs(q.device, D, 0, q.dtype, _mask_elem(mask, mask_kind), backward=True)
+    constexprs = {
+        "MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), "ACC": acc_tl, **_precision(q)
+    }  # fmt: skip
+    common = (*q.stride(), *k.stride(), *m_strides, H, group, L, S, D)
+    launch(
+        _entropy_bwd_dq_kernel,
+        lambda cfg: (triton.cdiv(L, cfg["BLOCK_M"]), B * H),
+        (q, k, m_arg, scale_t, *stats, dq, *common),
+        constexprs,
+        cands,
+    )
+    launch(
+        _entropy_bwd_dk_kernel,
+        lambda cfg: (triton.cdiv(S, cfg["BLOCK_N"]), B * Hkv),
+        (q, k, m_arg, scale_t, *stats, dk, *common),
+        constexprs,
+        cands,
+    )
+    return dq, dk
 
 
 def triton_attention(

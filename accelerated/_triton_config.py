@@ -47,6 +47,20 @@ _CUDA_TILES = (
     (16, 16, 1),
 )
 
+#: CUDA candidates of the pass-1 backward kernels: smaller query tiles (a (BLOCK_M, D)
+#: float32 accumulator and three (BLOCK_M, BLOCK_N) tiles live in registers).
+_CUDA_BWD_TILES = (
+    (64, 64, 2),
+    (64, 32, 2),
+    (32, 64, 2),
+    (32, 32, 2),
+    (32, 32, 1),
+    (16, 16, 1),
+)
+
+#: Largest max(BLOCK_M, BLOCK_N) * BLOCK_D of a backward candidate (accumulator registers).
+_BWD_MAX_ACC = 64 * 128
+
 #: Configurations Triton refused in this process: (kernel name, config items).
 _REFUSED: set[tuple[str, tuple]] = set()
 
@@ -75,6 +89,8 @@ def configs(
     dtype: torch.dtype,
     mask_elem: int,
     budget: int | None = None,
+    *,
+    backward: bool = False,
 ) -> list[dict[str, int]]:
     """Candidate configurations, largest first.
 
@@ -91,6 +107,9 @@ def configs(
         Bytes per mask element read per tile (0: no mask).
     budget : int, optional
         Shared memory per block in bytes (default: what the device reports).
+    backward : bool, default False
+        Candidates of the pass-1 backward kernels (smaller tiles, the
+        accumulator ``max(BLOCK_M, BLOCK_N) * BLOCK_D`` at most ``64 * 128``).
 
     Returns
     -------
@@ -110,8 +129,10 @@ def configs(
         budget = _smem_budget(device)
     elem = torch.finfo(dtype).bits // 8
     out = []
-    for block_m, block_n, stages in _CUDA_TILES:
+    for block_m, block_n, stages in _CUDA_BWD_TILES if backward else _CUDA_TILES:
         if smem_estimate(block_m, block_n, stages, bd, bdv, elem, mask_elem) > budget:
+            continue
+        if backward and max(block_m, block_n) * bd > _BWD_MAX_ACC and block_m > 16:
             continue
         warps = 8 if block_m >= 128 and max(bd, bdv) > 64 else 4
         out.append(
