@@ -568,7 +568,8 @@ def entropy_lse_backward(
     wd, qs, kt, block, _ = _scaled_operands(p, False)
     k = p.k.to(wd)
     big = torch.finfo(wd).max
-    ent, lse, d_ent, d_lse = (t.to(wd).unsqueeze(-1) for t in (entropy, lse, grad_entropy, grad_lse))
+    rows = (entropy, lse, grad_entropy, grad_lse)
+    ent, lse, d_ent, d_lse = (t.to(wd).unsqueeze(-1) for t in rows)
     lse = torch.where(lse == -torch.inf, torch.zeros_like(lse), lse)
     dqs = []
     dk = torch.zeros(k.shape, dtype=wd, device=k.device)
@@ -613,7 +614,7 @@ class _Pass1(torch.autograd.Function):
     """Pass 1 with its own backward (no tile is kept: p is recomputed from the log-sum-exp)."""
 
     @staticmethod
-    def forward(  # noqa: D102
+    def forward(
         ctx: torch.autograd.function.FunctionCtx,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -628,7 +629,7 @@ class _Pass1(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(  # noqa: D102
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_h: torch.Tensor, grad_lse: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
         p: Prepared = ctx.prepared
@@ -768,9 +769,7 @@ def _pass1_triton_ok(p: Prepared) -> bool:
     ``TRITON_INTERPRET=1`` (the kernels' float64 gradient checks).
     """
     f64 = p.q.device.type == "cpu" and _triton_interpreting()
-    return (
-        (p.q.dtype != torch.float64 or f64) and triton_available(p.q.device) and _fits(p)
-    )
+    return (p.q.dtype != torch.float64 or f64) and triton_available(p.q.device) and _fits(p)
 
 
 def _hybrid_entropy(p: Prepared, schedule: Schedule, beta_grad: bool) -> torch.Tensor | None:

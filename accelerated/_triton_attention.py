@@ -319,9 +319,7 @@ def _entropy_bwd_dq_kernel(
         )  # fmt: skip
         dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse)
         acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
-    dq_ptrs = (
-        DQ + pid_bh.to(tl.int64) * L * D + offs_m[:, None].to(tl.int64) * D + offs_d[None, :]
-    )
+    dq_ptrs = DQ + pid_bh.to(tl.int64) * L * D + offs_m[:, None].to(tl.int64) * D + offs_d[None, :]
     tl.store(dq_ptrs, acc * scale, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D))
 
 
@@ -413,9 +411,7 @@ def _entropy_bwd_dk_kernel(
             valid = valid & (offs_m[:, None] < L)
             dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse)
             acc += tl.dot(tl.trans(dx.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC)
-    dk_ptrs = (
-        DK + pid_bh.to(tl.int64) * S * D + cols[:, None].to(tl.int64) * D + offs_d[None, :]
-    )
+    dk_ptrs = DK + pid_bh.to(tl.int64) * S * D + cols[:, None].to(tl.int64) * D + offs_d[None, :]
     tl.store(dk_ptrs, acc * scale, mask=(cols[:, None] < S) & (offs_d[None, :] < D))
 
 

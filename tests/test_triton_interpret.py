@@ -72,6 +72,91 @@ ENTROPY_CASES = [
 ]
 
 
+#: Head-dim sweep: (D, dtype, mask, H, H_kv, L, S) at tiny lengths, every head dim of issue 13
+#: through the all-Triton forward, the hybrid, attention_entropy (GQA where H_kv < H) and the
+#: pass-1 backward (gradients of the hybrid with beta attached and detached, and of the entropy).
+HEAD_DIM_CASES = [
+    (16, "float32", "none", 2, 1, 5, 7),
+    (32, "float16", "causal", 2, 2, 6, 5),
+    (64, "bfloat16", "bool", 2, 1, 5, 6),
+    (96, "float32", "bias", 2, 2, 3, 5),
+    (128, "float16", "bias", 2, 1, 4, 3),
+    (192, "float32", "causal", 2, 1, 5, 4),
+    (256, "bfloat16", "bool", 2, 2, 3, 5),
+]
+
+#: float64 gradchecks through the Triton pass 1 and its backward kernels (fast mode):
+#: (name, function, H, H_kv, L, S, D, mask). No query is fully masked (its LSE is -inf).
+GRADCHECK_CASES = [
+    ("entropy-gqa-causal", "entropy", 2, 1, 7, 5, 3, "causal"),
+    ("entropy-bias-odd", "entropy", 2, 2, 5, 7, 3, "bias"),
+    ("entropy-bool", "entropy", 1, 1, 3, 5, 4, "bool"),
+    ("attention-gqa-bool", "attention", 2, 1, 5, 6, 3, "bool"),
+    ("attention-bias", "attention", 1, 1, 4, 5, 3, "bias"),
+    ("attention-causal", "attention", 1, 1, 5, 3, 2, "causal"),
+]
+
+
+def _sweep_inputs(case, dtype=None):
+    """Inputs of a head-dim sweep or gradcheck case: q, k, v (H_kv heads), mask, causal."""
+    D_, dname, mask_name, H, Hkv, L_, S_ = case
+    dtype = DTYPES[dname] if dtype is None else dtype
+    g = torch.Generator().manual_seed(D_ + L_)
+    q = torch.randn(1, H, L_, D_, generator=g, dtype=torch.float64).to(dtype)
+    k = torch.randn(1, Hkv, S_, D_, generator=g, dtype=torch.float64).to(dtype)
+    v = torch.randn(1, Hkv, S_, 3, generator=g, dtype=torch.float64).to(dtype)
+    keep = torch.rand(L_, S_, generator=g) > 0.4
+    keep[:, 0] = True
+    mask = None
+    if mask_name == "bool":
+        mask = keep
+    elif mask_name == "bias":
+        mask = torch.randn(L_, S_, generator=g, dtype=torch.float64).masked_fill(~keep, -math.inf)
+        mask = mask.to(dtype)
+    weights = [
+        torch.randn(s, generator=g, dtype=torch.float64) for s in ((1, H, L_, 3), (1, H, L_))
+    ]
+    return q, k, v, mask, mask_name == "causal", weights
+
+
+def _gradcheck_case(name: str):
+    _, _, H, Hkv, L_, S_, D_, mask_name = next(c for c in GRADCHECK_CASES if c[0] == name)
+    return _sweep_inputs((D_, "float32", mask_name, H, Hkv, L_, S_), torch.float64)
+
+
+def _attention_grads(q, k, v, mask, causal, w, detach_beta, backend="auto"):
+    """Gradients of sum(w * adaptive_attention) with respect to q, k, v (GQA by repeating)."""
+    group = q.shape[1] // k.shape[1]
+    args = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    kk, vv = (t.repeat_interleave(group, dim=1) for t in args[1:])
+    out = adaptive_attention_fn()(
+        args[0], kk, vv, mask, causal, detach_beta=detach_beta, backend=backend
+    )
+    grads = torch.autograd.grad((out.double() * w).sum(), args)
+    return out, grads
+
+
+def _entropy_grads(q, k, mask, causal, w):
+    """Gradients of sum(w * H) + sum(w * LSE) (finite LSE) with respect to q and k."""
+    args = [t.detach().clone().requires_grad_() for t in (q, k)]
+    h, lse = attention_entropy_fn()(*args, mask, causal, enable_gqa=True)
+    lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    loss = (h.double() * w).sum() + (lse.double() * w.flip(-1)).sum()
+    return (h, lse), torch.autograd.grad(loss, args)
+
+
+def adaptive_attention_fn():
+    from softmaxtheory.accelerated.torch import adaptive_attention
+
+    return adaptive_attention
+
+
+def attention_entropy_fn():
+    from softmaxtheory.accelerated.torch import attention_entropy
+
+    return attention_entropy
+
+
 def _entropy_inputs(name: str):
     _, dname, H, Hkv, L_, S_, D_, mask_name = next(c for c in ENTROPY_CASES if c[0] == name)
     dtype = DTYPES[dname]
@@ -114,6 +199,8 @@ def _child(out_dir: Path) -> None:
         assert torch.equal(h, h_tri.reshape(h.shape)), "attention_entropy takes the kernel"
         assert torch.equal(lse, lse_tri.reshape(lse.shape))
         np.save(out_dir / f"entropy-{case[0]}.npy", torch.stack([h, lse]).double().numpy())
+    _child_sweep(out_dir)
+    _child_gradcheck(out_dir)
     # the kernel itself on a finite row whose spread overflows float32 (not the guard)
     q = torch.ones(1, 1, 1, 16)
     k = torch.zeros(1, 1, 3, 16)
@@ -126,6 +213,74 @@ def _child(out_dir: Path) -> None:
     h, lse = A.triton_entropy_lse(p)
     h2, lse2 = A.entropy_lse(p)
     np.save(out_dir / "causal-short.npy", torch.stack([h, lse, h2, lse2]).double().numpy())
+
+
+def _child_sweep(out_dir: Path) -> None:
+    """Every head dim: forward (Triton, hybrid), entropy and gradients through the kernels."""
+    from softmaxtheory.accelerated import _triton_attention as tri
+    from softmaxtheory.accelerated.torch import adaptive_attention, attention_entropy
+
+    calls = []
+    backward = tri.triton_entropy_backward
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[-1])
+        return backward(*args, **kwargs)
+
+    tri.triton_entropy_backward = counted
+    for case in HEAD_DIM_CASES:
+        D_ = case[0]
+        q, k, v, mask, causal, (w_out, w_row) = _sweep_inputs(case)
+        group = q.shape[1] // k.shape[1]
+        res = {}
+        with torch.no_grad():
+            res["triton"] = adaptive_attention(q, k, v, mask, causal, backend="triton")
+            res["hybrid"] = adaptive_attention(q, k, v, mask, causal, backend="hybrid")
+            res["h"], res["lse"] = attention_entropy(q, k, mask, causal, enable_gqa=True)
+        for detach in (False, True):
+            out, grads = _attention_grads(q, k, v, mask, causal, w_out, detach)
+            res[f"out-{detach}"] = out
+            res.update({f"d{n}-{detach}": g for n, g in zip("qkv", grads, strict=True)})
+        _, grads = _entropy_grads(q, k, mask, causal, w_row)
+        res.update({f"d{n}-entropy": g for n, g in zip("qk", grads, strict=True)})
+        np.savez(
+            out_dir / f"sweep-{D_}.npz", **{n: t.detach().double().numpy() for n, t in res.items()}
+        )
+        assert group >= 1
+    # the kernel ran for every case: once with beta attached, once for the entropy
+    assert sorted(calls) == sorted(2 * [c[0] for c in HEAD_DIM_CASES]), calls
+    tri.triton_entropy_backward = backward
+
+
+def _child_gradcheck(out_dir: Path) -> None:
+    """float64 gradchecks through the Triton pass 1 and its backward (fast mode)."""
+    import json
+
+    from softmaxtheory.accelerated.torch import adaptive_attention, attention_entropy
+
+    results = {}
+    for case in GRADCHECK_CASES:
+        name, fn = case[:2]
+        q, k, v, mask, causal, _ = _gradcheck_case(name)
+        group = q.shape[1] // k.shape[1]
+        if fn == "entropy":
+            args = (q.requires_grad_(), k.requires_grad_())
+
+            def f(a, b, mask=mask, causal=causal):
+                return attention_entropy(a, b, mask, causal, enable_gqa=True)
+        else:
+            args = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_())
+
+            def f(a, b, c, mask=mask, causal=causal, group=group):
+                b, c = (t.repeat_interleave(group, dim=1) for t in (b, c))
+                return adaptive_attention(a, b, c, mask, causal)
+
+        try:
+            ok = torch.autograd.gradcheck(f, args, fast_mode=True)
+            results[name] = "ok" if ok else "gradcheck returned False"
+        except torch.autograd.gradcheck.GradcheckError as exc:
+            results[name] = str(exc)[:2000]
+    (out_dir / "gradcheck.json").write_text(json.dumps(results))
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +412,99 @@ def test_pass_one_causal_skip_matches_torch(child_outputs):
     h, lse, h2, lse2 = np.load(child_outputs / "causal-short.npy")
     np.testing.assert_allclose(h, h2, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(lse, lse2, rtol=1e-5, atol=1e-5)
+
+
+#: Agreement of gradients with the float64 autograd reference, relative to the largest
+#: reference gradient: an empirical consistency bound (no derived bound for gradients).
+GRAD_RTOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 8e-2}
+
+
+def _reference_entropy_grads(q, k, mask, causal, w):
+    """Independent float64 autograd of H and LSE from the explicit logit matrix."""
+    group = q.shape[1] // k.shape[1]
+    qd, kd = (t.double().requires_grad_() for t in (q, k))
+    x = (qd / math.sqrt(q.shape[-1])) @ kd.repeat_interleave(group, dim=1).transpose(-1, -2)
+    L_, S_ = x.shape[-2:]
+    if causal:
+        x = x.masked_fill(torch.ones(L_, S_, dtype=torch.bool).triu(1), -math.inf)
+    elif mask is not None and mask.dtype == torch.bool:
+        x = x.masked_fill(~mask, -math.inf)
+    elif mask is not None:
+        md = mask.double()
+        x = torch.where(md == -math.inf, torch.full_like(x, -math.inf), x + md)
+    lse = torch.logsumexp(x, -1)
+    logp = torch.where(torch.isfinite(x), x - lse.unsqueeze(-1), torch.zeros_like(x))
+    h = -(torch.exp(logp) * logp).where(torch.isfinite(x), torch.zeros_like(x)).sum(-1)
+    loss = (h * w).sum() + (lse * w.flip(-1)).sum()
+    return torch.autograd.grad(loss, (qd, kd))
+
+
+def _assert_grads_close(got, ref, dname, what):
+    scale = max(float(np.abs(ref).max()), 1e-30)
+    err = float(np.abs(got - ref).max())
+    assert err <= GRAD_RTOL[dname] * scale, f"{what}: max err {err:.3g}, max |grad| {scale:.3g}"
+
+
+@pytest.mark.parametrize(
+    "case", HEAD_DIM_CASES, ids=[f"d{c[0]}-{c[1]}-{c[2]}" for c in HEAD_DIM_CASES]
+)
+def test_head_dim_sweep_forward(child_outputs, case):
+    """Every head dim: the all-Triton forward, the hybrid and attention_entropy vs the reference."""
+    D_, dname = case[:2]
+    res = np.load(child_outputs / f"sweep-{D_}.npz")
+    q, k, v, mask, causal, _ = _sweep_inputs(case)
+    group = q.shape[1] // k.shape[1]
+    qd, kd, vd = (t.double().numpy() for t in (q, k, v))
+    kd, vd = (np.repeat(t, group, axis=1) for t in (kd, vd))
+    keep = add = None
+    np_mask = None
+    if mask is not None and mask.dtype == torch.bool:
+        keep = np_mask = mask.numpy()
+    elif mask is not None:
+        add = np_mask = mask.double().numpy()
+    elif causal:
+        keep = np.tril(np.ones((q.shape[-2], k.shape[-2]), dtype=bool))
+    ref = R.adaptive_attention(qd, kd, vd, mask=np_mask, is_causal=causal)
+    tol = attention_tolerance(qd, kd, vd, ref, DTYPES[dname], keep=keep, add=add)
+    for name in ("triton", "hybrid", "out-False", "out-True"):
+        err = np.abs(res[name] - ref)
+        assert np.all(err <= tol), f"{name}: max err/tol {np.max(err / tol)}"
+    x, a, _ = _entropy_reference(q, k, mask, causal, group)
+    u = 2.0**-24
+    finite = np.where(np.isfinite(x), np.abs(x), 0.0)
+    htol = 2 * D_ * u * a.max(-1) + 2 * x.shape[-1] * u * (2 + finite.max(-1)) + 4 * u
+    assert np.all(np.abs(res["h"] - R.entropy(x)) <= htol)
+
+
+@pytest.mark.parametrize(
+    "case", HEAD_DIM_CASES, ids=[f"d{c[0]}-{c[1]}-{c[2]}" for c in HEAD_DIM_CASES]
+)
+def test_head_dim_sweep_backward(child_outputs, case):
+    """Every head dim: gradients through the Triton pass-1 backward (beta attached), with beta
+    detached, and of attention_entropy, against float64 autograd of the chunked path and of the
+    explicit logit matrix (GQA keys: summed over the query heads of a group)."""
+    D_, dname = case[:2]
+    res = np.load(child_outputs / f"sweep-{D_}.npz")
+    q, k, v, mask, causal, (w_out, w_row) = _sweep_inputs(case)
+    md = mask.double() if mask is not None and mask.dtype != torch.bool else mask
+    qd, kd, vd = (t.double() for t in (q, k, v))
+    for detach in (False, True):
+        _, ref = _attention_grads(qd, kd, vd, md, causal, w_out, detach, backend="chunked")
+        for n, r in zip("qkv", ref, strict=True):
+            _assert_grads_close(res[f"d{n}-{detach}"], r.numpy(), dname, f"d{n} detach={detach}")
+    ref = _reference_entropy_grads(q, k, md, causal, w_row)
+    for n, r in zip("qk", ref, strict=True):
+        _assert_grads_close(res[f"d{n}-entropy"], r.numpy(), dname, f"d{n} of the entropy")
+
+
+@pytest.mark.parametrize("name", [c[0] for c in GRADCHECK_CASES])
+def test_gradcheck_through_the_kernels(child_outputs, name):
+    """float64 gradcheck of attention_entropy and of the hybrid with beta attached, through the
+    Triton pass 1 and its backward (masks, causal with L != S, GQA, odd lengths)."""
+    import json
+
+    results = json.loads((child_outputs / "gradcheck.json").read_text())
+    assert results[name] == "ok", results[name]
 
 
 if __name__ == "__main__":
