@@ -762,13 +762,19 @@ def triton_available(device: torch.device) -> bool:
     return True
 
 
+#: Route float64 through the Triton pass 1 on CUDA too (the CUDA tests' float64 gradchecks of
+#: the kernels; off in normal use, where float64 takes the torch pass 1).
+_TRITON_FLOAT64 = False
+
+
 def _pass1_triton_ok(p: Prepared) -> bool:
     """Whether the Triton pass 1 (and its backward) takes these inputs.
 
     float16, bfloat16 and float32 on CUDA; float64 too on CPU under
-    ``TRITON_INTERPRET=1`` (the kernels' float64 gradient checks).
+    ``TRITON_INTERPRET=1`` (the kernels' float64 gradient checks) or with
+    :data:`_TRITON_FLOAT64` set.
     """
-    f64 = p.q.device.type == "cpu" and _triton_interpreting()
+    f64 = _TRITON_FLOAT64 or (p.q.device.type == "cpu" and _triton_interpreting())
     return (p.q.dtype != torch.float64 or f64) and triton_available(p.q.device) and _fits(p)
 
 

@@ -118,12 +118,24 @@ def _reference_and_tol(q, k, v, mask, causal):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
 @pytest.mark.parametrize("lengths", [(9, 9), (9, 13)], ids=["L=S", "L!=S"])
-def test_cuda_every_head_dim_runs(head_dim, dtype, mask_name, lengths):
-    """No crash (no OutOfResources) at any head dim, dtype and mask; within the tolerance."""
+@pytest.mark.parametrize("gqa", [False, True], ids=["MHA", "GQA"])
+def test_cuda_every_head_dim_runs(head_dim, dtype, mask_name, lengths, gqa):
+    """No crash (no OutOfResources) at any head dim, dtype, mask, L = S or not, MHA or GQA
+    (one key/value head shared by the query heads); within the tolerance."""
     L, S = lengths
     q, k, v, mask = _inputs(dtype, L=L, S=S, D=head_dim, mask_name=mask_name)
+    if gqa:
+        k, v = k[:, :1], v[:, :1]
+        with torch.no_grad():
+            h, _ = attention_entropy(
+                q.to(DEVICE), k.to(DEVICE), None if mask is None else mask.to(DEVICE),
+                mask_name == "causal", enable_gqa=True,
+            )  # fmt: skip
+        assert torch.isfinite(h).all()
     causal = mask_name == "causal"
     dev = [t.to(DEVICE) if t is not None else None for t in (q, k, v, mask)]
+    if gqa:
+        k, v = (t.expand(-1, q.shape[1], -1, -1) for t in (k, v))
     ref, tol = _reference_and_tol(q, k, v, mask, causal)
     with torch.no_grad():
         # the all-Triton forward too where shared memory runs short (its compiles are the
@@ -194,3 +206,65 @@ def test_cuda_overflow_and_zero_sizes(dtype):
         assert out.shape == (*qs[:-1], 2) and torch.all(out == 0)
         h, lse = attention_entropy(q, k)
         assert h.shape == lse.shape == qs[:-1]
+
+
+#: Agreement of gradients with float64 autograd on CPU, relative to the largest reference
+#: gradient (an empirical consistency bound, as in test_triton_interpret.py).
+GRAD_RTOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 8e-2}
+
+
+def _grads(q, k, v, mask, causal, w, detach_beta, backend="auto"):
+    args = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = adaptive_attention(*args, mask, causal, detach_beta=detach_beta, backend=backend)
+    return torch.autograd.grad((out.double() * w).sum(), args)
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
+def test_cuda_backward_matches_cpu_float64(head_dim, dtype, mask_name):
+    """Forward + backward on CUDA (Triton pass 1 and its backward with beta attached; SDPA's
+    backward alone with detach_beta=True) against float64 autograd of the chunked path."""
+    q, k, v, mask = _inputs(dtype, L=19, S=23, D=head_dim, mask_name=mask_name)
+    if mask is not None and mask.dtype == torch.bool:
+        mask[3, 0] = True  # no fully masked query: its LSE would be -inf on both sides
+    elif mask is not None:
+        mask[3, 0] = 0.5
+    causal = mask_name == "causal"
+    w = torch.randn(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
+    md = None if mask is None else (mask if mask.dtype == torch.bool else mask.double())
+    dev = [t.to(DEVICE) if t is not None else None for t in (q, k, v, mask)]
+    for detach in (False, True):
+        got = _grads(*dev, causal, w.to(DEVICE), detach)
+        ref = _grads(q.double(), k.double(), v.double(), md, causal, w, detach, "chunked")
+        for name, a, b in zip("qkv", got, ref, strict=True):
+            err = float((a.cpu().double() - b).abs().max())
+            scale = float(b.abs().max())
+            assert err <= GRAD_RTOL[dtype] * scale, f"d{name} detach={detach}: {err} vs {scale}"
+
+
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
+def test_cuda_gradcheck_float64_through_the_kernels(mask_name, monkeypatch):
+    """float64 gradcheck on CUDA of attention_entropy (GQA) and of adaptive attention with beta
+    attached, both through the Triton pass 1 and its backward (forced for float64)."""
+    from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
+
+    monkeypatch.setattr(A, "_TRITON_FLOAT64", True)
+    q, k, v, mask = _inputs(torch.float64, L=5, S=6, D=4, mask_name=mask_name)
+    q, k, v = q[:1], k[:1, :1], v[:1, :1, :, :2]
+    if mask is not None:
+        mask[3, 0] = True if mask.dtype == torch.bool else 0.5
+        mask[:, 0] = True if mask.dtype == torch.bool else mask[:, 0].clamp(min=-1.0)
+    causal = mask_name == "causal"
+    dev = [t.to(DEVICE) if t is not None else None for t in (q, k, v, mask)]
+    args = tuple(t.clone().requires_grad_() for t in dev[:3])
+
+    def entropy(a, b):
+        return attention_entropy(a, b, dev[3], causal, enable_gqa=True)
+
+    def attention(a, b, c):
+        b, c = (t.expand(-1, a.shape[1], -1, -1) for t in (b, c))
+        return adaptive_attention(a, b, c, dev[3], causal)
+
+    assert torch.autograd.gradcheck(entropy, args[:2], fast_mode=True)
+    assert torch.autograd.gradcheck(attention, args, fast_mode=True)
