@@ -181,3 +181,59 @@ def test_input_errors(kwargs, exc, word):
     args = {"q": torch.ones(2, 2), "k": torch.ones(3, 2), **kwargs}
     with pytest.raises(exc, match=word):
         attention_entropy(**args)
+
+
+@pytest.mark.parametrize(
+    ("mask_name", "H", "Hkv", "L", "S"),
+    [("bool", 2, 2, 3, 5), ("causal", 4, 2, 7, 4), ("bias", 6, 3, 5, 3), ("none", 4, 1, 1, 6)],
+    ids=["bool", "causal-gqa-L>S", "bias-gqa-L>S", "none-mqa-L=1"],
+)
+def test_gradcheck_float64_gqa_and_lengths(mask_name, H, Hkv, L, S):
+    """The pass-1 backward (torch twin of the Triton kernel): float64 gradcheck with boolean
+    masks, causal with L > S, grouped-query heads (dk summed over a group), odd lengths."""
+    q, k = _qk(torch.float64, H=H, Hkv=Hkv, L=L, S=S, D=3, seed=4)
+    mask = _mask(mask_name, L=L, S=S, seed=5) if mask_name != "none" else None
+    if mask is not None:
+        mask[:, 0] = True if mask.dtype == torch.bool else 0.25  # no fully masked query
+    causal = mask_name == "causal"
+
+    def fn(a, b):
+        return attention_entropy(a, b, mask, causal, enable_gqa=True)
+
+    assert torch.autograd.gradcheck(fn, (q.requires_grad_(), k.requires_grad_()))
+
+
+def test_backward_recomputes_from_the_lse(monkeypatch):
+    """With a gradient, pass 1 runs under no_grad and its own backward recomputes p from the
+    stored log-sum-exp (no tile is kept): the backward function is called once."""
+    from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
+
+    calls = []
+    original = A.entropy_lse_backward
+
+    def spy(*args):
+        calls.append(args[0].q.shape)
+        return original(*args)
+
+    monkeypatch.setattr(A, "entropy_lse_backward", spy)
+    q, k = _qk(torch.float64)
+    q.requires_grad_()
+    h, lse = attention_entropy(q, k)
+    assert type(h.grad_fn).__name__ == "ViewBackward0"
+    assert "_Pass1" in type(h.grad_fn.next_functions[0][0]).__name__
+    (h.sum() + lse.sum()).backward()
+    assert calls == [q.shape]
+
+
+def test_nan_mask_entry_does_not_poison_other_gradients():
+    """Regression: a NaN additive-mask entry makes its row NaN; a loss on the other rows gets
+    finite gradients for every key (autograd through the tiles gave NaN for all of dk)."""
+    q, k = _qk(torch.float64, L=4, S=5, D=3, seed=6)
+    q.requires_grad_()
+    k.requires_grad_()
+    mask = torch.zeros(4, 5, dtype=torch.float64)
+    mask[2, 1] = math.nan
+    h, _ = attention_entropy(q, k, mask)
+    assert torch.isnan(h[:, :, 2]).all() and torch.isfinite(h[:, :, [0, 1, 3]]).all()
+    h.where(torch.isfinite(h), 0).sum().backward()
+    assert torch.isfinite(k.grad).all() and torch.all(q.grad[:, :, 2] == 0)

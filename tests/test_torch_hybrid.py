@@ -229,3 +229,65 @@ def test_dispatch_falls_back_when_no_configuration_runs(monkeypatch):
     torch.testing.assert_close(
         tri, adaptive_attention(q, k, v, mask, backend="composition"), rtol=0, atol=0
     )
+
+
+@pytest.mark.parametrize(
+    ("mask_name", "L", "S", "group"),
+    [("bool", 5, 6, 2), ("bias", 4, 7, 1), ("causal", 7, 4, 1), ("none", 3, 5, 3)],
+    ids=["bool-gqa", "bias", "causal-L>S", "none-gqa"],
+)
+def test_hybrid_gradcheck_beta_attached(mask_name, L, S, group):
+    """float64 gradcheck of the hybrid with beta attached: the pass-1 backward (entropy
+    contribution to dq, dk), dL/dbeta_i = <dq'_i, q_i> from SDPA's backward on the beta-scaled
+    queries, and for an additive mask the beta-scaled bias's term."""
+    q, k, v, mask = _case(torch.float64, mask_name, L=L, S=S, D=3, Dv=2, seed=8)
+    q, k, v = q[:1], k[:1, :1], v[:1, :1]
+    q = q.repeat_interleave(group, dim=1)
+    if mask is not None:
+        mask[:, 0] = True if mask.dtype == torch.bool else 0.5  # no fully masked query
+    causal = mask_name == "causal"
+
+    def fn(a, b, c):
+        b, c = (t.expand(-1, a.shape[1], -1, -1) for t in (b, c))
+        return adaptive_attention(a, b, c, mask, causal, backend="hybrid")
+
+    args = tuple(t.clone().requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(fn, args)
+
+
+@pytest.mark.parametrize("mask_name", ["bool", "bias", "causal"])
+def test_hybrid_gradients_match_composition(mask_name):
+    """The hybrid's gradients (beta attached) equal autograd through the composition path
+    (through the chunked path for a bias, which the composition does not take)."""
+    q, k, v, mask = _case(torch.float64, mask_name, L=6, S=5, seed=9)
+    if mask is not None:
+        mask[:, 0] = True if mask.dtype == torch.bool else 0.5
+    causal = mask_name == "causal"
+    other = "chunked" if mask_name == "bias" else "composition"
+    grads = []
+    for backend in ("hybrid", other):
+        args = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = adaptive_attention(*args, mask, is_causal=causal, backend=backend)
+        grads.append(torch.autograd.grad((out * torch.cos(out)).sum(), args))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_detached_beta_runs_no_pass_one_backward(monkeypatch):
+    """detach_beta=True: SDPA's backward and the O(L) scaling only, no pass-1 graph or
+    backward; with beta attached the pass-1 backward runs once."""
+    calls = []
+    original = A.entropy_lse_backward
+
+    def spy(*args):
+        calls.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(A, "entropy_lse_backward", spy)
+    q, k, v, _ = _case(torch.float64, "none")
+    for detach, expected in ((True, 0), (False, 1)):
+        calls.clear()
+        args = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = adaptive_attention(*args, detach_beta=detach, backend="hybrid")
+        out.sum().backward()
+        assert len(calls) == expected
