@@ -119,3 +119,29 @@ def test_cuda_tests_collect_without_the_docs_extra():
     assert res.returncode in (0, 5), res.stdout[-3000:] + res.stderr[-3000:]  # 5: none selected
     assert "error" not in res.stdout.lower(), res.stdout[-3000:]
     assert "test_torch_cuda.py" in res.stdout or "deselected" in res.stdout
+    # the crash matrix of issue 13: head dims x dtypes x masks x (L = S, L != S) x (MHA, GQA)
+    matrix = [line for line in res.stdout.splitlines() if "test_cuda_every_head_dim_runs[" in line]
+    assert len(matrix) == 5 * 3 * 4 * 2 * 2, len(matrix)
+    for word in ("MHA", "GQA", "L=S", "L!=S", "bias", "causal", "bool", "none", "bfloat16"):
+        assert any(word in line for line in matrix), word
+    for head_dim in (16, 32, 64, 128, 256):
+        assert any(line.endswith(f"-{head_dim}]") for line in matrix), head_dim
+    for name in ("test_cuda_backward_matches_cpu_float64[", "test_cuda_gradcheck_float64_through"):
+        assert name in res.stdout, name
+
+
+def test_bench_plan_covers_item_seven():
+    """The GPU benchmark times issue 13's shapes (D = 128 at 8192 included), forward + backward
+    with beta attached and detached, attention_entropy, a median of at least 50 calls."""
+    pytest.importorskip("torch")
+    from softmaxtheory import bench_torch as B  # noqa: N812
+
+    assert (8, 16, 4096, 4096, 64) in B.SHAPES and (2, 16, 16384, 16384, 64) in B.SHAPES
+    assert (4, 16, 8192, 8192, 128) in B.SHAPES
+    assert B.BACKWARD_SHAPES == ((4, 16, 4096, 4096, 64),)
+    assert B.DEFAULT_REPEAT >= 50
+    import inspect
+
+    source = inspect.getsource(B)
+    for name in ("attention_entropy", "auto_fwd_bwd_detached", "detach_beta=True", "peak"):
+        assert name in source, name

@@ -12,7 +12,12 @@ Steps, each with its own time limit (the limits add up to the budget, 420 s):
 ``env``
     ``nvidia-smi`` and the versions of torch, Triton and CUDA.
 ``tests``
-    ``pytest -m cuda tests`` (the CUDA tests; collection works without the docs extra).
+    ``pytest -m cuda tests`` (the CUDA tests; collection works without the docs extra):
+    the crash matrix of issue 13 (``test_cuda_every_head_dim_runs``: head dims
+    16, 32, 64, 128, 256 x float16, bfloat16, float32 x no mask, causal, boolean,
+    additive x L = S, L != S x MHA, GQA, each against the reference), forward + backward
+    against float64 autograd with beta attached and detached, float64 gradchecks through
+    the Triton pass 1 and its backward, overflow and zero sizes.
 ``conformance``
     ``softmaxtheory check`` on CUDA for ``adaptive_softmax`` and ``adaptive_attention`` in
     float16, bfloat16 and float32: six runs with a reduced example budget, started at once
@@ -20,9 +25,13 @@ Steps, each with its own time limit (the limits add up to the budget, 420 s):
     2-core machine).
 ``bench``
     ``softmaxtheory bench --device cuda --json``: forward (``auto``, composition, Triton,
-    ``attention_entropy``) and forward + backward, causal and not, median of 50 timed calls,
-    peak memory. The JSON goes to ``OUT/bench_cuda.json`` and, with ``--write-docs``, to
-    ``docs/performance/bench_cuda_h200.json``, the file ``docs/performance.rst`` reads.
+    ``attention_entropy``, each against SDPA's forward) at (B, H, L, S, D) = (8, 16, 4096,
+    4096, 64), (4, 16, 8192, 8192, 128), (2, 16, 16384, 16384, 64), and forward + backward
+    (``auto`` with beta attached and with ``detach_beta=True``, against SDPA's) at (4, 16,
+    4096, 4096, 64), causal and not, bfloat16; median of 50 timed calls after a warm-up
+    call, peak memory of one call. The JSON goes to ``OUT/bench_cuda.json`` and, with
+    ``--write-docs``, to ``docs/performance/bench_cuda_h200.json``, the file
+    ``docs/performance.rst`` reads.
 
 Each step's output is written to ``OUT/<step>.log``; a summary (step, exit status, seconds)
 to ``OUT/summary.json``. The exit status is 0 only if every step that ran passed. A step
