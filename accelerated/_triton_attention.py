@@ -1,6 +1,6 @@
 r"""Triton kernels of adaptive attention (private; imports triton).
 
-Two kernels, each a single :func:`triton.language.dot` per block of keys:
+Pass 1, its backward, and pass 2 of the all-Triton forward:
 
 1. ``_entropy_kernel`` (pass 1): for every query row the running T7 state
    :math:`(m, s, t)` of its logits :math:`x_{ij} = \mathrm{scale}\, q_i \cdot k_j
@@ -20,13 +20,22 @@ Two kernels, each a single :func:`triton.language.dot` per block of keys:
    reads key head ``h // group`` for query head ``h`` (no repeated K).
    Differences :math:`x_j - m'` that overflow are clamped at the float
    maximum (their weight is 0 either way), so finite logits never give NaN.
-2. ``_attention_kernel`` (pass 2 of ``backend="triton"``): a flash-attention
+2. ``_entropy_bwd_dq_kernel`` and ``_entropy_bwd_dk_kernel`` (the backward of
+   pass 1): from the row gradients :math:`\bar H_i, \bar L_i` and the stored
+   :math:`(H, \mathrm{LSE})`, they recompute each logit tile and
+   :math:`p_{ij} = e^{x_{ij} - \mathrm{LSE}_i}`, form
+   :math:`\bar x_{ij} = p_{ij}(\bar L_i - \bar H_i(x_{ij} - \mathrm{LSE}_i + H_i))`
+   and accumulate :math:`\bar q = \mathrm{scale}\,\bar X K` per query block and
+   :math:`\bar k = \mathrm{scale}\,\bar X^\top Q` per key block (over the
+   query heads of its group). No values are read here either.
+3. ``_attention_kernel`` (pass 2 of ``backend="triton"``): a flash-attention
    pass on the logits :math:`\beta_i x_{ij}`, with the per-row β read from
    memory.
 
-Statistics are float32 whatever the input dtype; fp32 inputs use IEEE fp32
-products (no TF32). Masked keys (boolean ``False``, additive ``-inf``, causal)
-never enter an arithmetic operation; a query with no key gives zeros
+Statistics are float32 whatever the input dtype (float64 for float64 inputs,
+which only the tests send); fp32 inputs use IEEE fp32 products (no TF32).
+Masked keys (boolean ``False``, additive ``-inf``, causal) never enter an
+arithmetic operation; a query with no key gives zeros
 (pass 2), ``H = 0`` and ``LSE = -inf`` (pass 1). Pointer offsets are int64
 (a ``(B, H, L, S)`` mask may exceed :math:`2^{31}` elements). Launch
 configurations come from :mod:`._triton_config` (smaller tiles when the

@@ -23,7 +23,10 @@ the β-scaled logits. On CUDA pass 1 is a Triton kernel and pass 2 is
 ``scaled_dot_product_attention`` itself on the β-scaled queries (the hybrid);
 the portable composition uses the T10 identity on a fused attention kernel
 that returns the log-sum-exp (two calls, no :math:`L \times S` matrix).
-Triton is imported only when that kernel is used.
+Gradients through β: pass 1 has its own backward (Triton kernels on CUDA,
+:math:`\partial H_i/\partial x_{ij} = -p_{ij}(\log p_{ij} + H_i)`, no values
+read), and SDPA's own backward serves pass 2. Triton is imported only when
+its kernels are used.
 """
 
 from __future__ import annotations
@@ -214,9 +217,9 @@ def adaptive_attention(
     backend : {"auto", "hybrid", "composition", "triton", "chunked"}, default "auto"
         ``"hybrid"``: pass 1 (each query's entropy, from :math:`QK^\top`
         alone: the Triton kernel of :func:`attention_entropy` on CUDA, its
-        torch version elsewhere or when a gradient must reach β), then
-        pass 2 through ``scaled_dot_product_attention`` itself on the
-        β-scaled queries (with a β-scaled bias for an additive mask with
+        torch version elsewhere; each with its own backward when a gradient
+        reaches β), then pass 2 through ``scaled_dot_product_attention``
+        itself on the β-scaled queries (with a β-scaled bias for an additive mask with
         finite non-zero entries), so pass 2 runs on whatever fused kernel SDPA
         picks. ``"composition"``: T10 on the fused kernel with log-sum-exp
         (CPU: ``_scaled_dot_product_flash_attention_for_cpu``; CUDA: cuDNN,
@@ -224,11 +227,11 @@ def adaptive_attention(
         Triton kernels (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``;
         forward only). ``"chunked"``: blocks of queries against all keys,
         memory :math:`O(\mathrm{block}\cdot S)`. ``"auto"`` takes the hybrid
-        where the Triton pass 1 runs (CUDA, float16/bfloat16/float32) and no
-        gradient reaches β (no gradient, or ``detach_beta=True``), else the
-        composition, and the chunked path for ``entropy_eps > 0``, additive
-        masks with finite non-zero entries (with β attached), or when no fused
-        kernel accepts the inputs. Logits whose size could overflow the
+        where the Triton pass 1 runs (CUDA, float16/bfloat16/float32), with or
+        without a gradient through β (with ``detach_beta=True`` the backward
+        is SDPA's alone), else the composition, and the chunked path for
+        ``entropy_eps > 0``, additive masks with finite non-zero entries off
+        the hybrid, or when no fused kernel accepts the inputs. Logits whose size could overflow the
         statistics dtype (or β times them) take an overflow-safe chunked path
         (float64 tiles, power-of-two units) on every backend; a Triton
         configuration that does not fit the device's shared memory falls
@@ -323,12 +326,23 @@ def attention_entropy(
     Notes
     -----
     On CUDA (float16, bfloat16, float32; and on CPU under
-    ``TRITON_INTERPRET=1``) without a gradient, a Triton kernel streams the
-    key blocks per query block; a causal query block stops at its last
-    visible key block. Elsewhere, or when a gradient is needed, a torch
-    implementation runs blocks of queries against all keys (autograd keeps
-    those tiles for the backward). Finite logits whose spread overflows the
-    float maximum give the reference's numbers, not NaN.
+    ``TRITON_INTERPRET=1``) a Triton kernel streams the key blocks per query
+    block; a causal query block stops at its last visible key block.
+    Elsewhere a torch implementation runs blocks of queries against all
+    keys. Either has its own backward, which keeps only ``(H, LSE)`` and
+    recomputes :math:`p_{ij} = e^{x_{ij} - \mathrm{LSE}_i}` tile by tile:
+
+    .. math::
+
+        \frac{\partial H_i}{\partial x_{ij}} = -p_{ij}(\log p_{ij} + H_i),
+        \qquad
+        \frac{\partial\,\mathrm{LSE}_i}{\partial x_{ij}} = p_{ij}
+
+    (two Triton kernels on CUDA, for the query and the key gradients; with
+    `enable_gqa` a key's gradient sums over the query heads of its group).
+    Finite logits whose spread overflows the float maximum give the
+    reference's numbers, not NaN (such inputs differentiate through an
+    overflow-safe torch path).
 
     Raises
     ------
