@@ -220,7 +220,7 @@ def _grads(q, k, v, mask, causal, w, detach_beta, backend="auto"):
 
 
 @pytest.mark.parametrize("head_dim", [64, 256])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
 def test_cuda_backward_matches_cpu_float64(head_dim, dtype, mask_name):
     """Forward + backward on CUDA (Triton pass 1 and its backward with beta attached; SDPA's

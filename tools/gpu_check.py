@@ -82,7 +82,7 @@ def build_steps(out: Path, write_docs: bool) -> list[Step]:
     env = Step("env", 15, [["nvidia-smi"], [sys.executable, "-c", probe]])
     tests = Step(
         "tests",
-        180,
+        225,
         [[sys.executable, "-m", "pytest", "-m", "cuda", "tests", "-q",
           "-p", "no:cacheprovider", "--durations=10"]],
     )  # fmt: skip
@@ -98,7 +98,7 @@ def build_steps(out: Path, write_docs: bool) -> list[Step]:
                 )
             )  # fmt: skip
     bench_json = out / "bench_cuda.json"
-    bench = Step("bench", 135, [_softmaxtheory("bench", "--device", "cuda", "--json")], bench_json)
+    bench = Step("bench", 90, [_softmaxtheory("bench", "--device", "cuda", "--json")], bench_json)
     steps = [env, tests, conformance, bench]
     assert sum(s.limit_s for s in steps) == BUDGET_S
     if write_docs:
