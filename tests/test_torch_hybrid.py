@@ -291,3 +291,50 @@ def test_detached_beta_runs_no_pass_one_backward(monkeypatch):
         out = adaptive_attention(*args, detach_beta=detach, backend="hybrid")
         out.sum().backward()
         assert len(calls) == expected
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 96, 128, 192, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_backward_configs_fit_registers_and_shared_memory(head_dim, dtype):
+    """The pass-1 backward's candidates: within a 100 KiB budget, accumulators of at most
+    64 x 128 elements (BLOCK x head dim), largest first, never empty."""
+    budget = 100 * 1024
+    elem = torch.finfo(dtype).bits // 8
+    for mask_elem in (0, 1, 4):
+        cands = triton_config.configs(
+            torch.device("cuda"), head_dim, 0, dtype, mask_elem, budget=budget, backward=True
+        )
+        assert cands
+        for c in cands:
+            assert max(c["BLOCK_M"], c["BLOCK_N"]) * c["BLOCK_D"] <= 64 * 128 or len(cands) == 1
+            est = triton_config.smem_estimate(
+                c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], c["BLOCK_D"], 0, elem, mask_elem
+            )
+            assert est <= budget or len(cands) == 1
+        sizes = [c["BLOCK_M"] * c["BLOCK_N"] for c in cands]
+        assert sizes == sorted(sizes, reverse=True)
+
+
+def test_backward_falls_back_to_the_torch_twin(monkeypatch):
+    """A Triton pass-1 backward that finds no configuration: the torch twin computes the same
+    gradients (no exception reaches the user)."""
+    tri = pytest.importorskip("softmaxtheory.accelerated._triton_attention")
+    refused = []
+
+    def refuse(*args, **kwargs):
+        refused.append(1)
+        raise triton_config.NoConfig("no launch configuration fits (test)")
+
+    q, k, v, mask = _case(torch.float64, "bias", seed=10)
+    mask[:, 0] = 0.5
+    plain = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = adaptive_attention(*plain, mask, backend="hybrid")
+    expected = torch.autograd.grad(out.sum(), plain)
+    original = A._pass1_forward
+    monkeypatch.setattr(A, "_pass1_forward", lambda p, use: (*original(p, False)[:2], True))
+    monkeypatch.setattr(tri, "triton_entropy_backward", refuse)
+    args = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = adaptive_attention(*args, mask, backend="hybrid")
+    for a, b in zip(torch.autograd.grad(out.sum(), args), expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert refused == [1]
