@@ -37,8 +37,9 @@ is known as :math:`r_h + r_l` (``two_sum``) within :math:`\delta_r < 2^{-95}`, w
 :math:`|r| < 0.35`. Then :math:`a = \mathrm{rint}(2^{13} r_h) 2^{-13}` (exact),
 :math:`b = b_h + b_l` with :math:`b_h + b_l = (r_h - a) + r_l` (``two_sum``; the
 subtraction is exact), :math:`|b| \le 2^{-14}`. A table holds
-:math:`e^{a} = t_h + t_l` within :math:`2^{-105} e^a` (mpmath at 128 bits, built
-once). For :math:`E = e^b - 1 = b + b^2/2 + b^3(1/6 + b/24 + b^2/120 + b^3/720) + R`,
+:math:`e^{a} = t_h + t_l` within :math:`2^{-105} e^a` (powers of
+:math:`e^{\pm 2^{-13}}` at 320 bits, built once).
+For :math:`E = e^b - 1 = b + b^2/2 + b^3(1/6 + b/24 + b^2/120 + b^3/720) + R`,
 :math:`|R| \le |b|^7/5040 \cdot e^{|b|} < 2^{-110}`: the square is
 ``two_prod``\ (:math:`b_h, b_h`) plus :math:`2b_hb_l` (dropped :math:`b_l^2 < 2^{-130}`);
 the cubic tail (below :math:`2^{-44.5}`) is evaluated in float64 at :math:`b_h`, with
@@ -256,18 +257,29 @@ _INV_LN2 = 1.0 / math.log(2.0)
 
 @lru_cache(maxsize=1)
 def _exp_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """``exp(j 2**-13)`` as ``hi + lo`` for |j| <= 2900 (within 2**-105, mpmath at 128 bits).
+    r"""``exp(j 2**-13)`` as ``hi + lo`` for |j| <= 2900 (within 2**-105).
 
+    The values are powers of :math:`e^{\pm 2^{-13}}` (mpmath at 320 bits, one
+    multiplication per entry instead of an exponential): each product rounds
+    by :math:`2^{-320}` and the two factors are within :math:`2^{-320}`, so the
+    largest power is within :math:`2 \cdot 2900 \cdot 2^{-320} < 2^{-307}` of
+    the exponential, and rounding ``lo`` to a float adds :math:`2^{-106}`.
     Also Veltkamp's split of ``hi`` (for Dekker's product).
     """
     half = 2900  # 0.354 * 2**13
+    prec = 320
     hi = np.empty(2 * half + 1)
     lo = np.empty(2 * half + 1)
-    for i, j in enumerate(range(-half, half + 1)):
-        v = mpf_exp(mpmath.libmp.from_man_exp(j, -_TABLE_BITS), 128, RN)
-        h = to_float(v)
-        hi[i] = h
-        lo[i] = to_float(mpf_sub(v, from_float(h), 128, RN))
+    step = mpmath.libmp.from_man_exp(1, -_TABLE_BITS)
+    factors = (mpf_exp(step, prec, RN), mpf_exp(mpmath.libmp.mpf_neg(step), prec, RN))
+    for sign, factor in zip((1, -1), factors, strict=True):
+        v = fone
+        for j in range(half + 1):
+            if j:
+                v = mpf_mul(v, factor, prec, RN)
+            h = to_float(v, rnd=RN)
+            hi[half + sign * j] = h
+            lo[half + sign * j] = to_float(mpf_sub(v, from_float(h), prec, RN), rnd=RN)
     split_h, split_l = _split(hi)
     return hi, lo, split_h, split_l, half
 

@@ -72,6 +72,21 @@ def test_ln2_parts_sum_to_ln2() -> None:
     assert err < 2.0**-130
 
 
+def test_exp_table_within_its_bound() -> None:
+    """Every table entry hi + lo is within 2**-105 of exp(j 2**-13), and hi is rounded to nearest.
+
+    Regression: the entries were once split by truncation (mpmath's default
+    ``to_float``), which left some 2**-105.1 away, above the bound the analysis uses.
+    """
+    hi, lo, _, _, half = _fast._exp_table()
+    for i, j in enumerate(range(-half, half + 1)):
+        exact = mpf_exp(mpmath.libmp.from_man_exp(j, -13), 300, round_nearest)
+        got = mpf_add(from_float(float(hi[i])), from_float(float(lo[i])), 0)
+        err = mpf_div(mpf_abs(mpf_sub(got, exact, 300, round_nearest)), exact, 60, round_nearest)
+        assert to_float(err) <= 2.0**-105, j
+        assert abs(float(lo[i])) <= 0.5 * math.ulp(float(hi[i])), j
+
+
 def _exp_errors(yh: np.ndarray, yl: np.ndarray) -> float:
     eh, el = _fast.exp_dd(yh, yl)
     worst = 0.0
