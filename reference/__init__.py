@@ -1,4 +1,4 @@
-r"""The oracle: certified, correctly rounded reference values (mpmath).
+r"""The oracle: certified, correctly rounded reference values (double-double, then mpmath).
 
 Imported as ``softmaxtheory.reference``. Every function evaluates the exact
 mathematics of :mod:`softmaxtheory.spec` on the exact binary values of its

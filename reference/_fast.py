@@ -37,8 +37,9 @@ is known as :math:`r_h + r_l` (``two_sum``) within :math:`\delta_r < 2^{-95}`, w
 :math:`|r| < 0.35`. Then :math:`a = \mathrm{rint}(2^{13} r_h) 2^{-13}` (exact),
 :math:`b = b_h + b_l` with :math:`b_h + b_l = (r_h - a) + r_l` (``two_sum``; the
 subtraction is exact), :math:`|b| \le 2^{-14}`. A table holds
-:math:`e^{a} = t_h + t_l` within :math:`2^{-105} e^a` (mpmath at 128 bits, built
-once). For :math:`E = e^b - 1 = b + b^2/2 + b^3(1/6 + b/24 + b^2/120 + b^3/720) + R`,
+:math:`e^{a} = t_h + t_l` within :math:`2^{-105} e^a` (powers of
+:math:`e^{\pm 2^{-13}}` at 320 bits, built once).
+For :math:`E = e^b - 1 = b + b^2/2 + b^3(1/6 + b/24 + b^2/120 + b^3/720) + R`,
 :math:`|R| \le |b|^7/5040 \cdot e^{|b|} < 2^{-110}`: the square is
 ``two_prod``\ (:math:`b_h, b_h`) plus :math:`2b_hb_l` (dropped :math:`b_l^2 < 2^{-130}`);
 the cubic tail (below :math:`2^{-44.5}`) is evaluated in float64 at :math:`b_h`, with
@@ -101,8 +102,16 @@ between :math:`f` and its neighbours are exact float64 numbers, and the gaps
 for float64 the half-ulps around the normalised :math:`v_h` are exact. An element
 that fails goes to mpmath; ties are never decided here.
 
-Not covered (the mpmath engine answers): rows with ``entropy_eps > 0`` (the
-guarded entropy needs a logarithm per item), rows longer than :math:`2^{26}`,
+**Guarded entropy** (``entropy_eps`` :math:`= \varepsilon > 0`, :func:`_guarded`).
+:math:`H_\varepsilon = H - G` with :math:`G = \sum_i p_i \log(1 + \varepsilon/p_i)`,
+as in the engine; each logarithm is :func:`log1p_dd`: :math:`y_0` = ``numpy.log1p``
+(an uncertified float, used exactly) and one Newton step
+:math:`\log(1 + r) = y_0 + \log((1 + r)e^{-y_0})` whose argument is within
+:math:`2^{-40}` of 1, where three terms of the series suffice. The bounds are
+derived in the two functions' docstrings.
+
+Not covered (the mpmath engine answers): guards outside
+[:data:`EPS_MIN`, :data:`EPS_MAX`], rows longer than :math:`2^{26}`,
 and schedules whose β is not positive.
 """
 
@@ -121,12 +130,14 @@ from mpmath.libmp import (
     from_float,
     from_int,
     fzero,
+    mpf_abs,
     mpf_add,
     mpf_div,
     mpf_exp,
     mpf_mul,
     mpf_pos,
     mpf_sub,
+    round_ceiling,
     round_nearest,
     to_float,
 )
@@ -138,12 +149,16 @@ from ._rounding import BinaryFormat, round_ball
 
 __all__ = [
     "DIV_REL",
+    "EPS_MAX",
+    "EPS_MIN",
     "EXP_REL",
     "PROD_REL",
+    "SERIES_REL",
     "STATS",
     "enabled",
     "evaluate",
     "exp_dd",
+    "log1p_dd",
     "pure_mpmath",
 ]
 
@@ -242,18 +257,29 @@ _INV_LN2 = 1.0 / math.log(2.0)
 
 @lru_cache(maxsize=1)
 def _exp_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """``exp(j 2**-13)`` as ``hi + lo`` for |j| <= 2900 (within 2**-105, mpmath at 128 bits).
+    r"""``exp(j 2**-13)`` as ``hi + lo`` for |j| <= 2900 (within 2**-105).
 
+    The values are powers of :math:`e^{\pm 2^{-13}}` (mpmath at 320 bits, one
+    multiplication per entry instead of an exponential): each product rounds
+    by :math:`2^{-320}` and the two factors are within :math:`2^{-320}`, so the
+    largest power is within :math:`2 \cdot 2900 \cdot 2^{-320} < 2^{-307}` of
+    the exponential, and rounding ``lo`` to a float adds :math:`2^{-106}`.
     Also Veltkamp's split of ``hi`` (for Dekker's product).
     """
     half = 2900  # 0.354 * 2**13
+    prec = 320
     hi = np.empty(2 * half + 1)
     lo = np.empty(2 * half + 1)
-    for i, j in enumerate(range(-half, half + 1)):
-        v = mpf_exp(mpmath.libmp.from_man_exp(j, -_TABLE_BITS), 128, RN)
-        h = to_float(v)
-        hi[i] = h
-        lo[i] = to_float(mpf_sub(v, from_float(h), 128, RN))
+    step = mpmath.libmp.from_man_exp(1, -_TABLE_BITS)
+    factors = (mpf_exp(step, prec, RN), mpf_exp(mpmath.libmp.mpf_neg(step), prec, RN))
+    for sign, factor in zip((1, -1), factors, strict=True):
+        v = fone
+        for j in range(half + 1):
+            if j:
+                v = mpf_mul(v, factor, prec, RN)
+            h = to_float(v, rnd=RN)
+            hi[half + sign * j] = h
+            lo[half + sign * j] = to_float(mpf_sub(v, from_float(h), prec, RN), rnd=RN)
     split_h, split_l = _split(hi)
     return hi, lo, split_h, split_l, half
 
@@ -626,6 +652,199 @@ def _element_mp(row: _Row, k: int, ep: eng.ExpPass, Rs: float, beta: eng.Ball | 
     return round_ball(v, rel, row.fmt)
 
 
+# ---------------------------------------------------------------------------
+# the guarded entropy
+# ---------------------------------------------------------------------------
+
+#: The guarded pass handles ``entropy_eps`` in ``[EPS_MIN, EPS_MAX]`` (keeps every
+#: double-double intermediate in the normal range); other values go to mpmath.
+EPS_MIN = 2.0**-700
+EPS_MAX = 2.0**64
+#: Largest ``log1p(eps / p)`` the guarded pass takes (``e^-600`` is far from underflow).
+_LOG_MAX = 600.0
+#: Largest ``|d|`` in :func:`log1p_dd` (the series' remainder is then below ``2**-161``).
+_D_MAX = 2.0**-40
+#: Below this, :func:`log1p_dd` sums the series of ``log1p(r)`` (a relative bound).
+_SERIES_MAX = 2.0**-30
+#: Relative error bound of :func:`log1p_dd` for arguments below ``2**-30``.
+SERIES_REL = 2.0**-98
+
+
+def log1p_dd(rh: np.ndarray, rl: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r""":math:`\log(1 + r)` for a positive double-double :math:`r = r_h + r_l`, by one Newton step.
+
+    Parameters
+    ----------
+    rh, rl : numpy.ndarray
+        A normalised double-double argument, :math:`2^{-701} \le r_h`, with
+        :math:`\log(1 + r_h) \le 600`.
+
+    Returns
+    -------
+    hi, lo, err : numpy.ndarray
+        :math:`\lambda = \log(1 + r)` as ``hi + lo``, and ``err`` with
+        :math:`|\lambda - (hi + lo)| \le \mathrm{err}` for the exact argument
+        ``rh + rl`` (the caller adds the effect of an error of :math:`r` itself):
+        :math:`(\mathrm{EXP\_REL} + \mathrm{PROD\_REL} + 2^{-104})(1 + 2^{-38})
+        + 2^{-105}|hi| + 2^{-125}` by the Newton step, :data:`SERIES_REL`
+        :math:`\cdot r_h` by the series (:func:`_log1p_series`, used for
+        :math:`r_h < 2^{-30}`, where the Newton step's absolute bound would be a
+        poor relative one). ``err`` is ``inf`` where :math:`\log(1 + r_h) > 600`
+        or the Newton step does not land within :math:`2^{-40}` of 1 (never for a
+        finite ``numpy.log1p``).
+
+    Notes
+    -----
+    With :math:`y_0` = ``numpy.log1p(rh)`` (any float: it is only used exactly),
+    :math:`\log(1 + r) = y_0 + \log P` with :math:`P = (1 + r)e^{-y_0}`, exactly.
+    :math:`A = 1 + r` is formed by ``two_sum`` within :math:`2^{-105}`;
+    :math:`e^{-y_0}` by :func:`exp_dd` within :data:`EXP_REL`; their double-double
+    product within :data:`PROD_REL`. So the computed :math:`\tilde P = P(1 + \varepsilon)`
+    with :math:`|\varepsilon| \le 2^{-105} + \mathrm{EXP\_REL} + \mathrm{PROD\_REL}`
+    (to first order; the constant used, :math:`2^{-104}`, covers the products) and
+    :math:`|\log \tilde P - \log P| \le |\varepsilon|/(1 - |\varepsilon|)`.
+    :math:`\tilde d = \tilde P - 1 = d_h + d_l` is exact (``two_sum``; :math:`P_h - 1`
+    is exact by Sterbenz's lemma). For :math:`|\tilde d| \le 2^{-40}`,
+    :math:`\log(1 + \tilde d) = \tilde d - \tilde d^2/2 + \tilde d^3/3 + R` with
+    :math:`|R| \le \tilde d^4/(4(1 - \tilde d)) < 2^{-161}`; the correction
+    :math:`d_l - d_h^2(1/2 - d_h/3)` is computed with an absolute error below
+    :math:`2^{-128}` (four roundings of a term below :math:`2^{-80}`, and the
+    dropped :math:`d_hd_l` below :math:`2^{-132}`). The final ``two_sum`` of
+    :math:`y_0 + d_h` is exact and adding the correction rounds once:
+    :math:`u(u|hi| + 2^{-79})`. Every intermediate is normal: :math:`e^{-y_0} \ge
+    e^{-600}`, :math:`A \le e^{600}` and the products are near 1.
+    ``tests/test_reference_fast.py`` checks the values against mpmath.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):  # out-of-range items: err = inf
+        y0 = np.log1p(rh)
+        bad = ~(y0 <= _LOG_MAX)  # also NaN
+        y0 = np.where(bad, 0.0, y0)
+        Eh, El = exp_dd(-y0, np.zeros_like(y0))
+        Ah, Ae = _two_sum(np.ones_like(rh), rh)
+        Ah, Al = _fast_two_sum(Ah, Ae + rl)  # |Ae + rl| <= 2u(1 + r): one rounding, 2**-105
+        Ph, Pe = _two_prod(Ah, Eh)
+        Ph, Pl = _two_sum(Ph, Pe + (Ah * El + Al * Eh))
+        dh, dl = _two_sum(Ph - 1.0, Pl)
+        bad |= ~(np.abs(dh) <= _D_MAX)
+        corr = dl - (dh * dh) * (0.5 - dh * (1.0 / 3.0))
+        lh, le = _two_sum(y0, dh)
+        lh, ll = _two_sum(lh, le + corr)
+        dev = (
+            (EXP_REL + PROD_REL + 2.0**-104) * (1.0 + 2.0**-38) + 2.0**-105 * np.abs(lh) + 2.0**-125
+        ) * _SLACK
+        # small arguments: the series, with a relative bound
+        small = rh < _SERIES_MAX
+        if np.any(small):
+            sh, sl = _log1p_series(rh[small], rl[small])
+            lh[small] = sh
+            ll[small] = sl
+            dev[small] = SERIES_REL * rh[small]
+        dev[bad & ~small] = np.inf
+    return lh, ll, dev
+
+
+def _log1p_series(rh: np.ndarray, rl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r""":math:`\log(1 + r) = r - r^2/2 + r^3/3 - r^4/4 + R` for :math:`0 < r < 2^{-30}`.
+
+    :math:`|R| \le r^5/5 < 2^{-122}r`. :math:`r_h^2 = s + s_e` exactly
+    (``two_prod``) and :math:`2r_hr_l` (below :math:`2^{-82}r`) is added with one
+    rounding; the dropped :math:`r_l^2` is below :math:`2^{-136}r`. The cubic and
+    quartic terms (below :math:`2^{-61}r`) are evaluated in float64 at :math:`r_h`
+    (relative error below :math:`5u`, and :math:`|r^3 - r_h^3| \le 3.1ur^3`).
+    ``two_sum``\ (:math:`r_h, -s/2`) is exact; the four low terms, each below
+    :math:`2u\,r`, are added with an error below :math:`\gamma_4 \cdot 4u\,r <
+    2^{-100}r`. Altogether the result is within :data:`SERIES_REL` :math:`\cdot r_h`
+    (:math:`2^{-98}r_h`) of :math:`\log(1 + r_h + r_l)`.
+    """
+    s, se = _two_prod(rh, rh)
+    sq_low = se + 2.0 * (rh * rl)
+    h1, e1 = _two_sum(rh, -0.5 * s)
+    low = e1 + ((rl - 0.5 * sq_low) + (s * rh) * (1.0 / 3.0 - 0.25 * rh))
+    return _two_sum(h1, low)
+
+
+def _guard_terms(
+    eh: np.ndarray, el: np.ndarray, rho: np.ndarray, sh: float, sl: float, eps: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The terms ``g = p log(1 + eps / p)`` of :func:`_guarded` and their error bounds.
+
+    ``p = e / s`` with relative error ``rho``; the bound is ``inf`` where an
+    intermediate leaves the range of the analysis.
+    """
+    ph, pl = _fast_two_sum(*_quotient(eh, el, sh, sl))
+    rh, rl = _fast_two_sum(*_quotient(np.full(ph.shape, eps), np.zeros(ph.shape), ph, pl))
+    lh, ll, dev = log1p_dd(np.where(rh < 2.0**900, rh, 1.0), np.where(rh < 2.0**900, rl, 0.0))
+    rho_r = (rho + DIV_REL) * (1.0 + 2.0**-38) * _SLACK
+    weight = np.minimum(1.0, rh * (1.0 + 2.0**-40))
+    B = (rho_r * weight * (1.0 + 2.0**-39) + dev) * _SLACK
+    gh, ge = _two_prod(ph, lh)
+    gh, gl = _fast_two_sum(gh, ge + (ph * ll + pl * lh))
+    err = (gh * (rho + PROD_REL) + ph * B) * (1.0 + 2.0**-38)
+    ok = (ph >= 2.0**-900) & (rh < 2.0**900) & (gh >= 2.0**-900) & (err < np.inf)
+    return gh, gl, np.where(ok, err, np.inf)
+
+
+def _guarded(row: _Row, ps: _Pass, H: eng.Ball, eps: float) -> eng.Ball | None:
+    r"""The guarded entropy :math:`H - G`, :math:`G = \sum_i p_i \log(1 + \varepsilon / p_i)`.
+
+    The same decomposition as the mpmath engine (:func:`._engine.entropy_ball`):
+    :math:`H` from the pass's sums, :math:`G` a sum of positive terms. Here each
+    :math:`p_i = e_i / s` is a double-double quotient (relative error
+    :math:`\rho_i`, as for the coefficients), :math:`r_i = \varepsilon / p_i` a
+    second one (relative error :math:`\rho_i + 2^{-99}` to first order, used
+    with a :math:`1 + 2^{-38}` factor), :math:`\lambda_i = \log(1 + r_i)`
+    (:func:`log1p_dd`; an error :math:`\delta` of :math:`r_i` moves it by at most
+    :math:`\delta r_i/(1 + r_i) \le \delta \min(1, r_i)`) and
+    :math:`g_i = p_i\lambda_i` a double-double product. So
+
+    .. math:: |g_i - \tilde g_i| \le \tilde g_i(\rho_i + 2^{-100})(1 + 2^{-38})
+              + \tilde p_i (1 + 2^{-38}) B_i
+
+    with :math:`B_i` the absolute error bound of :math:`\lambda_i`; the
+    :math:`\tilde g_i` are summed exactly (:func:`_sum`), the maxima
+    (:math:`p = 1/s`) contribute :math:`c\,\tilde g_{\max}`, and a dead or tiny
+    item (:math:`p \le e^{-Y}`, :math:`Y \ge 1`) contributes at most
+    :math:`e^{-Y}(\log(1 + \varepsilon) + Y) \le (1 + \log(1 + \varepsilon))\,Y e^{-Y}`:
+    the pass's dead bound times :math:`2(1 + \log(1 + \varepsilon))`, as in the
+    engine. ``None`` when an argument leaves the covered range.
+    """
+    ep = ps.ep
+    if not (EPS_MIN <= eps <= EPS_MAX) or not ep.s_rel < 2.0**-45:
+        return None
+    Rs = ep.s_rel / (1.0 - ep.s_rel) * _SLACK
+    sh, sl = _dd_of(ep.s)
+    # the maxima (p = 1 / s) first, then the items of the pass
+    eh = np.concatenate([[1.0], ps.eh])
+    el = np.concatenate([[0.0], ps.el])
+    rel_e = np.concatenate([[0.0], ps.rel_e])
+    rho = (rel_e + Rs + rel_e * Rs + DIV_REL) * _SLACK
+    if not float(rho.max()) < 2.0**-45:
+        return None
+    gh, gl, term_err = _chunked(lambda a, b, c: _guard_terms(a, b, c, sh, sl, eps), 3, eh, el, rho)
+    if not np.all(term_err < np.inf):
+        return None  # an argument out of the covered range (also NaN)
+    # the maxima: weight c
+    g_items, sum_err = _sum(gh[1:], gl[1:]) if gh.size > 1 else (fzero, 0.0)
+    g_max = mpf_mul(_mpf_of(float(gh[0]), float(gl[0])), from_int(row.c), 0)
+    G = mpf_add(g_items, g_max, 0)
+    G_abs = float(np.sum(term_err[1:])) * (1.0 + 2.0**-25) + row.c * float(term_err[0]) + sum_err
+    G_abs *= _SLACK
+    G_extra = None
+    if ep.dead_log2 is not None:
+        G_extra = ep.dead_log2 + 1 + math.ceil(math.log2(1.0 + math.log1p(eps) * (1.0 + 2.0**-40)))
+    mid = mpf_sub(H.mid, G, P_SCALAR, RN)
+    if mid == fzero:
+        return None
+    mass = mpf_add(
+        mpf_mul(mpf_abs(H.mid), from_float(H.rel), 60, round_ceiling),
+        from_float(G_abs),
+        60,
+        round_ceiling,
+    )
+    ratio = to_float(mpf_div(mass, mpf_abs(mid), 60, round_ceiling), rnd="u")
+    return eng.Ball(mid, (ratio + 2.0**-P_SCALAR) * _SLACK, eng._max_log2(H.extra_log2, G_extra))
+
+
 def evaluate(
     x: np.ndarray,
     want: str,
@@ -646,7 +865,7 @@ def evaluate(
     schedule : Schedule
         The temperature schedule.
     entropy_eps : float
-        The entropy mode (only ``0.0`` is handled here).
+        The entropy mode (``0.0``, or a guard in [:data:`EPS_MIN`, :data:`EPS_MAX`]).
 
     Returns
     -------
@@ -655,11 +874,14 @@ def evaluate(
         or scalar; ``None`` when this pass cannot certify it: the caller then runs
         the mpmath engine.
     """
-    if not _state["enabled"] or entropy_eps != 0.0 or x.shape[0] > MAX_N:
+    if not _state["enabled"] or x.shape[0] > MAX_N:
+        return None
+    if entropy_eps != 0.0 and not EPS_MIN <= entropy_eps <= EPS_MAX:
+        STATS["row_fallback"] += 1
         return None
     try:
         with np.errstate(all="ignore"):  # a non-finite intermediate never certifies (below)
-            result = _evaluate(np.asarray(x, dtype=np.float64), want, fmt, schedule)
+            result = _evaluate(np.asarray(x, dtype=np.float64), want, fmt, schedule, entropy_eps)
     except (eng.Undecided, ArithmeticError):
         result = None
     if result is None:
@@ -667,7 +889,9 @@ def evaluate(
     return result
 
 
-def _evaluate(x: np.ndarray, want: str, fmt: BinaryFormat, schedule: Schedule) -> Any:
+def _evaluate(
+    x: np.ndarray, want: str, fmt: BinaryFormat, schedule: Schedule, entropy_eps: float
+) -> Any:
     row = _Row(x, fmt)
     needs_beta = want in ("beta", "adaptive")
     need_h = want == "entropy" or (needs_beta and schedule.needs_entropy)
@@ -680,6 +904,11 @@ def _evaluate(x: np.ndarray, want: str, fmt: BinaryFormat, schedule: Schedule) -
         H = eng.entropy_ball(ps1.ep, P_SCALAR, 0.0)
         if not H.rel < 2.0**-40:
             return None  # (a tiny t lost in the absolute underflow terms): mpmath decides
+        if entropy_eps != 0.0:
+            guarded = _guarded(row, ps1, H, entropy_eps)
+            if guarded is None or not guarded.rel < 2.0**-40:
+                return None
+            H = guarded
         if want == "entropy":
             return round_ball(H.mid, H.rel, fmt, H.extra_log2)
     if want == "softmax":

@@ -608,5 +608,6 @@ def _header(args: argparse.Namespace, dtype: str) -> str:
         f"  kind {args.kind}, framework {args.framework}, device {args.device}, dtype {dtype}"
         f"{what}{', thorough' if args.thorough else ''}{', strict' if args.strict else ''}\n"
         f"  {versions}, Python {platform.python_version()}; the kernel runs {mode}\n"
-        f"  errors in ulps of {dtype} against the certified reference (float64, mpmath)\n\n"
+        f"  errors in ulps of {dtype} against the certified reference (correctly rounded: "
+        "double-double first pass, mpmath fallback)\n\n"
     )

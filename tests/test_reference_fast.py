@@ -16,6 +16,7 @@ from mpmath.libmp import (
     mpf_div,
     mpf_exp,
     mpf_ln2,
+    mpf_mul,
     mpf_sub,
     round_nearest,
     to_float,
@@ -69,6 +70,21 @@ def test_ln2_parts_sum_to_ln2() -> None:
     )
     err = to_float(mpf_abs(mpf_sub(total, mpf_ln2(300, round_nearest), 300, round_nearest)))
     assert err < 2.0**-130
+
+
+def test_exp_table_within_its_bound() -> None:
+    """Every table entry hi + lo is within 2**-105 of exp(j 2**-13), and hi is rounded to nearest.
+
+    Regression: the entries were once split by truncation (mpmath's default
+    ``to_float``), which left some 2**-105.1 away, above the bound the analysis uses.
+    """
+    hi, lo, _, _, half = _fast._exp_table()
+    for i, j in enumerate(range(-half, half + 1)):
+        exact = mpf_exp(mpmath.libmp.from_man_exp(j, -13), 300, round_nearest)
+        got = mpf_add(from_float(float(hi[i])), from_float(float(lo[i])), 0)
+        err = mpf_div(mpf_abs(mpf_sub(got, exact, 300, round_nearest)), exact, 60, round_nearest)
+        assert to_float(err) <= 2.0**-105, j
+        assert abs(float(lo[i])) <= 0.5 * math.ulp(float(hi[i])), j
 
 
 def _exp_errors(yh: np.ndarray, yl: np.ndarray) -> float:
@@ -137,6 +153,89 @@ def test_exact_sum_is_exact() -> None:
             exact += v
         diff = abs(mpmath.mpf(total) - exact)
     assert diff <= err
+
+
+def _log1p_mp(r: tuple) -> tuple:
+    """log(1 + r) to 300 bits relative (mpmath raises its precision near r = 0)."""
+    with mpmath.workprec(300):
+        return mpmath.log1p(mpmath.mpf(r))._mpf_
+
+
+def _log1p_errors(rh: np.ndarray, rl: np.ndarray) -> list[tuple[float, float]]:
+    """(actual error, claimed bound) of log1p_dd for each argument, against mpmath."""
+    lh, ll, err = _fast.log1p_dd(rh, rl)
+    out = []
+    cols = (lh.tolist(), ll.tolist(), rh.tolist(), rl.tolist(), err.tolist())
+    for h, lo, a, b, e in zip(*cols, strict=True):
+        r = mpf_add(from_float(a), from_float(b), 0)
+        exact = _log1p_mp(r)
+        got = mpf_add(from_float(h), from_float(lo), 0)
+        out.append((to_float(mpf_abs(mpf_sub(got, exact, 300, round_nearest))), e))
+    return out
+
+
+def _log1p_arguments() -> np.ndarray:
+    rng = np.random.default_rng(6)
+    edge = [2.0**-701, 1e-200, 1e-20, 2.0**-30 * (1 - 2.0**-52), 2.0**-30, 1e-9, 0.5, 1.0,
+            math.e - 1.0, 1e10, 1e200, math.exp(600.0) * (1 - 1e-15)]  # fmt: skip
+    return np.concatenate([edge, 10.0 ** rng.uniform(-210, 260, 3000), rng.uniform(0, 4, 1000)])
+
+
+def test_log1p_dd_within_its_bound() -> None:
+    """log1p_dd (Newton step and series) is within its claimed bound, and the bound is tight.
+
+    Tight: below 2**-87 absolute for the Newton step and 2**-97 relative for the
+    series, so that the guarded entropy certifies (the bound is not ``inf`` anywhere).
+    """
+    rng = np.random.default_rng(7)
+    rh = _log1p_arguments()
+    rl = rh * rng.uniform(-(2.0**-53), 2.0**-53, rh.size)
+    rh, rl = _fast._fast_two_sum(rh, rl)
+    for (actual, bound), r in zip(_log1p_errors(rh, rl), rh.tolist(), strict=True):
+        assert actual <= bound, r
+        assert bound <= (2.0**-97 * r if r < 2.0**-30 else 2.0**-87 + 2.0**-104 * math.log1p(r))
+
+
+def test_log1p_dd_refuses_what_it_cannot_bound() -> None:
+    """Beyond log(1 + r) = 600 (e^-600 would leave the normal range), and for NaN: inf."""
+    rh = np.array([math.exp(601.0), np.nan, 1.0])
+    err = _fast.log1p_dd(rh, np.zeros(3))[2]
+    assert np.isinf(err[:2]).all() and err[2] < 2.0**-87
+
+
+@given(st.floats(2.0**-701, 1e260), st.floats(-0.5, 0.5))
+@example(2.0**-30, 0.5)  # the switch from the series to the Newton step
+@example(2.0**-30 * (1 - 2.0**-52), -0.5)
+@example(1e-9, 0.0)  # the paper's guard with p = 1
+def test_log1p_dd_hypothesis(r: float, frac: float) -> None:
+    """Any argument in [2**-701, 1e260] with any low part: within the claimed bound."""
+    rh, rl = _fast._fast_two_sum(np.array([r]), np.array([frac * math.ulp(r)]))
+    ((actual, bound),) = _log1p_errors(rh, rl)
+    assert actual <= bound < math.inf
+
+
+def test_guard_terms_within_their_bound() -> None:
+    """Each term p log(1 + eps/p) (p = e/s from the pass) is within its claimed bound."""
+    rng = np.random.default_rng(9)
+    y = np.concatenate([-rng.uniform(0, 580, 600), [0.0, -1e-12, -579.9]])
+    eh, el = _fast.exp_dd(y, np.zeros_like(y))
+    s = mpf_add(from_float(1.0), from_float(123.456), 0)
+    sh, sl = _fast._dd_of(s)
+    for eps in (1e-9, 2.0**-690, 0.75, 1e6):
+        rho = np.full(y.size, 2.0**-88)
+        gh, gl, err = _fast._guard_terms(eh, el, rho, sh, sl, eps)
+        assert np.all(err < np.inf)
+        cols = (gh.tolist(), gl.tolist(), eh.tolist(), el.tolist(), err.tolist())
+        for h, lo, a, b, e in zip(*cols, strict=True):
+            # the extreme p within rho of the computed quotient
+            for sign in (-1, 1):
+                e_mp = mpf_add(from_float(a), from_float(b), 0)
+                p = mpf_div(e_mp, s, 300, round_nearest)
+                p = mpf_mul(p, from_float(1.0 + sign * 0.99 * 2.0**-88), 300, round_nearest)
+                lam = _log1p_mp(mpf_div(from_float(eps), p, 300, round_nearest))
+                exact = mpf_mul(p, lam, 300, round_nearest)
+                got = mpf_add(from_float(h), from_float(lo), 0)
+                assert to_float(mpf_abs(mpf_sub(got, exact, 300, round_nearest))) <= e
 
 
 # ---------------------------------------------------------------------------
@@ -241,14 +340,6 @@ def test_fast_pass_is_used_on_ordinary_rows() -> None:
     assert _fast.STATS["fast"] >= 5 * 3 * 2 * 500
 
 
-def test_guarded_entropy_goes_to_mpmath() -> None:
-    """entropy_eps > 0 is not covered by the fast pass: the engine answers (same values)."""
-    x = np.array([0.0, -1.0, -3.0])
-    fmt = FORMATS["float64"]
-    assert _fast.evaluate(x, "entropy", fmt, PaperPolynomial(), 1e-9) is None
-    _assert_same(*_both("entropy", x, np.float64, entropy_eps=1e-9))
-
-
 def test_pure_mpmath_restores_the_fast_pass() -> None:
     """The context manager switches the fast pass off and back on, even on error."""
     assert _fast.enabled()
@@ -276,6 +367,79 @@ def test_random_rows_bit_for_bit(row: np.ndarray, fn: str, dtype: object, in_dty
     """Rows of every family, in every input format, every function and output format."""
     x = strat._cast(row, in_dtype)
     _assert_same(*_both(fn, x, dtype))
+
+
+GUARDS = (1e-9, 1e-3, 0.5, 1e-200)
+
+
+@pytest.mark.parametrize("eps", GUARDS)
+def test_guarded_entropy_is_certified_fast(eps: float) -> None:
+    """entropy_eps > 0: the fast pass certifies ordinary rows, equal to the mpmath path.
+
+    Regression: the guarded entropy once always went to the mpmath engine (about
+    40 s for the conformance suite's row of 2**20 items).
+    """
+    rng = np.random.default_rng(12)
+    rows = [np.array([0.0, -1.0, -3.0]), rng.normal(0, 3, 500), rng.normal(0, 0.01, 64),
+            np.where(np.arange(50) == 7, 0.0, -40.0),
+            strat.row_with_entropy(5.0, 256, 1)]  # fmt: skip
+    for row in rows:
+        for dtype in DTYPES:
+            for fn in ("entropy", "beta", "adaptive_softmax"):
+                _reset()
+                fast = getattr(reference, fn)(row, dtype=dtype, entropy_eps=eps)
+                assert _fast.STATS["row_fallback"] == 0, (row, dtype, fn)
+                with _fast.pure_mpmath():
+                    slow = getattr(reference, fn)(row, dtype=dtype, entropy_eps=eps)
+                _assert_same(fast, slow)
+
+
+def test_guarded_entropy_of_a_long_row_is_certified_fast() -> None:
+    """A 6000-item row with the paper's guard: the fast pass alone, equal to mpmath."""
+    rng = np.random.default_rng(13)
+    row = rng.normal(0, 2, 6000)
+    row[::89] = -np.inf
+    for dtype in (np.float64, np.float32):
+        _reset()
+        fast = reference.entropy(row, dtype=dtype, entropy_eps=1e-9)
+        assert _fast.STATS["row_fallback"] == 0
+        with _fast.pure_mpmath():
+            slow = reference.entropy(row, dtype=dtype, entropy_eps=1e-9)
+        _assert_same(fast, slow)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("name,row", PINNED, ids=[p[0] for p in PINNED])
+def test_pinned_rows_guarded_bit_for_bit(name: str, row: np.ndarray, dtype: object) -> None:
+    """Adversarial rows with the paper's guard: fast pass and mpmath path agree bit for bit."""
+    for fn in ("entropy", "beta", "adaptive_softmax"):
+        _assert_same(*_both(fn, row, dtype, entropy_eps=1e-9))
+
+
+@given(
+    strat.logit_rows(max_size=40, dtype="float64"),
+    st.sampled_from(("entropy", "beta", "adaptive_softmax")),
+    st.sampled_from(DTYPES),
+    st.sampled_from((1e-9, 2.0**-700, 1e-30, 0.25, 7.0, 2.0**64)),
+)
+@example(np.array([0.0, -1e-300]), "entropy", np.float64, 1e-9)
+@example(np.array([0.0, -600.0, -650.0]), "entropy", np.float64, 7.0)  # log(1 + eps/p) > 600
+@example(np.array([0.0, 0.0]), "entropy", np.float16, 2.0**64)  # H = log 2 - log(1 + 2**63)
+def test_random_rows_guarded_bit_for_bit(
+    row: np.ndarray, fn: str, dtype: object, eps: float
+) -> None:
+    """Rows of every family with a guard from 2**-700 to 2**64: fast and mpmath agree."""
+    _assert_same(*_both(fn, row, dtype, entropy_eps=eps))
+
+
+def test_guards_out_of_range_go_to_mpmath() -> None:
+    """A guard below EPS_MIN or above EPS_MAX is left to the engine (same values)."""
+    x = np.array([0.0, -1.0, -3.0])
+    fmt = FORMATS["float64"]
+    for eps in (5e-324, _fast.EPS_MIN / 2, _fast.EPS_MAX * 2):
+        assert _fast.evaluate(x, "entropy", fmt, PaperPolynomial(), eps) is None
+        _assert_same(*_both("entropy", x, np.float64, entropy_eps=eps))
+    assert _fast.evaluate(x, "entropy", fmt, PaperPolynomial(), 1e-9) is not None
 
 
 def test_exact_sum_of_tiny_terms() -> None:
