@@ -402,3 +402,21 @@ def test_cli_bad_arguments(flag, value, message, capsys):
         cli.main(["reproduce", "clrs-text", flag, value])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_docs_page_example_and_constants_follow_the_code():
+    """The docs page shows an example drawn by the generator and computes the
+    parameter count with a vocabulary of 50: both must follow the code."""
+    from pathlib import Path
+
+    page = (Path(__file__).parents[1] / "docs" / "experiments" / "clrs_text.rst").read_text(
+        encoding="utf-8"
+    )
+    s = data.sample("bubble_sort", 4, data.make_rng(1, "eval", ALGOS.index("bubble_sort"), 4))
+    block = "\n".join("   " + line for line in s.text.rstrip("\n").split("\n"))
+    assert block in page
+    assert len(mdl.VOCAB) == 50 and "vocab = 50" in page
+    for width, layers in ((32, 2), (16, 1)):
+        model = mdl.ClrsTextModel([0], copies=1, width=width, layers=layers, heads=2)
+        count = sum(p.numel() for p in model.parameters())
+        assert count == layers * (12 * width**2 + 13 * width) + 2 * width + 2 * 50 * width + 50
