@@ -252,6 +252,30 @@ def test_copies_of_a_seed_start_equal_and_seeds_are_independent():
     assert not torch.equal(model.embed[0], model.embed[1])
 
 
+def test_gradient_clipping_is_per_model():
+    model = mdl.ClrsTextModel([0], width=8, layers=1, heads=2)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+        p.grad[1] *= 1e-4
+    norms = mdl.clip_per_model(model, 1.0)
+    after = mdl.clip_per_model(model, 1e9)
+    assert float(norms[0]) > 10 and float(after[0]) == pytest.approx(1.0, rel=1e-5)
+    assert float(after[1]) == pytest.approx(float(norms[1]), rel=1e-6)  # untouched
+
+
+def test_batched_training_equals_training_a_seed_alone():
+    kwargs = dict(algorithms=("minimum", "binary_search"), sizes=(3,), batch=3, warmup=1)
+    sched = [Constant(1.0), PaperPolynomial()]
+    both = mdl.ClrsTextModel([0, 1], width=8, layers=1, heads=2)
+    alone = mdl.ClrsTextModel([1], width=8, layers=1, heads=2)
+    mdl.train(both, [sched[0]] * 2 + [sched[1]] * 2, 3, lr=5e-2, **kwargs)
+    mdl.train(alone, sched, 3, lr=5e-2, **kwargs)
+    mine = dict(alone.named_parameters())
+    for name, p in both.named_parameters():
+        torch.testing.assert_close(p[1], mine[name][0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(p[3], mine[name][1], rtol=1e-4, atol=1e-5)
+
+
 def test_training_lowers_the_loss_and_keeps_copies_apart():
     model = mdl.ClrsTextModel([0], width=16, layers=1, heads=2)
     log = mdl.train(

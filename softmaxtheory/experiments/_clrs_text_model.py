@@ -50,6 +50,7 @@ __all__ = [
     "ClrsTextModel",
     "Evaluation",
     "TrainLog",
+    "clip_per_model",
     "decode",
     "encode",
     "encode_batch",
@@ -340,6 +341,30 @@ def _stack_pairs(
     return inputs, targets, answer
 
 
+def clip_per_model(model: ClrsTextModel, max_norm: float) -> torch.Tensor:
+    r"""Clip each model's gradient to norm `max_norm`, independently of the others.
+
+    Every parameter has the model dimension first, so model :math:`m`'s
+    gradient norm is :math:`\lVert g_m\rVert = (\sum_p \lVert g_{p,m}\rVert^2)^{1/2}`
+    and its gradient is scaled by :math:`\min(1, \text{max\_norm}/\lVert g_m\rVert)`.
+    (One joint clip over all parameters would couple the models.)
+
+    Returns
+    -------
+    torch.Tensor, shape (M,)
+        The norms before clipping.
+    """
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    sq = torch.zeros(model.num_models, device=model.embed.device)
+    for g in grads:
+        sq = sq + g.detach().pow(2).flatten(1).sum(1)
+    norms = sq.sqrt()
+    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(scale.view(-1, *([1] * (g.dim() - 1))))
+    return norms
+
+
 def train(
     model: ClrsTextModel,
     schedules: Sequence[Any],
@@ -363,7 +388,10 @@ def train(
     size drawn uniformly from `sizes`. The loss is
     :math:`\sum_m \mathrm{CE}_m`, each model's mean cross-entropy over the
     answer tokens of its batch (the question is the prompt), so each model's
-    gradient is its own. The learning rate warms up linearly over `warmup`
+    gradient is its own; it is clipped to norm 1 per model
+    (:func:`clip_per_model`), and AdamW acts element by element, so each model
+    follows the trajectory it would follow alone (up to the floating-point order
+    of the batched products). The learning rate warms up linearly over `warmup`
     steps, then follows a cosine to a tenth of `lr`.
 
     Parameters
@@ -426,7 +454,7 @@ def train(
         loss = per_model.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0 * math.sqrt(m))
+        clip_per_model(model, 1.0)
         opt.step()
         sched.step()
         running += per_model.detach()
