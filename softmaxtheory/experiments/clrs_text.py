@@ -70,16 +70,24 @@ class Config:
         AdamW steps (one algorithm per step, in turn).
     algorithms : tuple of str
         Algorithms trained and evaluated.
-    train_sizes, eval_sizes : tuple of int
-        Problem sizes of training and of evaluation.
+    train_sizes : tuple of int
+        Problem sizes of training.
+    eval_sizes : tuple of int
+        Problem sizes of evaluation.
     eval_examples : int
         Evaluation examples per seed, algorithm and size.
     batch : int
         Training examples per step and model.
-    width, layers, heads : int
-        Transformer shape.
-    lr, weight_decay : float
-        AdamW settings (peak learning rate; warm-up then cosine).
+    width : int
+        Transformer width.
+    layers : int
+        Transformer layers.
+    heads : int
+        Attention heads per layer.
+    lr : float
+        Peak AdamW learning rate (linear warm-up, then cosine to a tenth).
+    weight_decay : float
+        AdamW weight decay (on the weight matrices, not on biases, norms or embeddings).
     warmup : int
         Warm-up steps.
     base_seed : int
@@ -106,8 +114,8 @@ class Config:
     max_minutes: float | None = None
 
 
-#: The named configurations: ``quick`` for a 2-core CPU in under ten minutes,
-#: ``full`` sized (not measured) for one H200 in under eight.
+#: The two named configurations, ``quick`` for a 2-core CPU in under ten minutes
+#: and ``full`` sized (not measured) for one H200 in under eight.
 CONFIGS: dict[str, Config] = {
     "quick": Config(
         name="quick",
