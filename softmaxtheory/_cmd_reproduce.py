@@ -20,6 +20,10 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
         "max_retrieval",
         "train the paper's single-head max-retrieval model and evaluate it on larger sets",
     ),
+    "clrs-text": (
+        "clrs_text",
+        "train small transformers on CLRS-Text with and without the adaptive temperature",
+    ),
     "minilm-spread": (
         "minilm",
         "measure the logit spread of every attention head of all-MiniLM-L6-v2",
