@@ -76,7 +76,7 @@ def rows2d(block: np.ndarray, work: np.dtype) -> np.ndarray:
     arr = np.ascontiguousarray(block, dtype=work)
     if not arr.flags.writeable:  # the kernels are compiled for writeable arrays
         arr = arr.copy()
-    return arr.reshape(-1, arr.shape[-1]) if arr.ndim else arr.reshape(1, 1)
+    return arr.reshape(math.prod(arr.shape[:-1]), arr.shape[-1])
 
 
 def block_states(x2: np.ndarray) -> np.ndarray:

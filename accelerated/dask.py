@@ -247,7 +247,7 @@ def _field(info: da.Array, name: str, dtype: Any) -> da.Array:
 
 
 def _take_field(block: np.ndarray, name: str) -> np.ndarray:
-    return np.ascontiguousarray(block[name][..., 0])
+    return np.array(block[name][..., 0])  # a copy; 0-d for a single row
 
 
 def _write_block(block: np.ndarray, info: np.ndarray, total: Any, work: np.dtype) -> np.ndarray:
@@ -292,7 +292,7 @@ def _vector(
 def _exact_chunk(block: np.ndarray, axis: Any = None, keepdims: bool = True) -> np.ndarray:
     from . import _dask_exact as ex
 
-    rows = block.reshape(-1, block.shape[-1])
+    rows = block.reshape(math.prod(block.shape[:-1]), block.shape[-1])
     out = np.empty(rows.shape[0], dtype=object)
     for i in range(rows.shape[0]):
         out[i] = ex.ExactState.of_row(rows[i])
@@ -326,7 +326,7 @@ def _exact_read(
 def _exact_write(block: np.ndarray, readings: np.ndarray, dtype: np.dtype) -> np.ndarray:
     from . import _dask_exact as ex
 
-    rows = block.reshape(-1, block.shape[-1])
+    rows = block.reshape(math.prod(block.shape[:-1]), block.shape[-1])
     flat = readings.reshape(-1)
     out = np.empty(rows.shape, dtype=dtype)
     for i in range(rows.shape[0]):
