@@ -30,8 +30,8 @@ import math
 import numpy as np
 from numba import njit
 
-from ._cpu_kernels import kernels as _k
 from ._cpu_kernels import entropy_from_state, merge_state
+from ._cpu_kernels import kernels as _k
 
 __all__: list[str] = []
 
@@ -65,7 +65,7 @@ INFO = np.dtype(
 
 
 def identity_states(rows: int) -> np.ndarray:
-    """``rows`` identity states :math:`(-\\infty, 0, 0)`."""
+    r"""``rows`` identity states :math:`(-\infty, 0, 0)`."""
     out = np.zeros(rows, dtype=STATE)
     out["m"] = -math.inf
     return out

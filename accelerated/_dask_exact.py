@@ -1,4 +1,4 @@
-r"""Exact streaming states for ``certified=True`` in :mod:`softmaxtheory.accelerated.dask` (private).
+r"""Exact streaming states of :mod:`softmaxtheory.accelerated.dask`, ``certified=True`` (private).
 
 :class:`ExactState` is the exact T7 state of a set of items: the element of the
 monoid that :class:`softmaxtheory.reference.StreamState` represents, held

@@ -24,8 +24,11 @@ concatenation of its blocks :math:`x = x^{(1)} \mathbin{+\!\!+} \cdots
    tree adds the sums (compensated, in the same fixed order);
 4. a blockwise map writes :math:`e^{\beta(x-m)}/s_\beta` block by block.
 
-A task holds one block and a few numbers per row, so a worker's memory is a small
-multiple of one block, whatever the length of the row. Every merge and every sum
+A task holds one block and a few numbers per row, and each pass reads (or
+recomputes) the blocks of `x` afresh (:func:`dask.graph_manipulation.clone`)
+rather than keeping them from the first pass, so a worker's memory is a small
+multiple of one block, whatever the length of the row. (If `x` is expensive to
+compute and fits in the cluster's memory, ``x.persist()`` it first.) Every merge and every sum
 is done in an order fixed by the chunking alone, so for a fixed chunking the
 result is identical bit for bit under any scheduler (threads, processes,
 ``dask.distributed``) and any number of workers; a different chunking gives a
@@ -61,6 +64,7 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+from dask.graph_manipulation import clone
 
 from softmaxtheory.spec import Schedule, as_logits, check_entropy_eps, resolve_schedule
 
@@ -108,6 +112,16 @@ def _check_certified(certified: Any) -> bool:
     if not isinstance(certified, bool | np.bool_):
         raise TypeError(f"certified must be a bool, got {certified!r}")
     return bool(certified)
+
+
+def _reread(xm: da.Array) -> da.Array:
+    """`xm` computed afresh for another pass (:func:`dask.graph_manipulation.clone`).
+
+    Without it dask would keep every block of the first pass in memory until the last
+    pass has used it — the whole array; with it a pass reads (or recomputes) its blocks
+    itself and drops each one once used.
+    """
+    return clone(xm)
 
 
 def _lead(xm: da.Array) -> tuple[tuple[int, ...], ...]:
@@ -203,15 +217,14 @@ def _sum_tree(partials: da.Array, name: str) -> da.Array:
     return _tree(partials, _identity_part, _add_sum_parts, _b.SUM, name)
 
 
-def _with_entropy(
-    xm: da.Array, work: np.dtype, eps: float
-) -> tuple[da.Array, da.Array]:
+def _with_entropy(xm: da.Array, work: np.dtype, eps: float) -> tuple[da.Array, da.Array]:
     """(info with the entropy filled in, per row (..., 1); the states)."""
     states = _states(xm, work)
     info = states.map_blocks(_info_block, True, dtype=_b.INFO, meta=np.empty((0,), _b.INFO))
     if eps > 0.0:
         sums = _sum_tree(
-            _per_block(_b.block_entropy_eps, xm, info, work, eps), "softmaxtheory-entropy-eps"
+            _per_block(_b.block_entropy_eps, _reread(xm), info, work, eps),
+            "softmaxtheory-entropy-eps",
         )
         info = da.map_blocks(_entropy_eps_info, info, sums, dtype=_b.INFO)
     return info, states
@@ -265,7 +278,7 @@ def _vector(
         info, _ = _with_entropy(xm, work, eps)
         info = info.map_blocks(_beta_info, schedule, dtype=_b.INFO)
         total = _sum_tree(
-            _per_block(_b.block_tempered, xm, info, work), "softmaxtheory-tempered-sums"
+            _per_block(_b.block_tempered, _reread(xm), info, work), "softmaxtheory-tempered-sums"
         )
     else:
         states = _states(xm, work)
@@ -273,7 +286,7 @@ def _vector(
         total = None
     y = da.map_blocks(
         _write_block,
-        xm,
+        _reread(xm),
         info,
         total,
         work,
@@ -358,7 +371,7 @@ def _certified(
         )
     y = da.map_blocks(
         _exact_write,
-        xm,
+        _reread(xm),
         readings,
         in_dtype,
         dtype=in_dtype,
