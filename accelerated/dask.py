@@ -154,14 +154,16 @@ def _identity_part(block: np.ndarray, axis: Any = None, keepdims: bool = True) -
     return block
 
 
-def _tree(arr: da.Array, chunk: Any, merge: Any, dtype: np.dtype, name: str) -> da.Array:
+def _tree(
+    arr: da.Array, chunk: Any, merge: Any, dtype: np.dtype, name: str, aggregate: Any = None
+) -> da.Array:
     """Fold the last axis of `arr` block by block, in order, by a tree of fan-in SPLIT_EVERY."""
     last = arr.ndim - 1
     return da.reduction(
         arr,
         chunk=chunk,
         combine=merge,
-        aggregate=merge,
+        aggregate=merge if aggregate is None else aggregate,
         axis=last,
         keepdims=True,
         dtype=dtype,
@@ -328,16 +330,29 @@ def _exact_merge(parts: Any, axis: Any = None, keepdims: bool = True) -> np.ndar
     return acc.reshape(parts[0].shape)
 
 
-def _exact_read(
-    states: np.ndarray, want: str, schedule: Schedule, eps: float, dtype: np.dtype
-) -> np.ndarray:
-    from . import _dask_exact as ex
+class _ExactReading:
+    """The last merge of the tree, then the certified readings of each row's state.
 
-    flat = states.reshape(-1)
-    out = np.empty(flat.size, dtype=object)
-    for i in range(flat.size):
-        out[i] = ex.read_state(flat[i], want, schedule, eps, dtype)
-    return out.reshape(states.shape)
+    Reading in the reduction's last node (not in a blockwise map after it) keeps it
+    one task: dask fuses a blockwise map into each block of its consumer, which would
+    repeat the reference's evaluation of the whole row once per block.
+    """
+
+    def __init__(self, want: str, schedule: Schedule, eps: float, dtype: np.dtype) -> None:
+        self.args = (want, schedule, eps, dtype)
+
+    def __call__(self, parts: Any, axis: Any = None, keepdims: bool = True) -> np.ndarray:
+        from . import _dask_exact as ex
+
+        states = _exact_merge(parts)
+        flat = states.reshape(-1)
+        out = np.empty(flat.size, dtype=object)
+        for i in range(flat.size):
+            out[i] = ex.read_state(flat[i], *self.args)
+        return out.reshape(states.shape)
+
+    def __dask_tokenize__(self) -> tuple:
+        return ("softmaxtheory-exact-reading", *map(str, self.args))
 
 
 def _exact_write(block: np.ndarray, readings: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -364,9 +379,13 @@ def _certified(
     schedule = resolve_schedule(schedule)
     xm, in_dtype, _, axis = _prepare(x, axis)
     obj = np.dtype(object)
-    states = _tree(xm, _exact_chunk, _exact_merge, obj, "softmaxtheory-exact-states")
-    readings = states.map_blocks(
-        _exact_read, want, schedule, eps, in_dtype, dtype=obj, meta=np.empty((0,), obj)
+    readings = _tree(
+        xm,
+        _exact_chunk,
+        _exact_merge,
+        obj,
+        "softmaxtheory-exact-states",
+        aggregate=_ExactReading(want, schedule, eps, in_dtype),
     )
     if want in ("entropy", "beta"):
         dtype = in_dtype if want == "entropy" else np.dtype(np.float64)

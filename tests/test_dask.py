@@ -141,6 +141,25 @@ def test_certified_equals_the_reference_bit_for_bit(dtype):
     np.testing.assert_array_equal(dsm.beta(dx, certified=True).compute(), reference.beta(x))
 
 
+def test_certified_reading_runs_once_per_row(monkeypatch):
+    """Regression: dask fused the reading into each block's task, repeating it per block."""
+    import softmaxtheory.accelerated._dask_exact as ex
+
+    calls = []
+    read = ex.read_state
+
+    def counted(*args):
+        calls.append(1)
+        return read(*args)
+
+    monkeypatch.setattr(ex, "read_state", counted)
+    x = np.sin(np.arange(2000.0)).reshape(2, 1000) * 8
+    dx = da.from_array(x, chunks=(1, 100))
+    got = dsm.adaptive_softmax(dx, certified=True).compute(scheduler="sync")
+    assert len(calls) == 2  # one per row, not one per block (20)
+    np.testing.assert_array_equal(got, reference.adaptive_softmax(x))
+
+
 @pytest.mark.theorem("T7")
 def test_exact_states_merge_as_the_reference_stream_states():
     """T7: any chunking and merge tree of exact states gives the one-pass state.
