@@ -206,11 +206,13 @@ def run_certified(n: int, chunk: int, workers: int, scale: float, seed: int) -> 
     try:
         assert all(client.run(_warm_up).values())
         x = da.from_array(row, chunks=chunk)
+        load_before = os.getloadavg()
         baseline = client.run(_reset_peak)
         start = time.perf_counter()
         q = dsm.adaptive_softmax(x, certified=True).compute()
         seconds = time.perf_counter() - start
         peaks = client.run(_peak)
+        load_after = os.getloadavg()
         hq = float(dsm.entropy(x, certified=True).compute())
         bq = float(dsm.beta(x, certified=True).compute())
         start = time.perf_counter()
@@ -219,6 +221,7 @@ def run_certified(n: int, chunk: int, workers: int, scale: float, seed: int) -> 
     finally:
         client.close()
         cluster.close()
+    ref_load = os.getloadavg()
     start = time.perf_counter()
     ref = reference.adaptive_softmax(row, dtype=np.float32)
     ref_seconds = time.perf_counter() - start
@@ -238,6 +241,9 @@ def run_certified(n: int, chunk: int, workers: int, scale: float, seed: int) -> 
         "float_path_seconds": round(float_seconds, 2),
         "float_path_max_ulps": int(ulps.max()),
         "float_path_share_exact": float(np.mean(ulps == 0)),
+        "load_average_before": [round(v, 2) for v in load_before],
+        "load_average_after": [round(v, 2) for v in load_after],
+        "load_average_before_reference": [round(v, 2) for v in ref_load],
     }
 
 
