@@ -69,10 +69,12 @@ class ExactState:
         if self.values.size == 0:
             return other
         both = np.concatenate([self.values, other.values])
-        values, inverse = np.unique(both, return_inverse=True)
-        counts = np.zeros(values.size, dtype=np.int64)
-        np.add.at(counts, inverse, np.concatenate([self.counts, other.counts]))
-        return ExactState(values, counts)
+        # two sorted runs: a stable sort merges them in linear time
+        order = np.argsort(both, kind="stable")
+        both = both[order]
+        counts = np.concatenate([self.counts, other.counts])[order]
+        starts = np.flatnonzero(np.concatenate([[True], both[1:] != both[:-1]]))
+        return ExactState(both[starts], np.add.reduceat(counts, starts))
 
     @property
     def kind(self) -> int:
@@ -145,6 +147,8 @@ def write_row(row: np.ndarray, reading: CertifiedRow, out: np.ndarray) -> None:
     if reading.kind == KIND_EMPTY:
         return
     arr = np.asarray(row, dtype=np.float64)
-    live = arr > -np.inf
-    idx = np.searchsorted(reading.values, arr[live])
-    out[live] = reading.coefficients[idx]
+    live = np.flatnonzero(arr > -np.inf)
+    keys = arr[live]
+    order = np.argsort(keys)  # sorted keys: each binary search starts where the last ended
+    idx = np.searchsorted(reading.values, keys[order])
+    out[live[order]] = reading.coefficients[idx]
