@@ -72,9 +72,9 @@ from . import _dask_blocks as _b
 
 __all__ = ["SPLIT_EVERY", "adaptive_softmax", "beta", "entropy", "softmax"]
 
-#: Fan-in of the tree reductions: each node merges this many consecutive states in
-#: order. Fixed (not read from dask's configuration) so that the merge tree, hence
-#: every bit of the result, depends on the chunking alone.
+#: How many consecutive states each node of the merge trees folds, in order. Fixed
+#: (not read from dask's configuration) so that the merge tree, hence every bit of
+#: the result, depends on the chunking alone.
 SPLIT_EVERY: int = 8
 
 
