@@ -148,6 +148,8 @@ nitpick_ignore = [
     ("py:obj", "True"),
 ]
 nitpick_ignore_regex = [
+    # dask's objects (accelerated.dask): no intersphinx either
+    ("py:(class|func|obj)", r"(dask|da)\..*"),
     # the pieces of a numpydoc shape annotation such as "shape (..., L, d)"
     ("py:class", r"shape \(.*"),
     ("py:class", r"[A-Za-z]"),

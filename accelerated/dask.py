@@ -1,0 +1,551 @@
+r"""Softmax, entropy and adaptive softmax of dask arrays: rows larger than one machine.
+
+The functions take a :class:`dask.array.Array` chunked along any axis — the
+softmax axis included — and return dask arrays (lazy; nothing runs until
+``compute``, ``store`` or ``persist``). They follow the specification of
+:mod:`softmaxtheory.spec` and its special-value table, like every backend:
+``-inf`` entries are masked, a fully masked or empty row gives zeros
+(entropy 0, β = 1), a row with NaN or ``+inf`` gives NaN. Integer input is
+promoted to float64; float16 is computed in float32 and returned as float16.
+
+How it computes
+---------------
+Theorem T7 (:doc:`/theory/streaming`) splits the work. Write each row as the
+concatenation of its blocks :math:`x = x^{(1)} \mathbin{+\!\!+} \cdots
+\mathbin{+\!\!+} x^{(B)}` (dask's chunks along the softmax axis). Then
+
+1. each block's state :math:`S(x^{(k)})` — maximum, count at the maximum,
+   :math:`r = \sum_{x<m} e^{x-m}`, :math:`t = \sum e^{x-m}(x-m)` — is computed by the
+   Numba kernels of :mod:`~softmaxtheory.accelerated.cpu`, a few numbers per row;
+2. a tree reduction (:func:`dask.array.reduction`, :data:`SPLIT_EVERY` states per
+   node, in the blocks' order) merges them by ⊕ into :math:`S(x)`, hence
+   :math:`H = \log c + \operatorname{log1p}(r/c) - t/s` and β, per row;
+3. where β ≠ 1, a blockwise map sums :math:`e^{\beta(x-m)}` per block and a second
+   tree adds the sums (compensated, in the same fixed order);
+4. a blockwise map writes :math:`e^{\beta(x-m)}/s_\beta` block by block.
+
+A task holds one block and a few numbers per row, and each pass reads (or
+recomputes) the blocks of `x` afresh (:func:`dask.graph_manipulation.clone`)
+rather than keeping them from the first pass, so a worker's memory is a small
+multiple of one block, whatever the length of the row. (If `x` is expensive to
+compute and fits in the cluster's memory, ``x.persist()`` it first.) Every merge and every sum
+is done in an order fixed by the chunking alone, so for a fixed chunking the
+result is identical bit for bit under any scheduler (threads, processes,
+``dask.distributed``) and any number of workers; a different chunking gives a
+result within the error model of the CPU kernels.
+
+``certified=True`` keeps instead each block's exact state — the multiset of its
+values, the element of the T7 monoid that
+:class:`~softmaxtheory.reference.StreamState` represents — merges them exactly
+in the same tree, and reads the correctly rounded results from the reference
+(:mod:`softmaxtheory.reference`). The merged state has one entry per distinct
+value of the row, so this mode suits rows of up to tens of millions of items.
+
+Examples
+--------
+>>> import dask.array as da
+>>> import numpy as np
+>>> from softmaxtheory.accelerated import cpu
+>>> from softmaxtheory.accelerated import dask as dsm
+>>> x = np.linspace(-4.0, 4.0, 1000).reshape(2, 500)
+>>> p = dsm.adaptive_softmax(da.from_array(x, chunks=(1, 120)))
+>>> p.chunks
+((1, 1), (120, 120, 120, 120, 20))
+>>> bool(np.allclose(p.compute(), cpu.adaptive_softmax(x), rtol=1e-12, atol=0))
+True
+>>> float(dsm.entropy(da.from_array(x[0], chunks=77)).compute()) == float(cpu.entropy(x[0]))
+True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.graph_manipulation import clone
+
+from softmaxtheory.spec import Schedule, as_logits, check_entropy_eps, resolve_schedule
+
+from . import _dask_blocks as _b
+
+__all__ = ["SPLIT_EVERY", "adaptive_softmax", "beta", "entropy", "softmax"]
+
+#: How many consecutive states each node of the merge trees folds, in order. Fixed
+#: (not read from dask's configuration) so that the merge tree, hence every bit of
+#: the result, depends on the chunking alone.
+SPLIT_EVERY: int = 8
+
+
+# ---------------------------------------------------------------------------
+# argument handling
+# ---------------------------------------------------------------------------
+
+
+def _prepare(x: Any, axis: Any) -> tuple[da.Array, np.dtype, np.dtype, int]:
+    """(x with `axis` moved last, input dtype, working dtype, axis)."""
+    if not isinstance(x, da.Array):
+        raise TypeError(
+            f"x must be a dask.array.Array, got {type(x).__name__} "
+            "(wrap numpy input with dask.array.from_array, or use accelerated.cpu)"
+        )
+    # the dtype and rank rules of every backend (as_logits names the argument)
+    in_dtype = as_logits(np.empty((0,) * max(x.ndim, 1), dtype=x.dtype), "x").dtype
+    if x.ndim == 0:
+        raise ValueError("x must have at least one axis (shape (..., n)), got a 0-d array")
+    if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis {axis} is out of range for x of shape {x.shape}")
+    axis = int(axis) % x.ndim
+    work = np.dtype(np.float32) if in_dtype == np.float16 else in_dtype
+    xm = x if axis == x.ndim - 1 else da.moveaxis(x, axis, -1)
+    if any(math.isnan(c) for c in xm.shape):
+        raise ValueError(
+            f"x must have known chunk sizes, got shape {x.shape} (call x.compute_chunk_sizes())"
+        )
+    return xm, in_dtype, work, axis
+
+
+def _check_certified(certified: Any) -> bool:
+    if not isinstance(certified, bool | np.bool_):
+        raise TypeError(f"certified must be a bool, got {certified!r}")
+    return bool(certified)
+
+
+def _reread(xm: da.Array) -> da.Array:
+    """`xm` computed afresh for another pass (:func:`dask.graph_manipulation.clone`).
+
+    Without it dask would keep every block of the first pass in memory until the last
+    pass has used it — the whole array; with it a pass reads (or recomputes) its blocks
+    itself and drops each one once used.
+    """
+    return clone(xm)
+
+
+def _lead(xm: da.Array) -> tuple[tuple[int, ...], ...]:
+    return xm.chunks[:-1]
+
+
+# ---------------------------------------------------------------------------
+# the float path: states, reductions, blockwise maps
+# ---------------------------------------------------------------------------
+
+
+def _chunk_state(block: np.ndarray, axis: Any = None, keepdims: bool = True, work: Any = None):
+    x2 = _b.rows2d(block, work)
+    return _b.block_states(x2).reshape((*block.shape[:-1], 1))
+
+
+def _merge_state_parts(parts: Any, axis: Any = None, keepdims: bool = True) -> np.ndarray:
+    if not isinstance(parts, list):
+        return parts
+    return _b.merge_states([_merge_state_parts(p) for p in parts])
+
+
+def _add_sum_parts(parts: Any, axis: Any = None, keepdims: bool = True) -> np.ndarray:
+    if not isinstance(parts, list):
+        return parts
+    return _b.add_sums([_add_sum_parts(p) for p in parts])
+
+
+def _identity_part(block: np.ndarray, axis: Any = None, keepdims: bool = True) -> np.ndarray:
+    return block
+
+
+def _tree(
+    arr: da.Array, chunk: Any, merge: Any, dtype: np.dtype, name: str, aggregate: Any = None
+) -> da.Array:
+    """Fold the last axis of `arr` block by block, in order, by a tree of fan-in SPLIT_EVERY."""
+    last = arr.ndim - 1
+    return da.reduction(
+        arr,
+        chunk=chunk,
+        combine=merge,
+        aggregate=merge if aggregate is None else aggregate,
+        axis=last,
+        keepdims=True,
+        dtype=dtype,
+        split_every={last: SPLIT_EVERY},
+        concatenate=False,
+        meta=np.empty((0,) * arr.ndim, dtype=dtype),
+        name=name,
+    )
+
+
+def _states(xm: da.Array, work: np.dtype) -> da.Array:
+    """Merged T7 states, shape ``(..., 1)`` (a structured record per row)."""
+    chunk = _FixedWork(_chunk_state, work)
+    return _tree(xm, chunk, _merge_state_parts, _b.STATE, "softmaxtheory-t7-states")
+
+
+class _FixedWork:
+    """A chunk function with the working dtype bound (picklable, unlike a lambda)."""
+
+    def __init__(self, fn: Any, work: np.dtype) -> None:
+        self.fn = fn
+        self.work = work
+
+    def __call__(self, block: np.ndarray, axis: Any = None, keepdims: bool = True) -> Any:
+        return self.fn(block, axis, keepdims, work=self.work)
+
+    def __dask_tokenize__(self) -> tuple[str, str, str]:
+        # deterministic: graphs built from the same x share their state pass
+        return (self.fn.__module__, self.fn.__qualname__, str(self.work))
+
+
+def _info_block(states: np.ndarray, need_h: bool) -> np.ndarray:
+    return _b.info_from_states(states, need_h)
+
+
+def _per_block(fn: Any, xm: da.Array, info: da.Array, work: np.dtype, *args: Any) -> da.Array:
+    """``fn(block, info)`` per block: one :data:`~_b.SUM` per row and block, shape (..., B)."""
+    nblocks = len(xm.chunks[-1])
+
+    def run(block: np.ndarray, inf: np.ndarray, *rest: Any) -> np.ndarray:
+        x2 = _b.rows2d(block, work)
+        return fn(x2, inf, *rest).reshape((*block.shape[:-1], 1))
+
+    return da.map_blocks(
+        run,
+        xm,
+        info,
+        *args,
+        dtype=_b.SUM,
+        chunks=(*_lead(xm), (1,) * nblocks),
+        meta=np.empty((0,) * xm.ndim, dtype=_b.SUM),
+        token=f"softmaxtheory-{fn.__name__}",
+    )
+
+
+def _sum_tree(partials: da.Array, name: str) -> da.Array:
+    return _tree(partials, _identity_part, _add_sum_parts, _b.SUM, name)
+
+
+def _with_entropy(xm: da.Array, work: np.dtype, eps: float) -> tuple[da.Array, da.Array]:
+    """(info with the entropy filled in, per row (..., 1); the states)."""
+    states = _states(xm, work)
+    info = states.map_blocks(_info_block, True, dtype=_b.INFO, meta=np.empty((0,), _b.INFO))
+    if eps > 0.0:
+        sums = _sum_tree(
+            _per_block(_b.block_entropy_eps, _reread(xm), info, work, eps),
+            "softmaxtheory-entropy-eps",
+        )
+        info = da.map_blocks(_entropy_eps_info, info, sums, dtype=_b.INFO)
+    return info, states
+
+
+def _entropy_eps_info(info: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    out = info.copy()
+    regular = out["kind"] == _b.KIND_REGULAR
+    out["h"][regular] = -(sums["s"][regular] + sums["comp"][regular])
+    return out
+
+
+def _beta_info(info: np.ndarray, schedule: Schedule) -> np.ndarray:
+    out = info.copy()
+    flat = out.reshape(-1)
+    regular = flat["kind"] == _b.KIND_REGULAR
+    if regular.any():
+        b = np.asarray(
+            schedule.beta_float(flat["h"][regular], flat["n"][regular]), dtype=np.float64
+        )
+        flat["beta"][regular] = b
+    return out
+
+
+def _deliver(y: da.Array, in_dtype: np.dtype, axis: int, ndim: int) -> da.Array:
+    if y.dtype != in_dtype:
+        y = y.astype(in_dtype)
+    return y if axis == ndim - 1 else da.moveaxis(y, -1, axis)
+
+
+def _field(info: da.Array, name: str, dtype: Any) -> da.Array:
+    return info.map_blocks(_take_field, name, dtype=dtype, drop_axis=info.ndim - 1)
+
+
+def _take_field(block: np.ndarray, name: str) -> np.ndarray:
+    return np.array(block[name][..., 0])  # a copy; 0-d for a single row
+
+
+def _write_block(block: np.ndarray, info: np.ndarray, total: Any, work: np.dtype) -> np.ndarray:
+    x2 = _b.rows2d(block, work)
+    return _b.block_write(x2, info, total).reshape(block.shape)
+
+
+def _vector(
+    x: Any, axis: int, schedule: Schedule | None, entropy_eps: float, adaptive: bool
+) -> da.Array:
+    eps = check_entropy_eps(entropy_eps)
+    schedule = resolve_schedule(schedule)
+    xm, in_dtype, work, axis = _prepare(x, axis)
+    if adaptive:
+        info, _ = _with_entropy(xm, work, eps)
+        info = info.map_blocks(_beta_info, schedule, dtype=_b.INFO)
+        total = _sum_tree(
+            _per_block(_b.block_tempered, _reread(xm), info, work), "softmaxtheory-tempered-sums"
+        )
+    else:
+        states = _states(xm, work)
+        info = states.map_blocks(_info_block, False, dtype=_b.INFO)
+        total = None
+    y = da.map_blocks(
+        _write_block,
+        _reread(xm),
+        info,
+        total,
+        work,
+        dtype=work,
+        meta=np.empty((0,) * xm.ndim, dtype=work),
+        token="softmaxtheory-normalise",
+    )
+    return _deliver(y, in_dtype, axis, x.ndim)
+
+
+# ---------------------------------------------------------------------------
+# the certified path: exact states, exact merges, the reference's readings
+# ---------------------------------------------------------------------------
+
+
+def _exact_chunk(block: np.ndarray, axis: Any = None, keepdims: bool = True) -> np.ndarray:
+    from . import _dask_exact as ex
+
+    rows = block.reshape(math.prod(block.shape[:-1]), block.shape[-1])
+    out = np.empty(rows.shape[0], dtype=object)
+    for i in range(rows.shape[0]):
+        out[i] = ex.ExactState.of_row(rows[i])
+    return out.reshape((*block.shape[:-1], 1))
+
+
+def _exact_merge(parts: Any, axis: Any = None, keepdims: bool = True) -> np.ndarray:
+    if not isinstance(parts, list):
+        return parts
+    parts = [_exact_merge(p) for p in parts]
+    acc = parts[0].reshape(-1).copy()
+    for part in parts[1:]:
+        flat = part.reshape(-1)
+        for i in range(acc.size):
+            acc[i] = acc[i].merge(flat[i])
+    return acc.reshape(parts[0].shape)
+
+
+class _ExactReading:
+    """The last merge of the tree, then the certified readings of each row's state.
+
+    Reading in the reduction's last node (not in a blockwise map after it) keeps it
+    one task: dask fuses a blockwise map into each block of its consumer, which would
+    repeat the reference's evaluation of the whole row once per block.
+    """
+
+    def __init__(self, want: str, schedule: Schedule, eps: float, dtype: np.dtype) -> None:
+        self.args = (want, schedule, eps, dtype)
+
+    def __call__(self, parts: Any, axis: Any = None, keepdims: bool = True) -> np.ndarray:
+        from . import _dask_exact as ex
+
+        states = _exact_merge(parts)
+        flat = states.reshape(-1)
+        out = np.empty(flat.size, dtype=object)
+        for i in range(flat.size):
+            out[i] = ex.read_state(flat[i], *self.args)
+        return out.reshape(states.shape)
+
+    def __dask_tokenize__(self) -> tuple:
+        return ("softmaxtheory-exact-reading", *map(str, self.args))
+
+
+def _exact_write(block: np.ndarray, readings: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    from . import _dask_exact as ex
+
+    rows = block.reshape(math.prod(block.shape[:-1]), block.shape[-1])
+    flat = readings.reshape(-1)
+    out = np.empty(rows.shape, dtype=dtype)
+    for i in range(rows.shape[0]):
+        ex.write_row(rows[i], flat[i], out[i])
+    return out.reshape(block.shape)
+
+
+def _exact_scalar(readings: np.ndarray, name: str, dtype: np.dtype) -> np.ndarray:
+    flat = readings.reshape(-1)
+    vals = np.array([getattr(r, name) for r in flat], dtype=np.float64)
+    return vals.reshape(readings.shape[:-1]).astype(dtype)
+
+
+def _certified(
+    x: Any, axis: int, want: str, schedule: Schedule | None, entropy_eps: float
+) -> da.Array:
+    eps = check_entropy_eps(entropy_eps)
+    schedule = resolve_schedule(schedule)
+    xm, in_dtype, _, axis = _prepare(x, axis)
+    obj = np.dtype(object)
+    readings = _tree(
+        xm,
+        _exact_chunk,
+        _exact_merge,
+        obj,
+        "softmaxtheory-exact-states",
+        aggregate=_ExactReading(want, schedule, eps, in_dtype),
+    )
+    if want in ("entropy", "beta"):
+        dtype = in_dtype if want == "entropy" else np.dtype(np.float64)
+        return readings.map_blocks(
+            _exact_scalar, want, dtype, dtype=dtype, drop_axis=readings.ndim - 1
+        )
+    y = da.map_blocks(
+        _exact_write,
+        _reread(xm),
+        readings,
+        in_dtype,
+        dtype=in_dtype,
+        meta=np.empty((0,) * xm.ndim, dtype=in_dtype),
+        token="softmaxtheory-certified-normalise",
+    )
+    return y if axis == x.ndim - 1 else da.moveaxis(y, -1, axis)
+
+
+# ---------------------------------------------------------------------------
+# public functions
+# ---------------------------------------------------------------------------
+
+
+def softmax(x: Any, axis: int = -1, *, certified: bool = False) -> da.Array:
+    r"""Softmax along `axis` of a dask array: :math:`e^{x_i - m} / \sum_j e^{x_j - m}`.
+
+    Parameters
+    ----------
+    x : dask.array.Array
+        Logits (float16/32/64 or integer; integers become float64), chunked in any
+        way, the softmax axis included.
+    axis : int, default -1
+        The axis to normalise along.
+    certified : bool, default False
+        ``True``: exact states, exact merges, correctly rounded values from the
+        reference (slow; see the module notes).
+
+    Returns
+    -------
+    dask.array.Array
+        The probabilities, lazily, in the dtype of `x` and its chunks.
+    """
+    if _check_certified(certified):
+        return _certified(x, axis, "softmax", None, 0.0)
+    return _vector(x, axis, None, 0.0, adaptive=False)
+
+
+def entropy(
+    x: Any, axis: int = -1, *, entropy_eps: float = 0.0, certified: bool = False
+) -> da.Array:
+    r"""Entropy :math:`-\sum_i p_i \log p_i` (nats) of the softmax along `axis`.
+
+    Parameters
+    ----------
+    x : dask.array.Array
+        Logits.
+    axis : int, default -1
+        The axis the distributions lie along (removed from the result).
+    entropy_eps : float, default 0.0
+        ``0`` for the exact entropy, ``eps > 0`` for
+        :math:`-\sum_i p_i \log(p_i + \varepsilon)` (one more pass over `x`).
+    certified : bool, default False
+        ``True``: the correctly rounded entropy, from the exact merged state.
+
+    Returns
+    -------
+    dask.array.Array
+        The entropies, in the dtype of `x` (computed in float64), shape of `x`
+        without `axis`.
+    """
+    certified = _check_certified(certified)
+    if certified:
+        return _certified(x, axis, "entropy", None, entropy_eps)
+    eps = check_entropy_eps(entropy_eps)
+    xm, in_dtype, work, _ = _prepare(x, axis)
+    info, _ = _with_entropy(xm, work, eps)
+    return _field(info, "h", np.float64).astype(in_dtype)
+
+
+def beta(
+    x: Any,
+    axis: int = -1,
+    *,
+    schedule: Schedule | None = None,
+    entropy_eps: float = 0.0,
+    certified: bool = False,
+) -> da.Array:
+    """The inverse temperature β of each row, from its entropy and the schedule.
+
+    Parameters
+    ----------
+    x : dask.array.Array
+        Logits.
+    axis : int, default -1
+        The axis the rows lie along.
+    schedule : Schedule, optional
+        Default :class:`~softmaxtheory.spec.PaperPolynomial`.
+    entropy_eps : float, default 0.0
+        The entropy mode (see :func:`entropy`).
+    certified : bool, default False
+        ``True``: the correctly rounded β of the exact entropy.
+
+    Returns
+    -------
+    dask.array.Array
+        float64, shape of `x` without `axis`.
+    """
+    certified = _check_certified(certified)
+    if certified:
+        return _certified(x, axis, "beta", schedule, entropy_eps)
+    eps = check_entropy_eps(entropy_eps)
+    schedule = resolve_schedule(schedule)
+    xm, _, work, _ = _prepare(x, axis)
+    info, _ = _with_entropy(xm, work, eps)
+    info = info.map_blocks(_beta_info, schedule, dtype=_b.INFO)
+    return _field(info, "beta", np.float64)
+
+
+def adaptive_softmax(
+    x: Any,
+    axis: int = -1,
+    *,
+    schedule: Schedule | None = None,
+    entropy_eps: float = 0.0,
+    certified: bool = False,
+) -> da.Array:
+    r"""Adaptive-temperature softmax :math:`\operatorname{softmax}(\beta(H(x))\,x)` along `axis`.
+
+    Parameters
+    ----------
+    x : dask.array.Array
+        Logits, chunked in any way, the softmax axis included.
+    axis : int, default -1
+        The axis to normalise along.
+    schedule : Schedule, optional
+        Default :class:`~softmaxtheory.spec.PaperPolynomial`.
+    entropy_eps : float, default 0.0
+        The entropy mode (see :func:`entropy`).
+    certified : bool, default False
+        ``True``: exact states merged exactly, correctly rounded coefficients
+        from the reference.
+
+    Returns
+    -------
+    dask.array.Array
+        The probabilities, lazily, in the dtype of `x` and its chunks. Computing
+        them reads `x` three times: the states, the tempered sums (where β ≠ 1;
+        rows with β = 1 skip the arithmetic) and the normalisation.
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> import numpy as np
+    >>> from softmaxtheory.accelerated import dask as dsm
+    >>> x = da.from_array(np.array([3.0, 1.0, 0.0, 0.0, -1.0, 2.0]), chunks=4)
+    >>> p = dsm.adaptive_softmax(x).compute()
+    >>> q = dsm.adaptive_softmax(x, certified=True).compute()
+    >>> bool(np.allclose(p, q, rtol=1e-14, atol=0)), float(dsm.beta(x).compute()) > 1
+    (True, True)
+    """
+    if _check_certified(certified):
+        return _certified(x, axis, "adaptive", schedule, entropy_eps)
+    return _vector(x, axis, schedule, entropy_eps, adaptive=True)

@@ -1,0 +1,393 @@
+"""The dask backend: rows chunked along the softmax axis, merged by the T7 monoid.
+
+Checked here: the results against the reference (within the error model) and the
+certified mode against it bit for bit; bit identity of a fixed chunking under the
+synchronous, threaded and process schedulers and a ``dask.distributed`` LocalCluster
+of two worker processes (started and closed by a module fixture); the special-value
+table; a row whose chunk maxima are further apart than the float range; argument errors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+pytest.importorskip("numba")
+distributed = pytest.importorskip("distributed")
+
+import dask  # noqa: E402
+from hypothesis import example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from softmaxtheory.accelerated import cpu  # noqa: E402
+from softmaxtheory.accelerated import dask as dsm  # noqa: E402
+from softmaxtheory.accelerated._dask_exact import ExactState  # noqa: E402
+
+from softmaxtheory import reference, testing  # noqa: E402
+from softmaxtheory.spec import Constant, LogLength  # noqa: E402
+
+RNG = np.random.default_rng(20261201)
+
+NEG = -np.inf
+
+
+def _rows(dtype=np.float64) -> np.ndarray:
+    """Random and adversarial rows of 300 items (β > 1, β = 1, ties, masks, huge values)."""
+    n = 300
+    rows = [
+        RNG.standard_normal(n) * 3,  # β > 1
+        RNG.standard_normal(n) * 0.1,  # β = 1
+        np.where(RNG.random(n) < 0.5, NEG, RNG.standard_normal(n)),  # half masked
+        np.full(n, 7.0),  # all tied
+        np.concatenate([[40.0], np.zeros(n - 1)]),  # one-hot
+        RNG.uniform(-0.9, 0.9, n) * float(np.finfo(dtype).max),  # shifts overflow
+        np.concatenate([np.full(n - 2, -745.0), [0.0, -1.0]]),  # subnormal exponentials
+    ]
+    return np.array(rows).astype(dtype)
+
+
+UNEVEN = (1, 7, 100, 3, 150, 39)  # blocks of the 300-item axis
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_adaptive_softmax_matches_the_reference_on_uneven_chunks(dtype):
+    x = _rows(dtype)
+    dx = da.from_array(x, chunks=(3, UNEVEN))
+    got = dsm.adaptive_softmax(dx)
+    assert isinstance(got, da.Array) and got.chunks == dx.chunks
+    p = got.compute()
+    assert p.dtype == dtype
+    testing.assert_adaptive_softmax_close(p, x)
+    testing.assert_softmax_close(dsm.softmax(dx).compute(), x)
+    testing.assert_entropy_close(dsm.entropy(dx).compute(), x)
+    testing.assert_entropy_close(dsm.entropy(dx, entropy_eps=1e-9).compute(), x, entropy_eps=1e-9)
+    rel = 1e-12 if dtype == np.float64 else 1e-5  # float32 block sums
+    assert dsm.beta(dx).compute() == pytest.approx(reference.beta(x), rel=rel)
+
+
+def test_close_to_the_cpu_backend_for_any_chunking():
+    x = _rows()[:3]
+    want = cpu.adaptive_softmax(x)
+    for chunks in [(3, 300), (1, 1), (2, (299, 1)), (3, (0, 150, 0, 150))]:
+        got = dsm.adaptive_softmax(da.from_array(x, chunks=chunks)).compute()
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(
+            dsm.entropy(da.from_array(x, chunks=chunks)).compute(), cpu.entropy(x), rtol=1e-13
+        )
+
+
+def test_any_axis_and_the_chunking_of_the_other_axes():
+    x = RNG.standard_normal((4, 5, 60)) * 2
+    for axis in (0, 1, -1):
+        dx = da.from_array(x, chunks=(3, 2, 25))
+        got = dsm.adaptive_softmax(dx, axis=axis)
+        assert got.chunks == dx.chunks
+        np.testing.assert_allclose(got.compute(), cpu.adaptive_softmax(x, axis=axis), rtol=1e-12)
+        h = dsm.entropy(dx, axis=axis).compute()
+        np.testing.assert_allclose(h, cpu.entropy(x, axis=axis), rtol=1e-13)
+
+
+def test_long_blocks_use_fixed_kernel_chunks():
+    """Blocks longer than cpu.CHUNK are split into fixed chunks (the CPU path's split)."""
+    n = 2 * cpu.CHUNK + 5
+    x = RNG.standard_normal(n).astype(np.float32) * 4
+    dx = da.from_array(x, chunks=(cpu.CHUNK + 7, n - cpu.CHUNK - 7))
+    p = dsm.adaptive_softmax(dx).compute()
+    np.testing.assert_allclose(p, cpu.adaptive_softmax(x), rtol=2e-5, atol=0)
+    assert float(dsm.entropy(dx).compute()) == pytest.approx(float(cpu.entropy(x)), rel=1e-6)
+
+
+def test_float16_and_integer_input():
+    h = np.arange(12, dtype=np.float16).reshape(2, 6)
+    got = dsm.adaptive_softmax(da.from_array(h, chunks=(1, 4))).compute()
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, cpu.adaptive_softmax(h))
+    i = np.arange(12).reshape(2, 6)
+    got = dsm.softmax(da.from_array(i, chunks=(2, 5))).compute()
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, cpu.softmax(i), rtol=1e-15)
+
+
+@pytest.mark.parametrize("schedule", [Constant(2.5), LogLength(0.4)])
+def test_other_schedules(schedule):
+    x = _rows()[:2]
+    dx = da.from_array(x, chunks=(1, UNEVEN))
+    p = dsm.adaptive_softmax(dx, schedule=schedule).compute()
+    testing.assert_adaptive_softmax_close(p, x, schedule=schedule)
+    np.testing.assert_array_equal(
+        dsm.beta(dx, schedule=schedule).compute(), cpu.beta(x, schedule=schedule)
+    )
+
+
+# ---------------------------------------------------------------------------
+# certified mode
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+def test_certified_equals_the_reference_bit_for_bit(dtype):
+    x = _rows(dtype)[[0, 2, 4, 6]]
+    dx = da.from_array(x, chunks=(2, UNEVEN))
+    np.testing.assert_array_equal(
+        dsm.adaptive_softmax(dx, certified=True).compute(),
+        reference.adaptive_softmax(x, dtype=dtype),
+    )
+    np.testing.assert_array_equal(
+        dsm.softmax(dx, certified=True).compute(), reference.softmax(x, dtype=dtype)
+    )
+    got_h = dsm.entropy(dx, certified=True).compute()
+    assert got_h.dtype == dtype
+    np.testing.assert_array_equal(got_h, reference.entropy(x, dtype=dtype))
+    np.testing.assert_array_equal(dsm.beta(dx, certified=True).compute(), reference.beta(x))
+
+
+def test_certified_reading_runs_once_per_row(monkeypatch):
+    """Regression: dask fused the reading into each block's task, repeating it per block."""
+    import softmaxtheory.accelerated._dask_exact as ex
+
+    calls = []
+    read = ex.read_state
+
+    def counted(*args):
+        calls.append(1)
+        return read(*args)
+
+    monkeypatch.setattr(ex, "read_state", counted)
+    x = np.sin(np.arange(2000.0)).reshape(2, 1000) * 8
+    dx = da.from_array(x, chunks=(1, 100))
+    got = dsm.adaptive_softmax(dx, certified=True).compute(scheduler="sync")
+    assert len(calls) == 2  # one per row, not one per block (20)
+    np.testing.assert_array_equal(got, reference.adaptive_softmax(x))
+
+
+@pytest.mark.theorem("T7")
+def test_exact_states_merge_as_the_reference_stream_states():
+    """T7: any chunking and merge tree of exact states gives the one-pass state.
+
+    The certified mode's compact states (multisets of values) merged in dask's tree
+    equal the reference's ``StreamState`` of the whole row, and so do two different
+    merge orders of the same chunks.
+    """
+    x = np.concatenate([RNG.standard_normal(50), [NEG, NEG, 3.0, 3.0], RNG.integers(-3, 3, 40)])
+    cuts = [0, 1, 17, 17, 60, 94]
+    parts = [ExactState.of_row(x[a:b]) for a, b in zip(cuts, [*cuts[1:], x.size], strict=True)]
+    left = parts[0]
+    for p in parts[1:]:
+        left = left.merge(p)
+    right = parts[-1]
+    for p in reversed(parts[:-1]):
+        right = p.merge(right)
+    whole = reference.StreamState.from_logits(x)
+    assert left.to_stream_state() == whole == right.to_stream_state()
+    stream = reference.StreamState()
+    for a, b in zip(cuts, [*cuts[1:], x.size], strict=True):
+        stream = stream.update(x[a:b])
+    assert stream == whole
+    dx = da.from_array(x, chunks=(1, 16, 43, 0, 34))
+    assert float(dsm.entropy(dx, certified=True).compute()) == whole.entropy()
+
+
+# ---------------------------------------------------------------------------
+# special values and extreme rows
+# ---------------------------------------------------------------------------
+
+SPECIAL = np.array(
+    [
+        [1.0, NEG, 2.0, NEG, 0.5, 3.0],  # masked entries
+        [NEG] * 6,  # fully masked
+        [1.0, 2.0, np.nan, 0.0, 1.0, 2.0],  # NaN
+        [1.0, np.inf, 2.0, 0.0, 1.0, 2.0],  # +inf
+        [NEG, NEG, NEG, np.nan, NEG, NEG],  # NaN in a masked row
+    ]
+)
+
+
+@pytest.mark.parametrize("certified", [False, True])
+@pytest.mark.parametrize("chunks", [(5, 6), (2, (1, 2, 3)), (1, 1)])
+def test_special_value_table(certified, chunks):
+    dx = da.from_array(SPECIAL, chunks=chunks)
+    kw = {"certified": certified}
+    p = dsm.adaptive_softmax(dx, **kw).compute()
+    s = dsm.softmax(dx, **kw).compute()
+    h = dsm.entropy(dx, **kw).compute()
+    b = dsm.beta(dx, **kw).compute()
+    for got, want in ((p, cpu.adaptive_softmax(SPECIAL[0])), (s, cpu.softmax(SPECIAL[0]))):
+        assert got[0, 1] == 0.0 and got[0, 3] == 0.0 and np.all(got[0, [0, 2, 4, 5]] > 0)
+        np.testing.assert_allclose(got[0], want, rtol=1e-14)
+        assert np.all(got[1] == 0.0)
+        assert np.all(np.isnan(got[2:]))
+    np.testing.assert_allclose(h[0], cpu.entropy(SPECIAL[0]), rtol=1e-14)
+    assert h[1] == 0.0 and b[1] == 1.0
+    assert np.all(np.isnan(h[2:])) and np.all(np.isnan(b[2:]))
+    assert b[0] == pytest.approx(float(cpu.beta(SPECIAL[0])), rel=1e-14) and b[0] > 1.0
+
+
+@pytest.mark.parametrize("certified", [False, True])
+def test_empty_rows(certified):
+    dx = da.from_array(np.zeros((3, 0)), chunks=(2, 1))
+    kw = {"certified": certified}
+    assert dsm.adaptive_softmax(dx, **kw).compute().shape == (3, 0)
+    np.testing.assert_array_equal(dsm.entropy(dx, **kw).compute(), np.zeros(3))
+    np.testing.assert_array_equal(dsm.beta(dx, **kw).compute(), np.ones(3))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_chunk_maxima_further_apart_than_the_float_range(dtype):
+    """The finite ⊕: block maxima differ by about 2·max float (their difference overflows)."""
+    big = np.finfo(dtype).max
+    x = np.concatenate([np.full(5, -big), RNG.standard_normal(5), np.full(5, big)]).astype(dtype)
+    x[-1] = np.nextafter(big, 0, dtype=dtype)
+    dx = da.from_array(x, chunks=5)
+    p = dsm.adaptive_softmax(dx).compute()
+    h = dsm.entropy(dx).compute()
+    assert np.isfinite(h) and np.all(np.isfinite(p))
+    want = cpu.adaptive_softmax(x)
+    np.testing.assert_array_equal(p, want)
+    assert float(h) == pytest.approx(float(cpu.entropy(x)), rel=1e-12)
+    np.testing.assert_array_equal(
+        dsm.adaptive_softmax(dx, certified=True).compute(),
+        reference.adaptive_softmax(x, dtype=dtype),
+    )
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.lists(st.floats(-1e3, 1e3, allow_nan=False) | st.just(NEG), min_size=1, max_size=40),
+    st.lists(st.integers(0, 12), max_size=5),
+)
+@example([0.0, NEG, 1.0], [0, 1])
+@example([NEG], [])
+def test_any_split_is_within_the_error_model(values, cuts):
+    x = np.array(values)
+    bounds = sorted(min(c, x.size) for c in cuts)
+    sizes = tuple(np.diff([0, *bounds, x.size]).tolist())
+    dx = da.from_array(x, chunks=(sizes,))
+    testing.assert_adaptive_softmax_close(dsm.adaptive_softmax(dx).compute(), x)
+    testing.assert_entropy_close(dsm.entropy(dx).compute(), x)
+
+
+# ---------------------------------------------------------------------------
+# bit identity under every scheduler
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster_client():
+    """Two worker processes (one thread each), started and closed around this module."""
+    with (
+        distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            silence_logs=50,
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        yield client
+
+
+def _graphs():
+    x = _rows(np.float32)
+    dx = da.from_array(x, chunks=(4, UNEVEN))
+    # one dtype: each worker process loads the compiled kernels of each dtype it meets
+    y = da.from_array(x[:3], chunks=(1, (13,) * 23 + (1,)))  # 24 blocks: two levels of merges
+    return (
+        dsm.adaptive_softmax(dx),
+        dsm.entropy(dx),
+        dsm.beta(y),
+        dsm.adaptive_softmax(y, entropy_eps=1e-9),
+        dsm.softmax(y),
+        dsm.adaptive_softmax(y[:, :40], certified=True),
+    )
+
+
+def test_identical_bits_under_every_scheduler(cluster_client):
+    graphs = _graphs()
+    want = dask.compute(*graphs, scheduler="sync")
+    runs = {
+        "threads": dask.compute(*graphs, scheduler="threads", num_workers=2),
+        "processes": dask.compute(*graphs, scheduler="processes", num_workers=2),
+        "distributed": dask.compute(*graphs, scheduler=cluster_client),
+    }
+    assert len(cluster_client.scheduler_info()["workers"]) == 2
+    for name, got in runs.items():
+        for a, b in zip(want, got, strict=True):
+            assert a.dtype == b.dtype, name
+            assert a.tobytes() == b.tobytes(), name
+
+
+# ---------------------------------------------------------------------------
+# arguments
+# ---------------------------------------------------------------------------
+
+
+FUNCS = [dsm.softmax, dsm.entropy, dsm.beta, dsm.adaptive_softmax]
+
+
+@pytest.mark.parametrize("fn", FUNCS)
+def test_argument_errors_name_the_argument(fn):
+    good = da.from_array(np.zeros((2, 3)), chunks=1)
+    with pytest.raises(TypeError, match=r"x must be a dask\.array\.Array"):
+        fn(np.zeros((2, 3)))
+    with pytest.raises(TypeError, match="x must be a real floating or integer array"):
+        fn(da.from_array(np.zeros(3, dtype=complex)))
+    with pytest.raises(TypeError, match="x must be a real floating or integer array"):
+        fn(da.from_array(np.zeros(3, dtype=bool)))
+    with pytest.raises(ValueError, match="x must have at least one axis"):
+        fn(da.from_array(np.float64(1.0)))
+    with pytest.raises(TypeError, match="axis must be an int"):
+        fn(good, axis=1.0)
+    with pytest.raises(TypeError, match="axis must be an int"):
+        fn(good, axis=True)
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        fn(good, axis=2)
+    with pytest.raises(TypeError, match="certified must be a bool"):
+        fn(good, certified=1)
+    if fn is not dsm.softmax:
+        with pytest.raises(ValueError, match="entropy_eps"):
+            fn(good, entropy_eps=-1e-9)
+        with pytest.raises(ValueError, match="entropy_eps"):
+            fn(good, entropy_eps=float("nan"), certified=True)
+
+
+def test_unknown_chunk_sizes_are_refused():
+    x = da.from_array(np.arange(6.0), chunks=2)
+    unknown = x[x > 1]
+    with pytest.raises(ValueError, match="x must have known chunk sizes"):
+        dsm.softmax(unknown)
+
+
+class _CountingReader:
+    """A 1-d float64 array on "disk" that appends a line to a file at each read."""
+
+    def __init__(self, n: int, log: str) -> None:
+        self.shape, self.dtype, self.ndim, self.log = (n,), np.dtype(np.float64), 1, log
+
+    def __getitem__(self, key):
+        k = key[0] if isinstance(key, tuple) else key
+        with open(self.log, "a") as f:
+            f.write(f"{k.start}\n")
+        return np.sin(np.arange(k.start, k.stop, dtype=np.float64)) * 8
+
+
+def test_every_pass_reads_its_blocks_afresh(tmp_path):
+    """No block is kept from one pass to the next (memory: a few blocks, not the row)."""
+    log = tmp_path / "reads"
+    x = da.from_array(_CountingReader(1000, str(log)), chunks=100, meta=np.empty(0))
+    p = dsm.adaptive_softmax(x).compute(scheduler="threads")
+    reads = log.read_text().split()
+    assert sorted(set(reads)) == sorted(str(i) for i in range(0, 1000, 100))
+    assert float(dsm.beta(x).compute()) > 1.0  # so three passes: states, tempered, write
+    assert len(reads) == 30
+    np.testing.assert_allclose(p, cpu.adaptive_softmax(np.sin(np.arange(1000.0)) * 8), rtol=1e-12)
+
+
+def test_lazy_until_computed():
+    def boom(block):
+        raise AssertionError("computed too early")
+
+    x = da.from_array(np.zeros((2, 8)), chunks=(1, 3)).map_blocks(boom, dtype=np.float64)
+    for fn in FUNCS:
+        assert isinstance(fn(x), da.Array)
+        assert isinstance(fn(x, certified=True), da.Array)
