@@ -96,7 +96,6 @@ math_lint = True
 # -- general -------------------------------------------------------------------
 root_doc = "index"
 exclude_patterns = ["_build"]
-templates_path: list[str] = []
 primary_domain = "py"
 pygments_style = "sphinx"
 nitpicky = True
@@ -163,12 +162,24 @@ from softmaxtheory import bounds, reference
 """
 
 # -- html ----------------------------------------------------------------------
-html_theme = "alabaster"
+# pydata-sphinx-theme: the theme of numpy, scipy and most of the scientific
+# Python stack (light and dark, a page table of contents, the API in the
+# ecosystem's style). It bundles its fonts and icons; nothing is fetched.
+html_theme = "pydata_sphinx_theme"
 html_title = f"softmaxtheory {release}"
+html_static_path = ["_static"]
+html_css_files = ["softmaxtheory.css"]
+templates_path = ["_templates"]
 html_theme_options = {
-    "description": "Softmax dispersion and adaptive temperature, computable and checkable",
-    "fixed_sidebar": True,
-    "show_relbars": True,
+    "navbar_start": ["navbar-logo", "version"],
+    "navbar_end": ["paper-link", "theme-switcher"],
+    "secondary_sidebar_items": ["page-toc"],
+    "show_toc_level": 2,
+    "navigation_with_keys": False,
+    "show_prev_next": True,
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version"],
+    "logo": {"text": "softmaxtheory"},
 }
-html_static_path: list[str] = []
+html_sidebars = {"index": []}
 html_last_updated_fmt = None
