@@ -37,6 +37,8 @@ extensions = [
     "theorem_tests",
     # :computed: values and computed tables, evaluated at build time
     "computed",
+    # "What the oracle catches": broken kernels run through the suite at build time
+    "oracle_gallery",
 ]
 
 # -- MathJax, offline ---------------------------------------------------------
@@ -64,6 +66,11 @@ import softmaxtheory
 from softmaxtheory import bounds, reference, spec
 DOCS = Path({str(DOCS)!r})
 """
+
+# -- the oracle gallery (docs/_ext/oracle_gallery.py) ---------------------------------
+# The verdicts are computed once and kept here, keyed by a hash of the code, so that
+# the doctest builder after the html builder does not run the suite again.
+oracle_gallery_cache = str(DOCS / "_build" / "oracle_gallery.json")
 
 # -- figures (matplotlib's plot directive) ---------------------------------------
 # ``.. plot::`` runs its code while the page is built; the figure is a PNG in
@@ -173,6 +180,8 @@ templates_path = ["_templates"]
 html_theme_options = {
     "navbar_start": ["navbar-logo", "version"],
     "navbar_end": ["paper-link", "theme-switcher"],
+    "navbar_persistent": ["search-button"],
+    "header_links_before_dropdown": 4,
     "secondary_sidebar_items": ["page-toc"],
     "show_toc_level": 2,
     "navigation_with_keys": False,
@@ -181,5 +190,9 @@ html_theme_options = {
     "footer_end": ["sphinx-version"],
     "logo": {"text": "softmaxtheory"},
 }
-html_sidebars = {"index": []}
+# the top-level pages without subpages have no section navigation: no left sidebar
+html_sidebars = {
+    page: []
+    for page in ("index", "testing", "gallery", "error_model", "reference", "torch", "performance")
+}
 html_last_updated_fmt = None
