@@ -233,8 +233,8 @@ def online_without_rescaling(x):
     """
     x = np.asarray(x)
     w = _work(x)
-    m = np.full(w.shape[:-1] + (1,), -np.inf, dtype=w.dtype)
-    s = np.zeros(w.shape[:-1] + (1,), dtype=w.dtype)
+    m = np.full((*w.shape[:-1], 1), -np.inf, dtype=w.dtype)
+    s = np.zeros((*w.shape[:-1], 1), dtype=w.dtype)
     with np.errstate(invalid="ignore", under="ignore"):
         for start in range(0, w.shape[-1], 4):  # blocks of 4 items
             block = w[..., start : start + 4]
