@@ -85,6 +85,9 @@ DOCS = Path({str(DOCS)!r})
 plot_include_source = False
 plot_html_show_source_link = False
 plot_html_show_formats = False
+# Drawn for the text column (about 720 px wide at a 1280 px window, at most 60em): a
+# figure 6.4-7 inches wide at 110 dpi is shown at about its own size, so 12 pt text is
+# about 18 px, at least the body's 16 px.
 plot_formats = [("png", 110)]
 plot_rcparams = {
     "figure.figsize": (6.4, 3.6),
@@ -92,7 +95,8 @@ plot_rcparams = {
     "savefig.bbox": "tight",
     "axes.grid": True,
     "grid.alpha": 0.3,
-    "font.size": 10,
+    "font.size": 12,
+    "legend.fontsize": 11,
 }
 plot_apply_rcparams = True
 
