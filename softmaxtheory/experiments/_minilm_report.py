@@ -581,7 +581,7 @@ def write_plots(
 
         # 2. max coefficient against T1: per head (left), and as a function of n (right)
         say(f"plotting {paths[1].name}")
-        fig, (ax0, ax) = plt.subplots(2, 1, figsize=(7.2, 13))
+        fig, (ax0, ax) = plt.subplots(2, 1, figsize=(7.2, 13), layout="constrained")
         ns = np.array(exp.lengths)
         ln10 = math.log(10)
         lcolors = plt.get_cmap("plasma")(np.linspace(0, 0.85, len(exp.results)))
