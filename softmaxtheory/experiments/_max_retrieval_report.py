@@ -348,7 +348,7 @@ def plot_results(rows: Sequence[dict[str, Any]], path: str | Path, *, title: str
             fontsize=12, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False
         )
     if title:
-        fig.suptitle(title, fontsize=12)
+        fig.suptitle(title.replace(": ", ":\n", 1), fontsize=12)  # two lines: never clipped
     path = Path(path)
     fig.savefig(path)
     return path
