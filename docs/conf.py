@@ -37,6 +37,8 @@ extensions = [
     "theorem_tests",
     # :computed: values and computed tables, evaluated at build time
     "computed",
+    # "What the oracle catches": broken kernels run through the suite at build time
+    "oracle_gallery",
 ]
 
 # -- MathJax, offline ---------------------------------------------------------
@@ -65,6 +67,11 @@ from softmaxtheory import bounds, reference, spec
 DOCS = Path({str(DOCS)!r})
 """
 
+# -- the oracle gallery (docs/_ext/oracle_gallery.py) ---------------------------------
+# The verdicts are computed once and kept here, keyed by a hash of the code, so that
+# the doctest builder after the html builder does not run the suite again.
+oracle_gallery_cache = str(DOCS / "_build" / "oracle_gallery.json")
+
 # -- figures (matplotlib's plot directive) ---------------------------------------
 # ``.. plot::`` runs its code while the page is built; the figure is a PNG in
 # the output, and an exception in the code is a warning (so -W fails).
@@ -78,6 +85,9 @@ DOCS = Path({str(DOCS)!r})
 plot_include_source = False
 plot_html_show_source_link = False
 plot_html_show_formats = False
+# Drawn for the text column (about 720 px wide at a 1280 px window, at most 60em): a
+# figure 6.4-7 inches wide at 110 dpi is shown at about its own size, so 12 pt text is
+# about 18 px, at least the body's 16 px.
 plot_formats = [("png", 110)]
 plot_rcparams = {
     "figure.figsize": (6.4, 3.6),
@@ -85,7 +95,8 @@ plot_rcparams = {
     "savefig.bbox": "tight",
     "axes.grid": True,
     "grid.alpha": 0.3,
-    "font.size": 10,
+    "font.size": 12,
+    "legend.fontsize": 11,
 }
 plot_apply_rcparams = True
 
@@ -96,7 +107,6 @@ math_lint = True
 # -- general -------------------------------------------------------------------
 root_doc = "index"
 exclude_patterns = ["_build"]
-templates_path: list[str] = []
 primary_domain = "py"
 pygments_style = "sphinx"
 nitpicky = True
@@ -165,12 +175,30 @@ from softmaxtheory import bounds, reference
 """
 
 # -- html ----------------------------------------------------------------------
-html_theme = "alabaster"
+# pydata-sphinx-theme: the theme of numpy, scipy and most of the scientific
+# Python stack (light and dark, a page table of contents, the API in the
+# ecosystem's style). It bundles its fonts and icons; nothing is fetched.
+html_theme = "pydata_sphinx_theme"
 html_title = f"softmaxtheory {release}"
+html_static_path = ["_static"]
+html_css_files = ["softmaxtheory.css"]
+templates_path = ["_templates"]
 html_theme_options = {
-    "description": "Softmax dispersion and adaptive temperature, computable and checkable",
-    "fixed_sidebar": True,
-    "show_relbars": True,
+    "navbar_start": ["navbar-logo", "version"],
+    "navbar_end": ["paper-link", "theme-switcher"],
+    "navbar_persistent": ["search-button"],
+    "header_links_before_dropdown": 4,
+    "secondary_sidebar_items": ["page-toc"],
+    "show_toc_level": 2,
+    "navigation_with_keys": False,
+    "show_prev_next": True,
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version"],
+    "logo": {"text": "softmaxtheory"},
 }
-html_static_path: list[str] = []
+# the top-level pages without subpages have no section navigation: no left sidebar
+html_sidebars = {
+    page: []
+    for page in ("index", "testing", "gallery", "error_model", "reference", "torch", "performance")
+}
 html_last_updated_fmt = None

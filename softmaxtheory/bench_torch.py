@@ -20,14 +20,14 @@ from typing import Any
 
 __all__ = ["SHAPES", "run_device"]
 
-#: (B, H, L, S, D) cases, bfloat16 (issue 13's table, D = 128 at 8192 included).
+#: (B, H, L, S, D) cases, bfloat16 (D = 128 at 8192 included).
 SHAPES: tuple[tuple[int, int, int, int, int], ...] = (
     (8, 16, 4096, 4096, 64),
     (4, 16, 8192, 8192, 128),
     (2, 16, 16384, 16384, 64),
 )
 
-#: Forward + backward is timed at this shape (issue 13).
+#: Forward + backward is timed at this shape.
 BACKWARD_SHAPES: tuple[tuple[int, int, int, int, int], ...] = ((4, 16, 4096, 4096, 64),)
 
 #: Default number of timed calls per case on a device.

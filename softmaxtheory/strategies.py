@@ -20,9 +20,10 @@ exact bfloat16 numbers).
 
 Examples
 --------
->>> from hypothesis import given, settings
+>>> from hypothesis import HealthCheck, given, settings
 >>> from softmaxtheory.strategies import logit_rows
->>> @settings(max_examples=5, derandomize=True, database=None)
+>>> @settings(max_examples=5, derandomize=True, database=None,
+...           suppress_health_check=[HealthCheck.too_slow])
 ... @given(logit_rows(max_size=8))
 ... def check(x):
 ...     assert x.ndim == 1 and 1 <= x.shape[0] <= 8

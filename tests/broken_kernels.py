@@ -224,6 +224,28 @@ def adaptive_log2_entropy(x):
     return _adaptive_with_beta(x, beta)
 
 
+def online_without_rescaling(x):
+    """Defect: an online (blockwise) softmax that forgets to rescale its running sum.
+
+    When a later block raises the running maximum from m to m', the sum so far must be
+    multiplied by exp(m - m'); without it, rows whose maximum is not in the first block
+    are normalised by too large a sum.
+    """
+    x = np.asarray(x)
+    w = _work(x)
+    m = np.full((*w.shape[:-1], 1), -np.inf, dtype=w.dtype)
+    s = np.zeros((*w.shape[:-1], 1), dtype=w.dtype)
+    with np.errstate(invalid="ignore", under="ignore"):
+        for start in range(0, w.shape[-1], 4):  # blocks of 4 items
+            block = w[..., start : start + 4]
+            m_new = np.maximum(m, np.max(block, axis=-1, keepdims=True))
+            shift = np.where(m_new == -np.inf, 0, m_new)
+            s = s + np.sum(np.exp(block - shift), axis=-1, keepdims=True)  # s not rescaled
+            m = m_new
+        e = np.exp(w - np.where(m == -np.inf, 0, m))
+        return np.where(s > 0, e / np.where(s > 0, s, 1), 0).astype(x.dtype)
+
+
 def float32_accumulation(x):
     """Defect: a float64 softmax whose normaliser is accumulated in float32."""
     x = np.asarray(x)
@@ -459,6 +481,8 @@ CATALOGUE = {
                                            "values"),
     "no max subtraction": (no_max_subtraction, {"kind": "softmax"}, "values"),
     "no max subtraction, float32": (no_max_subtraction, {"dtype": "float32"}, "invariances"),
+    "online softmax without rescaling": (online_without_rescaling, {"dtype": "float32"},
+                                         "values"),
     "softmax along the wrong axis": (wrong_axis, {"dtype": "float32"}, "values"),
     "epsilon added to the normaliser": (epsilon_in_denominator, {}, "values"),
     "float16 accumulation on long rows": (half_accumulation, {"dtype": "float16"}, "long_rows"),

@@ -94,6 +94,25 @@ PAGES = {
         '<p><span class="computed computed-error">[computed: error]</span></p>'
     ),
     "js_error": _page('<p>x</p><script>throw new Error("boom from the page")</script>'),
+    # a table of one long unbreakable line: wider than a phone, and the page scrolls sideways
+    "overflow": _page(
+        '<table id="wide"><tr><td style="white-space: nowrap">'
+        + "wide " * 100
+        + "</td></tr></table>"
+    ),
+    # the same table in a box of its own that scrolls: neither problem
+    "boxed": _page(
+        '<div style="overflow-x: auto"><table><tr><td style="white-space: nowrap">'
+        + "wide " * 100
+        + "</td></tr></table></div><p>Issue of the journal, Section 4 of the paper, the design"
+        " of a kernel, issues of float16, 3 issues.</p>"
+    ),
+    # a 700 px image with no max-width: fits at 1280 px, not at 390 px
+    "wide_image": _page('<img src="../_images/wide.png" alt="w" style="width: 700px">'),
+    "internal": _page(
+        "<p>Against the targets of issue 4, see DESIGN.md and DESIGN §7; the §4 tier.</p>"
+        "<pre>TODO: issue #12</pre>"
+    ),
 }
 
 
@@ -105,6 +124,7 @@ def site(tmp_path_factory) -> Path:
     (html / "_static" / "mathjax").symlink_to(_mathjax_dir(), target_is_directory=True)
     (html / "_images").mkdir()
     (html / "_images" / "fig.png").write_bytes(_png(4, 3))
+    (html / "_images" / "wide.png").write_bytes(_png(70, 2))
     (html / "_images" / "fig.svg").write_text(
         '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10">'
         '<rect width="10" height="10"/></svg>'
@@ -287,3 +307,47 @@ def test_a_literal_section_without_pages_is_an_error(tmp_path):
     )
     assert res.returncode == 2
     assert f"no pages under {tmp_path.resolve()} in guides" in res.stderr
+
+
+@needs_chromium
+def test_layout_overflow_at_a_laptop_and_a_phone(report):
+    """The page scrolling sideways, and a table or image wider than its column, are found."""
+    _, problems, out = report
+    assert _has(problems, "overflow.html", "layout", "at 1280 px the page scrolls sideways"), out
+    assert _has(problems, "overflow.html", "layout", "at 390 px the page scrolls sideways"), out
+    assert _has(problems, "overflow.html", "layout", "at 390 px table in #wide:"), out
+    assert _has(problems, "wide_image.html", "layout", "at 390 px img ../_images/wide.png"), out
+    assert not _has(problems, "wide_image.html", "layout", "at 1280 px"), out
+    # a wide table in a box that scrolls is allowed; so are plain words
+    assert "theory/boxed.html" not in problems, out
+
+
+@needs_chromium
+def test_internal_words_fail_the_page(report):
+    _, problems, out = report
+    found = problems["theory/internal.html"]
+    assert _has(problems, "internal.html", "internal", "an issue number 'issue 4'"), out
+    assert _has(problems, "internal.html", "internal", "the design file 'DESIGN.md'"), out
+    assert _has(problems, "internal.html", "internal", "a design-file section sign '§7'"), out
+    assert _has(problems, "internal.html", "internal", "a design-file section sign '§4'"), out
+    assert _has(problems, "internal.html", "internal", "a work-in-progress marker 'TODO'"), out
+    # code is read too: the page has no code exemption for internal words
+    assert _has(problems, "internal.html", "internal", "an issue number 'issue #12'"), out
+    assert len(found) == 7, found
+
+
+def test_internal_words_spare_the_papers_words(tmp_path):
+    page = tmp_path / "p.html"
+    page.write_text(
+        _page(
+            "<p>An issue of the journal; Section 4 of the paper; the design of the kernel;"
+            " numerical issues; Design notes; <code>tissue 4</code>; see #top.</p>"
+            "<script>var issue4 = 'issue 4 DESIGN.md';</script>"
+            "<style>/* issue 4 */</style>"
+        )
+    )
+    assert _tool().internal_words(page) == []
+    page.write_text(_page('<p>x</p><img src="a.png" alt="figure for issue 7">'))
+    assert _tool().internal_words(page) == [
+        "an issue number 'issue 7': ...t x figure for issue 7..."
+    ]

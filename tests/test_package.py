@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -171,3 +172,16 @@ def test_command_line_loads_no_experiment_module():
         "print(sorted(m for m in sys.modules if m.startswith('softmaxtheory.experiments.')))\n"
     )
     assert out.strip() == "[]"
+
+
+def test_the_readme_test_block_installs_cpu_torch_and_ci_runs_exactly_it():
+    """The copy-paste test block puts a CPU torch in place first; CI runs that very line."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    found = re.search(r'^test_cmd="(.+)"$', ci, re.M)
+    assert found, "no test_cmd in .ci/run"
+    cmd = found.group(1)
+    assert cmd in (ROOT / "README.md").read_text().splitlines()
+    assert 'eval "$test_cmd"' in ci
+    cpu = cmd.index("pip install torch==")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in cmd[cpu:]
+    assert cpu < cmd.index("install -e '.[test]'") < cmd.index("-m pytest")

@@ -29,6 +29,14 @@ when
   the site), or its ``#anchor`` is not an ``id`` (or ``<a name>``) of the target;
 * the page raises a JavaScript exception, or shows ``[computed: error]`` (a
   value of docs/_ext/computed.py that failed);
+* the layout overflows (``--no-layout`` skips this): at a window 1280 px wide and
+  at 390 px (a phone), ``document.documentElement.scrollWidth`` exceeds the
+  viewport's width (the page scrolls sideways), or a table, figure or image is
+  wider than its column without sitting in a box of its own that scrolls
+  (``overflow-x: auto``) inside that column;
+* internal words reach the reader: the page's text names how the project is
+  organised internally (issue numbers such as "issue 4", the design and style
+  files, design-file section signs such as "§4"; see :data:`INTERNAL_WORDS`);
 * with ``--literal-numbers`` (every checked page) or ``--literal-section
   FOLDER`` (the pages of that folder; repeatable) only: the page's text or math
   holds a decimal number with three or more digits after the point that was
@@ -301,6 +309,60 @@ def literal_numbers(path: Path) -> list[str]:
     return [text[max(0, m.start() - 30) : m.end() + 10].strip() for m in _NUMBER.finditer(text)]
 
 
+# -- internal words ---------------------------------------------------------------------
+
+#: Words about how the project is organised internally, which no rendered page may hold:
+#: (what it is, pattern). The patterns are narrow so that the paper's and the library's
+#: own words (an "issue" of a journal, a numbered section of the paper named in words,
+#: the ``Design`` of a kernel) never match.
+INTERNAL_WORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("an issue number", re.compile(r"\b[Ii]ssues?\s*#?\d+\b")),
+    ("the design file", re.compile(r"\bDESIGN(?:\.md)?\b")),
+    ("a project notes file", re.compile(r"\b(?:STYLE|COMMON|NOTES|TODO)\.md\b")),
+    ("a design-file section sign", re.compile(r"§\s*\d")),
+    ("a work-in-progress marker", re.compile(r"\b(?:TODO|FIXME)\b")),
+    ("a git worktree", re.compile(r"\bworktrees?\b", re.I)),
+)
+
+
+class _AllTextParser(HTMLParser):
+    """Every text node of a page (code included) and image alt texts; no script or style."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.depth = 0  # inside script/style
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("script", "style"):
+            self.depth += 1
+        elif tag == "img":
+            alt = dict(attrs).get("alt")
+            if alt:
+                self.text.append(alt)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "style") and self.depth:
+            self.depth -= 1
+
+    def handle_data(self, data: str) -> None:
+        if not self.depth:
+            self.text.append(data)
+
+
+def internal_words(path: Path) -> list[str]:
+    """The internal words of a page: "what: ...context..." for each occurrence."""
+    parser = _AllTextParser()
+    parser.feed(path.read_text(encoding="utf-8", errors="replace"))
+    text = re.sub(r"\s+", " ", " ".join(parser.text))
+    found = []
+    for what, pattern in INTERNAL_WORDS:
+        for m in pattern.finditer(text):
+            context = text[max(0, m.start() - 30) : m.end() + 30].strip()
+            found.append(f"{what} {m.group(0)!r}: ...{context}...")
+    return found
+
+
 # -- the browser ---------------------------------------------------------------------------
 
 
@@ -473,8 +535,91 @@ PAGE_SCRIPT = r"""
 """
 
 
+#: The window widths of the layout check, in CSS pixels: a laptop and a phone.
+LAYOUT_WIDTHS = (1280, 390)
+LAYOUT_HEIGHT = 900
+
+# Runs in the page at one window width; returns a JSON string. "Wider than its column":
+# a table, figure or image whose box extends past the page's text column (the theme's
+# article, else <main>, else <body>), unless a box between them scrolls sideways
+# (overflow-x auto or scroll) and itself fits in the column.
+LAYOUT_SCRIPT = r"""
+(async () => {
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const doc = document.documentElement;
+  const out = {width: window.innerWidth, scroll: doc.scrollWidth, wide: []};
+  const column = document.querySelector('.bd-article') || document.querySelector('article')
+    || document.querySelector('[role=main]') || document.querySelector('main') || document.body;
+  const col = column.getBoundingClientRect();
+  const scrolls = (el) => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
+  const label = (el) => {
+    const id = el.id || (el.closest('[id]') || {}).id || '';
+    const what = el.tagName.toLowerCase() + (el.className && typeof el.className === 'string'
+      ? '.' + el.className.trim().split(/\s+/).join('.') : '');
+    const src = el.tagName === 'IMG' ? ' ' + el.getAttribute('src') : '';
+    return what + (id ? ' in #' + id : '') + src;
+  };
+  for (const el of column.querySelectorAll('table, figure, img, div.figure')) {
+    if (el.closest('mjx-container')) continue;
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 && r.height === 0) continue;
+    if (r.left >= col.left - 1 && r.right <= col.right + 1) continue;
+    let boxed = false;
+    for (let p = el.parentElement; p && p !== column; p = p.parentElement) {
+      if (scrolls(p)) {
+        const b = p.getBoundingClientRect();
+        boxed = b.left >= col.left - 1 && b.right <= col.right + 1;
+        break;
+      }
+    }
+    if (!boxed) out.wide.push(label(el) + ': ' + Math.round(r.width) + ' px wide, column '
+      + Math.round(col.width) + ' px');
+  }
+  return JSON.stringify(out);
+})()
+"""
+
+
+def layout_problems(
+    browser: Chromium, session: str, timeout: float, widths: Iterable[int] = LAYOUT_WIDTHS
+) -> list[tuple[str, str]]:
+    """(kind, detail) of a loaded page's overflows at each window width."""
+    found: list[tuple[str, str]] = []
+    for width in widths:
+        browser.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": LAYOUT_HEIGHT, "deviceScaleFactor": 1, "mobile": False},
+            session=session,
+        )
+        reply = browser.call(
+            "Runtime.evaluate",
+            {"expression": LAYOUT_SCRIPT, "awaitPromise": True, "returnByValue": True},
+            session=session,
+            timeout=timeout,
+        )
+        if "exceptionDetails" in reply:
+            found.append(("script", f"the layout script failed: {reply['exceptionDetails']}"))
+            continue
+        out = json.loads(reply["result"]["value"])
+        if out["scroll"] > out["width"]:
+            found.append(
+                (
+                    "layout",
+                    f"at {width} px the page scrolls sideways: scrollWidth {out['scroll']} px "
+                    f"> viewport {out['width']} px",
+                )
+            )
+        found.extend(("layout", f"at {width} px {text}") for text in out["wide"])
+    return found
+
+
 def browser_problems(
-    browser: Chromium, root: Path, page: Path, timeout: float, log: list[str] | None = None
+    browser: Chromium,
+    root: Path,
+    page: Path,
+    timeout: float,
+    log: list[str] | None = None,
+    layout: bool = True,
 ) -> list[Problem]:
     """Open one page and check what the browser made of it (a summary line goes to `log`)."""
     name = page.relative_to(root).as_posix()
@@ -490,6 +635,12 @@ def browser_problems(
     try:
         for domain in ("Page", "Runtime", "Network"):
             browser.call(f"{domain}.enable", session=session)
+        browser.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": LAYOUT_WIDTHS[0], "height": LAYOUT_HEIGHT, "deviceScaleFactor": 1,
+             "mobile": False},
+            session=session,
+        )  # fmt: skip
         nav = browser.call("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
         if nav.get("errorText"):
             add("load", f"cannot open the page: {nav['errorText']}")
@@ -506,6 +657,8 @@ def browser_problems(
             add("script", f"the check's own script failed: {reply['exceptionDetails']}")
             return problems
         out = json.loads(reply["result"]["value"])
+        for kind, detail in layout_problems(browser, session, timeout) if layout else ():
+            add(kind, detail)
     finally:
         events = [e for e in browser.events if e.get("sessionId") == session]
         # only this page's session is read, and only until here: drop every event kept so far
@@ -574,15 +727,21 @@ def check(
     log: list[str] | None = None,
     numbers: bool = False,
     number_pages: Collection[Path] = (),
+    layout: bool = True,
 ) -> list[Problem]:
     """All problems of `pages` (static and in the browser); per-page summaries go to `log`.
 
     Typed numbers are looked for on every page when `numbers` is true, else on the
-    pages that are also in `number_pages`.
+    pages that are also in `number_pages`. Internal words are looked for on every
+    page; the layout is checked at :data:`LAYOUT_WIDTHS` when `layout` is true.
     """
     problems: list[Problem] = []
     for page in pages:
         problems.extend(static_problems(root, page))
+        problems.extend(
+            Problem(page.relative_to(root).as_posix(), "internal", detail)
+            for detail in internal_words(page)
+        )
         if numbers or page in number_pages:
             name = page.relative_to(root).as_posix()
             problems.extend(
@@ -592,7 +751,7 @@ def check(
     browser = Chromium(chromium, timeout=timeout)
     try:
         for page in pages:
-            problems.extend(browser_problems(browser, root, page, timeout, log))
+            problems.extend(browser_problems(browser, root, page, timeout, log, layout))
     finally:
         browser.close()
     return problems
@@ -632,6 +791,11 @@ def main(argv: list[str] | None = None) -> int:
         help="as --literal-numbers, for the pages of this folder only; they are checked too "
         "(repeatable)",
     )
+    parser.add_argument(
+        "--no-layout",
+        action="store_true",
+        help="skip the layout check (overflow at 1280 px and 390 px)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="print a line per page")
     args = parser.parse_args(argv)
     root = args.html.resolve()
@@ -666,6 +830,7 @@ def main(argv: list[str] | None = None) -> int:
             log,
             args.literal_numbers,
             number_pages,
+            not args.no_layout,
         )
     except (BrowserError, OSError) as exc:
         print(f"check_pages: the browser failed: {exc}", file=sys.stderr)

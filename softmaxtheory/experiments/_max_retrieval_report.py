@@ -290,13 +290,16 @@ def plot_results(rows: Sequence[dict[str, Any]], path: str | Path, *, title: str
     title : str, optional
         Figure title.
     """
+    from matplotlib import ticker
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     n = np.array([r["n"] for r in rows], dtype=float)
-    fig = Figure(figsize=(11, 4.2), dpi=120)
+    # drawn for a text column 650-800 px wide: the panels stacked, text at 12 pt, each
+    # legend below its panel (never over the data), powers of two on the n axis
+    fig = Figure(figsize=(6.4, 9.0), dpi=130, layout="constrained")
     FigureCanvasAgg(fig)
-    ax, bx = fig.subplots(1, 2)
+    ax, bx = fig.subplots(2, 1)
     for key, label, color in (
         ("baseline", "softmax (this run)", "C0"),
         ("adaptive", "adaptive (this run)", "C3"),
@@ -308,13 +311,10 @@ def plot_results(rows: Sequence[dict[str, Any]], path: str | Path, *, title: str
         paper = [(r["n"], r[f"paper_{key}"]) for r in rows if r[f"paper_{key}"] is not None]
         if paper:
             px, py = zip(*paper, strict=True)
-            ax.plot(px, py, "s--", color=color, alpha=0.6, mfc="none", label=f"{key} (paper)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("items per set n")
+            name = "softmax" if key == "baseline" else key
+            ax.plot(px, py, "s--", color=color, alpha=0.6, mfc="none", label=f"{name} (paper)")
     ax.set_ylabel("accuracy (%)")
-    ax.set_title("max retrieval: accuracy (mean ± std over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.set_title("Accuracy (mean ± std over seeds)")
     bx.plot(n, [r["max_item_coef"] for r in rows], "o-", color="C0", label="softmax, mean")
     bx.plot(
         n, [r["max_item_coef_adaptive"] for r in rows], "o-", color="C3", label="adaptive, mean"
@@ -327,18 +327,28 @@ def plot_results(rows: Sequence[dict[str, Any]], path: str | Path, *, title: str
         alpha=0.6,
         label="softmax, largest",
     )
-    bx.plot(n, [r["t1_bound"] for r in rows], "k-", lw=2, label="T1 bound at measured spread")
+    bx.plot(n, [r["t1_bound"] for r in rows], "k-", lw=2, label="T1 bound, measured spread")
     bx.plot(n, 1.0 / n, color="gray", ls="--", label="uniform 1/n")
-    bx.set_xscale("log", base=2)
     bx.set_yscale("log")
-    bx.set_xlabel("items per set n")
-    bx.set_ylabel("coefficient on the max-priority item")
-    bx.set_title("dispersion of the trained head")
-    bx.grid(alpha=0.3)
-    bx.legend(fontsize=8)
+    bx.yaxis.set_major_locator(ticker.LogLocator(base=10, numticks=8))
+    bx.yaxis.set_minor_formatter(ticker.NullFormatter())
+    bx.set_ylabel("coefficient on the max item")
+    bx.set_title("Dispersion of the trained head")
+    for axis in (ax, bx):
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(n, [f"{int(v) // 1024}k" if v >= 1024 else f"{int(v)}" for v in n])
+        axis.xaxis.set_minor_locator(ticker.NullLocator())
+        axis.set_xlabel("items per set n")
+        axis.grid(alpha=0.3)
+        axis.tick_params(labelsize=12)
+        axis.xaxis.label.set_size(12)
+        axis.yaxis.label.set_size(12)
+        axis.title.set_size(13)
+        axis.legend(
+            fontsize=12, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False
+        )
     if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+        fig.suptitle(title.replace(": ", ":\n", 1), fontsize=12)  # two lines: never clipped
     path = Path(path)
     fig.savefig(path)
     return path

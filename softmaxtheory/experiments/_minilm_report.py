@@ -520,202 +520,225 @@ def write_plots(
     import matplotlib.pyplot as plt
     from matplotlib import ticker
 
-    say = progress or (lambda _line: None)
-    last = exp.last
-    p = PAPER_GEMMA_2B
-    colors = plt.get_cmap("viridis")(np.linspace(0, 0.9, exp.layers))
-    paths = [out / name for name in PLOTS]
+    # drawn for a text column of 650-800 px: 7.2 in wide, text at 11-12 pt, legends
+    # below the axes (never over the data)
+    style = {"font.size": 12, "legend.fontsize": 11, "axes.titlesize": 12}
+    with plt.rc_context(style):
+        say = progress or (lambda _line: None)
+        last = exp.last
+        p = PAPER_GEMMA_2B
+        colors = plt.get_cmap("viridis")(np.linspace(0, 0.9, exp.layers))
+        paths = [out / name for name in PLOTS]
 
-    # 1. spread per head, with the bounds
-    say(f"plotting {paths[0].name}")
-    fig, ax = plt.subplots(figsize=(11, 4.5))
-    idx = np.arange(exp.layers * exp.heads)
-    ax.semilogy(idx, exp.bounds.weight.ravel(), "v", ms=4, color="tab:red", label="T9 bound (B)")
-    ax.semilogy(
-        idx, exp.bounds.folded.ravel(), "^", ms=4, color="tab:orange", label="T9 bound (folded)"
-    )
-    ax.semilogy(
-        idx,
-        last.norm_bound.ravel(),
-        "s",
-        ms=3,
-        color="tab:purple",
-        label=r"$2s\,\max\|q\|\max\|k\|$ (measured norms)",
-    )
-    ax.semilogy(
-        idx, last.spread_max.ravel(), "o", ms=4, color="tab:blue", label="spread (max over rows)"
-    )
-    ax.semilogy(
-        idx, last.spread_mean.ravel(), ".", ms=4, color="tab:cyan", label="spread (mean over rows)"
-    )
-    ax.axhline(p["mean"], ls="--", color="gray", lw=1, label=f"Gemma 2B mean spread {p['mean']}")
-    for layer in range(1, exp.layers):
-        ax.axvline(layer * exp.heads - 0.5, color="lightgray", lw=0.8)
-    ax.set_xticks(np.arange(exp.layers) * exp.heads + (exp.heads - 1) / 2)
-    ax.set_xticklabels([f"layer {layer}" for layer in range(exp.layers)])
-    ax.set_xlim(-1, exp.layers * exp.heads)
-    ax.set_ylabel("logit spread")
-    ax.set_title(f"all-MiniLM-L6-v2: spread of each head at n = {last.length} and its bounds")
-    ax.legend(fontsize=7, ncol=3, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(paths[0], dpi=110)
-    plt.close(fig)
-
-    # 2. max coefficient against T1: per head (left), and as a function of n (right)
-    say(f"plotting {paths[1].name}")
-    fig, (ax0, ax) = plt.subplots(1, 2, figsize=(14, 4.8), width_ratios=(1, 1.1))
-    ns = np.array(exp.lengths)
-    ln10 = math.log(10)
-    lcolors = plt.get_cmap("plasma")(np.linspace(0, 0.85, len(exp.results)))
-    floor = -16.0  # log10 gaps below this are drawn at the edge (one head saturates)
-    clipped = 0
-    lo_all = 0.0
-    for r, color in zip(exp.results, lcolors, strict=True):
-        obs = r.log_gap.ravel() / ln10
-        t1 = np.array([t1_log_gap(r.length, float(d)) for d in r.spread_max.ravel()]) / ln10
-        out_x, out_y = t1 < floor, obs < floor
-        clipped += int(np.sum(out_x | out_y))
-        lo_all = min(lo_all, float(np.min(np.maximum(t1, floor))), float(np.min(obs)))
-        ax0.scatter(
-            np.maximum(t1, floor),
-            np.maximum(obs, floor),
-            s=9,
-            color=color,
-            alpha=0.8,
-            marker="o",
-            label=f"n = {r.length}",
+        # 1. spread per head, with the bounds
+        say(f"plotting {paths[0].name}")
+        fig, ax = plt.subplots(figsize=(7.2, 6.4))
+        idx = np.arange(exp.layers * exp.heads)
+        ax.semilogy(
+            idx, exp.bounds.weight.ravel(), "v", ms=4, color="tab:red", label="T9 bound (B)"
         )
-    lo_all = max(lo_all, floor) - 0.5
-    ax0.plot([lo_all, 0], [lo_all, 0], color="k", lw=0.8, label="observed = T1 bound")
-    ax0.set_xlim(lo_all, 0.3)
-    ax0.set_ylim(lo_all, 0.3)
-    if clipped:
-        ax0.text(
-            0.97,
-            0.04,
-            f"{clipped} point(s) below {floor:.0f} drawn on the edge",
-            fontsize=7,
-            ha="right",
-            transform=ax0.transAxes,
+        ax.semilogy(
+            idx, exp.bounds.folded.ravel(), "^", ms=4, color="tab:orange", label="T9 bound (folded)"
         )
-    ax0.set_xlabel(r"$\log_{10}(1 - \mathrm{T1\ bound})$ at the head's spread")
-    ax0.set_ylabel(r"$\log_{10}(1 - \max_{ij}\alpha_{ij})$ observed")
-    ax0.set_title(
-        "Each head: largest coefficient vs its T1 bound\n"
-        "(T1 holds: every point on or above the line)",
-        fontsize=9,
-    )
-    ax0.legend(fontsize=7, loc="center right")
-    for layer in range(exp.layers):
-        for head in range(exp.heads):
-            mc = [r.max_coefficient[layer, head] for r in exp.results]
-            ax.plot(
-                ns,
-                mc,
-                "-o",
-                ms=2,
-                lw=0.5,
-                alpha=0.5,
-                color=colors[layer],
-                label=f"layer {layer}" if head == 0 else None,
-            )
-    st = summarize(last, "max")
-    grid = np.unique(np.round(np.logspace(math.log10(2), 9, 160)).astype(np.int64))
-    curves = [
-        (st.min, "k", "-", f"T1 bound at the smallest head spread {st.min:.2f}"),
-        (st.median, "k", "--", f"T1 bound at the median head spread {st.median:.2f}"),
-        (p["mean"], "tab:red", ":", f"T1 bound at Gemma 2B's mean spread {p['mean']}"),
-    ]
-    for spread, color, ls, label in curves:
-        ax.plot(grid, bounds.max_coefficient(grid, spread), ls=ls, color=color, lw=1.3, label=label)
-    ax.plot(grid, 1.0 / grid, color="gray", lw=0.8, label="1/n (uniform)")
-    ax.axhline(EPS, color="lightgray", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("n (tokens)")
-    ax.set_ylabel("largest attention coefficient")
-    ax.set_ylim(0, 1.02)
-    ax.set_title(
-        "Largest coefficient of each head at the lengths measured,\n"
-        "beside T1 bound curves (each head obeys its own curve)",
-        fontsize=9,
-    )
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(paths[1], dpi=110)
-    plt.close(fig)
+        ax.semilogy(
+            idx,
+            last.norm_bound.ravel(),
+            "s",
+            ms=3,
+            color="tab:purple",
+            label=r"$2s\,\max\|q\|\max\|k\|$ (measured norms)",
+        )
+        ax.semilogy(
+            idx,
+            last.spread_max.ravel(),
+            "o",
+            ms=4,
+            color="tab:blue",
+            label="spread (max over rows)",
+        )
+        ax.semilogy(
+            idx,
+            last.spread_mean.ravel(),
+            ".",
+            ms=4,
+            color="tab:cyan",
+            label="spread (mean over rows)",
+        )
+        ax.axhline(
+            p["mean"], ls="--", color="gray", lw=1, label=f"Gemma 2B mean spread {p['mean']}"
+        )
+        for layer in range(1, exp.layers):
+            ax.axvline(layer * exp.heads - 0.5, color="lightgray", lw=0.8)
+        ax.set_xticks(np.arange(exp.layers) * exp.heads + (exp.heads - 1) / 2)
+        ax.set_xticklabels([f"L{layer}" for layer in range(exp.layers)])
+        ax.set_xlim(-1, exp.layers * exp.heads)
+        ax.set_ylabel("logit spread")
+        ax.set_xlabel("head, grouped by layer")
+        ax.set_title(f"Spread of each head at n = {last.length} and its bounds")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+        fig.savefig(paths[0], dpi=110, bbox_inches="tight")
+        plt.close(fig)
 
-    # 3. histogram of spreads, Gemma 2B marked
-    say(f"plotting {paths[2].name}")
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    s = last.spread_max.ravel()
-    lo = min(float(s.min()), p["min"]) * 0.9
-    hi = max(float(s.max()), p["max"]) * 1.1
-    ax.hist(
-        s,
-        bins=np.geomspace(lo, hi, 30),
-        color="tab:blue",
-        alpha=0.75,
-        label=f"MiniLM heads (n = {last.length})",
-    )
-    ax.axvspan(st.mean - st.std, st.mean + st.std, color="tab:blue", alpha=0.12)
-    ax.axvline(
-        st.mean, color="tab:blue", lw=1.5, label=f"MiniLM mean ± std {st.mean:.2f} ± {st.std:.2f}"
-    )
-    ax.axvspan(p["mean"] - p["std"], p["mean"] + p["std"], color="tab:red", alpha=0.15)
-    ax.axvline(
-        p["mean"], color="tab:red", lw=1.5, label=f"Gemma 2B mean ± std {p['mean']} ± {p['std']}"
-    )
-    ax.axvline(
-        p["min"], color="tab:red", lw=0.8, ls=":", label=f"Gemma 2B range {p['min']}–{p['max']}"
-    )
-    ax.axvline(p["max"], color="tab:red", lw=0.8, ls=":")
-    ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(ticker.ScalarFormatter())
-    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-    ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("per-head logit spread (max over rows)")
-    ax.set_ylabel("heads")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(paths[2], dpi=110)
-    plt.close(fig)
-
-    # 4. spread vs length
-    say(f"plotting {paths[3].name}")
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    per_n = np.array([r.spread_max.ravel() for r in exp.results])  # (lengths, heads)
-    for layer in range(exp.layers):
-        for head in range(exp.heads):
-            ax.plot(
-                ns,
-                [r.spread_max[layer, head] for r in exp.results],
-                lw=0.5,
-                alpha=0.45,
-                color=colors[layer],
-                label=f"layer {layer}" if head == 0 else None,
+        # 2. max coefficient against T1: per head (left), and as a function of n (right)
+        say(f"plotting {paths[1].name}")
+        fig, (ax0, ax) = plt.subplots(2, 1, figsize=(7.2, 13), layout="constrained")
+        ns = np.array(exp.lengths)
+        ln10 = math.log(10)
+        lcolors = plt.get_cmap("plasma")(np.linspace(0, 0.85, len(exp.results)))
+        floor = -16.0  # log10 gaps below this are drawn at the edge (one head saturates)
+        clipped = 0
+        lo_all = 0.0
+        for r, color in zip(exp.results, lcolors, strict=True):
+            obs = r.log_gap.ravel() / ln10
+            t1 = np.array([t1_log_gap(r.length, float(d)) for d in r.spread_max.ravel()]) / ln10
+            out_x, out_y = t1 < floor, obs < floor
+            clipped += int(np.sum(out_x | out_y))
+            lo_all = min(lo_all, float(np.min(np.maximum(t1, floor))), float(np.min(obs)))
+            ax0.scatter(
+                np.maximum(t1, floor),
+                np.maximum(obs, floor),
+                s=9,
+                color=color,
+                alpha=0.8,
+                marker="o",
+                label=f"n = {r.length}",
             )
-    q25, q50, q75 = np.percentile(per_n, [25, 50, 75], axis=1)
-    ax.fill_between(ns, q25, q75, color="k", alpha=0.12, label="25th–75th percentile over heads")
-    ax.plot(ns, q50, "k--", lw=1.2, label="median over heads")
-    ax.plot(ns, per_n.mean(axis=1), "k-o", ms=3, lw=1.5, label="mean over heads")
-    ax.axhline(
-        p["mean"],
-        ls="--",
-        color="tab:red",
-        lw=1,
-        label=f"Gemma 2B mean {p['mean']} (~{p['tokens']} tokens)",
-    )
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xticks(ns)
-    ax.xaxis.set_major_formatter(ticker.ScalarFormatter())
-    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-    ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
-    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
-    ax.set_xlabel("n (tokens, prefixes of one text)")
-    ax.set_ylabel("per-head spread (max over rows)")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(paths[3], dpi=110)
-    plt.close(fig)
-    return paths
+        lo_all = max(lo_all, floor) - 0.5
+        ax0.plot([lo_all, 0], [lo_all, 0], color="k", lw=0.8, label="observed = T1 bound")
+        ax0.set_xlim(lo_all, 0.3)
+        ax0.set_ylim(lo_all, 0.3)
+        if clipped:
+            ax0.text(
+                0.97,
+                0.04,
+                f"{clipped} point(s) below {floor:.0f} drawn on the edge",
+                fontsize=11,
+                ha="right",
+                transform=ax0.transAxes,
+            )
+        ax0.set_xlabel(r"$\log_{10}(1 - \mathrm{T1\ bound})$ at the head's spread")
+        ax0.set_ylabel(r"$\log_{10}(1 - \max_{ij}\alpha_{ij})$ observed")
+        ax0.set_title(
+            "Each head: largest coefficient vs its T1 bound\n"
+            "(T1 holds: every point on or above the line)",
+        )
+        ax0.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
+        for layer in range(exp.layers):
+            for head in range(exp.heads):
+                mc = [r.max_coefficient[layer, head] for r in exp.results]
+                ax.plot(
+                    ns,
+                    mc,
+                    "-o",
+                    ms=2,
+                    lw=0.5,
+                    alpha=0.5,
+                    color=colors[layer],
+                    label=f"layer {layer}" if head == 0 else None,
+                )
+        st = summarize(last, "max")
+        grid = np.unique(np.round(np.logspace(math.log10(2), 9, 160)).astype(np.int64))
+        curves = [
+            (st.min, "k", "-", f"T1 bound at the smallest head spread {st.min:.2f}"),
+            (st.median, "k", "--", f"T1 bound at the median head spread {st.median:.2f}"),
+            (p["mean"], "tab:red", ":", f"T1 bound at Gemma 2B's mean spread {p['mean']}"),
+        ]
+        for spread, color, ls, label in curves:
+            ax.plot(
+                grid, bounds.max_coefficient(grid, spread), ls=ls, color=color, lw=1.3, label=label
+            )
+        ax.plot(grid, 1.0 / grid, color="gray", lw=0.8, label="1/n (uniform)")
+        ax.axhline(EPS, color="lightgray", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("n (tokens)")
+        ax.set_ylabel("largest attention coefficient")
+        ax.set_ylim(0, 1.02)
+        ax.set_title(
+            "Largest coefficient of each head at the lengths measured,\n"
+            "beside T1 bound curves (each head obeys its own curve)",
+        )
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+        fig.savefig(paths[1], dpi=110, bbox_inches="tight")
+        plt.close(fig)
+
+        # 3. histogram of spreads, Gemma 2B marked
+        say(f"plotting {paths[2].name}")
+        fig, ax = plt.subplots(figsize=(7.2, 5.6))
+        s = last.spread_max.ravel()
+        lo = min(float(s.min()), p["min"]) * 0.9
+        hi = max(float(s.max()), p["max"]) * 1.1
+        ax.hist(
+            s,
+            bins=np.geomspace(lo, hi, 30),
+            color="tab:blue",
+            alpha=0.75,
+            label=f"MiniLM heads (n = {last.length})",
+        )
+        ax.axvspan(st.mean - st.std, st.mean + st.std, color="tab:blue", alpha=0.12)
+        ax.axvline(
+            st.mean,
+            color="tab:blue",
+            lw=1.5,
+            label=f"MiniLM mean ± std {st.mean:.2f} ± {st.std:.2f}",
+        )
+        ax.axvspan(p["mean"] - p["std"], p["mean"] + p["std"], color="tab:red", alpha=0.15)
+        ax.axvline(
+            p["mean"],
+            color="tab:red",
+            lw=1.5,
+            label=f"Gemma 2B mean ± std {p['mean']} ± {p['std']}",
+        )
+        ax.axvline(
+            p["min"], color="tab:red", lw=0.8, ls=":", label=f"Gemma 2B range {p['min']}–{p['max']}"
+        )
+        ax.axvline(p["max"], color="tab:red", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(ticker.ScalarFormatter())
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+        ax.set_xlabel("per-head logit spread (max over rows)")
+        ax.set_ylabel("heads")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=1, frameon=False)
+        fig.savefig(paths[2], dpi=110, bbox_inches="tight")
+        plt.close(fig)
+
+        # 4. spread vs length
+        say(f"plotting {paths[3].name}")
+        fig, ax = plt.subplots(figsize=(7.2, 6.4))
+        per_n = np.array([r.spread_max.ravel() for r in exp.results])  # (lengths, heads)
+        for layer in range(exp.layers):
+            for head in range(exp.heads):
+                ax.plot(
+                    ns,
+                    [r.spread_max[layer, head] for r in exp.results],
+                    lw=0.5,
+                    alpha=0.45,
+                    color=colors[layer],
+                    label=f"layer {layer}" if head == 0 else None,
+                )
+        q25, q50, q75 = np.percentile(per_n, [25, 50, 75], axis=1)
+        ax.fill_between(
+            ns, q25, q75, color="k", alpha=0.12, label="25th–75th percentile over heads"
+        )
+        ax.plot(ns, q50, "k--", lw=1.2, label="median over heads")
+        ax.plot(ns, per_n.mean(axis=1), "k-o", ms=3, lw=1.5, label="mean over heads")
+        ax.axhline(
+            p["mean"],
+            ls="--",
+            color="tab:red",
+            lw=1,
+            label=f"Gemma 2B mean {p['mean']} (~{p['tokens']} tokens)",
+        )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(ns)
+        ax.xaxis.set_major_formatter(ticker.ScalarFormatter())
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.set_xlabel("n (tokens, prefixes of one text)")
+        ax.set_ylabel("per-head spread (max over rows)")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+        fig.savefig(paths[3], dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        return paths
