@@ -159,7 +159,7 @@ def _beta_one_below(schedule: Schedule) -> float:
     """
     from fractions import Fraction
 
-    from softmaxtheory import _polyroots as pr
+    from .._certify import polyroots as pr
 
     if not isinstance(schedule, Polynomial):
         return -math.inf

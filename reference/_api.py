@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import mpmath
 import numpy as np
 
+from softmaxtheory._certify.loop import CertificationError, certify
 from softmaxtheory.spec import (
     RowKind,
     Schedule,
@@ -32,7 +33,7 @@ __all__ = [
     "entropy",
     "entropy_mp",
     "evaluate_row",
-    "precisions",
+    "float_acceptor",
     "softmax",
     "softmax_mp",
 ]
@@ -43,7 +44,7 @@ MAX_PRECISION = 960
 Acceptor = Callable[[tuple, float, "int | None"], Any]
 
 
-class PrecisionError(ArithmeticError):
+class PrecisionError(CertificationError):
     """The reference could not certify a result below :data:`MAX_PRECISION` bits.
 
     This happens only when a value lies (within :math:`2^{-960}`) on a rounding
@@ -53,16 +54,9 @@ class PrecisionError(ArithmeticError):
     """
 
 
-def precisions(start: int) -> Iterator[int]:
-    """Working precisions of Ziv's loop: ``start``, doubling, ending at the cap."""
-    p = start
-    while p < MAX_PRECISION:
-        yield p
-        p *= 2
-    yield MAX_PRECISION
+def float_acceptor(fmt: BinaryFormat) -> Acceptor:
+    """Ziv's rounding test to `fmt` (:func:`round_ball`): the `accept` of :func:`evaluate_row`."""
 
-
-def _float_acceptor(fmt: BinaryFormat) -> Acceptor:
     def accept(mid: tuple, rel: float, extra: int | None) -> float | None:
         return round_ball(mid, rel, fmt, extra)
 
@@ -133,23 +127,26 @@ def evaluate_row(
         When :data:`MAX_PRECISION` is reached.
     """
     keep_all = qmin is None
-    for p in precisions(start):
+
+    def attempt(p: int) -> dict[str, Any] | None:
+        nonlocal keep_all
         C = math.inf if keep_all else eng.cutoff(row.n, p, qmin)
         try:
-            result = _attempt(
-                row, want, accept, p, C, schedule, entropy_eps, min(C, tempered_cutoff)
-            )
+            return _attempt(row, want, accept, p, C, schedule, entropy_eps, min(C, tempered_cutoff))
         except eng.Undecided:
             # a jump cannot be decided: drop nothing from now on (the mass of the
             # negligible items may be what separates the entropy from the threshold)
             keep_all = True
-            continue
-        if result is not None:
-            return result
-    raise PrecisionError(
-        f"could not certify the {'/'.join(sorted(want))} of a row of {row.n} items within "
-        f"{MAX_PRECISION} bits: a value lies too close to a rounding boundary or to the "
-        "threshold of a schedule with a jump"
+            return None
+
+    return certify(
+        attempt,
+        start=start,
+        cap=MAX_PRECISION,
+        what=f"the {'/'.join(sorted(want))} of a row of {row.n} items",
+        why="a value lies too close to a rounding boundary or to the threshold of a schedule "
+        "with a jump",
+        error=PrecisionError,
     )
 
 
@@ -237,7 +234,7 @@ def _evaluate(
     vector = want in ("softmax", "adaptive")
     out = np.zeros(arr.shape if vector else arr.shape[:-1], dtype=fmt.dtype)
     kinds = classify_rows(arr)
-    accept = _float_acceptor(fmt)
+    accept = float_acceptor(fmt)
     wants = frozenset({want})
     for idx in np.ndindex(arr.shape[:-1]):
         kind = kinds[idx]

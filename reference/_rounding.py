@@ -1,60 +1,25 @@
-r"""Correct rounding of exact values to IEEE binary formats, and Ziv's rounding test.
+r"""The reference's output formats, and its correct rounding (from :mod:`softmaxtheory._certify`).
 
-A binary format is described by its precision :math:`P` (bits of significand,
-hidden bit included), the exponent :math:`q_{\min}` of its smallest subnormal
-:math:`2^{q_{\min}}` and the exponent :math:`e_{\max}` of its largest binade.
-A real :math:`v = M \cdot 2^{E}` (integer :math:`M`) is rounded to nearest, ties
-to even, on the grid :math:`2^{q}` with :math:`q = \max(\lfloor\log_2|v|\rfloor
-- P + 1,\ q_{\min})`. This handles the subnormal range with one rounding, where
-``math.ldexp`` of an already rounded significand would round twice.
-
-The rounding test: an approximation :math:`\tilde v` with :math:`|v - \tilde v|
-\le r` determines the correctly rounded value when both ends of
-:math:`[\tilde v - r, \tilde v + r]` round to the same float, because rounding is
-monotone.
+The reference returns numpy arrays, so its formats are those of the package's one
+format table (:data:`softmaxtheory._formats.FORMATS`) that numpy has: float64,
+float32 and float16. :func:`round_exact` (one rounding to nearest, ties to even,
+subnormals included) and :func:`round_ball` (Ziv's rounding test) are the
+certification core's, re-exported here.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import numpy as np
+
+from softmaxtheory._certify.rounding import round_ball, round_exact
+from softmaxtheory._formats import FORMATS as _ALL_FORMATS
+from softmaxtheory._formats import BinaryFormat
 
 __all__ = ["FORMATS", "BinaryFormat", "format_for", "round_ball", "round_exact"]
 
-
-@dataclass(frozen=True)
-class BinaryFormat:
-    r"""An IEEE binary floating-point format.
-
-    Attributes
-    ----------
-    name : str
-        numpy name of the format.
-    precision : int
-        Significand bits :math:`P` (hidden bit included).
-    qmin : int
-        Exponent of the smallest subnormal, :math:`2^{q_{\min}}`.
-    emax : int
-        Largest finite values lie in :math:`[2^{e_{\max}}, 2^{e_{\max}+1})`.
-    """
-
-    name: str
-    precision: int
-    qmin: int
-    emax: int
-
-    @property
-    def dtype(self) -> np.dtype:
-        """The numpy dtype of the format."""
-        return np.dtype(self.name)
-
-
+#: The output formats of the reference: the formats numpy has (bfloat16 is not one).
 FORMATS: dict[str, BinaryFormat] = {
-    "float64": BinaryFormat("float64", 53, -1074, 1023),
-    "float32": BinaryFormat("float32", 24, -149, 127),
-    "float16": BinaryFormat("float16", 11, -24, 15),
+    name: fmt for name, fmt in _ALL_FORMATS.items() if fmt.storage.name == name
 }
 
 
@@ -73,97 +38,3 @@ def format_for(dtype: object, name: str = "dtype") -> BinaryFormat:
     if key not in FORMATS:
         raise ValueError(f"{name} must be float64, float32 or float16, got {key}")
     return FORMATS[key]
-
-
-def round_exact(sign: int, man: int, exp: int, fmt: BinaryFormat) -> float:
-    r"""Round :math:`(-1)^{sign} \cdot man \cdot 2^{exp}` to `fmt`, nearest-even.
-
-    Parameters
-    ----------
-    sign : int
-        0 for positive, 1 for negative.
-    man : int
-        Non-negative integer significand.
-    exp : int
-        Binary exponent.
-    fmt : BinaryFormat
-        Target format.
-
-    Returns
-    -------
-    float
-        The rounded value as a Python float (exactly representable in `fmt`),
-        ``±inf`` on overflow, ``±0.0`` on underflow.
-    """
-    if man == 0:
-        return -0.0 if sign else 0.0
-    top = exp + man.bit_length()  # 2**(top-1) <= value < 2**top
-    q = max(top - fmt.precision, fmt.qmin)
-    shift = q - exp
-    if shift <= 0:
-        rounded = man << -shift
-    else:
-        rounded = man >> shift
-        rem = man & ((1 << shift) - 1)
-        half = 1 << (shift - 1)
-        if rem > half or (rem == half and rounded & 1):
-            rounded += 1
-    if rounded and rounded.bit_length() + q > fmt.emax + 1:
-        value = math.inf
-    else:
-        value = math.ldexp(rounded, q)
-    return -value if sign else value
-
-
-def round_ball(
-    mpf: tuple, rel: float, fmt: BinaryFormat, extra_log2: int | None = None
-) -> float | None:
-    r"""Ziv's rounding test for a value known within a relative and an absolute bound.
-
-    Parameters
-    ----------
-    mpf : tuple
-        mpmath raw value ``(sign, man, exp, bc)`` approximating the exact value
-        :math:`v`.
-    rel : float
-        Bound on :math:`|v - \tilde v| / |\tilde v|` (non-negative).
-    fmt : BinaryFormat
-        Target format.
-    extra_log2 : int, optional
-        An extra absolute error :math:`2^{k}` (for contributions too small to be
-        represented as floats); ``None`` for none.
-
-    Returns
-    -------
-    float or None
-        The correctly rounded value of every real in the ball, hence of the exact
-        value, or ``None`` when the ball contains a rounding boundary or, for a
-        non-zero approximation, zero itself. An exactly zero approximation whose
-        ball lies below half the least subnormal gives ``+0.0``.
-    """
-    sign, man, exp, _ = mpf
-    if not (rel >= 0.0 and math.isfinite(rel)):
-        return None
-    if man == 0:
-        if extra_log2 is None:
-            return 0.0
-        return 0.0 if extra_log2 < fmt.qmin - 1 else None
-    if rel == 0.0 and extra_log2 is None:
-        return round_exact(sign, man, exp, fmt)
-    # widen the significand so that one unit lies far below the error bound
-    widen = max(0, 64 + 53 - man.bit_length())
-    man <<= widen
-    exp -= widen
-    err = 1
-    if rel:
-        frac, e = math.frexp(rel)
-        prod = man * math.ceil(math.ldexp(frac, 53))
-        k = e - 53
-        err += prod << k if k >= 0 else ((prod - 1) >> -k) + 1
-    if extra_log2 is not None:
-        err += 1 << (extra_log2 - exp) if extra_log2 >= exp else 1
-    if err >= man:
-        return None  # the ball holds zero: the sign of the result is not decided yet
-    lo = round_exact(sign, man - err, exp, fmt)
-    hi = round_exact(sign, man + err, exp, fmt)
-    return hi if lo == hi else None

@@ -39,6 +39,7 @@ from mpmath.libmp import (
     to_float,
 )
 
+from softmaxtheory._certify.loop import certify
 from softmaxtheory.spec import (
     Schedule,
     attention_layout,
@@ -48,7 +49,7 @@ from softmaxtheory.spec import (
 )
 
 from . import _engine as eng
-from ._api import PrecisionError, precisions
+from ._api import MAX_PRECISION, PrecisionError
 from ._rounding import BinaryFormat, format_for, round_ball, round_exact
 
 __all__ = ["adaptive_attention"]
@@ -148,7 +149,9 @@ def _certify_row(
     col_max = np.max(np.abs(vcols), axis=0).tolist() if vcols.size else [0.0] * vcols.shape[1]
     fixed = _common_means(groups, group_sums, dv, fmt)
     keep_all = False
-    for p in precisions(fmt.precision + 40 + row.n.bit_length()):
+
+    def attempt(p: int) -> list[float] | None:
+        nonlocal keep_all
         C = math.inf if keep_all else eng.cutoff(row.n, p, fmt.qmin) + math.log1p(vmax)
         try:
             H = None
@@ -158,17 +161,22 @@ def _certify_row(
             b = eng.beta_ball(schedule, H, row.n_eff, p)
         except eng.Undecided:
             keep_all = True  # see evaluate_row: negligible mass may decide a jump
-            continue
+            return None
         exact_one = b.mid == eng.fone and b.rel == 0.0
         ep = eng.exp_pass(row, None if exact_one else b, p, C, want_t=False)
         vals, rel, one, one_rel = eng.coefficients(ep, p)
         coeff = {eng.fzero: (one, one_rel)}
         for k, v, r in zip(ep.alive.tolist(), vals, rel.tolist(), strict=True):
             coeff[row.z[k]] = (v, r)
-        outputs = _combine(coeff, group_sums, dv, p, ep.dead_log2, col_max, fmt, fixed)
-        if outputs is not None:
-            return outputs
-    raise PrecisionError("could not certify an attention output within the precision cap")
+        return _combine(coeff, group_sums, dv, p, ep.dead_log2, col_max, fmt, fixed)
+
+    return certify(
+        attempt,
+        start=fmt.precision + 40 + row.n.bit_length(),
+        cap=MAX_PRECISION,
+        what="an attention output",
+        error=PrecisionError,
+    )
 
 
 def _common_means(groups: dict, group_sums: dict, dv: int, fmt: BinaryFormat) -> dict[int, float]:

@@ -31,10 +31,11 @@ import mpmath
 import numpy as np
 from mpmath.libmp import from_float, fzero, mpf_add, mpf_sub
 
+from softmaxtheory._certify.loop import certify
 from softmaxtheory.spec import Schedule, as_logits, check_entropy_eps, resolve_schedule
 
 from . import _engine as eng
-from ._api import _float_acceptor, evaluate_row, precisions
+from ._api import MAX_PRECISION, PrecisionError, evaluate_row, float_acceptor
 from ._rounding import format_for
 
 __all__ = ["StreamState"]
@@ -175,12 +176,19 @@ class StreamState:
             return mpmath.mpf(0)
         row = self._row()
         target = math.ldexp(1.0, -prec)
-        for p in precisions(prec + 20 + row.n.bit_length()):
+
+        def attempt(p: int) -> mpmath.mpf | None:
             ep = eng.exp_pass(row, None, p, math.inf, want_t=True)
             mid, rel = (ep.s, ep.s_rel) if which == "s" else (ep.t, ep.t_rel)
-            if rel <= target:
-                return mpmath.mp.make_mpf(mid)
-        raise ArithmeticError("could not reach the requested precision")  # pragma: no cover
+            return mpmath.mp.make_mpf(mid) if rel <= target else None
+
+        return certify(
+            attempt,
+            start=prec + 20 + row.n.bit_length(),
+            cap=MAX_PRECISION,
+            what=f"{which} to {prec} bits",
+            error=PrecisionError,
+        )
 
     def s_mp(self, prec: int = 113) -> mpmath.mpf:
         r""":math:`s = \sum e^{x_i - m}` with relative error at most ``2**-prec``."""
@@ -207,7 +215,7 @@ class StreamState:
             self._cache[key] = evaluate_row(
                 row,
                 frozenset({want}),
-                _float_acceptor(fmt),
+                float_acceptor(fmt),
                 start=fmt.precision + 40 + row.n.bit_length(),
                 qmin=fmt.qmin,
                 schedule=schedule,

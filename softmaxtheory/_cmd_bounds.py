@@ -11,6 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from softmaxtheory._certify.adaptive import beta_sup
+from softmaxtheory._certify.enclosures import certified_text
+
 from .cli import load_npy, parse_float
 from .spec import PaperPolynomial
 
@@ -155,7 +158,7 @@ def compute(
         }
     rows = []
     for n in sizes:
-        adaptive_beta = bounds._beta_sup(n, spread, PaperPolynomial())
+        adaptive_beta = beta_sup(n, spread, PaperPolynomial())
         rows.append(
             {
                 "n": n,
@@ -164,12 +167,12 @@ def compute(
                 "min_coefficient": bounds.min_coefficient(n, spread, beta),
                 "entropy_lower_bound": bounds.entropy_lower_bound(n, spread, beta),
                 "text": {
-                    "max_coefficient": bounds._certified_text(n, spread, beta, "max", digits),
-                    "adaptive_max_coefficient": bounds._certified_text(
+                    "max_coefficient": certified_text(n, spread, beta, "max", digits),
+                    "adaptive_max_coefficient": certified_text(
                         n, spread, adaptive_beta, "max", digits
                     ),
-                    "min_coefficient": bounds._certified_text(n, spread, beta, "min", digits),
-                    "entropy_lower_bound": bounds._certified_text(
+                    "min_coefficient": certified_text(n, spread, beta, "min", digits),
+                    "entropy_lower_bound": certified_text(
                         n, spread, beta, "entropy", digits
                     ),
                 },

@@ -8,7 +8,8 @@ framework, a special-value row or a theorem imports it from here:
   readings the reference certifies;
 * :class:`Format`, one record per binary format (float64, float32, float16 and
   bfloat16) in :data:`FORMATS`, with :func:`format_named` to look one up from a
-  numpy or torch spelling;
+  numpy or torch spelling (the class is named :class:`BinaryFormat`, its public
+  name as ``softmaxtheory.reference.BinaryFormat``; ``Format`` is the same class);
 * :func:`default_dtype`, the dtype a kernel is checked in when none is given;
 * the row codes of the special-value table (:data:`ROW_REGULAR` …), as plain
   integers so that Numba kernels can read them as compile-time constants
@@ -42,6 +43,7 @@ __all__ = [
     "ROW_MASKED",
     "ROW_REGULAR",
     "THEOREMS",
+    "BinaryFormat",
     "DType",
     "Format",
     "Framework",
@@ -79,8 +81,8 @@ THEOREMS: tuple[str, ...] = tuple(f"T{i}" for i in range(1, 11))
 
 
 @dataclass(frozen=True)
-class Format:
-    r"""A binary floating-point format.
+class BinaryFormat:
+    r"""An IEEE binary floating-point format.
 
     Attributes
     ----------
@@ -89,15 +91,29 @@ class Format:
     precision : int
         Significand bits :math:`p`, hidden bit included.
     emin : int
-        Exponent of the smallest positive normal number.
+        Exponent of the smallest positive normal number, :math:`1 - e_{\max}`.
     emax : int
         The largest finite numbers lie in :math:`[2^{e_{\max}}, 2^{e_{\max}+1})`.
+
+    Raises
+    ------
+    ValueError
+        If `precision` is not an int of at least 2, `emax` not a positive int, or
+        `emin` is not :math:`1 - e_{\max}` (IEEE 754's rule for every binary format).
     """
 
     name: str
     precision: int
     emin: int
     emax: int
+
+    def __post_init__(self) -> None:
+        for field, low in (("precision", 2), ("emax", 1)):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{field} must be an int of at least {low}, got {value!r}")
+        if self.emin != 1 - self.emax:
+            raise ValueError(f"emin must be 1 - emax = {1 - self.emax}, got {self.emin!r}")
 
     @property
     def qmin(self) -> int:
@@ -125,6 +141,19 @@ class Format:
         return math.ldexp(2.0 - math.ldexp(1.0, 1 - self.precision), self.emax)
 
     @property
+    def dtype(self) -> np.dtype:
+        """The numpy dtype of the format.
+
+        Raises
+        ------
+        ValueError
+            For bfloat16, which numpy lacks (:attr:`storage` holds its values).
+        """
+        if self.name == "bfloat16":
+            raise ValueError("bfloat16 has no numpy dtype: its values are stored as float32")
+        return np.dtype(self.name)
+
+    @property
     def internal(self) -> Format:
         """The working precision: float32 for 16-bit formats, the format itself otherwise."""
         return FORMATS["float32"] if self.precision < 24 else self
@@ -134,6 +163,9 @@ class Format:
         """The numpy dtype that holds the format's values exactly (float32 for bfloat16)."""
         return np.dtype("float32" if self.name == "bfloat16" else self.name)
 
+
+#: The one format record of the package; ``Format`` is its short internal name.
+Format = BinaryFormat
 
 FORMATS: dict[str, Format] = {
     "float64": Format("float64", 53, -1022, 1023),

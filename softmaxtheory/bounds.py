@@ -28,7 +28,6 @@ True
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,8 +38,22 @@ from typing import Any
 import numpy as np
 from mpmath import libmp
 
-from . import _interval as ivl
-from . import _polyroots as pr
+from ._certify import interval as ivl
+from ._certify import polyroots as pr
+from ._certify.adaptive import (
+    adaptive_beta_up,
+    beta_max_up,
+    beta_sup,
+    critical_points,
+    entropy_gap_upper,
+    int_interval,
+    log_bounds,
+    peak,
+    polynomial_schedule,
+    round_root,
+    window_exact,
+)
+from ._certify.enclosures import coefficient_enclosure, entropy_floor_enclosure, exp_enclosure
 from .spec import Constant, LogLength, Polynomial, Schedule, resolve_schedule
 
 __all__ = [
@@ -160,54 +173,14 @@ def _elementwise(func: Any, args: dict[str, Any], checks: dict[str, Any], *, dty
 MAX_EXPONENT = 1.45e6
 
 
-#: Beyond this exponent :math:`e^{\pm t}` is enclosed by :math:`[e^{C}, \infty]` or
-#: :math:`[0, e^{-C}]` instead of being evaluated (a million-bit exponential,
-#: ``beta * spread = 1e300`` has no float answer other than 0 or 1 anyway).
-_EXP_CAP = 1 << 21
-
-
-def _exponent(spread: float, beta: float, prec: int, sign: int) -> ivl.Interval:
-    r"""An enclosure of :math:`e^{\pm\beta\delta}` (endpoints 0 or ∞ beyond :data:`_EXP_CAP`)."""
-    t = ivl.iv_mul(ivl.iv_exact(beta), ivl.iv_exact(spread), prec)
-    if sign < 0:
-        t = (libmp.mpf_neg(t[1]), libmp.mpf_neg(t[0]))
-    big = libmp.from_int(_EXP_CAP)
-    small = libmp.mpf_neg(big)
-    lo, hi = t
-
-    def clamp(a: Any) -> Any:
-        return small if libmp.mpf_lt(a, small) else big if libmp.mpf_gt(a, big) else a
-
-    lo_c, hi_c = clamp(lo), clamp(hi)
-    e_lo, e_hi = ivl.iv_exp((lo_c, hi_c), prec)
-    if libmp.mpf_lt(lo, small):
-        e_lo = libmp.fzero
-    if libmp.mpf_gt(hi, big):
-        e_hi = libmp.finf
-    return e_lo, e_hi
-
-
-def _coefficient_bound(n: int, spread: float, beta: float, sign: int) -> Callable[[int], Any]:
-    r"""Enclosures of :math:`1 / (1 + (n-1) e^{\mp\beta\delta})` at a given precision."""
-
-    def enclose(prec: int) -> ivl.Interval:
-        if n == 1:  # one item: the coefficient is 1 (and 0 * inf must not enter)
-            return ivl.iv_exact(1)
-        e = _exponent(spread, beta, prec, sign)
-        denom = ivl.iv_add(ivl.iv_exact(1), ivl.iv_mul(ivl.iv_exact(n - 1), e, prec), prec)
-        return ivl.iv_div(ivl.iv_exact(1), denom, prec)
-
-    return enclose
-
-
 @lru_cache(maxsize=4096)
 def _max_coefficient(n: int, spread: float, beta: float) -> float:
-    return ivl.certify(_coefficient_bound(n, spread, beta, -1), ivl.float_of)
+    return ivl.certify(coefficient_enclosure(n, spread, beta, -1), ivl.float_of)
 
 
 @lru_cache(maxsize=4096)
 def _min_coefficient(n: int, spread: float, beta: float) -> float:
-    return ivl.certify(_coefficient_bound(n, spread, beta, +1), ivl.float_of)
+    return ivl.certify(coefficient_enclosure(n, spread, beta, +1), ivl.float_of)
 
 
 def max_coefficient(n: Any, spread: Any, beta: Any = 1.0) -> Any:
@@ -291,21 +264,9 @@ def min_coefficient(n: Any, spread: Any, beta: Any = 1.0) -> Any:
     )
 
 
-def _entropy_floor(n: int, spread: float, beta: float) -> Callable[[int], Any]:
-    r"""Enclosures of :math:`\log(1 + (n-1) e^{-\beta\delta})` at a given precision."""
-
-    def enclose(prec: int) -> ivl.Interval:
-        if n == 1:
-            return ivl.iv_exact(0)
-        e = _exponent(spread, beta, prec, -1)
-        return ivl.iv_log1p(ivl.iv_mul(ivl.iv_exact(n - 1), e, prec), prec)
-
-    return enclose
-
-
 @lru_cache(maxsize=4096)
 def _entropy_lower_bound(n: int, spread: float, beta: float) -> float:
-    return ivl.certify(_entropy_floor(n, spread, beta), ivl.float_of)
+    return ivl.certify(entropy_floor_enclosure(n, spread, beta), ivl.float_of)
 
 
 def entropy_lower_bound(n: Any, spread: Any, beta: Any = 1.0) -> Any:
@@ -346,23 +307,6 @@ def entropy_lower_bound(n: Any, spread: Any, beta: Any = 1.0) -> Any:
     )
 
 
-def _certified_text(n: int, spread: float, beta: float, kind: str, digits: int) -> str:
-    """A T1/T3 quantity as a decimal string, correctly rounded to `digits` significant digits.
-
-    Used by the command line, which prints decimals: rounding the float64 result
-    again to fewer digits could be off by one in the last digit shown.
-    """
-    if kind == "max":
-        enclose = _coefficient_bound(n, spread, beta, -1)
-    elif kind == "min":
-        enclose = _coefficient_bound(n, spread, beta, +1)
-    elif kind == "entropy":
-        enclose = _entropy_floor(n, spread, beta)
-    else:
-        raise ValueError(f"kind must be 'max', 'min' or 'entropy', got {kind!r}")
-    return ivl.certify(enclose, lambda iv: ivl.decimal_of(iv, digits))
-
-
 # --------------------------------------------------------------------------- T2
 
 
@@ -378,7 +322,7 @@ def _floor_size(scale: Fraction, spread: float, beta: float) -> int:
     r""":math:`\lfloor \text{scale} \cdot e^{\beta\delta} \rfloor + 2`, certified."""
 
     def enclose(prec: int) -> ivl.Interval:
-        e = _exponent(spread, beta, prec, +1)
+        e = exp_enclosure(spread, beta, prec, +1)
         return ivl.iv_mul(ivl.iv_fraction(scale, prec), e, prec)
 
     def accept(iv: ivl.Interval) -> int | None:
@@ -417,7 +361,7 @@ def _dispersion_text(eps: float, spread: float, beta: float, digits: int) -> str
 
     def enclose(prec: int) -> ivl.Interval:
         p = prec + extra
-        return ivl.iv_mul(ivl.iv_fraction(scale, p), _exponent(spread, beta, p, +1), p)
+        return ivl.iv_mul(ivl.iv_fraction(scale, p), exp_enclosure(spread, beta, p, +1), p)
 
     return _size_text_of(enclose, "floor2", digits, lambda: _dispersion_size(eps, spread, beta))
 
@@ -489,82 +433,12 @@ def dispersion_size(eps: Any, spread: Any, beta: Any = 1.0, *, digits: int | Non
 # --------------------------------------------------------------------------- T6
 
 
-def _polynomial(schedule: Schedule | None, name: str = "schedule") -> Polynomial:
-    sched = resolve_schedule(schedule)
-    if not isinstance(sched, Polynomial):
-        raise ValueError(
-            f"{name} must be an entropy-driven Polynomial schedule, got {sched!r}: "
-            "only those have an entropy window"
-        )
-    return sched
-
-
-def _above(sf: pr.Poly, root: list[Fraction], theta: Fraction) -> bool:
-    """Whether the root isolated in ``root = [a, b]`` exceeds `theta`.
-
-    When it does, ``root`` is narrowed in place until ``a > theta``.
-    """
-    a, b = root
-    if b <= theta:
-        return False
-    if a < theta and pr.count_roots(sf, a, theta) == 1:
-        return False
-    while a <= theta and a != b:  # the root is above theta: move the left end past it
-        a, b = pr.refine(sf, a, b)
-    root[0], root[1] = a, b
-    return True
-
-
-@lru_cache(maxsize=64)
-def _window_exact(schedule: Polynomial) -> tuple[list[tuple[Any, Any]], pr.Poly]:
-    r"""The segments of :math:`(\theta, \infty)` where :math:`P > 1`, in increasing order.
-
-    A segment's left end is the threshold (a Fraction) or a root of :math:`P - 1`;
-    its right end is a root or ``math.inf``. Roots are mutable isolating intervals
-    ``[a, b]`` (the root lies in :math:`(a, b]`) of the returned square-free
-    :math:`P - 1`.
-    """
-    p = schedule.exact_coefficients
-    theta = schedule.exact_threshold
-    q = (*p[:-1], p[-1] - 1)
-    if all(c == 0 for c in q):
-        return [], q  # P == 1: beta is 1 everywhere
-    sf, intervals = pr.isolate_roots(q)
-    roots = [[a, b] for a, b in intervals]
-    roots = [r for r in roots if _above(sf, r, theta)]
-    ends: list[Any] = [theta, *roots, math.inf]
-    segments = []
-    for left, right in itertools.pairwise(ends):
-        lo = left if isinstance(left, Fraction) else left[1]
-        if isinstance(right, list):
-            while right[0] != right[1] and not lo < right[0]:
-                right[0], right[1] = pr.refine(sf, right[0], right[1])
-            hi = right[0]
-            while isinstance(left, list) and left[0] != left[1] and not left[1] < hi:
-                left[0], left[1] = pr.refine(sf, left[0], left[1])
-                lo = left[1]
-            probe = (lo + hi) / 2
-        else:
-            probe = lo + 1
-        if pr.evaluate(q, probe) > 0:
-            segments.append((left, right))
-    return segments, sf
-
-
-def _round_root(sf: pr.Poly, root: list) -> float:
-    a, b = root
-    while float(a) != float(b):
-        a, b = pr.refine(sf, a, b)
-    root[0], root[1] = a, b
-    return float(a)
-
-
 def _end_value(end: Any, sf: pr.Poly) -> float:
     if isinstance(end, Fraction):
         return float(end)
     if end == math.inf:
         return math.inf
-    return _round_root(sf, end)
+    return round_root(sf, end)
 
 
 def adaptive_window(schedule: Schedule | None = None) -> tuple[float, float]:
@@ -597,60 +471,11 @@ def adaptive_window(schedule: Schedule | None = None) -> tuple[float, float]:
     >>> bounds.adaptive_window()
     (0.8485819960098693, 5.9445208279051425)
     """
-    sched = _polynomial(schedule)
-    segments, sf = _window_exact(sched)
+    sched = polynomial_schedule(schedule)
+    segments, sf = window_exact(sched)
     if not segments:
         raise ValueError(f"schedule {sched!r} never raises beta above 1: it has no window")
     return _end_value(segments[0][0], sf), _end_value(segments[-1][1], sf)
-
-
-@lru_cache(maxsize=64)
-def _peak(schedule: Polynomial) -> tuple[float, float]:
-    r"""(argmax, max) of β over entropies above the threshold, correctly rounded.
-
-    The supremum of :math:`\max(P, 1)` over :math:`H > \theta` is 1, or
-    :math:`P(\theta)` (approached from the right), or :math:`P` at a critical
-    point above :math:`\theta`, or infinite.
-    """
-    segments, _ = _window_exact(schedule)
-    p = schedule.exact_coefficients
-    theta = schedule.exact_threshold
-    if not segments:
-        return math.nan, 1.0
-    if segments[-1][1] == math.inf and len(p) > 1 and p[0] > 0:
-        return math.inf, math.inf
-    # candidates: [P-enclosure lo, hi, location]; a location is theta or an isolating interval
-    candidates: list[list[Any]] = []
-    v = pr.evaluate(p, theta)
-    if v > 1:
-        candidates.append([v, v, theta])
-    dsf: pr.Poly = (Fraction(1),)
-    if len(p) > 2:
-        dsf, crit = pr.isolate_roots(pr.derivative(p))
-        for a, b in crit:
-            root = [a, b]
-            if _above(dsf, root, theta):
-                lo, hi = pr.evaluate_range(p, root[0], root[1])
-                if hi > 1:
-                    candidates.append([lo, hi, root])
-    if not candidates:
-        return math.nan, 1.0
-    while True:
-        best_lo = max(c[0] for c in candidates)
-        best_hi = max(c[1] for c in candidates)
-        contenders = [c for c in candidates if c[1] >= best_lo]
-        if float(best_lo) == float(best_hi) and len(contenders) == 1:
-            where = contenders[0][2]
-            arg = float(where) if isinstance(where, Fraction) else _round_root(dsf, where)
-            return arg, float(best_lo)
-        for c in contenders:
-            if isinstance(c[2], list) and c[2][0] != c[2][1]:
-                c[2][0], c[2][1] = pr.refine(dsf, c[2][0], c[2][1])
-                c[0], c[1] = pr.evaluate_range(p, c[2][0], c[2][1])
-        if all(c[0] == c[1] for c in contenders):  # exact ties between equal maxima
-            where = contenders[0][2]
-            arg = float(where) if isinstance(where, Fraction) else _round_root(dsf, where)
-            return arg, float(contenders[0][0])
 
 
 def adaptive_beta_max(schedule: Schedule | None = None) -> float:
@@ -682,7 +507,7 @@ def adaptive_beta_max(schedule: Schedule | None = None) -> float:
         return float(sched.exact_beta)
     if isinstance(sched, LogLength):
         return math.inf
-    return _peak(_polynomial(sched))[1]
+    return peak(polynomial_schedule(sched))[1]
 
 
 def adaptive_beta_argmax(schedule: Schedule | None = None) -> float:
@@ -705,7 +530,7 @@ def adaptive_beta_argmax(schedule: Schedule | None = None) -> float:
     >>> bounds.adaptive_beta_argmax()
     4.412401865965671
     """
-    return _peak(_polynomial(schedule))[0]
+    return peak(polynomial_schedule(schedule))[0]
 
 
 # --------------------------------------------------------------------------- T6: high precision
@@ -792,7 +617,7 @@ def _root_interval(sf: pr.Poly, root: tuple[Fraction, Fraction], prec: int) -> i
 
 def _off_root(schedule: Polynomial) -> tuple[pr.Poly, tuple[Fraction, Fraction]] | None:
     r"""The isolated root :math:`H_{\mathrm{off}}` of :math:`P - 1` (``None``: β is never > 1)."""
-    segments, sf = _window_exact(schedule)
+    segments, sf = window_exact(schedule)
     if not segments:
         return None
     end = segments[-1][1]
@@ -901,7 +726,7 @@ def _switch_off_value(spread: float, schedule: Polynomial) -> Callable[[int], iv
         k_hi = math.ceil(ivl.to_fraction(k_hat[1]))
         if k_hi - k_lo > 64:
             return _INF
-        big_e = _exponent(spread, 1.0, prec, +1)
+        big_e = exp_enclosure(spread, 1.0, prec, +1)
         value = _nu(k_lo, spread, h, big_e, prec)
         for k in range(k_lo + 1, k_hi + 1):
             value = ivl.iv_max(value, _nu(k, spread, h, big_e, prec))
@@ -1144,7 +969,7 @@ def adaptive_switch_off_size(
     >>> bounds.adaptive_switch_off_size(1e5, digits=6)
     '3.94064e+43426'
     """
-    sched = _polynomial(schedule)
+    sched = polynomial_schedule(schedule)
     nd = _digits_option(digits)
     if nd is None:
         return _elementwise(
@@ -1170,7 +995,7 @@ def _min_entropy_off_value(spread: float, schedule: Polynomial) -> Any:
     def enclose(prec: int) -> ivl.Interval:
         h = _root_interval(sf, root, prec)
         grow = ivl.iv_sub(ivl.iv_exp(h, prec), ivl.iv_exact(1), prec)
-        return ivl.iv_mul(grow, _exponent(spread, 1.0, prec, +1), prec)
+        return ivl.iv_mul(grow, exp_enclosure(spread, 1.0, prec, +1), prec)
 
     return enclose
 
@@ -1219,7 +1044,7 @@ def min_entropy_switch_off_size(
     >>> bounds.min_entropy_switch_off_size(5.69)
     112635
     """
-    sched = _polynomial(schedule)
+    sched = polynomial_schedule(schedule)
     nd = _digits_option(digits)
 
     def one(spread: float) -> Any:
@@ -1235,91 +1060,6 @@ def min_entropy_switch_off_size(
 
 
 # --------------------------------------------------------------------------- T6: adaptive bounds
-
-
-@lru_cache(maxsize=1024)
-def _entropy_gap_upper(spread: float) -> Fraction:
-    r"""An upper bound on :math:`C(\delta) = r - 1 - \log r`, :math:`r = \delta/(1 - e^{-\delta})`.
-
-    :math:`\log n - C(\delta)` is the minimum of the two-level entropy over a
-    real number of top logits, so every row of :math:`n` items has entropy at
-    least :math:`\log n - C(\delta)`.
-    """
-    if spread == 0.0:
-        return Fraction(0)
-    if spread < 2.0**-20:
-        return Fraction(spread)  # r - 1 <= delta / (2 - delta) < delta, and -log r <= 0
-    prec = 128
-    d = ivl.iv_exact(spread)
-    one = ivl.iv_exact(1)
-    r = ivl.iv_div(d, ivl.iv_sub(one, ivl.iv_exp(ivl.iv_neg(d), prec), prec), prec)
-    c = ivl.iv_sub(ivl.iv_sub(r, one, prec), ivl.iv_log(r, prec), prec)
-    return ivl.to_fraction(c[1])
-
-
-def _log_bounds(n: int) -> tuple[Fraction, Fraction]:
-    """Rational bounds on log n."""
-    if n == 1:
-        return Fraction(0), Fraction(0)
-    iv = ivl.iv_log(ivl.iv_exact(n) if n.bit_length() < 4000 else _int_iv(n), 96)
-    return ivl.to_fraction(iv[0]), ivl.to_fraction(iv[1])
-
-
-def _int_iv(n: int) -> ivl.Interval:
-    return (libmp.from_int(n, 96, libmp.round_floor), libmp.from_int(n, 96, libmp.round_ceiling))
-
-
-@lru_cache(maxsize=64)
-def _critical_points(schedule: Polynomial) -> tuple[tuple[Fraction, Fraction], ...]:
-    """Isolating intervals of the real critical points of P."""
-    p = schedule.exact_coefficients
-    if len(p) <= 2:
-        return ()
-    dsf, crit = pr.isolate_roots(pr.derivative(p))
-    out = []
-    for a, b in crit:  # narrow each to 2**-40 so that the entropy ranges rarely overlap it
-        while b - a > Fraction(1, 1 << 40):
-            a, b = pr.refine(dsf, a, b)
-        out.append((a, b))
-    return tuple(out)
-
-
-def _beta_up_on(schedule: Polynomial, a: Fraction, b: Fraction) -> float:
-    r"""A float at least :math:`\sup\{\beta(H) : a \le H \le b\}`."""
-    theta = schedule.exact_threshold
-    if b <= theta:
-        return 1.0
-    lo = max(a, theta)
-    if any(cb >= lo and ca <= b for ca, cb in _critical_points(schedule)):
-        return _beta_max_up(schedule)
-    top = max(schedule.polynomial_exact(lo), schedule.polynomial_exact(b), Fraction(1))
-    if top == 1:
-        return 1.0
-    f = float(top)
-    return f if Fraction(f) >= top else math.nextafter(f, math.inf)
-
-
-def _adaptive_beta_up(n: int, spread: float, schedule: Polynomial) -> float:
-    r"""A float at least the largest β the schedule gives any row of `n` items, spread ≤ `spread`.
-
-    Rows of :math:`n` items have entropies in :math:`[\log n - C(\delta), \log n]`.
-    """
-    log_lo, log_hi = _log_bounds(n)
-    return _beta_up_on(schedule, max(Fraction(0), log_lo - _entropy_gap_upper(spread)), log_hi)
-
-
-def _beta_max_up(poly: Polynomial) -> float:
-    """The float just above the correctly rounded β_max: never below the exact value."""
-    top = _peak(poly)[1]
-    return math.nextafter(top, math.inf) if top > 1.0 else 1.0
-
-
-def _beta_sup(n: int, spread: float, sched: Schedule) -> float:
-    if isinstance(sched, Constant):
-        return float(sched.exact_beta)
-    if isinstance(sched, LogLength):
-        raise ValueError("LogLength schedules: use max_coefficient(n, spread, beta=s*log(n))")
-    return _adaptive_beta_up(n, spread, _polynomial(sched))
 
 
 def adaptive_max_coefficient(n: Any, spread: Any, schedule: Schedule | None = None) -> Any:
@@ -1366,7 +1106,7 @@ def adaptive_max_coefficient(n: Any, spread: Any, schedule: Schedule | None = No
     sched = resolve_schedule(schedule)
 
     def one(n: int, spread: float) -> float:
-        return _max_coefficient(n, spread, _beta_sup(n, spread, sched))
+        return _max_coefficient(n, spread, beta_sup(n, spread, sched))
 
     return _elementwise(
         one, {"n": n, "spread": spread}, {"n": _size, "spread": _spread}, dtype=np.float64
@@ -1385,15 +1125,15 @@ def _t1_below(n: int, spread: float, beta: float, eps: float) -> bool:
     if n <= 1:
         return False
     prec = 96
-    lhs = ivl.iv_mul(_int_iv(n - 1), _exponent(spread, beta, prec, -1), prec)
+    lhs = ivl.iv_mul(int_interval(n - 1), exp_enclosure(spread, beta, prec, -1), prec)
     rhs = ivl.iv_fraction(1 / Fraction(eps) - 1, prec)
     return bool(libmp.mpf_gt(lhs[0], rhs[1]))
 
 
 def _adaptive_upper_size(eps: float, spread: float, sched: Polynomial) -> int:
     r"""A certified n from which :func:`adaptive_max_coefficient` stays below `eps`."""
-    gap = _entropy_gap_upper(spread)
-    crit = _critical_points(sched)
+    gap = entropy_gap_upper(spread)
+    crit = critical_points(sched)
     last = max((cb for _, cb in crit), default=Fraction(-(10**9)))
     last = max(last, sched.exact_threshold)
     # region A: log n - C >= last, where beta-bar(n) = max(P(log n - C), 1) decreases
@@ -1401,17 +1141,17 @@ def _adaptive_upper_size(eps: float, spread: float, sched: Polynomial) -> int:
     n_a = max(2, _round_up_coarse(ivl.to_fraction(start[1])) if start else 2)
 
     def below(n: int) -> bool:
-        return _t1_below(n, spread, _adaptive_beta_up(n, spread, sched), eps)
+        return _t1_below(n, spread, adaptive_beta_up(n, spread, sched), eps)
 
     if below(n_a):
-        top = _beta_max_up(sched)
-        x = (1 / Fraction(eps) - 1) * ivl.to_fraction(_exponent(spread, top, 96, +1)[1]) + 2
+        top = beta_max_up(sched)
+        x = (1 / Fraction(eps) - 1) * ivl.to_fraction(exp_enclosure(spread, top, 96, +1)[1]) + 2
         return min(n_a, _round_up_coarse(x))
     # beyond e^(H_off + C) beta-bar is 1, and T2 at beta = 1 applies
     found = _off_root(sched)
     h_top = found[1][1] if found is not None else Fraction(0)
     off = ivl.iv_exp(ivl.iv_fraction(max(h_top, Fraction(0)) + gap, 96), 96)[1]
-    t2 = (1 / Fraction(eps) - 1) * ivl.to_fraction(_exponent(spread, 1.0, 96, +1)[1]) + 2
+    t2 = (1 / Fraction(eps) - 1) * ivl.to_fraction(exp_enclosure(spread, 1.0, 96, +1)[1]) + 2
     hi = max(n_a, _round_up_coarse(max(ivl.to_fraction(off), t2)) + 1)
     for _ in range(64):
         if below(hi):
@@ -1581,7 +1321,7 @@ def _witness_top(
         cm = ivl.iv_sub(ivl.iv_exact(c), d, prec)  # c - delta <= 0
         wm = ivl.iv_mul(ivl.iv_exact(j), ivl.iv_exp(cm, prec), prec)
         wb = ivl.iv_mul(
-            _int_iv(n - 1 - j) if n.bit_length() > 60 else ivl.iv_exact(n - 1 - j),
+            int_interval(n - 1 - j) if n.bit_length() > 60 else ivl.iv_exact(n - 1 - j),
             ivl.iv_exp(ivl.iv_neg(d), prec),
             prec,
         )
@@ -1598,7 +1338,7 @@ def _witness_top(
             return _INF
         em = ivl.iv_mul(ivl.iv_exact(j), ivl.iv_exp(ivl.iv_mul(beta, cm, prec), prec), prec)
         eb = ivl.iv_mul(
-            _int_iv(n - 1 - j) if n.bit_length() > 60 else ivl.iv_exact(n - 1 - j),
+            int_interval(n - 1 - j) if n.bit_length() > 60 else ivl.iv_exact(n - 1 - j),
             ivl.iv_exp(ivl.iv_neg(ivl.iv_mul(beta, d, prec)), prec),
             prec,
         )
@@ -1667,9 +1407,9 @@ def adaptive_max_coefficient_bracket(
     spread = _spread(spread)
     if spread == 0.0:
         raise ValueError("spread must be > 0: at spread 0 every coefficient is 1/n")
-    sched = _polynomial(schedule)
+    sched = polynomial_schedule(schedule)
     _check_exponent(spread * 2.5, "spread")
-    log_n = float(_log_bounds(n)[0])
+    log_n = float(log_bounds(n)[0])
     _, j, c = _search_rows(log_n, n, spread, sched)
     lower = _certified_lower((n, j, c), spread, sched)
     upper = adaptive_max_coefficient(n, spread, sched)
@@ -1687,7 +1427,7 @@ def _dispersion_witness(
     lo_l = math.log(2.0)
     if ok(lo_l, 2)[0] < eps:
         return None
-    hi_l = float(_log_bounds(upper)[1])
+    hi_l = float(log_bounds(upper)[1])
     for _ in range(48):  # bisection on log n: the best value falls with n
         mid = 0.5 * (lo_l + hi_l)
         n_mid = _exp_int(mid)
@@ -1699,7 +1439,7 @@ def _dispersion_witness(
             break
     n = _exp_int(lo_l)
     for _ in range(64):
-        best, j, c = _search_rows(float(_log_bounds(n)[0]), n, spread, sched)
+        best, j, c = _search_rows(float(log_bounds(n)[0]), n, spread, sched)
         if best >= eps:
             row = (n, j, c)
             try:
@@ -1756,7 +1496,7 @@ def adaptive_dispersion_bracket(eps: Any, spread: Any, schedule: Schedule | None
     spread = _spread(spread)
     if spread == 0.0:
         raise ValueError("spread must be > 0: at spread 0 the size is dispersion_size(eps, 0)")
-    sched = _polynomial(schedule)
+    sched = polynomial_schedule(schedule)
     _check_exponent(spread * 2.5, "spread")
     upper = _adaptive_upper_size(eps, spread, sched)
     row = _dispersion_witness(eps, spread, sched, upper)
@@ -1804,7 +1544,7 @@ def adaptive_dispersion_size(eps: Any, spread: Any, schedule: Schedule | None = 
             return _dispersion_size(eps, spread, float(sched.exact_beta))
         if isinstance(sched, LogLength):
             raise ValueError("LogLength schedules need not disperse: there is no such size")
-        poly = _polynomial(sched)
+        poly = polynomial_schedule(sched)
         if spread == 0.0:
             return _dispersion_size(eps, 0.0, 1.0)
         _check_exponent(spread * 2.5, "spread")

@@ -10,7 +10,8 @@ mpmath itself. The results of ``exp`` and ``log`` are further widened by
 the same kind of assumption the reference makes (and tests) for its own
 evaluation.
 
-A value is *certified* by Ziv's strategy: evaluate the enclosure at precision
+A value is *certified* by Ziv's strategy (:func:`certify`, the loop of
+:mod:`softmaxtheory._certify.loop`): evaluate the enclosure at precision
 :math:`p`; if both ends round to the same float (or the same decimal string),
 that is the correctly rounded result, by monotonicity of rounding; otherwise
 double :math:`p`.
@@ -25,6 +26,11 @@ from fractions import Fraction
 from typing import TypeVar
 
 from mpmath import libmp
+
+from .._formats import FORMATS
+from . import loop
+from .loop import CertificationError
+from .rounding import round_exact
 
 __all__ = [
     "CertificationError",
@@ -43,6 +49,7 @@ __all__ = [
     "iv_mul",
     "iv_neg",
     "iv_sub",
+    "magnitude_bits",
     "to_fraction",
 ]
 
@@ -53,10 +60,6 @@ T = TypeVar("T")
 #: Precision at which certification starts, and the cap after which it gives up.
 START_PRECISION = 64
 MAX_PRECISION = 1 << 22
-
-
-class CertificationError(ArithmeticError):
-    """The value could not be certified below :data:`MAX_PRECISION` bits."""
 
 
 def iv_exact(value: int | float) -> Interval:
@@ -157,8 +160,6 @@ def to_fraction(raw: Raw) -> Fraction:
 
 
 def _round_float(raw: Raw) -> float:
-    from softmaxtheory.reference._rounding import FORMATS, round_exact
-
     sign, man, exp, _ = raw
     return round_exact(sign, man, exp, FORMATS["float64"])
 
@@ -255,7 +256,7 @@ def decimal_of(iv: Interval, digits: int) -> str | None:
 
 
 def certify(enclose: Callable[[int], Interval], accept: Callable[[Interval], T | None]) -> T:
-    """Ziv's loop: raise the precision of `enclose` until `accept` decides.
+    """Ziv's loop (:func:`softmaxtheory._certify.loop.certify`) over interval enclosures.
 
     Parameters
     ----------
@@ -270,13 +271,9 @@ def certify(enclose: Callable[[int], Interval], accept: Callable[[Interval], T |
     CertificationError
         If no decision is reached below :data:`MAX_PRECISION` bits.
     """
-    prec = START_PRECISION
-    while prec <= MAX_PRECISION:
-        result = accept(enclose(prec))
-        if result is not None:
-            return result
-        prec *= 2
-    raise CertificationError(f"value not decided at {MAX_PRECISION} bits")
+    return loop.certify(
+        lambda prec: accept(enclose(prec)), start=START_PRECISION, cap=MAX_PRECISION
+    )
 
 
 def magnitude_bits(x: float) -> int:

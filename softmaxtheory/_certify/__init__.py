@@ -1,0 +1,19 @@
+"""The certification core (private): proofs by exact and interval arithmetic.
+
+* :mod:`.loop`: Ziv's strategy, the one loop that raises a working precision
+  until a result is decided, and :class:`~.loop.CertificationError`, the one
+  exception when it is not;
+* :mod:`.rounding`: correct rounding of exact binary values to a format, and
+  Ziv's rounding test (re-exported by :mod:`softmaxtheory.reference`);
+* :mod:`.interval`: outward-rounded interval arithmetic on mpmath raw numbers;
+* :mod:`.polyroots`: exact real-root isolation for rational polynomials;
+* :mod:`.enclosures` and :mod:`.adaptive`: the certified quantities that
+  :mod:`softmaxtheory.bounds` and the ``bounds`` command both print.
+
+Nothing here touches mpmath's global context: every operation is given its
+precision.
+"""
+
+from .loop import CertificationError
+
+__all__ = ["CertificationError"]

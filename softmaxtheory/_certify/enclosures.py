@@ -1,0 +1,114 @@
+r"""Interval enclosures of the T1 and T3 quantities, and their certified decimals.
+
+For :math:`n` items with logit spread :math:`\delta` at inverse temperature
+:math:`\beta`, theorem T1 bounds every coefficient between
+:math:`1/(1 + (n-1)e^{\beta\delta})` and :math:`1/(1 + (n-1)e^{-\beta\delta})`, and
+T3 bounds the entropy below by :math:`\log(1 + (n-1)e^{-\beta\delta})`. Each
+function here returns ``enclose(prec)``, an interval containing the exact value
+whose width shrinks with ``prec``, for Ziv's loop (:func:`.interval.certify`).
+:mod:`softmaxtheory.bounds` rounds them to float64; the ``bounds`` command prints
+:func:`certified_text`, their correctly rounded decimals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mpmath import libmp
+
+from . import interval as ivl
+
+__all__ = [
+    "EXP_CAP",
+    "certified_text",
+    "coefficient_enclosure",
+    "entropy_floor_enclosure",
+    "exp_enclosure",
+]
+
+
+#: Beyond this exponent :math:`e^{\pm t}` is enclosed by :math:`[e^{C}, \infty]` or
+#: :math:`[0, e^{-C}]` instead of being evaluated (a million-bit exponential,
+#: ``beta * spread = 1e300`` has no float answer other than 0 or 1 anyway).
+EXP_CAP = 1 << 21
+
+
+def exp_enclosure(spread: float, beta: float, prec: int, sign: int) -> ivl.Interval:
+    r"""An enclosure of :math:`e^{\pm\beta\delta}` (endpoints 0 or ∞ beyond :data:`EXP_CAP`)."""
+    t = ivl.iv_mul(ivl.iv_exact(beta), ivl.iv_exact(spread), prec)
+    if sign < 0:
+        t = (libmp.mpf_neg(t[1]), libmp.mpf_neg(t[0]))
+    big = libmp.from_int(EXP_CAP)
+    small = libmp.mpf_neg(big)
+    lo, hi = t
+
+    def clamp(a: Any) -> Any:
+        return small if libmp.mpf_lt(a, small) else big if libmp.mpf_gt(a, big) else a
+
+    lo_c, hi_c = clamp(lo), clamp(hi)
+    e_lo, e_hi = ivl.iv_exp((lo_c, hi_c), prec)
+    if libmp.mpf_lt(lo, small):
+        e_lo = libmp.fzero
+    if libmp.mpf_gt(hi, big):
+        e_hi = libmp.finf
+    return e_lo, e_hi
+
+
+def coefficient_enclosure(n: int, spread: float, beta: float, sign: int) -> Callable[[int], Any]:
+    r"""Enclosures of :math:`1 / (1 + (n-1) e^{\mp\beta\delta})` at a given precision."""
+
+    def enclose(prec: int) -> ivl.Interval:
+        if n == 1:  # one item: the coefficient is 1 (and 0 * inf must not enter)
+            return ivl.iv_exact(1)
+        e = exp_enclosure(spread, beta, prec, sign)
+        denom = ivl.iv_add(ivl.iv_exact(1), ivl.iv_mul(ivl.iv_exact(n - 1), e, prec), prec)
+        return ivl.iv_div(ivl.iv_exact(1), denom, prec)
+
+    return enclose
+
+
+def entropy_floor_enclosure(n: int, spread: float, beta: float) -> Callable[[int], Any]:
+    r"""Enclosures of :math:`\log(1 + (n-1) e^{-\beta\delta})` at a given precision."""
+
+    def enclose(prec: int) -> ivl.Interval:
+        if n == 1:
+            return ivl.iv_exact(0)
+        e = exp_enclosure(spread, beta, prec, -1)
+        return ivl.iv_log1p(ivl.iv_mul(ivl.iv_exact(n - 1), e, prec), prec)
+
+    return enclose
+
+
+def certified_text(n: int, spread: float, beta: float, kind: str, digits: int) -> str:
+    r"""A T1/T3 quantity as a decimal string, correctly rounded to `digits` significant digits.
+
+    Used by the ``bounds`` command, which prints decimals: rounding the float64
+    result again to fewer digits could be off by one in the last digit shown.
+
+    Parameters
+    ----------
+    n : int
+        Number of items.
+    spread, beta : float
+        Logit spread :math:`\delta` and inverse temperature :math:`\beta`.
+    kind : {"max", "min", "entropy"}
+        The largest coefficient's upper bound, the smallest coefficient's lower
+        bound (T1), or the entropy's lower bound (T3).
+    digits : int
+        Significant digits.
+
+    Raises
+    ------
+    ValueError
+        If `kind` is not one of the three.
+    """
+    if kind == "max":
+        enclose = coefficient_enclosure(n, spread, beta, -1)
+    elif kind == "min":
+        enclose = coefficient_enclosure(n, spread, beta, +1)
+    elif kind == "entropy":
+        enclose = entropy_floor_enclosure(n, spread, beta)
+    else:
+        raise ValueError(f"kind must be 'max', 'min' or 'entropy', got {kind!r}")
+    return ivl.certify(enclose, lambda iv: ivl.decimal_of(iv, digits))
