@@ -38,6 +38,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
+from .._formats import ROW_EMPTY, ROW_INVALID, ROW_MASKED, ROW_REGULAR
+
 __all__: list[str] = []
 
 
@@ -544,30 +546,31 @@ def pass_entropy_eps(x, lo, hi, m, inv_s, eps):
 def row_entropy(x, lo, hi, out, store, eps):
     """Return (kind, m, c, n_eff, r, t, H) of the row ``x[lo:hi]``.
 
-    kind: 0 regular, 1 empty, 2 fully masked, 3 invalid (NaN or +inf).
+    kind: a row code of :mod:`softmaxtheory._formats` (``ROW_REGULAR``, ``ROW_EMPTY``,
+    ``ROW_MASKED``, ``ROW_INVALID``: NaN or +inf).
     """
     if hi == lo:
-        return 1, -np.inf, 0, 0, 0.0, 0.0, 0.0
+        return ROW_EMPTY, -np.inf, 0, 0, 0.0, 0.0, 0.0
     m, nnan = pass_max(x, lo, hi)
     if nnan > 0 or m == np.inf:
-        return 3, np.nan, 0, 0, 0.0, 0.0, np.nan
+        return ROW_INVALID, np.nan, 0, 0, 0.0, 0.0, np.nan
     if m == -np.inf:
-        return 2, m, 0, 0, 0.0, 0.0, 0.0
+        return ROW_MASKED, m, 0, 0, 0.0, 0.0, 0.0
     c, n_eff, r, t = pass_stats(x, lo, hi, m, out, store)
     if eps > 0.0:
         h = -pass_entropy_eps(x, lo, hi, m, 1.0 / (c + r), eps)
     else:
         h = entropy_from_state(c, r, t)
-    return 0, m, c, n_eff, r, t, h
+    return ROW_REGULAR, m, c, n_eff, r, t, h
 
 
 @njit(cache=True)
 def row_finish(x, lo, hi, out, kind, m, c, r, beta, have_e):
     """Write the (adaptive) softmax of the row given its statistics and β."""
-    if kind == 3:
+    if kind == ROW_INVALID:
         pass_fill(out, lo, hi, np.nan)
         return
-    if kind != 0:
+    if kind != ROW_REGULAR:
         pass_fill(out, lo, hi, 0.0)
         return
     if beta == 1.0:
@@ -652,17 +655,17 @@ def rows_adaptive(x, out, eps, kind_of_schedule, coeffs, threshold, const, h_cut
             # code measured twice as slow on 64-item rows
             lo = i * n
             hi = lo + n
-            kind = 0
+            kind = ROW_REGULAR
             s = 0.0
             beta = 1.0
             m, nnan = pass_max(xf, lo, hi)
             if hi == lo:
-                kind = 1
+                kind = ROW_EMPTY
             elif nnan > 0 or m == np.inf:
-                kind = 3
+                kind = ROW_INVALID
                 beta = np.nan
             elif m == -np.inf:
-                kind = 2
+                kind = ROW_MASKED
             else:
                 s, t = pass_st(xf, lo, hi, m, of)
                 if kind_of_schedule == SCHED_CONST:
@@ -682,13 +685,13 @@ def rows_adaptive(x, out, eps, kind_of_schedule, coeffs, threshold, const, h_cut
             hi = lo + n
             kind = buf[i, 0]
             beta = beta_out[i]
-            if kind == 0.0 and beta == 1.0:
+            if kind == ROW_REGULAR and beta == 1.0:
                 pass_scale(of, lo, hi, 1.0 / buf[i, 2])
-            elif kind == 0.0:
+            elif kind == ROW_REGULAR:
                 _, s2 = pass_tempered(xf, lo, hi, buf[i, 1], beta, of, True)
                 pass_scale(of, lo, hi, 1.0 / s2)
             else:
-                pass_fill(of, lo, hi, np.nan if kind == 3.0 else 0.0)
+                pass_fill(of, lo, hi, np.nan if kind == ROW_INVALID else 0.0)
 
 
 # ---------------------------------------------------------------------------
@@ -1054,9 +1057,9 @@ def fold_sum(values):
 
 KEY_BLOCK = 128
 
-#: Row kinds of the attention kernels: those of :func:`row_entropy` (0 regular, 2 fully
-#: masked, 3 invalid) and this one, a row with a logit beyond the float range, finished by
-#: :func:`attention_wide_stats` and :func:`attention_wide_apply`.
+#: Row kinds of the attention kernels: those of :func:`row_entropy` (``ROW_REGULAR``,
+#: ``ROW_MASKED``, ``ROW_INVALID``) and this one, a row with a logit beyond the float
+#: range, finished by :func:`attention_wide_stats` and :func:`attention_wide_apply`.
 KIND_WIDE = 4
 
 _FLOAT64_MAX = 1.7976931348623157e308
@@ -1153,13 +1156,13 @@ def attention_stats(
             kind_out[i] = KIND_WIDE
             h_out[i] = np.nan
         elif bad:
-            kind_out[i] = 3
+            kind_out[i] = ROW_INVALID
             h_out[i] = np.nan
         elif M == -np.inf:
-            kind_out[i] = 2
+            kind_out[i] = ROW_MASKED
             h_out[i] = 0.0
         elif eps > 0.0:
-            kind_out[i] = 0
+            kind_out[i] = ROW_REGULAR
             inv_s = 1.0 / (C + R)
             h_acc = 0.0
             for j0 in range(0, S, KEY_BLOCK):
@@ -1168,7 +1171,7 @@ def attention_stats(
                 h_acc += pass_entropy_eps(buf, 0, j1 - j0, M, inv_s, eps)
             h_out[i] = -h_acc
         else:
-            kind_out[i] = 0
+            kind_out[i] = ROW_REGULAR
             h_out[i] = entropy_from_state(C, R, T)
 
 
@@ -1185,8 +1188,8 @@ def attention_apply(q, k, v, addmask, keep, causal, qbad, kbad, scale, kind, m, 
     for i in prange(L):
         if kind[i] == KIND_WIDE:
             continue
-        if kind[i] != 0:
-            fill = np.nan if kind[i] == 3 else 0.0
+        if kind[i] != ROW_REGULAR:
+            fill = np.nan if kind[i] == ROW_INVALID else 0.0
             for f in range(dv):
                 out[i, f] = fill
             continue
@@ -1300,12 +1303,12 @@ def attention_wide_stats(
         g_out[i] = g
         m_out[i] = M
         if bad:
-            kind_out[i] = 3
+            kind_out[i] = ROW_INVALID
             neff_out[i] = 0
             h_out[i] = np.nan
             continue
         if M == -np.inf:
-            kind_out[i] = 2
+            kind_out[i] = ROW_MASKED
             neff_out[i] = 0
             h_out[i] = 0.0
             continue
@@ -1325,7 +1328,7 @@ def attention_wide_stats(
                 e = math.exp(d)
                 rs += e
                 t += e * d
-        kind_out[i] = 0
+        kind_out[i] = ROW_REGULAR
         neff_out[i] = n_eff
         if eps > 0.0:
             inv_s = 1.0 / (c + rs)
@@ -1351,8 +1354,8 @@ def attention_wide_apply(
     sn = math.ldexp(scale, -se)
     for r in prange(rows.size):
         i = rows[r]
-        if kind[i] != 0:
-            fill = np.nan if kind[i] == 3 else 0.0
+        if kind[i] != ROW_REGULAR:
+            fill = np.nan if kind[i] == ROW_INVALID else 0.0
             for f in range(dv):
                 out[i, f] = fill
             continue

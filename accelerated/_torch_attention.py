@@ -29,7 +29,9 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-from softmaxtheory.accelerated._torch_common import (
+
+from ..spec import Schedule
+from ._torch_common import (
     HALF_DTYPES,
     as_float_tensor,
     beta_from_entropy,
@@ -38,9 +40,7 @@ from softmaxtheory.accelerated._torch_common import (
     shifted_logits,
     stats_dtype,
 )
-from softmaxtheory.accelerated._torch_softmax import adaptive_softmax_lastdim
-
-from softmaxtheory.spec import Schedule
+from ._torch_softmax import adaptive_softmax_lastdim
 
 __all__ = [
     "BACKENDS",
@@ -598,7 +598,7 @@ def entropy_lse_backward(
 def _pass1_forward(p: Prepared, use_triton: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Pass 1 without a graph: ``(entropy, lse, triton_ran)`` in the statistics dtype."""
     if use_triton:
-        from softmaxtheory.accelerated._triton_config import NoConfig
+        from ._triton_config import NoConfig
 
         try:
             h, lse = triton_entropy_lse(p)
@@ -636,8 +636,8 @@ class _Pass1(torch.autograd.Function):
         h, lse = ctx.saved_tensors
         dq = dk = None
         if ctx.triton:
-            from softmaxtheory.accelerated import _triton_attention as tri
-            from softmaxtheory.accelerated._triton_config import NoConfig
+            from . import _triton_attention as tri
+            from ._triton_config import NoConfig
 
             kind, mask = _triton_mask(p)
             try:
@@ -710,7 +710,7 @@ def _hybrid(
 
 
 def _triton_mask(p: Prepared) -> tuple[int, torch.Tensor | None]:
-    from softmaxtheory.accelerated import _triton_attention as tri
+    from . import _triton_attention as tri
 
     if p.add is not None:
         return tri.MASK_ADD, p.add.to(p.q.dtype)
@@ -725,7 +725,7 @@ def triton_entropy_lse(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
     float64 inputs (only under ``TRITON_INTERPRET=1``, for the float64 gradient
     checks of the kernels) give float64 statistics.
     """
-    from softmaxtheory.accelerated import _triton_attention as tri
+    from . import _triton_attention as tri
 
     kind, mask = _triton_mask(p)
     with torch.no_grad():
@@ -736,8 +736,8 @@ def triton_entropy_lse(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _triton(p: Prepared, schedule: Schedule) -> torch.Tensor | None:
     """The all-Triton forward; None when no launch configuration fits or β overflows."""
-    from softmaxtheory.accelerated import _triton_attention as tri
-    from softmaxtheory.accelerated._triton_config import NoConfig
+    from . import _triton_attention as tri
+    from ._triton_config import NoConfig
 
     kind, mask = _triton_mask(p)
     try:
@@ -790,7 +790,7 @@ def _hybrid_entropy(p: Prepared, schedule: Schedule, beta_grad: bool) -> torch.T
     if beta_grad:
         return entropy_lse_grad(p)[0]
     if _pass1_triton_ok(p):
-        from softmaxtheory.accelerated._triton_config import NoConfig
+        from ._triton_config import NoConfig
 
         try:
             return triton_entropy_lse(p)[0]
@@ -919,7 +919,7 @@ def attention_entropy(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
     if _want_grad(p.q, p.k):
         out = entropy_lse_grad(p)
     elif _pass1_triton_ok(p):
-        from softmaxtheory.accelerated._triton_config import NoConfig
+        from ._triton_config import NoConfig
 
         try:
             out = triton_entropy_lse(p)

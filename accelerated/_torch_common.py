@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from softmaxtheory.spec import Constant, LogLength, Polynomial, Schedule
+from ..spec import Constant, LogLength, Polynomial, Schedule
 
 __all__ = [
     "HALF_DTYPES",

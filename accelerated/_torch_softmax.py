@@ -11,13 +11,13 @@ stay finite on masked and fully masked rows.
 from __future__ import annotations
 
 import torch
-from softmaxtheory.accelerated._torch_common import (
+
+from ..spec import Schedule
+from ._torch_common import (
     beta_from_entropy,
     entropy_from_stats,
     shifted_logits,
 )
-
-from softmaxtheory.spec import Schedule
 
 __all__ = ["adaptive_softmax_lastdim"]
 

@@ -48,7 +48,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from softmaxtheory.accelerated._triton_config import configs, launch
+
+from ._triton_config import configs, launch
 
 __all__ = [
     "MASK_ADD",

@@ -67,7 +67,8 @@ from typing import Any
 
 import numpy as np
 
-from softmaxtheory.spec import (
+from .._formats import ROW_EMPTY, ROW_INVALID, ROW_MASKED, ROW_REGULAR, Quantity
+from ..spec import (
     Constant,
     Polynomial,
     Schedule,
@@ -76,7 +77,6 @@ from softmaxtheory.spec import (
     check_entropy_eps,
     resolve_schedule,
 )
-
 from ._cpu_kernels import kernels as _k
 
 __all__ = [
@@ -215,22 +215,22 @@ def _long_row_state(row: np.ndarray) -> tuple[bool, float, int, int, float, floa
 def _long_row_entropy(row: np.ndarray, state: tuple, eps: float) -> tuple[int, float]:
     bad, M, C, _, R, T = state
     if bad:
-        return 3, math.nan
+        return ROW_INVALID, math.nan
     if M == -math.inf:
-        return 2, 0.0
+        return ROW_MASKED, 0.0
     if eps > 0.0:
         nchunk = -(-row.size // CHUNK)
         acc = np.empty(nchunk)
         _k.chunks_entropy_eps(row, CHUNK, row.dtype.type(M), 1.0 / (C + R), eps, acc)
-        return 0, -float(_k.fold_sum(acc))
-    return 0, float(_k.entropy_from_state(C, R, T))
+        return ROW_REGULAR, -float(_k.fold_sum(acc))
+    return ROW_REGULAR, float(_k.entropy_from_state(C, R, T))
 
 
 def _long_row_write(row: np.ndarray, out: np.ndarray, kind: int, state: tuple, beta: float):
     _, M, C, _, R, _ = state
     nchunk = -(-row.size // CHUNK)
-    if kind != 0:
-        out[...] = np.nan if kind == 3 else 0.0
+    if kind != ROW_REGULAR:
+        out[...] = np.nan if kind == ROW_INVALID else 0.0
         return
     m = row.dtype.type(M)
     if beta == 1.0:
@@ -261,15 +261,15 @@ def _stats_and_beta(
     h = np.empty(rows)
     _k.rows_stats(x2, out, eps, kind, m, c, neff, r, h)
     beta = schedule.beta_float(h, neff)
-    beta[kind == 3] = np.nan
-    beta[(kind == 1) | (kind == 2)] = 1.0
+    beta[kind == ROW_INVALID] = np.nan
+    beta[(kind == ROW_EMPTY) | (kind == ROW_MASKED)] = 1.0
     return out, kind, m, c, r, h, beta
 
 
 def _run(
     x: Any,
     axis: int,
-    want: str,
+    want: Quantity,
     schedule: Schedule | None,
     entropy_eps: float,
     out: np.ndarray | None = None,
@@ -285,7 +285,7 @@ def _run(
     moved_shape = work.shape
     x2 = _rows2d(work)
     rows, n = x2.shape
-    vector = want in ("softmax", "adaptive")
+    vector = want in ("softmax", "adaptive_softmax")
     values = None
     if out is not None:
         lead = moved_shape[:-1]
@@ -309,7 +309,7 @@ def _run(
     # the per-row statistics are allocated only where they are computed: at 4096 rows
     # two needless arrays cost microseconds, against a kernel of tens of microseconds
     h = np.zeros(rows if want == "entropy" or n > CHUNK else 0)
-    short_adaptive = want in ("adaptive", "adaptive_beta") and 0 < n <= _k.SHORT_ROW
+    short_adaptive = want in ("adaptive_softmax", "beta") and 0 < n <= _k.SHORT_ROW
     beta = np.ones(0 if short_adaptive or (want == "softmax" and n <= CHUNK) else rows)
     if rows == 0:
         pass
@@ -325,13 +325,13 @@ def _run(
             h[i] = hi
             neff[i] = state[3]
         kinds_a = np.array(kinds)
-        if want in ("adaptive", "adaptive_beta"):
+        if want in ("adaptive_softmax", "beta"):
             beta = schedule.beta_float(h, neff)
-        beta[kinds_a == 3] = np.nan
-        beta[kinds_a == 2] = 1.0
+        beta[kinds_a == ROW_INVALID] = np.nan
+        beta[kinds_a == ROW_MASKED] = 1.0
         if vector:
             for i in range(rows):
-                b = float(beta[i]) if want == "adaptive" else 1.0
+                b = float(beta[i]) if want == "adaptive_softmax" else 1.0
                 _long_row_write(x2[i], values[i], kinds[i], states[i], b)
     elif want == "softmax":
         if n <= _k.SHORT_ROW:
@@ -444,7 +444,7 @@ def beta(
     if x2.shape[0] == 0:
         return np.ones(work.shape[:-1])
     if x2.shape[1] > CHUNK:
-        _, _, b, _, _, moved = _run(x, axis, "adaptive_beta", schedule, entropy_eps)
+        _, _, b, _, _, moved = _run(x, axis, "beta", schedule, entropy_eps)
         return b.reshape(moved[:-1])
     _, _, _, _, _, _, b = _stats_and_beta(x2, check_entropy_eps(entropy_eps), schedule)
     return b.reshape(work.shape[:-1])
@@ -491,7 +491,9 @@ def adaptive_softmax(
     >>> bool(p[0] > cpu.softmax(x)[0])
     True
     """
-    values, _, _, in_dtype, axis, moved = _run(x, axis, "adaptive", schedule, entropy_eps, out)
+    values, _, _, in_dtype, axis, moved = _run(
+        x, axis, "adaptive_softmax", schedule, entropy_eps, out
+    )
     return _deliver(values, in_dtype, axis, moved, out)
 
 
@@ -661,8 +663,8 @@ def adaptive_attention(
                 qi, ki, ai, ke, causal, qbad, kbad, scale, kexp, eps, wide, kind, m, g, neff, h
             )
         b = schedule.beta_float(h, neff)
-        b[kind == 3] = np.nan
-        b[kind == 2] = 1.0
+        b[kind == ROW_INVALID] = np.nan
+        b[kind == ROW_MASKED] = 1.0
         o = np.empty((L, dv))
         apply_kind = kind.copy()
         apply_kind[wide] = _k.KIND_WIDE
@@ -700,7 +702,7 @@ def _non_finite_values(
     if causal:
         live &= cols[None, :] <= np.arange(L)[:, None]
     # only regular rows (kind 0): NaN rows (kind 3) stay NaN, fully masked rows zeros
-    live &= (kind == 0)[:, None]
+    live &= (kind == ROW_REGULAR)[:, None]
     for c in range(o.shape[1]):
         col = vj[:, c]
         bad = ~np.isfinite(col)

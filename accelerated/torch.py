@@ -32,12 +32,12 @@ its kernels are used.
 from __future__ import annotations
 
 import torch
-from softmaxtheory.accelerated import _torch_attention as _attn
-from softmaxtheory.accelerated._torch_common import as_float_tensor, stats_dtype
-from softmaxtheory.accelerated._torch_softmax import adaptive_softmax_lastdim
 from torch import nn
 
-from softmaxtheory.spec import Schedule, check_entropy_eps, resolve_schedule
+from ..spec import Schedule, check_entropy_eps, resolve_schedule
+from . import _torch_attention as _attn
+from ._torch_common import as_float_tensor, stats_dtype
+from ._torch_softmax import adaptive_softmax_lastdim
 
 __all__ = ["AdaptiveSoftmax", "adaptive_attention", "adaptive_softmax", "attention_entropy"]
 

@@ -10,6 +10,7 @@ import mpmath
 import numpy as np
 
 from softmaxtheory._certify.loop import CertificationError, certify
+from softmaxtheory._formats import Quantity
 from softmaxtheory.spec import (
     RowKind,
     Schedule,
@@ -79,7 +80,7 @@ def _mp_acceptor(prec: int) -> Acceptor:
 
 def evaluate_row(
     row: eng.PreparedRow,
-    want: frozenset[str],
+    want: frozenset[Quantity],
     accept: Acceptor,
     *,
     start: int,
@@ -95,7 +96,8 @@ def evaluate_row(
     row : PreparedRow
         The row in exact arithmetic.
     want : frozenset of str
-        Any of ``"softmax"``, ``"entropy"``, ``"beta"``, ``"adaptive"``.
+        Any of the quantities ``"softmax"``, ``"entropy"``, ``"beta"``,
+        ``"adaptive_softmax"`` (:data:`softmaxtheory._formats.QUANTITIES`).
     accept : callable
         Ziv's rounding test: ``accept(mid, rel, extra_log2)`` returns the
         certified value or ``None``.
@@ -118,7 +120,7 @@ def evaluate_row(
     Returns
     -------
     dict
-        ``"softmax"`` and ``"adaptive"``: lists of certified values over the
+        ``"softmax"`` and ``"adaptive_softmax"``: lists of certified values over the
         whole row (masked entries 0); ``"entropy"``, ``"beta"``: certified values.
 
     Raises
@@ -169,7 +171,7 @@ def _row_values(row: eng.PreparedRow, ep: eng.ExpPass, p: int, accept: Acceptor)
 
 def _attempt(
     row: eng.PreparedRow,
-    want: frozenset[str],
+    want: frozenset[Quantity],
     accept: Acceptor,
     p: int,
     C: float,
@@ -177,7 +179,7 @@ def _attempt(
     entropy_eps: float,
     C_tempered: float,
 ) -> dict[str, Any] | None:
-    wants_beta = bool(want & {"beta", "adaptive"})
+    wants_beta = bool(want & {"beta", "adaptive_softmax"})
     need_h = "entropy" in want or (wants_beta and schedule.needs_entropy)
     result: dict[str, Any] = {}
     ep1 = None
@@ -205,10 +207,10 @@ def _attempt(
             if bv is None:
                 return None
             result["beta"] = bv
-        if "adaptive" in want:
+        if "adaptive_softmax" in want:
             if b.mid == mpmath.libmp.fone and b.rel == 0.0:
                 if "softmax" in result:
-                    result["adaptive"] = result["softmax"]
+                    result["adaptive_softmax"] = result["softmax"]
                     return result
                 ep2 = ep1 or eng.exp_pass(row, None, p, C, want_t=False)
             else:
@@ -216,13 +218,13 @@ def _attempt(
             values = _row_values(row, ep2, p, accept)
             if values is None:
                 return None
-            result["adaptive"] = values
+            result["adaptive_softmax"] = values
     return result
 
 
 def _evaluate(
     x: Any,
-    want: str,
+    want: Quantity,
     dtype: Any,
     schedule: Schedule | None = None,
     entropy_eps: float = 0.0,
@@ -231,7 +233,7 @@ def _evaluate(
     fmt = format_for(dtype)
     schedule = resolve_schedule(schedule)
     entropy_eps = check_entropy_eps(entropy_eps)
-    vector = want in ("softmax", "adaptive")
+    vector = want in ("softmax", "adaptive_softmax")
     out = np.zeros(arr.shape if vector else arr.shape[:-1], dtype=fmt.dtype)
     kinds = classify_rows(arr)
     accept = float_acceptor(fmt)
@@ -389,11 +391,11 @@ def adaptive_softmax(
     numpy.ndarray
         The exact values rounded once to `dtype`.
     """
-    return _evaluate(x, "adaptive", dtype, schedule=schedule, entropy_eps=entropy_eps)
+    return _evaluate(x, "adaptive_softmax", dtype, schedule=schedule, entropy_eps=entropy_eps)
 
 
 def _evaluate_mp(
-    x: Any, want: str, prec: int, schedule: Schedule | None = None, entropy_eps: float = 0.0
+    x: Any, want: Quantity, prec: int, schedule: Schedule | None = None, entropy_eps: float = 0.0
 ) -> Any:
     arr = as_logits(x, "x")
     if arr.ndim != 1:
@@ -402,7 +404,7 @@ def _evaluate_mp(
         raise ValueError(f"prec must be an int in [8, 800], got {prec!r}")
     schedule = resolve_schedule(schedule)
     entropy_eps = check_entropy_eps(entropy_eps)
-    vector = want in ("softmax", "adaptive")
+    vector = want in ("softmax", "adaptive_softmax")
     kind = classify_rows(arr)[()]
     if kind == RowKind.INVALID:
         return [mpmath.mpf("nan")] * arr.shape[0] if vector else mpmath.mpf("nan")
@@ -480,4 +482,4 @@ def adaptive_softmax_mp(
     >>> [float(v) for v in adaptive_softmax_mp([1e308] * 5 + [0.0])]
     [0.2, 0.2, 0.2, 0.2, 0.2, 0.0]
     """
-    return _evaluate_mp(x, "adaptive", prec, schedule=schedule, entropy_eps=entropy_eps)
+    return _evaluate_mp(x, "adaptive_softmax", prec, schedule=schedule, entropy_eps=entropy_eps)

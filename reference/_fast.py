@@ -142,6 +142,7 @@ from mpmath.libmp import (
     to_float,
 )
 
+from softmaxtheory._formats import Quantity
 from softmaxtheory.spec import Schedule
 
 from . import _engine as eng
@@ -847,7 +848,7 @@ def _guarded(row: _Row, ps: _Pass, H: eng.Ball, eps: float) -> eng.Ball | None:
 
 def evaluate(
     x: np.ndarray,
-    want: str,
+    want: Quantity,
     fmt: BinaryFormat,
     schedule: Schedule,
     entropy_eps: float,
@@ -859,7 +860,7 @@ def evaluate(
     x : numpy.ndarray
         One regular row (finite values and ``-inf``, at least one finite), float64.
     want : str
-        ``"softmax"``, ``"entropy"``, ``"beta"`` or ``"adaptive"``.
+        ``"softmax"``, ``"entropy"``, ``"beta"`` or ``"adaptive_softmax"``.
     fmt : BinaryFormat
         Target format.
     schedule : Schedule
@@ -890,10 +891,10 @@ def evaluate(
 
 
 def _evaluate(
-    x: np.ndarray, want: str, fmt: BinaryFormat, schedule: Schedule, entropy_eps: float
+    x: np.ndarray, want: Quantity, fmt: BinaryFormat, schedule: Schedule, entropy_eps: float
 ) -> Any:
     row = _Row(x, fmt)
-    needs_beta = want in ("beta", "adaptive")
+    needs_beta = want in ("beta", "adaptive_softmax")
     need_h = want == "entropy" or (needs_beta and schedule.needs_entropy)
     ps1 = None
     H = None

@@ -13,14 +13,12 @@ import numpy as np
 
 from softmaxtheory._certify.rounding import round_ball, round_exact
 from softmaxtheory._formats import FORMATS as _ALL_FORMATS
-from softmaxtheory._formats import BinaryFormat
+from softmaxtheory._formats import NUMPY_DTYPES, BinaryFormat
 
 __all__ = ["FORMATS", "BinaryFormat", "format_for", "round_ball", "round_exact"]
 
 #: The output formats of the reference: the formats numpy has (bfloat16 is not one).
-FORMATS: dict[str, BinaryFormat] = {
-    name: fmt for name, fmt in _ALL_FORMATS.items() if fmt.storage.name == name
-}
+FORMATS: dict[str, BinaryFormat] = {name: _ALL_FORMATS[name] for name in NUMPY_DTYPES}
 
 
 def format_for(dtype: object, name: str = "dtype") -> BinaryFormat:

@@ -32,6 +32,7 @@ import numpy as np
 from mpmath.libmp import from_float, fzero, mpf_add, mpf_sub
 
 from softmaxtheory._certify.loop import certify
+from softmaxtheory._formats import Quantity
 from softmaxtheory.spec import Schedule, as_logits, check_entropy_eps, resolve_schedule
 
 from . import _engine as eng
@@ -199,7 +200,7 @@ class StreamState:
         return self._sums_mp("t", prec)
 
     def _read(
-        self, want: str, schedule: Schedule | None, entropy_eps: float, dtype: Any, empty: Any
+        self, want: Quantity, schedule: Schedule | None, entropy_eps: float, dtype: Any, empty: Any
     ) -> Any:
         """Validate the options, then the certified reading (cached) or its special value."""
         fmt = format_for(dtype)
@@ -258,7 +259,7 @@ class StreamState:
         arr = as_logits(chunk, "chunk")
         if arr.ndim != 1:
             raise ValueError(f"chunk must be 1-d, got shape {arr.shape}")
-        values = self._read("adaptive", schedule, entropy_eps, dtype, [])
+        values = self._read("adaptive_softmax", schedule, entropy_eps, dtype, [])
         out = np.zeros(arr.shape, dtype=format_for(dtype).dtype)
         if self._invalid:
             out[...] = np.nan

@@ -172,9 +172,7 @@ def compute(
                         n, spread, adaptive_beta, "max", digits
                     ),
                     "min_coefficient": certified_text(n, spread, beta, "min", digits),
-                    "entropy_lower_bound": certified_text(
-                        n, spread, beta, "entropy", digits
-                    ),
+                    "entropy_lower_bound": certified_text(n, spread, beta, "entropy", digits),
                 },
             }
         )

@@ -37,6 +37,7 @@ __all__ = [
     "FORMATS",
     "FRAMEWORKS",
     "KINDS",
+    "NUMPY_DTYPES",
     "QUANTITIES",
     "ROW_EMPTY",
     "ROW_INVALID",
@@ -173,6 +174,11 @@ FORMATS: dict[str, Format] = {
     "float16": Format("float16", 11, -14, 15),
     "bfloat16": Format("bfloat16", 8, -126, 127),
 }
+
+
+#: The dtypes numpy has (all but bfloat16): the reference's output formats, the logits
+#: :func:`softmaxtheory.spec.as_logits` keeps.
+NUMPY_DTYPES: tuple[DType, ...] = tuple(n for n, f in FORMATS.items() if f.storage.name == n)
 
 
 def format_named(name: object, what: str = "dtype") -> Format:

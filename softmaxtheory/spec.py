@@ -51,6 +51,8 @@ from typing import Any
 
 import numpy as np
 
+from ._formats import NUMPY_DTYPES, ROW_EMPTY, ROW_INVALID, ROW_MASKED, ROW_REGULAR
+
 __all__ = [
     "ENTROPY_THRESHOLD",
     "PAPER_COEFFICIENTS",
@@ -365,7 +367,7 @@ def check_entropy_eps(entropy_eps: float) -> float:
     return eps
 
 
-_FLOAT_KINDS = (np.float16, np.float32, np.float64)
+_FLOAT_KINDS = tuple(np.dtype(name).type for name in NUMPY_DTYPES)
 
 
 def as_logits(x: Any, name: str = "x") -> np.ndarray:
@@ -409,10 +411,10 @@ def as_logits(x: Any, name: str = "x") -> np.ndarray:
 class RowKind(enum.IntEnum):
     """Which row of the special-value table a row falls in."""
 
-    REGULAR = 0  #: finite values, possibly some ``-inf`` (masked) ones
-    EMPTY = 1  #: ``n = 0``
-    MASKED = 2  #: every entry is ``-inf``
-    INVALID = 3  #: contains NaN or ``+inf``
+    REGULAR = ROW_REGULAR  #: finite values, possibly some ``-inf`` (masked) ones
+    EMPTY = ROW_EMPTY  #: ``n = 0``
+    MASKED = ROW_MASKED  #: every entry is ``-inf``
+    INVALID = ROW_INVALID  #: contains NaN or ``+inf``
 
 
 def classify_rows(x: np.ndarray) -> np.ndarray:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from independent import PAPER, round_to
-from softmaxtheory.reference import adaptive_attention, adaptive_softmax
 
+from softmaxtheory.reference import adaptive_attention, adaptive_softmax
 from softmaxtheory.spec import Constant
 
 

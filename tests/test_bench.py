@@ -9,9 +9,8 @@ import pytest
 
 pytest.importorskip("numba")
 
-from softmaxtheory.accelerated import cpu
-
 from softmaxtheory import bench
+from softmaxtheory.accelerated import cpu
 from softmaxtheory.cli import main
 
 

@@ -15,9 +15,8 @@ import pytest
 
 pytest.importorskip("numba")
 
-from softmaxtheory.accelerated import cpu
-
 from softmaxtheory import reference
+from softmaxtheory.accelerated import cpu
 from softmaxtheory.spec import Constant, LogLength
 from softmaxtheory.testing import assert_attention_close
 

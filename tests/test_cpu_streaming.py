@@ -9,9 +9,9 @@ pytest.importorskip("numba")
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from softmaxtheory.accelerated import cpu
 
 from softmaxtheory import reference
+from softmaxtheory.accelerated import cpu
 from softmaxtheory.spec import Constant, LogLength
 
 

@@ -19,11 +19,11 @@ distributed = pytest.importorskip("distributed")
 import dask  # noqa: E402
 from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+
+from softmaxtheory import reference, testing  # noqa: E402
 from softmaxtheory.accelerated import cpu  # noqa: E402
 from softmaxtheory.accelerated import dask as dsm  # noqa: E402
 from softmaxtheory.accelerated._dask_exact import ExactState  # noqa: E402
-
-from softmaxtheory import reference, testing  # noqa: E402
 from softmaxtheory.spec import Constant, LogLength  # noqa: E402
 
 RNG = np.random.default_rng(20261201)

@@ -8,9 +8,9 @@ import re
 import mpmath
 import numpy as np
 import pytest
-from softmaxtheory.reference import StreamState
 
 from softmaxtheory import reference
+from softmaxtheory.reference import StreamState
 from softmaxtheory.spec import Constant, LogLength, PaperPolynomial, Polynomial
 
 ARRAY_FUNCS = {

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpmath.libmp import from_float, mpf_exp, mpf_log, mpf_sub, round_nearest, to_float
-from softmaxtheory.reference import PrecisionError, _engine, _fast
 
 from softmaxtheory import reference
+from softmaxtheory.reference import PrecisionError, _engine, _fast
 from softmaxtheory.spec import Polynomial
 
 

@@ -21,11 +21,11 @@ from mpmath.libmp import (
     round_nearest,
     to_float,
 )
-from softmaxtheory.reference import _fast
-from softmaxtheory.reference._rounding import FORMATS
 
 from softmaxtheory import reference
 from softmaxtheory import strategies as strat
+from softmaxtheory.reference import _fast
+from softmaxtheory.reference._rounding import FORMATS
 from softmaxtheory.spec import Constant, LogLength, PaperPolynomial, Polynomial
 
 FUNCS = ("softmax", "entropy", "beta", "adaptive_softmax")

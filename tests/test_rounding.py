@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from independent import round_to
 from mpmath import mp
 from mpmath.libmp import from_man_exp
+
 from softmaxtheory.reference import FORMATS, round_exact
 from softmaxtheory.reference._rounding import format_for, round_ball
 

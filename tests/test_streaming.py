@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from softmaxtheory.reference import StreamState
 from strategies_support import NEG_INF, assert_bitwise_equal, logit_rows
 
 from softmaxtheory import reference
+from softmaxtheory.reference import StreamState
 from softmaxtheory.spec import Constant, LogLength, Polynomial
 
 pytestmark = pytest.mark.theorem("T7")

@@ -9,9 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from softmaxtheory.accelerated.torch import attention_entropy  # noqa: E402
-
 from softmaxtheory import reference as R  # noqa: E402, N812
+from softmaxtheory.accelerated.torch import attention_entropy  # noqa: E402
 from softmaxtheory.testing import assert_entropy_close  # noqa: E402
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]

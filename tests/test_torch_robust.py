@@ -11,13 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from softmaxtheory import reference as R  # noqa: E402, N812
 from softmaxtheory.accelerated.torch import (  # noqa: E402
     AdaptiveSoftmax,
     adaptive_attention,
     adaptive_softmax,
 )
-
-from softmaxtheory import reference as R  # noqa: E402, N812
 from softmaxtheory.spec import Constant, LogLength  # noqa: E402
 
 BACKENDS = ["auto", "hybrid", "composition", "chunked"]

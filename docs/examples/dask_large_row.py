@@ -97,6 +97,7 @@ def write_row(path: str, n: int, scale: float, seed: int, part: int = 1 << 24) -
 def _warm_up() -> bool:
     """Load the compiled kernels (float32 blocks longer than a kernel chunk), the reference."""
     import dask.array as da
+
     from softmaxtheory.accelerated import cpu
     from softmaxtheory.accelerated import dask as dsm
 
@@ -148,6 +149,7 @@ def run_large(src: str, dst: str, chunk: int, workers: int) -> dict:
     """One timed run: the adaptive softmax of the row in `src` stored into `dst`."""
     import dask
     import dask.array as da
+
     from softmaxtheory.accelerated import dask as dsm
 
     reader = NpyRow(src)
@@ -196,9 +198,9 @@ def run_large(src: str, dst: str, chunk: int, workers: int) -> dict:
 def run_certified(n: int, chunk: int, workers: int, scale: float, seed: int) -> dict:
     """The certified adaptive softmax of an in-memory row, against the float path."""
     import dask.array as da
-    from softmaxtheory.accelerated import dask as dsm
 
     from softmaxtheory import reference
+    from softmaxtheory.accelerated import dask as dsm
 
     rng = np.random.default_rng(seed)
     row = rng.standard_normal(n, dtype=np.float32) * np.float32(scale)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
+
 from softmaxtheory.accelerated import cpu
 
 
