@@ -65,6 +65,7 @@ __all__ = [
     "cutoff",
     "entropy_ball",
     "exp_pass",
+    "max_log2",
     "prepare_row",
 ]
 
@@ -101,7 +102,8 @@ def _mag(x: tuple) -> int:
     return x[2] + x[3]
 
 
-def _max_log2(*ks: int | None) -> int | None:
+def max_log2(*ks: int | None) -> int | None:
+    r"""A ``k`` with :math:`\sum_j 2^{k_j} \le 2^{k}` (``None`` entries skipped; all: ``None``)."""
     vals = [k for k in ks if k is not None]
     if not vals:
         return None
@@ -327,9 +329,9 @@ def _entropy_exact_mode(ep: ExpPass, p: int, u: float) -> Ball:
     if ep.sigma == fzero:
         # only maxima are alive: H = log c exactly, up to the dead mass
         if ep.c == 1:
-            return Ball(fzero, 0.0, _max_log2(ep.dead_log2, ep.t_dead_log2))
+            return Ball(fzero, 0.0, max_log2(ep.dead_log2, ep.t_dead_log2))
         log_c = mpf_log(from_int(ep.c), p, RN)
-        return Ball(log_c, (KAPPA * u) * SLACK, _max_log2(ep.dead_log2, ep.t_dead_log2))
+        return Ball(log_c, (KAPPA * u) * SLACK, max_log2(ep.dead_log2, ep.t_dead_log2))
     sigma_f = to_float(ep.sigma)
     # L = log(c + sigma)
     if ep.c == 1:
@@ -338,7 +340,7 @@ def _entropy_exact_mode(ep: ExpPass, p: int, u: float) -> Ball:
             # log1p(sigma) = sigma - sigma^2/2 + ..., |error| <= sigma^2 / 2 < 2**(2 mag - 1)
             L = ep.sigma
             L_rel = ep.sigma_rel
-            L_extra = _max_log2(ep.dead_log2, 2 * mag - 1)
+            L_extra = max_log2(ep.dead_log2, 2 * mag - 1)
         else:
             pl = p + 8 + max(0, -mag)
             L = mpf_log(ep.s, pl, RN)
@@ -355,7 +357,7 @@ def _entropy_exact_mode(ep: ExpPass, p: int, u: float) -> Ball:
     Q_rel = (ep.t_rel + ep.s_rel + u + 2 * ep.t_rel * ep.s_rel) * (1 + 2 * ep.s_rel) * SLACK
     H = mpf_sub(L, Q, p, RN)
     rel = (max(L_rel, Q_rel) + u) * (1 + u) * SLACK
-    return Ball(H, rel, _max_log2(L_extra, ep.t_dead_log2))
+    return Ball(H, rel, max_log2(L_extra, ep.t_dead_log2))
 
 
 def _log1p(r: tuple, p: int) -> tuple[tuple, float]:
@@ -421,7 +423,7 @@ def _entropy_eps_mode(ep: ExpPass, p: int, u: float, eps: float, H: Ball) -> Bal
         round_ceiling,
     )
     ratio = to_float(mpf_div(mass, mpf_abs(mid), 60, round_ceiling), rnd="u")
-    return Ball(mid, (ratio + u) * SLACK, _max_log2(H.extra_log2, G_extra))
+    return Ball(mid, (ratio + u) * SLACK, max_log2(H.extra_log2, G_extra))
 
 
 def _rational_mpf(value: object, p: int) -> tuple[tuple, float]:

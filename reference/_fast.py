@@ -843,7 +843,7 @@ def _guarded(row: _Row, ps: _Pass, H: eng.Ball, eps: float) -> eng.Ball | None:
         round_ceiling,
     )
     ratio = to_float(mpf_div(mass, mpf_abs(mid), 60, round_ceiling), rnd="u")
-    return eng.Ball(mid, (ratio + 2.0**-P_SCALAR) * _SLACK, eng._max_log2(H.extra_log2, G_extra))
+    return eng.Ball(mid, (ratio + 2.0**-P_SCALAR) * _SLACK, eng.max_log2(H.extra_log2, G_extra))
 
 
 def evaluate(

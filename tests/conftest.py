@@ -7,7 +7,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-THEOREMS = frozenset(f"T{i}" for i in range(1, 11))
+from softmaxtheory._formats import THEOREMS
 
 settings.register_profile(
     "ci",

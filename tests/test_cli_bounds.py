@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from softmaxtheory import bounds
+from softmaxtheory._certify.adaptive import beta_sup
 from softmaxtheory.cli import main
 from softmaxtheory.spec import PaperPolynomial
 
@@ -26,7 +27,7 @@ def run(capsys, *argv):
 
 
 def exact_values(n: int, spread: float, beta: float) -> dict[str, mpmath.mpf]:
-    adaptive = bounds._beta_sup(n, spread, PaperPolynomial())
+    adaptive = beta_sup(n, spread, PaperPolynomial())
     with mpmath.workprec(3000):
         s, b = mpmath.mpf(spread), mpmath.mpf(beta)
         return {

@@ -75,3 +75,36 @@ def test_row_codes_are_the_public_enum() -> None:
         RowKind.MASKED,
         RowKind.INVALID,
     ]
+
+
+def test_one_format_record_behind_the_reference_names() -> None:
+    """``reference.BinaryFormat`` is the vocabulary's class, ``reference.FORMATS`` its records."""
+    from softmaxtheory import reference
+
+    assert reference.BinaryFormat is fm.Format is fm.BinaryFormat
+    assert list(reference.FORMATS) == list(fm.NUMPY_DTYPES) == ["float64", "float32", "float16"]
+    for name, fmt in reference.FORMATS.items():
+        assert fmt is fm.FORMATS[name]
+        assert fmt.dtype == np.dtype(name)  # the documented attributes of BinaryFormat
+        assert fmt.qmin == int(np.log2(np.finfo(name).smallest_subnormal))
+        assert 2.0**fmt.emax == float(np.finfo(name).max) / (2 - 2.0 ** (1 - fmt.precision))
+
+
+def test_bfloat16_has_no_numpy_dtype() -> None:
+    with pytest.raises(ValueError, match="bfloat16 has no numpy dtype"):
+        _ = fm.FORMATS["bfloat16"].dtype
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        # the old reference.BinaryFormat took (name, precision, qmin, emax): refused, not misread
+        (("float64", 53, -1074, 1023), "emin must be 1 - emax = -1022, got -1074"),
+        (("tiny", 1, 0, 1), "precision must be an int of at least 2, got 1"),
+        (("odd", 11, 1, 0), "emax must be an int of at least 1, got 0"),
+        (("odd", 11.0, -14, 15), "precision must be an int of at least 2, got 11.0"),
+    ],
+)
+def test_format_validates_its_fields(args: tuple, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        fm.BinaryFormat(*args)

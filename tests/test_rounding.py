@@ -1,4 +1,4 @@
-"""Correct rounding to binary formats and Ziv's rounding test (reference._rounding)."""
+"""Correct rounding to binary formats and Ziv's rounding test (_certify.rounding)."""
 
 from __future__ import annotations
 

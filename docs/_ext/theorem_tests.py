@@ -56,6 +56,9 @@ from sphinx.environment import BuildEnvironment
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
+# the theorems of DESIGN.md section 3, defined once; the default of ``theorem_tests_theorems``
+from softmaxtheory._formats import THEOREMS
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -73,9 +76,6 @@ __all__ = [
 ]
 
 _THEOREM_RE = re.compile(r"^T[0-9]+$")
-
-#: The theorems of DESIGN.md section 3; the default of ``theorem_tests_theorems``.
-THEOREMS: tuple[str, ...] = tuple(f"T{i}" for i in range(1, 11))
 
 #: The names of the test files read; the default of ``theorem_tests_patterns``.
 TEST_PATTERNS: tuple[str, ...] = ("test_*.py", "*_test.py")
