@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from .._formats import ROW_EMPTY, ROW_INVALID, ROW_MASKED, ROW_REGULAR, Quantity
+from .._formats import NUMPY_DTYPES, ROW_EMPTY, ROW_INVALID, ROW_MASKED, ROW_REGULAR, Quantity
 from ..spec import (
     Constant,
     Polynomial,
@@ -506,7 +506,7 @@ def _attn_array(a: Any, name: str) -> np.ndarray:
     arr = np.asarray(a)
     if arr.dtype.kind in "iu":
         arr = arr.astype(np.float64)
-    elif arr.dtype.type not in (np.float16, np.float32, np.float64):
+    elif arr.dtype.name not in NUMPY_DTYPES:
         raise TypeError(f"{name} must be a real floating or integer array, got dtype {arr.dtype}")
     if arr.ndim < 2:
         raise ValueError(f"{name} must have shape (..., length, features), got {arr.shape}")
@@ -528,7 +528,7 @@ def _attn_mask(
             f"mask must be boolean (True attends) or floating (added to the logits), "
             f"got integer dtype {marr.dtype}: pass mask.astype(bool) or a float mask"
         )
-    if marr.dtype != bool and marr.dtype.type not in (np.float16, np.float32, np.float64):
+    if marr.dtype != bool and marr.dtype.name not in NUMPY_DTYPES:
         raise TypeError(f"mask must be boolean or floating, got dtype {marr.dtype}")
     shape = (*lead, L, S)
     try:

@@ -40,6 +40,7 @@ from mpmath.libmp import (
 )
 
 from softmaxtheory._certify.loop import certify
+from softmaxtheory._formats import NUMPY_DTYPES
 from softmaxtheory.spec import (
     Schedule,
     attention_layout,
@@ -61,7 +62,7 @@ def _as_float_array(a: Any, name: str) -> np.ndarray:
     arr = np.asarray(a)
     if arr.dtype.kind in "iu":
         arr = arr.astype(np.float64)
-    elif arr.dtype.type not in (np.float16, np.float32, np.float64):
+    elif arr.dtype.name not in NUMPY_DTYPES:
         raise TypeError(f"{name} must be a real floating or integer array, got dtype {arr.dtype}")
     if arr.ndim < 2:
         raise ValueError(f"{name} must have shape (..., length, features), got {arr.shape}")

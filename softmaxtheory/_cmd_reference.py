@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from softmaxtheory._formats import NUMPY_DTYPES
+
 from .cli import load_npy, parse_float, parse_schedule
 from .spec import PaperPolynomial
 
@@ -39,7 +41,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="paper (default), constant:BETA, loglength:S, poly:C0,C1,...[@THETA]",
     )
     ref.add_argument("--entropy-eps", type=parse_float, default=0.0, metavar="E")
-    ref.add_argument("--dtype", choices=("float64", "float32", "float16"), default="float64")
+    ref.add_argument("--dtype", choices=NUMPY_DTYPES, default="float64")
     ref.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ref.add_argument("--max-items", type=int, default=20, metavar="N", help="items shown per row")
     return ref
