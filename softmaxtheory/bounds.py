@@ -38,22 +38,10 @@ from typing import Any
 import numpy as np
 from mpmath import libmp
 
+from ._certify import adaptive as adp
+from ._certify import enclosures as enc
 from ._certify import interval as ivl
 from ._certify import polyroots as pr
-from ._certify.adaptive import (
-    adaptive_beta_up,
-    beta_max_up,
-    beta_sup,
-    critical_points,
-    entropy_gap_upper,
-    int_interval,
-    log_bounds,
-    peak,
-    polynomial_schedule,
-    round_root,
-    window_exact,
-)
-from ._certify.enclosures import coefficient_enclosure, entropy_floor_enclosure, exp_enclosure
 from .spec import Constant, LogLength, Polynomial, Schedule, resolve_schedule
 
 __all__ = [
@@ -175,12 +163,12 @@ MAX_EXPONENT = 1.45e6
 
 @lru_cache(maxsize=4096)
 def _max_coefficient(n: int, spread: float, beta: float) -> float:
-    return ivl.certify(coefficient_enclosure(n, spread, beta, -1), ivl.float_of)
+    return ivl.certify(enc.coefficient_enclosure(n, spread, beta, -1), ivl.float_of)
 
 
 @lru_cache(maxsize=4096)
 def _min_coefficient(n: int, spread: float, beta: float) -> float:
-    return ivl.certify(coefficient_enclosure(n, spread, beta, +1), ivl.float_of)
+    return ivl.certify(enc.coefficient_enclosure(n, spread, beta, +1), ivl.float_of)
 
 
 def max_coefficient(n: Any, spread: Any, beta: Any = 1.0) -> Any:
@@ -266,7 +254,7 @@ def min_coefficient(n: Any, spread: Any, beta: Any = 1.0) -> Any:
 
 @lru_cache(maxsize=4096)
 def _entropy_lower_bound(n: int, spread: float, beta: float) -> float:
-    return ivl.certify(entropy_floor_enclosure(n, spread, beta), ivl.float_of)
+    return ivl.certify(enc.entropy_floor_enclosure(n, spread, beta), ivl.float_of)
 
 
 def entropy_lower_bound(n: Any, spread: Any, beta: Any = 1.0) -> Any:
@@ -322,7 +310,7 @@ def _floor_size(scale: Fraction, spread: float, beta: float) -> int:
     r""":math:`\lfloor \text{scale} \cdot e^{\beta\delta} \rfloor + 2`, certified."""
 
     def enclose(prec: int) -> ivl.Interval:
-        e = exp_enclosure(spread, beta, prec, +1)
+        e = enc.exp_enclosure(spread, beta, prec, +1)
         return ivl.iv_mul(ivl.iv_fraction(scale, prec), e, prec)
 
     def accept(iv: ivl.Interval) -> int | None:
@@ -361,7 +349,7 @@ def _dispersion_text(eps: float, spread: float, beta: float, digits: int) -> str
 
     def enclose(prec: int) -> ivl.Interval:
         p = prec + extra
-        return ivl.iv_mul(ivl.iv_fraction(scale, p), exp_enclosure(spread, beta, p, +1), p)
+        return ivl.iv_mul(ivl.iv_fraction(scale, p), enc.exp_enclosure(spread, beta, p, +1), p)
 
     return _size_text_of(enclose, "floor2", digits, lambda: _dispersion_size(eps, spread, beta))
 
@@ -438,7 +426,7 @@ def _end_value(end: Any, sf: pr.Poly) -> float:
         return float(end)
     if end == math.inf:
         return math.inf
-    return round_root(sf, end)
+    return adp.round_root(sf, end)
 
 
 def adaptive_window(schedule: Schedule | None = None) -> tuple[float, float]:
@@ -471,8 +459,8 @@ def adaptive_window(schedule: Schedule | None = None) -> tuple[float, float]:
     >>> bounds.adaptive_window()
     (0.8485819960098693, 5.9445208279051425)
     """
-    sched = polynomial_schedule(schedule)
-    segments, sf = window_exact(sched)
+    sched = adp.polynomial_schedule(schedule)
+    segments, sf = adp.window_exact(sched)
     if not segments:
         raise ValueError(f"schedule {sched!r} never raises beta above 1: it has no window")
     return _end_value(segments[0][0], sf), _end_value(segments[-1][1], sf)
@@ -507,7 +495,7 @@ def adaptive_beta_max(schedule: Schedule | None = None) -> float:
         return float(sched.exact_beta)
     if isinstance(sched, LogLength):
         return math.inf
-    return peak(polynomial_schedule(sched))[1]
+    return adp.peak(adp.polynomial_schedule(sched))[1]
 
 
 def adaptive_beta_argmax(schedule: Schedule | None = None) -> float:
@@ -530,7 +518,7 @@ def adaptive_beta_argmax(schedule: Schedule | None = None) -> float:
     >>> bounds.adaptive_beta_argmax()
     4.412401865965671
     """
-    return peak(polynomial_schedule(schedule))[0]
+    return adp.peak(adp.polynomial_schedule(schedule))[0]
 
 
 # --------------------------------------------------------------------------- T6: high precision
@@ -617,7 +605,7 @@ def _root_interval(sf: pr.Poly, root: tuple[Fraction, Fraction], prec: int) -> i
 
 def _off_root(schedule: Polynomial) -> tuple[pr.Poly, tuple[Fraction, Fraction]] | None:
     r"""The isolated root :math:`H_{\mathrm{off}}` of :math:`P - 1` (``None``: β is never > 1)."""
-    segments, sf = window_exact(schedule)
+    segments, sf = adp.window_exact(schedule)
     if not segments:
         return None
     end = segments[-1][1]
@@ -726,7 +714,7 @@ def _switch_off_value(spread: float, schedule: Polynomial) -> Callable[[int], iv
         k_hi = math.ceil(ivl.to_fraction(k_hat[1]))
         if k_hi - k_lo > 64:
             return _INF
-        big_e = exp_enclosure(spread, 1.0, prec, +1)
+        big_e = enc.exp_enclosure(spread, 1.0, prec, +1)
         value = _nu(k_lo, spread, h, big_e, prec)
         for k in range(k_lo + 1, k_hi + 1):
             value = ivl.iv_max(value, _nu(k, spread, h, big_e, prec))
@@ -969,7 +957,7 @@ def adaptive_switch_off_size(
     >>> bounds.adaptive_switch_off_size(1e5, digits=6)
     '3.94064e+43426'
     """
-    sched = polynomial_schedule(schedule)
+    sched = adp.polynomial_schedule(schedule)
     nd = _digits_option(digits)
     if nd is None:
         return _elementwise(
@@ -995,7 +983,7 @@ def _min_entropy_off_value(spread: float, schedule: Polynomial) -> Any:
     def enclose(prec: int) -> ivl.Interval:
         h = _root_interval(sf, root, prec)
         grow = ivl.iv_sub(ivl.iv_exp(h, prec), ivl.iv_exact(1), prec)
-        return ivl.iv_mul(grow, exp_enclosure(spread, 1.0, prec, +1), prec)
+        return ivl.iv_mul(grow, enc.exp_enclosure(spread, 1.0, prec, +1), prec)
 
     return enclose
 
@@ -1044,7 +1032,7 @@ def min_entropy_switch_off_size(
     >>> bounds.min_entropy_switch_off_size(5.69)
     112635
     """
-    sched = polynomial_schedule(schedule)
+    sched = adp.polynomial_schedule(schedule)
     nd = _digits_option(digits)
 
     def one(spread: float) -> Any:
@@ -1106,7 +1094,7 @@ def adaptive_max_coefficient(n: Any, spread: Any, schedule: Schedule | None = No
     sched = resolve_schedule(schedule)
 
     def one(n: int, spread: float) -> float:
-        return _max_coefficient(n, spread, beta_sup(n, spread, sched))
+        return _max_coefficient(n, spread, adp.beta_sup(n, spread, sched))
 
     return _elementwise(
         one, {"n": n, "spread": spread}, {"n": _size, "spread": _spread}, dtype=np.float64
@@ -1125,15 +1113,15 @@ def _t1_below(n: int, spread: float, beta: float, eps: float) -> bool:
     if n <= 1:
         return False
     prec = 96
-    lhs = ivl.iv_mul(int_interval(n - 1), exp_enclosure(spread, beta, prec, -1), prec)
+    lhs = ivl.iv_mul(adp.int_interval(n - 1), enc.exp_enclosure(spread, beta, prec, -1), prec)
     rhs = ivl.iv_fraction(1 / Fraction(eps) - 1, prec)
     return bool(libmp.mpf_gt(lhs[0], rhs[1]))
 
 
 def _adaptive_upper_size(eps: float, spread: float, sched: Polynomial) -> int:
     r"""A certified n from which :func:`adaptive_max_coefficient` stays below `eps`."""
-    gap = entropy_gap_upper(spread)
-    crit = critical_points(sched)
+    gap = adp.entropy_gap_upper(spread)
+    crit = adp.critical_points(sched)
     last = max((cb for _, cb in crit), default=Fraction(-(10**9)))
     last = max(last, sched.exact_threshold)
     # region A: log n - C >= last, where beta-bar(n) = max(P(log n - C), 1) decreases
@@ -1141,17 +1129,17 @@ def _adaptive_upper_size(eps: float, spread: float, sched: Polynomial) -> int:
     n_a = max(2, _round_up_coarse(ivl.to_fraction(start[1])) if start else 2)
 
     def below(n: int) -> bool:
-        return _t1_below(n, spread, adaptive_beta_up(n, spread, sched), eps)
+        return _t1_below(n, spread, adp.adaptive_beta_up(n, spread, sched), eps)
 
     if below(n_a):
-        top = beta_max_up(sched)
-        x = (1 / Fraction(eps) - 1) * ivl.to_fraction(exp_enclosure(spread, top, 96, +1)[1]) + 2
+        top = adp.beta_max_up(sched)
+        x = (1 / Fraction(eps) - 1) * ivl.to_fraction(enc.exp_enclosure(spread, top, 96, +1)[1]) + 2
         return min(n_a, _round_up_coarse(x))
     # beyond e^(H_off + C) beta-bar is 1, and T2 at beta = 1 applies
     found = _off_root(sched)
     h_top = found[1][1] if found is not None else Fraction(0)
     off = ivl.iv_exp(ivl.iv_fraction(max(h_top, Fraction(0)) + gap, 96), 96)[1]
-    t2 = (1 / Fraction(eps) - 1) * ivl.to_fraction(exp_enclosure(spread, 1.0, 96, +1)[1]) + 2
+    t2 = (1 / Fraction(eps) - 1) * ivl.to_fraction(enc.exp_enclosure(spread, 1.0, 96, +1)[1]) + 2
     hi = max(n_a, _round_up_coarse(max(ivl.to_fraction(off), t2)) + 1)
     for _ in range(64):
         if below(hi):
@@ -1321,7 +1309,7 @@ def _witness_top(
         cm = ivl.iv_sub(ivl.iv_exact(c), d, prec)  # c - delta <= 0
         wm = ivl.iv_mul(ivl.iv_exact(j), ivl.iv_exp(cm, prec), prec)
         wb = ivl.iv_mul(
-            int_interval(n - 1 - j) if n.bit_length() > 60 else ivl.iv_exact(n - 1 - j),
+            adp.int_interval(n - 1 - j) if n.bit_length() > 60 else ivl.iv_exact(n - 1 - j),
             ivl.iv_exp(ivl.iv_neg(d), prec),
             prec,
         )
@@ -1338,7 +1326,7 @@ def _witness_top(
             return _INF
         em = ivl.iv_mul(ivl.iv_exact(j), ivl.iv_exp(ivl.iv_mul(beta, cm, prec), prec), prec)
         eb = ivl.iv_mul(
-            int_interval(n - 1 - j) if n.bit_length() > 60 else ivl.iv_exact(n - 1 - j),
+            adp.int_interval(n - 1 - j) if n.bit_length() > 60 else ivl.iv_exact(n - 1 - j),
             ivl.iv_exp(ivl.iv_neg(ivl.iv_mul(beta, d, prec)), prec),
             prec,
         )
@@ -1407,9 +1395,9 @@ def adaptive_max_coefficient_bracket(
     spread = _spread(spread)
     if spread == 0.0:
         raise ValueError("spread must be > 0: at spread 0 every coefficient is 1/n")
-    sched = polynomial_schedule(schedule)
+    sched = adp.polynomial_schedule(schedule)
     _check_exponent(spread * 2.5, "spread")
-    log_n = float(log_bounds(n)[0])
+    log_n = float(adp.log_bounds(n)[0])
     _, j, c = _search_rows(log_n, n, spread, sched)
     lower = _certified_lower((n, j, c), spread, sched)
     upper = adaptive_max_coefficient(n, spread, sched)
@@ -1427,7 +1415,7 @@ def _dispersion_witness(
     lo_l = math.log(2.0)
     if ok(lo_l, 2)[0] < eps:
         return None
-    hi_l = float(log_bounds(upper)[1])
+    hi_l = float(adp.log_bounds(upper)[1])
     for _ in range(48):  # bisection on log n: the best value falls with n
         mid = 0.5 * (lo_l + hi_l)
         n_mid = _exp_int(mid)
@@ -1439,7 +1427,7 @@ def _dispersion_witness(
             break
     n = _exp_int(lo_l)
     for _ in range(64):
-        best, j, c = _search_rows(float(log_bounds(n)[0]), n, spread, sched)
+        best, j, c = _search_rows(float(adp.log_bounds(n)[0]), n, spread, sched)
         if best >= eps:
             row = (n, j, c)
             try:
@@ -1496,7 +1484,7 @@ def adaptive_dispersion_bracket(eps: Any, spread: Any, schedule: Schedule | None
     spread = _spread(spread)
     if spread == 0.0:
         raise ValueError("spread must be > 0: at spread 0 the size is dispersion_size(eps, 0)")
-    sched = polynomial_schedule(schedule)
+    sched = adp.polynomial_schedule(schedule)
     _check_exponent(spread * 2.5, "spread")
     upper = _adaptive_upper_size(eps, spread, sched)
     row = _dispersion_witness(eps, spread, sched, upper)
@@ -1544,7 +1532,7 @@ def adaptive_dispersion_size(eps: Any, spread: Any, schedule: Schedule | None = 
             return _dispersion_size(eps, spread, float(sched.exact_beta))
         if isinstance(sched, LogLength):
             raise ValueError("LogLength schedules need not disperse: there is no such size")
-        poly = polynomial_schedule(sched)
+        poly = adp.polynomial_schedule(sched)
         if spread == 0.0:
             return _dispersion_size(eps, 0.0, 1.0)
         _check_exponent(spread * 2.5, "spread")
