@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from .._formats import DTYPES, FORMATS
 from ..spec import Constant, LogLength, Polynomial, Schedule
 
 __all__ = [
@@ -31,10 +32,10 @@ __all__ = [
     "stats_dtype",
 ]
 
-#: Input dtypes whose statistics are kept in float32.
-HALF_DTYPES = (torch.float16, torch.bfloat16)
+#: Input dtypes whose statistics are kept in float32 (those whose working format is float32).
+HALF_DTYPES = tuple(getattr(torch, n) for n in DTYPES if FORMATS[n].internal.name != n)
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_FLOAT_DTYPES = tuple(getattr(torch, n) for n in DTYPES)
 
 
 def stats_dtype(dtype: torch.dtype) -> torch.dtype:
