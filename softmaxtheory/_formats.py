@@ -156,7 +156,7 @@ class BinaryFormat:
 
     @property
     def internal(self) -> Format:
-        """The working precision: float32 for 16-bit formats, the format itself otherwise."""
+        """The working format (float32 for the 16-bit formats, the format itself otherwise)."""
         return FORMATS["float32"] if self.precision < 24 else self
 
     @property
