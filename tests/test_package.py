@@ -168,7 +168,7 @@ def test_command_line_loads_no_experiment_module():
     out = _run(
         "import sys\n"
         "from softmaxtheory import cli\n"
-        "cli._build_parser()\n"
+        "cli.build_parser()\n"
         "print(sorted(m for m in sys.modules if m.startswith('softmaxtheory.experiments.')))\n"
     )
     assert out.strip() == "[]"

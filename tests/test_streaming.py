@@ -16,10 +16,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from softmaxtheory.reference import StreamState
-from strategies_support import NEG_INF, assert_bitwise_equal, logit_rows
 
 from softmaxtheory import reference
 from softmaxtheory.spec import Constant, LogLength, Polynomial
+from tests.support.strategies_support import NEG_INF, assert_bitwise_equal, logit_rows
 
 pytestmark = pytest.mark.theorem("T7")
 
