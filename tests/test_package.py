@@ -33,19 +33,29 @@ OPTIONAL = {
 }
 
 
+#: The three folders of the distribution and the package each one is.
+FOLDERS = (
+    ("softmaxtheory", "softmaxtheory"),
+    ("softmaxtheory.reference", "reference"),
+    ("softmaxtheory.accelerated", "accelerated"),
+)
+
+
 def _all_modules() -> list[str]:
-    """Every module of the three packages, found on disk (new modules join automatically)."""
+    """Every module of the three packages and their subpackages, found on disk.
+
+    New modules and subpackages join automatically.
+    """
     names = []
-    for package, folder in (
-        ("softmaxtheory", "softmaxtheory"),
-        ("softmaxtheory.reference", "reference"),
-        ("softmaxtheory.accelerated", "accelerated"),
-        ("softmaxtheory.experiments", "softmaxtheory/experiments"),
-    ):
-        names.append(package)
-        for path in sorted((ROOT / folder).glob("*.py")):
-            if path.stem not in ("__init__", "__main__"):
-                names.append(f"{package}.{path.stem}")
+    for package, folder in FOLDERS:
+        root = ROOT / folder
+        for path in sorted(root.rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__main__":
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            names.append(".".join((package, *parts)))
     return names
 
 
@@ -64,6 +74,28 @@ def _import(name: str):
 def test_module_list_is_complete():
     assert "softmaxtheory.bounds" in MODULES and "softmaxtheory.reference._api" in MODULES
     assert "softmaxtheory.experiments.minilm" in MODULES
+    assert "softmaxtheory.experiments.minilm.model" in MODULES
+    assert "softmaxtheory.cli.check" in MODULES and "softmaxtheory.bench.torch" in MODULES
+
+
+def test_every_package_on_disk_is_packaged():
+    """Each folder with an ``__init__.py`` is in pyproject's ``[tool.setuptools] packages``.
+
+    setuptools installs only the packages listed there: a subpackage missing from the list
+    works in a checkout and is absent from the wheel.
+    """
+    import tomllib
+
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = set()
+    for package, folder in FOLDERS:
+        root = ROOT / folder
+        for init in root.rglob("__init__.py"):
+            on_disk.add(".".join((package, *init.parent.relative_to(root).parts)))
+    assert on_disk == set(listed["packages"])
+    assert {"softmaxtheory.cli", "softmaxtheory.bench", "softmaxtheory.experiments.minilm"} <= (
+        on_disk
+    )
 
 
 def _run(code: str) -> str:
