@@ -113,6 +113,23 @@ def test_import_is_lazy():
     assert out.strip() == "[]"
 
 
+def test_experiment_commands_and_reports_import_no_torch():
+    """The commands, the reports and the CLRS-Text samplers need numpy only at import.
+
+    Torch is imported when an experiment runs; the shared command module keeps it so.
+    """
+    out = _run(
+        "import sys\n"
+        "import softmaxtheory.experiments.max_retrieval, softmaxtheory.experiments.clrs_text\n"
+        "import softmaxtheory.experiments.minilm\n"
+        "import softmaxtheory.experiments.max_retrieval.report\n"
+        "import softmaxtheory.experiments.clrs_text.report\n"
+        "import softmaxtheory.experiments.clrs_text.data\n"
+        "print(sorted(m for m in ('torch', 'scipy', 'matplotlib') if m in sys.modules))"
+    )
+    assert out.strip() == "[]"
+
+
 def test_three_packages_map_to_their_folders():
     import softmaxtheory.accelerated as acc
     import softmaxtheory.reference as ref

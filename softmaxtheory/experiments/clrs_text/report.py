@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .._seeds import paired_ttest
+from .._command import paired_ttest
 
 __all__ = [
     "CSV_COLUMNS",
