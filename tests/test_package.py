@@ -98,6 +98,25 @@ def test_every_package_on_disk_is_packaged():
     )
 
 
+def test_a_submodule_is_not_shadowed_by_a_name_of_its_package():
+    """``from softmaxtheory.experiments.minilm import measure`` gives the module.
+
+    A package that imported its submodule's function of the same name would hand out the
+    function instead (the attribute wins over the submodule).
+    """
+    for name in MODULES:
+        parent, _, leaf = name.rpartition(".")
+        if not parent:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.split(".")[0] in OPTIONAL:
+                continue
+            raise
+        assert getattr(importlib.import_module(parent), leaf) is module, name
+
+
 def _run(code: str) -> str:
     return subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd="/"

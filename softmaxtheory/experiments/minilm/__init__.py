@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .measure import BoundViolationError, Experiment, measure
+from .measure import BoundViolationError, Experiment
 from .model import (
     MAX_POSITIONS,
     MissingDependencyError,
@@ -167,7 +167,9 @@ def run(
     model = load_model(dtype)
     tokenizer = load_tokenizer()
     sample = default_text() if text is None else text
-    return measure(model, tokenizer, sample, lengths, progress=say)
+    from .measure import measure as measure_heads  # the module keeps the package's name
+
+    return measure_heads(model, tokenizer, sample, lengths, progress=say)
 
 
 def _say(line: str) -> None:
