@@ -15,9 +15,9 @@ from softmaxtheory.accelerated.torch import (  # noqa: E402
     adaptive_softmax,
     attention_entropy,
 )
-from test_torch_tolerances import attention_tolerance  # noqa: E402
 
 from softmaxtheory import reference as R  # noqa: E402, N812
+from tests.test_torch_tolerances import attention_tolerance  # noqa: E402
 
 #: The device of these tests (``SOFTMAXTHEORY_TEST_DEVICE=cpu`` runs their bodies on CPU, to
 #: check the tests themselves on a machine without a GPU).
