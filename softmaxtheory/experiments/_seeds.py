@@ -106,6 +106,17 @@ class LossWindow:
         Number of models (the length of every loss vector).
     device : torch.device or str
         Where the running sum lives (read-outs synchronise with it).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> window, log = LossWindow(2, "cpu"), SimpleNamespace(history=[], final_loss=[])
+    >>> window.add(torch.tensor([1.0, 3.0]))
+    >>> window.add(torch.tensor([3.0, 5.0]))
+    >>> window.flush(log, 2)
+    [2.0, 4.0]
+    >>> log.history, log.final_loss, window.steps
+    ([(2, [2.0, 4.0])], [2.0, 4.0], 0)
     """
 
     def __init__(self, models: int, device: Any) -> None:
