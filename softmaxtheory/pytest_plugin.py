@@ -226,15 +226,13 @@ def conformance_result(config: pytest.Config, name: str) -> Any:
     if _RESULTS not in config.stash:
         import os
 
-        from softmaxtheory import _cmd_check
+        from softmaxtheory.cli import check
         from softmaxtheory.conformance import properties_for
 
         target = config.stash[_TARGET]
         selected = set(config.stash.get(_SELECTED, [name])) | {name}
         names = [n for n in properties_for(target.kind) if n in selected]
-        outcome = _cmd_check.run_isolated(
-            _child_argv(config), names, _timeout(config), cwd=os.getcwd()
-        )
+        outcome = check.run_isolated(_child_argv(config), names, _timeout(config), cwd=os.getcwd())
         results = {r.name: r for r in outcome.results}
         why = outcome.usage or outcome.broken
         if why is not None:  # every selected property fails with it

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from independent import PAPER, round_to
 
 from softmaxtheory.reference import adaptive_attention, adaptive_softmax
 from softmaxtheory.spec import Constant
+from tests.support.independent import PAPER, round_to
 
 
 def naive_attention(q, k, v, keep, add, scale, adaptive=True, prec=3000):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from independent import PAPER, round_to
 
 from softmaxtheory import bounds, reference
 from softmaxtheory.spec import Constant, LogLength, PaperPolynomial, Polynomial
+from tests.support.independent import PAPER, round_to
 
 POW2_BETAS = (0.25, 0.5, 1.0, 2.0, 4.0)
 

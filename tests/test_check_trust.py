@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from softmaxtheory import _cmd_check, cli
+from softmaxtheory import cli
 from softmaxtheory import conformance as conf
+from softmaxtheory.cli import check as check_command
 from softmaxtheory.spec import Constant
 
 pytest_plugins = ["pytester"]
@@ -341,8 +342,8 @@ def test_one_check_is_singular():
 
 def test_verdict_wording():
     R = conf.PropertyResult
-    assert _cmd_check.verdict([R("values", "pass")]) == "CONFORMS"
-    assert _cmd_check.verdict([R("values", "fail"), R("long_rows", "fail")]) == (
+    assert check_command.verdict([R("values", "pass")]) == "CONFORMS"
+    assert check_command.verdict([R("values", "fail"), R("long_rows", "fail")]) == (
         "DOES NOT CONFORM (2 properties failed: values, long_rows)"
     )
 

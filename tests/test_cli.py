@@ -197,9 +197,9 @@ def test_plot_path_is_checked_before_the_table(capsys):
 
 def test_options_are_not_abbreviated(capsys):
     """``--n`` was taken as ``--npy`` (prefix matching); it is refused on every parser."""
-    from softmaxtheory.cli import _build_parser
+    from softmaxtheory.cli import build_parser
 
-    parser, subparsers = _build_parser()
+    parser, subparsers = build_parser()
     assert parser.allow_abbrev is False
     assert all(p.allow_abbrev is False for p in subparsers.values())
     line = one_line_usage_error(capsys, ["reference", "--max", "3", "1"])

@@ -15,10 +15,10 @@ pytest.importorskip("scipy")
 pytest.importorskip("matplotlib")
 
 from softmaxtheory import cli  # noqa: E402
-from softmaxtheory.experiments import _clrs_text_data as data  # noqa: E402
-from softmaxtheory.experiments import _clrs_text_model as mdl  # noqa: E402
-from softmaxtheory.experiments import _clrs_text_report as rep  # noqa: E402
 from softmaxtheory.experiments import clrs_text as ct  # noqa: E402
+from softmaxtheory.experiments.clrs_text import data  # noqa: E402
+from softmaxtheory.experiments.clrs_text import model as mdl  # noqa: E402
+from softmaxtheory.experiments.clrs_text import report as rep  # noqa: E402
 from softmaxtheory.spec import Constant, PaperPolynomial  # noqa: E402
 
 ALGOS = data.ALGORITHMS

@@ -7,10 +7,10 @@ import pytest
 from softmaxtheory import cli
 from softmaxtheory import conformance as conf
 from softmaxtheory.spec import Constant
-from tests import broken_kernels as bk
+from tests.support import broken_kernels as bk
 
 
-def _verdict(kernel, name="tests.broken_kernels:k", **kw):
+def _verdict(kernel, name="tests.support.broken_kernels:k", **kw):
     target = conf.Target(kernel, name, **kw)
     results = conf.run_conformance(target)
     failed = [r for r in results if r.status == "fail"]
@@ -80,7 +80,7 @@ def test_determinism():
 
 
 def test_cli_conforms_exit_0(capsys):
-    assert cli.main(["check", "tests.broken_kernels:softmax", "--dtype", "float32"]) == 0
+    assert cli.main(["check", "tests.support.broken_kernels:softmax", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     assert "CONFORMS" in out and "errors in ulps of float32" in out
     for name in conf.properties_for("softmax"):
@@ -91,27 +91,34 @@ def test_cli_conforms_exit_0(capsys):
 
 def test_cli_fails_exit_1_with_property_and_repro(capsys):
     code = cli.main(
-        ["check", "tests.broken_kernels:entropy_log2", "--kind", "entropy", "--only", "values"]
+        [
+            "check",
+            "tests.support.broken_kernels:entropy_log2",
+            "--kind",
+            "entropy",
+            "--only",
+            "values",
+        ]
     )
     out = capsys.readouterr().out
     assert code == 1
     assert "FAIL  values" in out and "DOES NOT CONFORM" in out
     assert "=== values: counterexample ===" in out
-    assert "from tests.broken_kernels import entropy_log2" in out
+    assert "from tests.support.broken_kernels import entropy_log2" in out
     assert "print(reference.entropy(x)" in out
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["tests.broken_kernels"], "pkg.mod:func"),
+        (["tests.support.broken_kernels"], "pkg.mod:func"),
         (["no_such_module_xyz:f"], "cannot import"),
-        (["tests.broken_kernels:nope"], "no attribute"),
-        (["tests.broken_kernels:PAPER"], "not callable"),
-        (["tests.broken_kernels:softmax", "--dtype", "bfloat16"], "bfloat16"),
-        (["tests.broken_kernels:softmax", "--device", "cuda"], "cpu only"),
-        (["tests.broken_kernels:softmax", "--only", "nonsense"], "unknown properties"),
-        (["tests.broken_kernels:softmax", "--kwarg", "1x"], "NAME=VALUE"),
+        (["tests.support.broken_kernels:nope"], "no attribute"),
+        (["tests.support.broken_kernels:PAPER"], "not callable"),
+        (["tests.support.broken_kernels:softmax", "--dtype", "bfloat16"], "bfloat16"),
+        (["tests.support.broken_kernels:softmax", "--device", "cuda"], "cpu only"),
+        (["tests.support.broken_kernels:softmax", "--only", "nonsense"], "unknown properties"),
+        (["tests.support.broken_kernels:softmax", "--kwarg", "1x"], "NAME=VALUE"),
     ],
 )
 def test_cli_usage_errors_exit_2(capsys, argv, message):
@@ -121,7 +128,7 @@ def test_cli_usage_errors_exit_2(capsys, argv, message):
 
 def test_cli_unknown_kind_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as info:
-        cli.main(["check", "tests.broken_kernels:softmax", "--kind", "sparsemax"])
+        cli.main(["check", "tests.support.broken_kernels:softmax", "--kind", "sparsemax"])
     assert info.value.code == 2
 
 

@@ -11,7 +11,7 @@ import pytest
 from softmaxtheory import conformance as conf
 from softmaxtheory import strategies as strat
 from softmaxtheory.spec import Constant
-from tests import broken_kernels as bk
+from tests.support import broken_kernels as bk
 
 SCORE = json.loads((Path(__file__).resolve().parent.parent / bk.SCORE_FILE).read_text())
 
@@ -31,13 +31,13 @@ def test_defect_is_caught_by_the_default_run(case):
     """
     kernel, opts, prop = bk.CATALOGUE[case]
     _needs(opts)
-    target = conf.Target(kernel, f"tests.broken_kernels:{kernel.__name__}", **opts)
+    target = conf.Target(kernel, f"tests.support.broken_kernels:{kernel.__name__}", **opts)
     assert prop in conf.properties_for(target.kind)
     assert target.examples is None and not target.thorough and not target.strict
     res = conf.run_property(prop, target)
     assert res.status == "fail", f"{case}: {prop} did not catch it"
     assert res.message
-    assert f"from tests.broken_kernels import {kernel.__name__}" in res.message or (
+    assert f"from tests.support.broken_kernels import {kernel.__name__}" in res.message or (
         "dtype" in res.message or "table gives" in res.message
     )
     line = res.line()
@@ -91,8 +91,8 @@ def test_plain_attention_passes_as_plain_attention():
 )  # fmt: skip
 def test_repro_snippet_reproduces_the_counterexample(case, framework, capsys):
     kernel, opts, prop = bk.CATALOGUE[case]
-    target = conf.Target(kernel, f"tests.broken_kernels:{kernel.__name__}", framework=framework,
-                      **opts)  # fmt: skip
+    target = conf.Target(kernel, f"tests.support.broken_kernels:{kernel.__name__}",
+                         framework=framework, **opts)  # fmt: skip
     res = conf.run_property(prop, target)
     snippet = res.message.split("repro:\n", 1)[1]
     exec(compile(snippet, "<repro>", "exec"), {})
@@ -105,8 +105,8 @@ def test_repro_snippet_reproduces_the_counterexample(case, framework, capsys):
 def test_torch_repro_snippet_runs(capsys):
     torch = pytest.importorskip("torch")
 
-    target = conf.Target(bk.torch_softmax, "tests.broken_kernels:torch_softmax", framework="torch",
-                      dtype="bfloat16")  # fmt: skip
+    target = conf.Target(bk.torch_softmax, "tests.support.broken_kernels:torch_softmax",
+                         framework="torch", dtype="bfloat16")  # fmt: skip
     x = torch.tensor([[0.0, 1.0, 2.0]], dtype=torch.bfloat16)
     ns: dict = {}
     exec("import numpy as np\n" + target.repro, ns)
@@ -145,7 +145,8 @@ def test_fully_masked_rows_by_kind_and_contract():
 
 
 def test_strict_failure_says_the_default_contract_passes():
-    target = conf.Target(bk.listing_native_16bit, "tests.broken_kernels:listing_native_16bit",
+    target = conf.Target(bk.listing_native_16bit,
+                         "tests.support.broken_kernels:listing_native_16bit",
                          kind="adaptive_softmax", dtype="float16", strict=True)  # fmt: skip
     res = conf.run_property("values", target)
     assert res.status == "fail"

@@ -1,6 +1,6 @@
 """Every reference output equals an independent evaluation rounded once: 0 ulp, bit for bit.
 
-The expectation comes from ``tests/independent.py`` (naive mpmath formulas at
+The expectation comes from ``tests/support/independent.py`` (naive mpmath formulas at
 very high precision, its own rounding through exact rationals) or, for the
 Constant and LogLength schedules, from the same naive formulas written here.
 """
@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from independent import exact_row, round_to
-from strategies_support import (
+
+from softmaxtheory import reference
+from softmaxtheory.spec import Constant, LogLength, Polynomial
+from tests.support.independent import exact_row, round_to
+from tests.support.strategies_support import (
     NEG_INF,
     assert_bitwise_equal,
     logit_rows,
@@ -24,9 +27,6 @@ from strategies_support import (
     two_level_row_for_entropy,
     ulps_away,
 )
-
-from softmaxtheory import reference
-from softmaxtheory.spec import Constant, LogLength, Polynomial
 
 DTYPES = (np.float64, np.float32, np.float16)
 CONST = paper_constants()
@@ -357,7 +357,7 @@ def test_mp_functions_are_within_their_certified_error() -> None:
 def test_mp_functions_two_items_with_huge_spread(d) -> None:
     """[0, -d]: H = log1p(e) + d e / (1 + e), e = exp(-d), far below any float.
 
-    (tests/independent.py loses the log1p part here: at 2600 bits 1 + e rounds to 1.)
+    (tests/support/independent.py loses the log1p part here: at 2600 bits 1 + e rounds to 1.)
     """
     with mpmath.workprec(300):
         e = mpmath.exp(-mpmath.mpf(d))

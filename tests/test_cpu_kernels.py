@@ -13,11 +13,11 @@ pytest.importorskip("numba")
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from strategies_support import NEG_INF, logit_rows
 
 from softmaxtheory import bounds, reference
 from softmaxtheory.accelerated import cpu
 from softmaxtheory.spec import Constant, LogLength, PaperPolynomial, Polynomial
+from tests.support.strategies_support import NEG_INF, logit_rows
 
 SCHEDULES = (None, Constant("2"), LogLength("0.5"), Polynomial(("1", "1"), "0.25"))
 U = {np.float64: 2.0**-53, np.float32: 2.0**-24}

@@ -2,10 +2,12 @@
 
 The public modules are discovered on disk: each package of pyproject's
 ``[tool.setuptools] packages`` and every module inside it whose dotted name has no
-component starting with ``_``. The public names of a module are its ``__all__``
-(dunder names aside). What counts as documented is what Sphinx itself records: the
-docs pages that hold an autodoc or ``py:`` directive are built (with the real
-``docs/conf.py``) into tmp_path, and the Python domain's objects are read back. A
+component starting with ``_``, except the modules of the packages in :data:`INTERNAL`
+(a command or an experiment whose package is its whole public face). The public
+names of a module are its ``__all__`` (dunder names aside). What counts as documented
+is what Sphinx itself records: the docs pages that hold an autodoc or ``py:``
+directive are built (with the real ``docs/conf.py``) into tmp_path, and the Python
+domain's objects are read back. A
 name is documented under its own module, under another public module that exports
 the same object (``softmaxtheory.PaperPolynomial`` is ``softmaxtheory.spec.PaperPolynomial``),
 or under its defining module and qualified name.
@@ -41,6 +43,19 @@ OPTIONAL = {"numba", "torch", "triton", "hypothesis", "matplotlib", "scipy", "tr
 # entry must go.
 PENDING: dict[str, str] = {}
 
+# Packages whose own modules implement the package's public face and are not API: the
+# package is documented (its __init__), its modules are not discovered. Each with the reason.
+INTERNAL: dict[str, str] = {
+    "softmaxtheory.cli": "one module per subcommand; the commands are documented by their "
+    "--help and the command-line pages",
+    "softmaxtheory.experiments.max_retrieval": "data, model and report of the experiment "
+    "whose command and run function the package gives",
+    "softmaxtheory.experiments.clrs_text": "data, model and report of the experiment whose "
+    "command and run function the package gives",
+    "softmaxtheory.experiments.minilm": "model, measurements and report of the experiment "
+    "whose command and run function the package gives",
+}
+
 AUTODOC = re.compile(r"^\s*\.\. (auto[a-z]+|py:[a-z]+)::", re.MULTILINE)
 
 
@@ -60,6 +75,8 @@ def public_modules() -> list[str]:
         if not _public(package):
             continue
         found.add(package)
+        if package in INTERNAL:
+            continue
         pkg = importlib.import_module(package)
         for info in pkgutil.iter_modules(pkg.__path__, package + "."):
             if _public(info.name):
@@ -151,13 +168,24 @@ def test_the_discovery_finds_the_known_modules():
         "softmaxtheory.accelerated",
         "softmaxtheory.accelerated.cpu",
         "softmaxtheory.accelerated.torch",
+        "softmaxtheory.cli",
+        "softmaxtheory.bench",
+        "softmaxtheory.bench.torch",
+        "softmaxtheory.bench_torch",
+        "softmaxtheory.experiments.minilm",
     ):
         assert name in MODULES
 
 
+def test_the_modules_of_an_internal_package_are_not_public():
+    assert set(INTERNAL) <= set(_packages())
+    for name in ("softmaxtheory.cli.check", "softmaxtheory.experiments.minilm.model"):
+        assert name not in MODULES
+
+
 def test_a_name_with_a_private_part_is_not_public():
     assert _public("softmaxtheory.accelerated.cpu")
-    for name in ("softmaxtheory.__main__", "softmaxtheory._cmd_check", "_x", "a._b.c"):
+    for name in ("softmaxtheory.__main__", "softmaxtheory._layout", "_x", "a._b.c"):
         assert not _public(name), name
 
 

@@ -86,11 +86,12 @@ def test_the_command_names_every_option_of_the_entry(gallery):
     d = {"kernel": "k", "kind": "entropy", "framework": "numpy", "dtype": "float16",
          "entropy_eps": 1e-9}  # fmt: skip
     assert gallery._command(d) == (
-        "softmaxtheory check tests.broken_kernels:k --kind entropy --dtype float16 "
+        "softmaxtheory check tests.support.broken_kernels:k --kind entropy --dtype float16 "
         "--entropy-eps 1e-09"
     )
     d = {"kernel": "t", "kind": "softmax", "framework": "torch", "dtype": "float32"}
-    assert gallery._command(d) == "softmaxtheory check tests.broken_kernels:t --framework torch"
+    command = "softmaxtheory check tests.support.broken_kernels:t --framework torch"
+    assert gallery._command(d) == command
 
 
 def _data():
@@ -113,7 +114,7 @@ def test_the_page_source_has_a_section_per_defect(gallery):
     assert "Of the 1 defect classes, the default run caught 1" in text
     assert ".. _oracle-no-max-subtraction:\n\nNo max subtraction\n~~~~~~~~~~~~~~~~~~\n" in text
     assert "Exp(x) / sum(exp(x)) without \\*subtracting\\*." in text
-    assert "   $ softmaxtheory check tests.broken_kernels:no_max_subtraction" in text
+    assert "   $ softmaxtheory check tests.support.broken_kernels:no_max_subtraction" in text
     assert "   def f(x):\n       return x" in text
     assert "**Caught by** ``values``, the first property of the run." in text
     text = "\n".join(gallery._correct_rst(_data()))

@@ -16,10 +16,10 @@ pytest.importorskip("scipy")
 pytest.importorskip("matplotlib")
 
 from softmaxtheory import bounds, cli  # noqa: E402
-from softmaxtheory.experiments import _max_retrieval_data as data  # noqa: E402
-from softmaxtheory.experiments import _max_retrieval_model as mdl  # noqa: E402
-from softmaxtheory.experiments import _max_retrieval_report as rep  # noqa: E402
 from softmaxtheory.experiments import max_retrieval as mr  # noqa: E402
+from softmaxtheory.experiments.max_retrieval import data  # noqa: E402
+from softmaxtheory.experiments.max_retrieval import model as mdl  # noqa: E402
+from softmaxtheory.experiments.max_retrieval import report as rep  # noqa: E402
 from softmaxtheory.spec import Constant, PaperPolynomial  # noqa: E402
 
 WIDTH = 16  # tiny models: the tests check the plumbing, not the learning

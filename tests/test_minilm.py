@@ -1,6 +1,6 @@
 """``softmaxtheory reproduce minilm-spread``: the MiniLM encoder, its logits and bounds.
 
-The encoder written out in softmaxtheory.experiments._minilm_model is checked
+The encoder written out in softmaxtheory.experiments.minilm.model is checked
 against transformers' own BertModel (eager attention) loaded from the same
 files: its attention probabilities, its layer inputs and its last hidden state.
 """
@@ -24,10 +24,10 @@ pytest.importorskip("tokenizers")
 
 from softmaxtheory import bounds  # noqa: E402
 from softmaxtheory.cli import main as cli_main  # noqa: E402
-from softmaxtheory.experiments import _minilm_measure as me  # noqa: E402
-from softmaxtheory.experiments import _minilm_model as mm  # noqa: E402
-from softmaxtheory.experiments import _minilm_report as mr  # noqa: E402
 from softmaxtheory.experiments import minilm  # noqa: E402
+from softmaxtheory.experiments.minilm import measure as me  # noqa: E402
+from softmaxtheory.experiments.minilm import model as mm  # noqa: E402
+from softmaxtheory.experiments.minilm import report as mr  # noqa: E402
 
 SAMPLES = [
     "The quick brown fox jumps over the lazy dog.",

@@ -33,20 +33,29 @@ OPTIONAL = {
 }
 
 
+#: The three folders of the distribution and the package each one is.
+FOLDERS = (
+    ("softmaxtheory", "softmaxtheory"),
+    ("softmaxtheory.reference", "reference"),
+    ("softmaxtheory.accelerated", "accelerated"),
+)
+
+
 def _all_modules() -> list[str]:
-    """Every module of the three packages, found on disk (new modules join automatically)."""
+    """Every module of the three packages and their subpackages, found on disk.
+
+    New modules and subpackages join automatically.
+    """
     names = []
-    for package, folder in (
-        ("softmaxtheory", "softmaxtheory"),
-        ("softmaxtheory.reference", "reference"),
-        ("softmaxtheory.accelerated", "accelerated"),
-        ("softmaxtheory.experiments", "softmaxtheory/experiments"),
-        ("softmaxtheory._certify", "softmaxtheory/_certify"),
-    ):
-        names.append(package)
-        for path in sorted((ROOT / folder).glob("*.py")):
-            if path.stem not in ("__init__", "__main__"):
-                names.append(f"{package}.{path.stem}")
+    for package, folder in FOLDERS:
+        root = ROOT / folder
+        for path in sorted(root.rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__main__":
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            names.append(".".join((package, *parts)))
     return names
 
 
@@ -65,6 +74,47 @@ def _import(name: str):
 def test_module_list_is_complete():
     assert "softmaxtheory.bounds" in MODULES and "softmaxtheory.reference._api" in MODULES
     assert "softmaxtheory.experiments.minilm" in MODULES
+    assert "softmaxtheory.experiments.minilm.model" in MODULES
+    assert "softmaxtheory.cli.check" in MODULES and "softmaxtheory.bench.torch" in MODULES
+
+
+def test_every_package_on_disk_is_packaged():
+    """Each folder with an ``__init__.py`` is in pyproject's ``[tool.setuptools] packages``.
+
+    setuptools installs only the packages listed there: a subpackage missing from the list
+    works in a checkout and is absent from the wheel.
+    """
+    import tomllib
+
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = set()
+    for package, folder in FOLDERS:
+        root = ROOT / folder
+        for init in root.rglob("__init__.py"):
+            on_disk.add(".".join((package, *init.parent.relative_to(root).parts)))
+    assert on_disk == set(listed["packages"])
+    assert {"softmaxtheory.cli", "softmaxtheory.bench", "softmaxtheory.experiments.minilm"} <= (
+        on_disk
+    )
+
+
+def test_a_submodule_is_not_shadowed_by_a_name_of_its_package():
+    """``from softmaxtheory.experiments.minilm import measure`` gives the module.
+
+    A package that imported its submodule's function of the same name would hand out the
+    function instead (the attribute wins over the submodule).
+    """
+    for name in MODULES:
+        parent, _, leaf = name.rpartition(".")
+        if not parent:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.split(".")[0] in OPTIONAL:
+                continue
+            raise
+        assert getattr(importlib.import_module(parent), leaf) is module, name
 
 
 def _run(code: str) -> str:
@@ -78,6 +128,23 @@ def test_import_is_lazy():
         "import sys, softmaxtheory, softmaxtheory.reference, softmaxtheory.accelerated\n"
         "heavy = ('numba', 'torch', 'hypothesis', 'triton', 'dask', 'distributed')\n"
         "print(sorted(m for m in heavy if m in sys.modules))"
+    )
+    assert out.strip() == "[]"
+
+
+def test_experiment_commands_and_reports_import_no_torch():
+    """The commands, the reports and the CLRS-Text samplers need numpy only at import.
+
+    Torch is imported when an experiment runs; the shared command module keeps it so.
+    """
+    out = _run(
+        "import sys\n"
+        "import softmaxtheory.experiments.max_retrieval, softmaxtheory.experiments.clrs_text\n"
+        "import softmaxtheory.experiments.minilm\n"
+        "import softmaxtheory.experiments.max_retrieval.report\n"
+        "import softmaxtheory.experiments.clrs_text.report\n"
+        "import softmaxtheory.experiments.clrs_text.data\n"
+        "print(sorted(m for m in ('torch', 'scipy', 'matplotlib') if m in sys.modules))"
     )
     assert out.strip() == "[]"
 
@@ -169,7 +236,7 @@ def test_command_line_loads_no_experiment_module():
     out = _run(
         "import sys\n"
         "from softmaxtheory import cli\n"
-        "cli._build_parser()\n"
+        "cli.build_parser()\n"
         "print(sorted(m for m in sys.modules if m.startswith('softmaxtheory.experiments.')))\n"
     )
     assert out.strip() == "[]"

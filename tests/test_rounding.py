@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from independent import round_to
 from mpmath import mp
 from mpmath.libmp import from_man_exp
 
 from softmaxtheory.reference import FORMATS, round_exact
 from softmaxtheory.reference._rounding import format_for, round_ball
+from tests.support.independent import round_to
 
 F64, F32, F16 = FORMATS["float64"], FORMATS["float32"], FORMATS["float16"]
 

@@ -14,10 +14,10 @@ import math
 import mpmath
 import numpy as np
 import pytest
-from strategies_support import NEG_INF, assert_bitwise_equal
 
 from softmaxtheory import reference
 from softmaxtheory.spec import Constant, LogLength, Polynomial
+from tests.support.strategies_support import NEG_INF, assert_bitwise_equal
 
 NAN = math.nan
 INF = math.inf

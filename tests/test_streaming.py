@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from strategies_support import NEG_INF, assert_bitwise_equal, logit_rows
 
 from softmaxtheory import reference
 from softmaxtheory.reference import StreamState
 from softmaxtheory.spec import Constant, LogLength, Polynomial
+from tests.support.strategies_support import NEG_INF, assert_bitwise_equal, logit_rows
 
 pytestmark = pytest.mark.theorem("T7")
 

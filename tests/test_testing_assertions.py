@@ -15,7 +15,7 @@ from softmaxtheory.testing import (
     assert_entropy_close,
     assert_softmax_close,
 )
-from tests import broken_kernels as bk
+from tests.support import broken_kernels as bk
 
 RNG = np.random.default_rng(20250601)
 

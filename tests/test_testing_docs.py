@@ -67,7 +67,7 @@ def test_guide_torch_defect_command():
         "softmaxtheory.conformance",
         "softmaxtheory._testing_model",
         "softmaxtheory.pytest_plugin",
-        "softmaxtheory._cmd_check",
+        "softmaxtheory.cli.check",
     ],
 )
 def test_docstring_examples_and_all(name):

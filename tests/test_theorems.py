@@ -19,8 +19,16 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from independent import round_to
-from strategies_support import (
+
+from softmaxtheory import reference
+from softmaxtheory.spec import (
+    Constant,
+    LogLength,
+    PaperPolynomial,
+    Polynomial,
+)
+from tests.support.independent import round_to
+from tests.support.strategies_support import (
     DYADIC_BETAS,
     NEG_INF,
     assert_bitwise_equal,
@@ -33,14 +41,6 @@ from strategies_support import (
     two_level_entropy,
     two_level_row_for_entropy,
     ulps_away,
-)
-
-from softmaxtheory import reference
-from softmaxtheory.spec import (
-    Constant,
-    LogLength,
-    PaperPolynomial,
-    Polynomial,
 )
 
 F64 = np.float64

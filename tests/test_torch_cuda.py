@@ -10,7 +10,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_torch_tolerances import attention_tolerance  # noqa: E402
 
 from softmaxtheory import reference as R  # noqa: E402, N812
 from softmaxtheory.accelerated.torch import (  # noqa: E402
@@ -18,6 +17,7 @@ from softmaxtheory.accelerated.torch import (  # noqa: E402
     adaptive_softmax,
     attention_entropy,
 )
+from tests.test_torch_tolerances import attention_tolerance  # noqa: E402
 
 #: The device of these tests (``SOFTMAXTHEORY_TEST_DEVICE=cpu`` runs their bodies on CPU, to
 #: check the tests themselves on a machine without a GPU).

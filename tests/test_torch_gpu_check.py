@@ -134,7 +134,7 @@ def test_bench_plan_covers_item_seven():
     """The GPU benchmark times issue 13's shapes (D = 128 at 8192 included), forward + backward
     with beta attached and detached, attention_entropy, a median of at least 50 calls."""
     pytest.importorskip("torch")
-    from softmaxtheory import bench_torch as B  # noqa: N812
+    from softmaxtheory.bench import torch as B  # noqa: N812
 
     assert (8, 16, 4096, 4096, 64) in B.SHAPES and (2, 16, 16384, 16384, 64) in B.SHAPES
     assert (4, 16, 8192, 8192, 128) in B.SHAPES

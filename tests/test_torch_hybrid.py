@@ -15,12 +15,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_torch_tolerances import attention_tolerance  # noqa: E402
-
 from softmaxtheory import reference as R  # noqa: E402, N812
 from softmaxtheory.accelerated import _torch_attention as A  # noqa: E402, N812
 from softmaxtheory.accelerated.torch import adaptive_attention  # noqa: E402
 from softmaxtheory.spec import Constant, LogLength  # noqa: E402
+from tests.test_torch_tolerances import attention_tolerance  # noqa: E402
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 

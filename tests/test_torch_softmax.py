@@ -10,11 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_torch_tolerances import softmax_tolerance  # noqa: E402
-
 from softmaxtheory import reference as R  # noqa: E402, N812
 from softmaxtheory.accelerated.torch import AdaptiveSoftmax, adaptive_softmax  # noqa: E402
 from softmaxtheory.spec import Constant, LogLength, Polynomial  # noqa: E402
+from tests.test_torch_tolerances import softmax_tolerance  # noqa: E402
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 SCHEDULES = [None, Constant("1.5"), LogLength("0.7"), Polynomial(("0.2", "1.1"), "0.3")]

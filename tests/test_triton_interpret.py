@@ -22,10 +22,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from test_torch_tolerances import attention_tolerance  # noqa: E402
-
 from softmaxtheory import reference as R  # noqa: E402, N812
 from softmaxtheory.spec import LogLength, Polynomial  # noqa: E402
+from tests.test_torch_tolerances import attention_tolerance  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 MASKS = ("none", "causal", "bool", "bias")

@@ -1,7 +1,7 @@
 """Sphinx extension: the gallery of what the conformance oracle catches, computed at build time.
 
 ``.. oracle-gallery::`` runs every broken kernel of the test suite's catalogue
-(``tests/broken_kernels.py``, :data:`CATALOGUE`) through the conformance suite
+(``tests/support/broken_kernels.py``, :data:`CATALOGUE`) through the conformance suite
 while the page is built, the way ``softmaxtheory check`` runs a kernel: the
 properties of its kind in report order, with their default (derandomized)
 example budgets, stopping at the first failure (``check``'s fail-fast). For each
@@ -46,7 +46,7 @@ from sphinx.util.docutils import SphinxDirective
 logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
-CATALOGUE_FILE = ROOT / "tests" / "broken_kernels.py"
+CATALOGUE_FILE = ROOT / "tests" / "support" / "broken_kernels.py"
 #: The code the verdicts depend on (hashed for the cache).
 SOURCES = ("softmaxtheory", "reference", "accelerated")
 VERSIONED = ("numpy", "scipy", "torch", "hypothesis", "mpmath")
@@ -62,7 +62,7 @@ CORRECT = (
 
 
 def _catalogue() -> ModuleType:
-    """tests/broken_kernels.py, imported from its file (the tests folder is no package)."""
+    """tests/support/broken_kernels.py, imported from its file (not as the ``tests`` package)."""
     name = "_oracle_gallery_broken_kernels"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, CATALOGUE_FILE)
@@ -138,7 +138,7 @@ def _run_defect(bk: ModuleType, name: str) -> dict[str, Any]:
     if record["framework"] == "torch" and not _have("torch"):
         record["status"] = "not run: torch is not installed"
         return record
-    target = conf.Target(kernel, f"tests.broken_kernels:{kernel.__name__}", **opts)
+    target = conf.Target(kernel, f"tests.support.broken_kernels:{kernel.__name__}", **opts)
     ran = []
     for prop in conf.properties_for(target.kind):
         res = conf.run_property(prop, target)
@@ -159,7 +159,7 @@ def _run_defect(bk: ModuleType, name: str) -> dict[str, Any]:
 def _correct_kernel(module: str) -> tuple[Any, str, dict[str, Any]]:
     """The kernel, its ``pkg.mod:func`` name and its keyword arguments."""
     if module == "numpy":
-        return _catalogue().softmax, "tests.broken_kernels:softmax", {}
+        return _catalogue().softmax, "tests.support.broken_kernels:softmax", {}
     if module == "scipy":
         import scipy.special
 
@@ -305,7 +305,7 @@ def _defect_text(doc: str) -> str:
 
 def _command(d: dict[str, Any]) -> str:
     """The ``softmaxtheory check`` command line that checks a catalogue kernel."""
-    words = ["softmaxtheory check", f"tests.broken_kernels:{d['kernel']}"]
+    words = ["softmaxtheory check", f"tests.support.broken_kernels:{d['kernel']}"]
     if d["kind"] != "softmax":
         words.append(f"--kind {d['kind']}")
     if d["framework"] != "numpy":

@@ -14,8 +14,8 @@ import numpy as np
 from softmaxtheory._certify.adaptive import beta_sup
 from softmaxtheory._certify.enclosures import certified_text
 
-from .cli import load_npy, parse_float
-from .spec import PaperPolynomial
+from ..spec import PaperPolynomial
+from . import load_npy, parse_float
 
 __all__ = ["DEFAULT_SIZES", "add_parser", "compute", "run"]
 
@@ -83,7 +83,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _measure(path: str, statistic: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    from .bounds import empirical_spread
+    from ..bounds import empirical_spread
 
     arr = load_npy(path, parser)
     try:
@@ -125,7 +125,7 @@ def compute(
     `digits` digits; otherwise they are strings in scientific notation,
     correctly rounded to `digits` significant digits.
     """
-    from . import bounds
+    from .. import bounds
 
     beta_max = bounds.adaptive_beta_max()
     h_on, h_off = bounds.adaptive_window()
@@ -216,7 +216,7 @@ def _show(size: int | str) -> str:
 
 def _check_range(spread: float, beta: float, parser: argparse.ArgumentParser) -> None:
     """Refuse a spread and beta whose sizes would be too large to compute (exit 2)."""
-    from .bounds import MAX_EXPONENT
+    from ..bounds import MAX_EXPONENT
 
     if spread * beta > MAX_EXPONENT:
         parser.error(
@@ -298,7 +298,7 @@ def _plot(doc: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from . import bounds
+    from .. import bounds
 
     def capped(size: int | str) -> int:  # sizes shown as text are beyond any axis drawn
         return size if isinstance(size, int) else 10**15

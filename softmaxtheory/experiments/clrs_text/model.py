@@ -2,7 +2,7 @@ r"""A small decoder-only transformer for CLRS-Text, many models at once (private
 
 Every parameter has a leading *model* dimension :math:`M`; the :math:`M`
 models are trained together as one batched model (as in
-:mod:`._max_retrieval_model`). For :math:`S` seeds the run holds
+the max-retrieval experiment). For :math:`S` seeds the run holds
 :math:`M = 2S` models: model :math:`s` is seed :math:`s` trained with plain
 softmax attention, model :math:`S + s` the same seed (same initial weights,
 same training batches) trained with the adaptive temperature in every head.
@@ -42,8 +42,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from softmaxtheory.experiments._max_retrieval_data import make_generator
-from softmaxtheory.experiments._max_retrieval_model import _SeedLinear
+from .._seeds import LossWindow, SeedLinear, make_generator
 
 __all__ = [
     "VOCAB",
@@ -202,21 +201,21 @@ class ClrsTextModel(nn.Module):
             block = nn.ModuleDict(
                 {
                     "ln1": _SeedLayerNorm(m, width),
-                    "qkv": _SeedLinear(m, width, 3 * width),
-                    "out": _SeedLinear(m, width, width),
+                    "qkv": SeedLinear(m, width, 3 * width),
+                    "out": SeedLinear(m, width, width),
                     "ln2": _SeedLayerNorm(m, width),
-                    "fc1": _SeedLinear(m, width, 4 * width),
-                    "fc2": _SeedLinear(m, 4 * width, width),
+                    "fc1": SeedLinear(m, width, 4 * width),
+                    "fc2": SeedLinear(m, 4 * width, width),
                 }
             )
             self.blocks.append(block)
         self.ln_f = _SeedLayerNorm(m, width)
-        self.head = _SeedLinear(m, width, vocab)
+        self.head = SeedLinear(m, width, vocab)
         s = len(self.seeds)
         for i, seed in enumerate(self.seeds):
             gen = make_generator(seed, "init")
             emb = torch.randn(vocab, width, generator=gen) * 0.02
-            linears = [mod for mod in self.modules() if isinstance(mod, _SeedLinear)]
+            linears = [mod for mod in self.modules() if isinstance(mod, SeedLinear)]
             for mod in linears:
                 mod.init_seed(i, gen)
             with torch.no_grad():
@@ -314,7 +313,7 @@ def _draw_batch(
 
     One algorithm per step keeps the lengths within a batch alike (little padding).
     """
-    from softmaxtheory.experiments._clrs_text_data import sample
+    from .data import sample
 
     out = []
     for rng in rngs:
@@ -417,7 +416,7 @@ def train(
     """
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
-    from softmaxtheory.experiments._clrs_text_data import make_rng
+    from .data import make_rng
 
     device = model.embed.device
     rngs = [make_rng(seed, "train") for seed in model.seeds]
@@ -439,8 +438,7 @@ def train(
     model.train()
     log = TrainLog()
     m = model.num_models
-    running = torch.zeros(m, device=device)
-    window = 0
+    window = LossWindow(m, device)
     tokens = 0.0
     start = time.perf_counter()
     for step in range(steps):
@@ -457,17 +455,12 @@ def train(
         clip_per_model(model, 1.0)
         opt.step()
         sched.step()
-        running += per_model.detach()
-        window += 1
+        window.add(per_model)
         log.steps = step + 1
         losses = None
         out_of_time = max_seconds is not None and time.perf_counter() - start > max_seconds
         if (step + 1) % log_every == 0 or step + 1 == steps or out_of_time:
-            losses = (running / window).tolist()
-            log.history.append((step + 1, losses))
-            log.final_loss = losses
-            running.zero_()
-            window = 0
+            losses = window.flush(log, step + 1)
         if on_step is not None:
             on_step(step + 1, losses)
         if out_of_time:
@@ -544,8 +537,9 @@ def evaluate(
     stream, so every variant of a seed sees the same examples. Needs a model
     with two copies per seed (copy 0 trained plain, copy 1 adaptive).
     """
-    from softmaxtheory.experiments._clrs_text_data import ALGORITHMS, make_rng, sample
     from softmaxtheory.spec import Constant, PaperPolynomial
+
+    from .data import ALGORITHMS, make_rng, sample
 
     if model.copies != 2:
         raise ValueError(f"model must have 2 copies per seed, got {model.copies}")

@@ -67,7 +67,7 @@ def _fmt_kernels(results: list[Any], info: dict[str, Any]) -> list[str]:
 
 def _reference_speedup(args: argparse.Namespace, doc: dict[str, Any], say: Any) -> list[str]:
     """The fast first pass of the reference against its pure mpmath path."""
-    from . import bench
+    from .. import bench
 
     n = args.n or (4096 if args.quick else 1 << 20)
     mp_n = min(n, 1024 if args.quick else 1 << 14)
@@ -93,10 +93,10 @@ def _reference_speedup(args: argparse.Namespace, doc: dict[str, Any], say: Any) 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the benchmarks and print the results; return the exit status."""
     if args.device != "cpu":
-        from .bench_torch import run_device
+        from ..bench.torch import run_device
 
         return run_device(args)
-    from . import bench
+    from .. import bench
 
     if args.n is not None and args.n < 1:
         parser.error("--n must be >= 1")

@@ -502,7 +502,7 @@ def example(module, func):
     import sys
 
     if module not in sys.modules:
-        path = pathlib.Path(__file__).resolve().parent.parent / "docs" / "examples" / f"{module}.py"
+        path = pathlib.Path(__file__).resolve().parents[2] / "docs" / "examples" / f"{module}.py"
         spec = importlib.util.spec_from_file_location(module, path)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[module] = mod
@@ -519,9 +519,9 @@ CORRECT = {
     "docs/examples torch_adaptive.adaptive_softmax, bfloat16": (
         "torch_adaptive", "adaptive_softmax", {**_A, "dtype": "bfloat16", "framework": "torch"}),
     "the paper's listing natively in float16": (
-        "tests.broken_kernels", "listing_native_16bit", {**_A, "dtype": "float16"}),
+        "tests.support.broken_kernels", "listing_native_16bit", {**_A, "dtype": "float16"}),
     "the paper's listing natively in bfloat16 (torch)": (
-        "tests.broken_kernels", "torch_listing_native_16bit",
+        "tests.support.broken_kernels", "torch_listing_native_16bit",
         {**_A, "dtype": "bfloat16", "framework": "torch"}),
 }  # fmt: skip
 
@@ -529,7 +529,7 @@ CORRECT = {
 def correct_kernel(name):
     """The kernel of a :data:`CORRECT` entry and its ``pkg.mod:func`` name."""
     module, func, _ = CORRECT[name]
-    if module == "tests.broken_kernels":
+    if module == "tests.support.broken_kernels":
         return globals()[func], f"{module}:{func}"
     return example(module, func), f"{module}:{func}"
 
@@ -560,7 +560,7 @@ def measure_score():
 
     defects = {}
     for name, (kernel, opts, prop) in CATALOGUE.items():
-        target = conf.Target(kernel, f"tests.broken_kernels:{kernel.__name__}", **opts)
+        target = conf.Target(kernel, f"tests.support.broken_kernels:{kernel.__name__}", **opts)
         defects[name] = score_entry(name, prop, conf.run_property(prop, target).status)
     correct = {}
     for name, (_, _, opts) in CORRECT.items():
@@ -571,11 +571,11 @@ def measure_score():
     return {"defects": defects, "correct": correct}
 
 
-if __name__ == "__main__":  # python -m tests.broken_kernels: rewrite SCORE_FILE
+if __name__ == "__main__":  # python -m tests.support.broken_kernels: rewrite SCORE_FILE
     import json
     import pathlib
 
-    path = pathlib.Path(__file__).resolve().parent.parent / SCORE_FILE
+    path = pathlib.Path(__file__).resolve().parents[2] / SCORE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(measure_score(), indent=1) + "\n")
     print(f"wrote {path}")

@@ -1,8 +1,9 @@
 """The ``softmaxtheory`` command line.
 
-Each subcommand lives in its own module (``softmaxtheory._cmd_<name>``) with
-an ``add_parser(subparsers)`` and a ``run(args, parser)``; :data:`COMMANDS`
-lists them in the order ``--help`` shows them.
+Each subcommand lives in its own module of this package
+(``softmaxtheory.cli.<name>``) with an ``add_parser(subparsers)`` and a
+``run(args, parser)``; :data:`COMMANDS` lists them in the order ``--help``
+shows them.
 
 ``softmaxtheory reference``
     Evaluate the certified reference on logits given on the command line or in
@@ -22,12 +23,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__
-from .spec import Constant, LogLength, PaperPolynomial, Polynomial, Schedule
+from .. import __version__
+from ..spec import Constant, LogLength, PaperPolynomial, Polynomial, Schedule
 
-__all__ = ["COMMANDS", "load_npy", "main", "parse_float", "parse_schedule"]
+__all__ = ["COMMANDS", "build_parser", "load_npy", "main", "parse_float", "parse_schedule"]
 
-#: The subcommands, each implemented by the module ``softmaxtheory._cmd_<name>``.
+#: The subcommands, each implemented by the module ``softmaxtheory.cli.<name>``.
 COMMANDS: tuple[str, ...] = ("reference", "bounds", "check", "bench", "reproduce")
 
 
@@ -117,7 +118,13 @@ def load_npy(path: str, parser: argparse.ArgumentParser) -> Any:
     return arr
 
 
-def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``softmaxtheory`` parser and the parser of each subcommand, by name.
+
+    Builds every subcommand's options (``add_parser`` of each module of
+    :data:`COMMANDS`) without running anything; the experiments' modules are
+    not imported.
+    """
     parser = _Parser(
         prog="softmaxtheory",
         description="Softmax dispersion and adaptive temperature, certified.",
@@ -131,7 +138,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
 
 
 def _command_module(name: str) -> Any:
-    return importlib.import_module(f"._cmd_{name}", __package__)
+    return importlib.import_module(f".{name}", __package__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stops quietly, as the Python documentation recommends for SIGPIPE: the
     rest of the output goes to ``os.devnull`` and the status is 1.
     """
-    parser, subparsers = _build_parser()
+    parser, subparsers = build_parser()
     args = parser.parse_args(argv)
     try:
         code = int(_command_module(args.command).run(args, subparsers[args.command]))

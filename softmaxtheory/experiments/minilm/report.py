@@ -1,4 +1,4 @@
-r"""Tables, CSV files, JSON and plots of a :class:`~._minilm_measure.Experiment`.
+r"""Tables, CSV files, JSON and plots of a :class:`~.measure.Experiment`.
 
 Written by :func:`write_outputs` into one folder:
 
@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import bounds
-from ._minilm_measure import EPS, PAPER_GEMMA_2B, Experiment, LengthResult, summarize
-from ._minilm_model import MAX_POSITIONS, PACKAGE, _require
+from ... import bounds
+from .measure import EPS, PAPER_GEMMA_2B, Experiment, LengthResult, summarize
+from .model import MAX_POSITIONS, PACKAGE, require
 
 __all__ = [
     "FILES",
@@ -390,7 +390,7 @@ def to_json(exp: Experiment, command: str | None = None) -> dict[str, Any]:
     -------
     dict
     """
-    torch = _require("torch", "torch")
+    torch = require("torch", "torch")
     per_length = []
     for r in exp.results:
         per_length.append(
@@ -515,7 +515,7 @@ def write_plots(
     -------
     list of pathlib.Path
     """
-    mpl = _require("matplotlib", "matplotlib")
+    mpl = require("matplotlib", "matplotlib")
     mpl.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib import ticker

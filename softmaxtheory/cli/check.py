@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .cli import parse_float, parse_schedule
+from . import parse_float, parse_schedule
 
 __all__ = ["DEFAULT_TIMEOUT", "IsolatedRun", "add_parser", "run", "run_isolated", "verdict"]
 
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     Returns the exit status: 0 conforms, 1 does not, 2 usage error.
     """
     try:
-        from . import conformance as conf
+        from .. import conformance as conf
     except ImportError as exc:  # hypothesis missing
         print(f"softmaxtheory check: {exc}; pip install 'softmaxtheory[check]'", file=sys.stderr)
         return 2
@@ -248,7 +248,7 @@ def _first_call(target: Any) -> float | None:
     """
     import numpy as np
 
-    from . import strategies as strat
+    from .. import strategies as strat
 
     start = time.perf_counter()
     try:
@@ -297,7 +297,7 @@ def verdict(results: Sequence[Any]) -> str:
 
 
 def _target(args: argparse.Namespace, dtype: str, kwargs: dict[str, Any]) -> Any:
-    from . import conformance as conf
+    from .. import conformance as conf
 
     kernel, name = conf.load_kernel(args.kernel)
     return conf.Target(
@@ -331,7 +331,7 @@ def _child_argv(args: argparse.Namespace, dtype: str) -> list[str]:
 
 
 def _child(args: argparse.Namespace, dtype: str, kwargs: dict[str, Any], names: list[str]) -> int:
-    from . import conformance as conf
+    from .. import conformance as conf
 
     sys.stdout.flush()
     channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
@@ -461,7 +461,7 @@ def run_isolated(
     cwd : str, optional
         The folder the child runs in (the kernel is imported from it first).
     """
-    from .conformance import _STOPPED, PropertyResult
+    from ..conformance import _STOPPED, PropertyResult
 
     outcome = IsolatedRun()
     remaining = list(names)
@@ -587,7 +587,7 @@ def run_isolated(
 def _header(args: argparse.Namespace, dtype: str) -> str:
     import numpy as np
 
-    from . import __version__
+    from .. import __version__
 
     versions = f"softmaxtheory {__version__}, numpy {np.__version__}"
     if args.framework == "torch":

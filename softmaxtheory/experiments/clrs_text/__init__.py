@@ -26,20 +26,21 @@ matplotlib are imported only when the experiment runs.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
-from softmaxtheory.experiments.max_retrieval import (
-    _device_name,
-    _finite,
-    _nonnegative_int,
-    _positive_float,
-    _positive_int,
-    _resolve_device,
+from .._command import (
+    UsageError,
+    device_name,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    prepare,
+    sizes_parser,
+    usage_error,
+    write_json,
 )
 
 __all__ = ["CONFIGS", "Config", "add_arguments", "main", "resolve_config", "run_experiment"]
@@ -148,16 +149,7 @@ CONFIGS: dict[str, Config] = {
 }
 
 
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(t) for t in text.split(","))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"sizes must be comma-separated integers, got {text!r}"
-        ) from exc
-    if not sizes or min(sizes) < 2:
-        raise argparse.ArgumentTypeError(f"sizes must be integers >= 2, got {text!r}")
-    return tuple(sorted(set(sizes)))
+_sizes = sizes_parser(2)
 
 
 def _algorithms(text: str) -> tuple[str, ...]:
@@ -189,24 +181,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--algorithms", type=_algorithms, metavar="A,B,...", help=f"subset of {','.join(_ALL)}"
     )
-    parser.add_argument("--seeds", type=_positive_int, metavar="N", help="number of seeds")
-    parser.add_argument("--steps", type=_positive_int, metavar="N", help="training steps")
+    parser.add_argument("--seeds", type=positive_int, metavar="N", help="number of seeds")
+    parser.add_argument("--steps", type=positive_int, metavar="N", help="training steps")
     parser.add_argument("--train-sizes", type=_sizes, metavar="N,N,...", help="training sizes")
     parser.add_argument("--eval-sizes", type=_sizes, metavar="N,N,...", help="evaluation sizes")
     parser.add_argument(
         "--eval-examples",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="examples per seed, algorithm and size",
     )
-    parser.add_argument("--batch", type=_positive_int, metavar="N", help="examples per step")
-    parser.add_argument("--width", type=_positive_int, metavar="D", help="model width")
-    parser.add_argument("--layers", type=_positive_int, metavar="N", help="transformer layers")
-    parser.add_argument("--heads", type=_positive_int, metavar="N", help="heads per layer")
-    parser.add_argument("--seed", type=_nonnegative_int, metavar="S", help="first seed (default 0)")
+    parser.add_argument("--batch", type=positive_int, metavar="N", help="examples per step")
+    parser.add_argument("--width", type=positive_int, metavar="D", help="model width")
+    parser.add_argument("--layers", type=positive_int, metavar="N", help="transformer layers")
+    parser.add_argument("--heads", type=positive_int, metavar="N", help="heads per layer")
+    parser.add_argument("--seed", type=nonnegative_int, metavar="S", help="first seed (default 0)")
     parser.add_argument(
         "--max-minutes",
-        type=_positive_float,
+        type=positive_float,
         metavar="M",
         help="training time budget in minutes (quick: 6, full: 5)",
     )
@@ -264,27 +256,22 @@ def resolve_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def _error(message: str) -> int:
-    sys.stderr.write(f"softmaxtheory reproduce clrs-text: error: {message}\n")
-    return 2
-
-
 def run_experiment(cfg: Config, device: Any = "cpu", *, progress: bool = True) -> dict[str, Any]:
     """Train and evaluate; return the rows, the findings and the raw measurements.
 
     Returns
     -------
     dict
-        ``rows`` (``_clrs_text_report.summarize()``), ``findings``,
+        ``rows`` (``clrs_text.report.summarize()``), ``findings``,
         ``evaluations`` (per-seed ``Evaluation``), ``train``
         (``TrainLog``), ``timing`` (seconds).
     """
     import torch
 
-    from softmaxtheory.experiments._clrs_text_model import ClrsTextModel, evaluate, train
-    from softmaxtheory.experiments._clrs_text_report import findings, summarize
-    from softmaxtheory.experiments._max_retrieval_report import Progress
-    from softmaxtheory.spec import Constant, PaperPolynomial
+    from ...spec import Constant, PaperPolynomial
+    from .._command import Progress
+    from .model import ClrsTextModel, evaluate, train
+    from .report import findings, summarize
 
     device = torch.device(device)
     t0 = time.perf_counter()
@@ -348,35 +335,22 @@ def main(args: argparse.Namespace) -> int:
     try:
         cfg = resolve_config(args)
     except ValueError as exc:
-        return _error(str(exc))
+        return usage_error("clrs-text", str(exc))
     try:
-        import matplotlib  # noqa: F401
-        import scipy  # noqa: F401
-        import torch
-    except ImportError as exc:
-        return _error(
-            f"this experiment needs torch, scipy and matplotlib ({exc}); "
-            "pip install 'softmaxtheory[experiments]'"
-        )
-    try:
-        device = _resolve_device(getattr(args, "device", "auto") or "auto")
-    except ValueError as exc:
-        return _error(str(exc))
-    out = Path(getattr(args, "out", None) or "clrs_text_out")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return _error(f"--out {str(out)!r}: cannot create the folder ({exc.strerror or exc})")
+        device, out = prepare(args, "clrs_text_out")
+    except UsageError as exc:
+        return usage_error("clrs-text", str(exc))
+    import torch
 
-    from softmaxtheory.experiments._clrs_text_report import format_table, plot_results, write_csv
+    from .report import format_table, plot_results, write_csv
 
-    device_name = _device_name(device)
+    device_text = device_name(device)
     progress = not getattr(args, "no_progress", False)
     if progress:
         sys.stderr.write(
             f"clrs-text, {cfg.name}: {cfg.seeds} seeds x 2 models x {cfg.steps} steps, "
             f"{len(cfg.algorithms)} algorithms, train sizes {cfg.train_sizes}, eval sizes "
-            f"{cfg.eval_sizes}, on {device_name}\n"
+            f"{cfg.eval_sizes}, on {device_text}\n"
         )
     run = run_experiment(cfg, device, progress=progress)
     rows = run["rows"]
@@ -392,10 +366,10 @@ def main(args: argparse.Namespace) -> int:
         ),
         "json": str(out / "clrs_text.json"),
     }
-    record = _finite(
+    text = write_json(
         {
             "config": asdict(cfg),
-            "device": device_name,
+            "device": device_text,
             "torch": torch.__version__,
             "train": asdict(log),
             "timing": run["timing"],
@@ -403,17 +377,16 @@ def main(args: argparse.Namespace) -> int:
             "findings": run["findings"],
             "per_seed": [e.as_dict() for e in run["evaluations"]],
             "files": files,
-        }
+        },
+        files["json"],
     )
-    text = json.dumps(record, indent=1) + "\n"
-    Path(files["json"]).write_text(text, encoding="utf-8")
     if getattr(args, "json", False):
         sys.stdout.write(text)
         return 0
     timing = run["timing"]
     print(
         f"CLRS-Text ({cfg.name}), {cfg.seeds} seeds x 2 models, {log.steps} steps of "
-        f"{cfg.batch} examples, {device_name}; train {timing['train_s']:.0f} s, eval "
+        f"{cfg.batch} examples, {device_text}; train {timing['train_s']:.0f} s, eval "
         f"{timing['eval_s']:.0f} s"
     )
     print(format_table(rows, run["findings"]))

@@ -1,8 +1,7 @@
 r"""Statistics, tables, CSV and plot of the CLRS-Text experiment (private).
 
-Needs numpy at import; scipy (through
-:func:`._max_retrieval_report.paired_ttest`) and matplotlib are imported by
-the functions that use them.
+Needs numpy at import; scipy (the paired t-test) and matplotlib are imported
+by the functions that use them.
 
 For each algorithm and size the per-seed scores of two variants are compared
 by a two-sided paired t-test over seeds (differences :math:`d_s = a_s - b_s`,
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from softmaxtheory.experiments._max_retrieval_report import paired_ttest
+from .._command import paired_ttest
 
 __all__ = [
     "CSV_COLUMNS",
@@ -80,7 +79,7 @@ def summarize(evaluations: Sequence[Any], train_sizes: Sequence[int]) -> list[di
 
     Parameters
     ----------
-    evaluations : sequence of ``_clrs_text_model.Evaluation``
+    evaluations : sequence of ``clrs_text.model.Evaluation``
     train_sizes : sequence of int
         Sizes seen in training (``in_distribution``).
     """

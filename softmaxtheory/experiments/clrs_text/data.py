@@ -372,7 +372,7 @@ def make_rng(seed: int, purpose: str, *extra: int) -> np.random.Generator:
     *extra : int
         Further words (algorithm index, size).
     """
-    from softmaxtheory.experiments._max_retrieval_data import derive_seed
+    from .._seeds import derive_seed  # imports torch: only when a stream is made
 
     return np.random.default_rng(derive_seed(seed, purpose, *extra))
 

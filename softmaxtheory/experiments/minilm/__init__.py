@@ -19,9 +19,9 @@ bounds of :mod:`softmaxtheory.bounds`:
 * T2: the size :math:`n^\ast = \lfloor e^{\delta}\rfloor + 2` beyond which no
   coefficient of a row of spread :math:`\delta` reaches 1/2.
 
-The model code is in ``softmaxtheory.experiments._minilm_model``, the
-measurements in ``softmaxtheory.experiments._minilm_measure``, the tables
-and plots in ``softmaxtheory.experiments._minilm_report``. torch, the model
+The model code is in ``softmaxtheory.experiments.minilm.model``, the
+measurements in ``softmaxtheory.experiments.minilm.measure``, the tables
+and plots in ``softmaxtheory.experiments.minilm.report``. torch, the model
 package and matplotlib are imported only when the experiment runs.
 """
 
@@ -34,8 +34,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._minilm_measure import BoundViolationError, Experiment, measure
-from ._minilm_model import (
+from .measure import BoundViolationError, Experiment
+from .model import (
     MAX_POSITIONS,
     MissingDependencyError,
     TextSample,
@@ -142,7 +142,7 @@ def run(
         Lengths in [3, 512].
     text : TextSample, optional
         Default: the model card shipped with the model package
-        (``_minilm_model.default_text()``).
+        (``minilm.model.default_text()``).
     dtype : {'float32', 'float64'}
         Precision of the forward pass.
     verbose : bool
@@ -150,7 +150,7 @@ def run(
 
     Returns
     -------
-    :class:`!softmaxtheory.experiments._minilm_measure.Experiment`
+    :class:`!softmaxtheory.experiments.minilm.measure.Experiment`
 
     Raises
     ------
@@ -167,7 +167,9 @@ def run(
     model = load_model(dtype)
     tokenizer = load_tokenizer()
     sample = default_text() if text is None else text
-    return measure(model, tokenizer, sample, lengths, progress=say)
+    from .measure import measure as measure_heads  # the module keeps the package's name
+
+    return measure_heads(model, tokenizer, sample, lengths, progress=say)
 
 
 def _say(line: str) -> None:
@@ -201,7 +203,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return 2
-    from ._minilm_report import format_report, write_outputs
+    from .report import format_report, write_outputs
 
     command = _command_line(args)
     try:

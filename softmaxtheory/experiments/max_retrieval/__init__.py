@@ -27,15 +27,22 @@ matplotlib are imported only when the experiment runs.
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import platform
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
+
+from .._command import (
+    UsageError,
+    device_name,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    prepare,
+    sizes_parser,
+    usage_error,
+    write_json,
+)
 
 __all__ = [
     "CONFIGS",
@@ -117,38 +124,7 @@ CONFIGS: dict[str, Config] = {
 }
 
 
-def _number_parser(
-    convert: Callable[[str], Any], valid: Callable[[Any], bool], expected: str
-) -> Callable[[str], Any]:
-    """An argparse ``type=``: `convert` the text, then require `valid` (else "expected ...")."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = convert(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from exc
-        if not valid(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        return value
-
-    return parse
-
-
-_positive_int = _number_parser(int, lambda v: v >= 1, "a positive integer")
-_nonnegative_int = _number_parser(int, lambda v: v >= 0, "an integer >= 0")
-_positive_float = _number_parser(float, lambda v: math.isfinite(v) and v > 0, "a positive number")
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(t) for t in text.split(","))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"sizes must be comma-separated integers, got {text!r}"
-        ) from exc
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"sizes must be integers >= 1, got {text!r}")
-    return tuple(sorted(set(sizes)))
+_sizes = sizes_parser(1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -167,23 +143,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="quick: 3 seeds, 4000 steps, CPU in ~10 minutes; full: 10 seeds, 20000 steps, "
         "for a GPU (default quick)",
     )
-    parser.add_argument("--seeds", type=_positive_int, metavar="N", help="number of seeds")
-    parser.add_argument("--steps", type=_positive_int, metavar="N", help="training steps")
+    parser.add_argument("--seeds", type=positive_int, metavar="N", help="number of seeds")
+    parser.add_argument("--steps", type=positive_int, metavar="N", help="training steps")
     parser.add_argument(
         "--sizes", type=_sizes, metavar="N,N,...", help="evaluation sizes (default 16,...,16384)"
     )
     parser.add_argument(
-        "--eval-sets", type=_positive_int, metavar="N", help="evaluation sets per seed and size"
+        "--eval-sets", type=positive_int, metavar="N", help="evaluation sets per seed and size"
     )
     parser.add_argument(
         "--eval-items",
-        type=_nonnegative_int,
+        type=nonnegative_int,
         metavar="N",
         help="cap on items per seed and size (fewer sets at large n); 0 = no cap",
     )
-    parser.add_argument("--seed", type=_nonnegative_int, metavar="S", help="first seed (default 0)")
+    parser.add_argument("--seed", type=nonnegative_int, metavar="S", help="first seed (default 0)")
     parser.add_argument(
-        "--max-minutes", type=_positive_float, metavar="M", help="training time budget in minutes"
+        "--max-minutes", type=positive_float, metavar="M", help="training time budget in minutes"
     )
     parser.add_argument(
         "--device",
@@ -193,7 +169,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--chunk-items",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="items per seed evaluated at once (default 65536 on CPU, 1048576 on CUDA)",
     )
@@ -230,24 +206,6 @@ def resolve_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def _error(message: str) -> int:
-    sys.stderr.write(f"softmaxtheory reproduce max-retrieval: error: {message}\n")
-    return 2
-
-
-def _resolve_device(name: str) -> Any:
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"--device cuda: CUDA is not available to this torch ({torch.__version__}); "
-            "use --device cpu"
-        )
-    return torch.device(name)
-
-
 def run_experiment(
     cfg: Config,
     device: Any = "cpu",
@@ -271,18 +229,14 @@ def run_experiment(
     Returns
     -------
     dict
-        ``rows`` (``_max_retrieval_report.summarize()``), ``results``
-        (per-seed ``_max_retrieval_model.SizeResult``), ``train``
-        (``_max_retrieval_model.TrainLog``), ``timing`` (seconds).
+        ``rows`` (``max_retrieval.report.summarize()``), ``results``
+        (per-seed ``max_retrieval.model.SizeResult``), ``train``
+        (``max_retrieval.model.TrainLog``), ``timing`` (seconds).
     """
     import torch
 
-    from softmaxtheory.experiments._max_retrieval_model import (
-        MaxRetrievalModel,
-        evaluate_size,
-        train,
-    )
-    from softmaxtheory.experiments._max_retrieval_report import Progress, summarize
+    from .model import MaxRetrievalModel, evaluate_size, train
+    from .report import Progress, summarize
 
     device = torch.device(device)
     if chunk_items is None:
@@ -328,58 +282,23 @@ def run_experiment(
     }
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _device_name(device: Any) -> str:
-    import torch
-
-    if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-
-
 def main(args: argparse.Namespace) -> int:
     """Run ``softmaxtheory reproduce max-retrieval``; return the exit status (2: bad usage)."""
     cfg = resolve_config(args)
     try:
-        import matplotlib  # noqa: F401
-        import scipy  # noqa: F401
-        import torch
-    except ImportError as exc:
-        return _error(
-            f"this experiment needs torch, scipy and matplotlib ({exc}); "
-            "pip install 'softmaxtheory[experiments]'"
-        )
-    try:
-        device = _resolve_device(getattr(args, "device", "auto") or "auto")
-    except ValueError as exc:
-        return _error(str(exc))
-    out = Path(getattr(args, "out", None) or "max_retrieval_out")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return _error(f"--out {str(out)!r}: cannot create the folder ({exc.strerror or exc})")
+        device, out = prepare(args, "max_retrieval_out")
+    except UsageError as exc:
+        return usage_error("max-retrieval", str(exc))
+    import torch
 
-    from softmaxtheory.experiments._max_retrieval_report import (
-        format_table,
-        plot_results,
-        write_csv,
-    )
+    from .report import format_table, plot_results, write_csv
 
-    device_name = _device_name(device)
+    device_text = device_name(device)
     progress = not getattr(args, "no_progress", False)
     if progress:
         sys.stderr.write(
             f"max retrieval, {cfg.name}: {cfg.seeds} seeds x {cfg.steps} steps, "
-            f"sizes {cfg.sizes[0]}..{cfg.sizes[-1]}, on {device_name}\n"
+            f"sizes {cfg.sizes[0]}..{cfg.sizes[-1]}, on {device_text}\n"
         )
     run = run_experiment(
         cfg, device, chunk_items=getattr(args, "chunk_items", None), progress=progress
@@ -395,27 +314,26 @@ def main(args: argparse.Namespace) -> int:
         "png": str(plot_results(rows, out / "max_retrieval.png", title=title)),
         "json": str(out / "max_retrieval.json"),
     }
-    record = _finite(
+    text = write_json(
         {
             "config": asdict(cfg),
-            "device": device_name,
+            "device": device_text,
             "torch": torch.__version__,
             "train": asdict(log),
             "timing": run["timing"],
             "sizes": rows,
             "per_seed": [r.as_dict() for r in run["results"]],
             "files": files,
-        }
+        },
+        files["json"],
     )
-    text = json.dumps(record, indent=1) + "\n"
-    Path(files["json"]).write_text(text, encoding="utf-8")
     if getattr(args, "json", False):
         sys.stdout.write(text)
         return 0
     timing = run["timing"]
     print(
         f"max retrieval ({cfg.name}), {cfg.seeds} seeds, {log.steps} steps of batch {cfg.batch}, "
-        f"{device_name}; train {timing['train_s']:.0f} s, eval {timing['eval_s']:.0f} s; "
+        f"{device_text}; train {timing['train_s']:.0f} s, eval {timing['eval_s']:.0f} s; "
         "accuracy % mean ± std over seeds, paper = ten seeds"
     )
     print(format_table(rows))

@@ -44,13 +44,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import bounds
-from ._minilm_model import (
+from ... import bounds
+from .model import (
     MAX_POSITIONS,
     MiniLM,
     TextSample,
-    _require,
     forward,
+    require,
     token_prefix,
 )
 
@@ -277,7 +277,7 @@ def _top_coefficients(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _measure_length(
     model: MiniLM, ids: list[int], hb: HeadBounds, *, check: bool = True
 ) -> LengthResult:
-    torch = _require("torch", "torch")
+    torch = require("torch", "torch")
     n = len(ids)
     with torch.no_grad():
         res = forward(model, [ids])
@@ -480,9 +480,9 @@ def measure(
     Parameters
     ----------
     model : MiniLM
-        From :func:`~softmaxtheory.experiments._minilm_model.load_model`.
+        From :func:`~softmaxtheory.experiments.minilm.model.load_model`.
     tokenizer : tokenizers.Tokenizer
-        From :func:`~softmaxtheory.experiments._minilm_model.load_tokenizer`.
+        From :func:`~softmaxtheory.experiments.minilm.model.load_tokenizer`.
     text : TextSample
         The text; it must have at least ``max(lengths) - 2`` tokens.
     lengths : sequence of int

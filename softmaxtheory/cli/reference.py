@@ -12,8 +12,8 @@ import numpy as np
 
 from softmaxtheory._formats import NUMPY_DTYPES
 
-from .cli import load_npy, parse_float, parse_schedule
-from .spec import PaperPolynomial
+from ..spec import PaperPolynomial
+from . import load_npy, parse_float, parse_schedule
 
 __all__ = ["add_parser", "run"]
 
@@ -77,8 +77,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Evaluate the reference and print the table (or JSON); return the exit status."""
     if args.max_items < 0:
         parser.error("--max-items must be >= 0")
-    from . import reference
-    from .spec import RowKind, classify_rows
+    from .. import reference
+    from ..spec import RowKind, classify_rows
 
     x = _load_logits(args, parser)
     dtype = np.dtype(args.dtype)

@@ -1,33 +1,25 @@
-r"""Statistics, tables, CSV, plot and progress bar of the max-retrieval experiment (private).
+r"""Statistics, tables, CSV and plot of the max-retrieval experiment.
 
-Needs numpy only at import; scipy (the paired t-test) and matplotlib (the plot)
-are imported inside the functions that use them.
+Needs numpy only at import; scipy (the paired t-test) and matplotlib
+(the plot) are imported inside the functions that use them.
 
-The paired t-test compares, at each size, the per-seed accuracies
-:math:`a_s` (adaptive) and :math:`b_s` (baseline) through the differences
-:math:`d_s = a_s - b_s`:
-
-.. math::
-
-    t = \frac{\bar d}{s_d / \sqrt S}, \qquad
-    p = 2\, \Pr\bigl(T_{S-1} \ge |t|\bigr),
-
-with :math:`s_d` the sample standard deviation of the :math:`d_s` and
-:math:`T_{S-1}` Student's distribution with :math:`S - 1` degrees of freedom.
+At each size, the per-seed accuracies :math:`a_s` (adaptive) and :math:`b_s`
+(baseline) are compared by the paired t-test of :func:`paired_ttest` (shared
+with the CLRS-Text experiment); :class:`Progress` is the experiments' progress
+bar.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-import sys
-import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
+
+from .._command import Progress, paired_ttest
 
 __all__ = [
     "CSV_COLUMNS",
@@ -108,56 +100,6 @@ CSV_COLUMNS: tuple[str, ...] = (
 )
 
 
-def paired_ttest(adaptive: Sequence[float], baseline: Sequence[float]) -> tuple[float, str]:
-    r"""Two-sided paired t-test of per-seed accuracies (:func:`scipy.stats.ttest_rel`).
-
-    Parameters
-    ----------
-    adaptive, baseline : sequence of float
-        One accuracy per seed, paired by seed.
-
-    Returns
-    -------
-    p_value : float
-        The two-sided p-value; NaN where the test is undefined.
-    note : str
-        Empty, or why the p-value is not the plain test's: fewer than two
-        seeds (NaN), every difference zero (NaN: no difference, no variance)
-        or every difference the same non-zero value (0.0: the limit
-        :math:`|t| \to \infty`).
-
-    Raises
-    ------
-    ValueError
-        For sequences of different lengths or non-finite values.
-
-    Examples
-    --------
-    >>> paired_ttest([0.9, 0.8], [0.9, 0.8])
-    (nan, 'no difference in any seed')
-    """
-    a = np.asarray(adaptive, dtype=np.float64)
-    b = np.asarray(baseline, dtype=np.float64)
-    if a.ndim != 1 or a.shape != b.shape:
-        raise ValueError(f"adaptive and baseline must be 1-d of equal length: {a.shape}, {b.shape}")
-    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
-        raise ValueError("adaptive and baseline must be finite")
-    if a.size < 2:
-        return math.nan, "fewer than 2 seeds"
-    d = a - b
-    scale = max(1.0, float(np.max(np.abs(d))))
-    if float(np.ptp(d)) <= 1e-12 * scale:
-        if float(np.max(np.abs(d))) <= 1e-12:
-            return math.nan, "no difference in any seed"
-        return 0.0, "same difference in every seed"
-    from scipy import stats
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        result = stats.ttest_rel(a, b)
-    return float(result.pvalue), ""
-
-
 def _std(x: np.ndarray) -> float:
     return float(np.std(x, ddof=1)) if x.size > 1 else math.nan
 
@@ -168,7 +110,7 @@ def summarize(results: Sequence[Any]) -> list[dict[str, Any]]:
     Parameters
     ----------
     results : sequence of SizeResult
-        Per-seed measurements (:class:`._max_retrieval_model.SizeResult`).
+        Per-seed measurements (:class:`.model.SizeResult`).
 
     Returns
     -------
@@ -352,86 +294,3 @@ def plot_results(rows: Sequence[dict[str, Any]], path: str | Path, *, title: str
     path = Path(path)
     fig.savefig(path)
     return path
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:4.1f}s"
-    minutes, sec = divmod(round(seconds), 60)
-    return f"{minutes}m{sec:02d}s"
-
-
-class Progress:
-    """A small text progress bar (no dependency).
-
-    On a terminal it redraws one line (at most ten times a second); otherwise
-    it writes one line per tenth of the work.
-
-    Parameters
-    ----------
-    total : int
-        Units of work.
-    label : str
-        Shown before the bar.
-    stream : file, optional
-        Defaults to ``sys.stderr``.
-    enabled : bool, default True
-        ``False`` writes nothing.
-    """
-
-    def __init__(
-        self, total: int, label: str, *, stream: TextIO | None = None, enabled: bool = True
-    ) -> None:
-        self.total = max(1, int(total))
-        self.label = label
-        self.stream = sys.stderr if stream is None else stream
-        self.enabled = enabled
-        self.done = 0
-        self.extra = ""
-        self.start = time.perf_counter()
-        self._last_draw = -1.0
-        self._last_decile = -1
-        try:
-            self._tty = bool(self.stream.isatty())
-        except (AttributeError, ValueError):
-            self._tty = False
-
-    def line(self) -> str:
-        """The current progress line."""
-        frac = min(1.0, self.done / self.total)
-        width = 24
-        filled = round(frac * width)
-        elapsed = time.perf_counter() - self.start
-        eta = elapsed * (1 - frac) / frac if frac >= 0.01 else math.nan
-        eta_text = _duration(eta) if math.isfinite(eta) else "?"
-        bar = "#" * filled + "." * (width - filled)
-        text = f"{self.label} [{bar}] {100 * frac:5.1f}% {self.done}/{self.total}"
-        text += f" {_duration(elapsed)} elapsed, eta {eta_text}"
-        return f"{text} {self.extra}".rstrip()
-
-    def update(self, done: int, extra: str | None = None) -> None:
-        """Set the amount of work done (and an optional trailing note)."""
-        self.done = done
-        if extra is not None:
-            self.extra = extra
-        if not self.enabled:
-            return
-        if self._tty:
-            now = time.perf_counter()
-            if now - self._last_draw >= 0.1 or done >= self.total:
-                self._last_draw = now
-                self.stream.write("\r" + self.line() + "\x1b[K")
-                self.stream.flush()
-        else:
-            decile = int(10 * min(1.0, done / self.total))
-            if decile > self._last_decile:
-                self._last_decile = decile
-                self.stream.write(self.line() + "\n")
-                self.stream.flush()
-
-    def close(self) -> None:
-        """Finish the line."""
-        if self.enabled and self._tty:
-            self.stream.write("\r" + self.line() + "\x1b[K\n")
-            self.stream.flush()

@@ -1,0 +1,194 @@
+"""GPU benchmark of adaptive attention: ``softmaxtheory bench --device cuda``.
+
+Times :func:`softmaxtheory.accelerated.torch.adaptive_attention` (``auto``: the
+hybrid of a Triton pass 1 and SDPA on β-scaled queries; the T10 composition;
+the all-Triton kernel) and :func:`~softmaxtheory.accelerated.torch.attention_entropy`
+against :func:`torch.nn.functional.scaled_dot_product_attention` at the same
+shape, causal and not, forward and forward + backward (β attached, and
+``detach_beta=True``). Each case: one warm-up call (compiles the kernels), one
+call for the peak memory (``torch.cuda.max_memory_allocated`` growth), then
+`repeat` timed calls (CUDA events); the median is ``seconds`` and the best
+``best_seconds``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from typing import Any
+
+__all__ = ["SHAPES", "run_device"]
+
+#: (B, H, L, S, D) cases, bfloat16 (D = 128 at 8192 included).
+SHAPES: tuple[tuple[int, int, int, int, int], ...] = (
+    (8, 16, 4096, 4096, 64),
+    (4, 16, 8192, 8192, 128),
+    (2, 16, 16384, 16384, 64),
+)
+
+#: Forward + backward is timed at this shape.
+BACKWARD_SHAPES: tuple[tuple[int, int, int, int, int], ...] = ((4, 16, 4096, 4096, 64),)
+
+#: Default number of timed calls per case on a device.
+DEFAULT_REPEAT = 50
+
+
+def _time(fn: Any, repeat: int, torch: Any) -> tuple[float, int, float]:
+    """Median wall time (s) over `repeat` runs, the peak memory (bytes) of one call, best (s)."""
+    fn()  # warm-up (compiles the Triton kernels)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    times = []
+    for _ in range(repeat):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times), peak, min(times)
+
+
+def _forward_cases(torch: Any, q: Any, k: Any, v: Any, causal: bool, have_triton: bool) -> dict:
+    from softmaxtheory.accelerated.torch import adaptive_attention, attention_entropy
+
+    F = torch.nn.functional
+    cases = {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        "auto": lambda: adaptive_attention(q, k, v, is_causal=causal),
+        "composition": lambda: adaptive_attention(q, k, v, is_causal=causal, backend="composition"),
+        "attention_entropy": lambda: attention_entropy(q, k, is_causal=causal),
+    }
+    if have_triton:
+        cases["triton"] = lambda: adaptive_attention(q, k, v, is_causal=causal, backend="triton")
+    return cases
+
+
+def _backward_cases(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> dict:
+    from softmaxtheory.accelerated.torch import adaptive_attention
+
+    F = torch.nn.functional
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    grad = torch.ones_like(q[..., : v.shape[-1]])
+
+    def step(fn: Any) -> Any:
+        def run() -> None:
+            out = fn()
+            torch.autograd.backward(out, grad)
+            for t in (qg, kg, vg):
+                t.grad = None
+
+        return run
+
+    return {
+        "sdpa_fwd_bwd": step(lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)),
+        "auto_fwd_bwd": step(lambda: adaptive_attention(qg, kg, vg, is_causal=causal)),
+        "auto_fwd_bwd_detached": step(
+            lambda: adaptive_attention(qg, kg, vg, is_causal=causal, detach_beta=True)
+        ),
+    }
+
+
+def _version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # not installed, or no metadata
+        return None
+
+
+def _utc_now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def run_device(args: Any) -> int:
+    """Run the GPU benchmark for ``args.device``; print a table (or JSON with ``args.json``)."""
+    device = str(getattr(args, "device", "cuda"))
+    repeat = max(1, int(getattr(args, "repeat", None) or DEFAULT_REPEAT))
+    try:
+        import torch
+    except ImportError:
+        print("error: the GPU benchmark needs torch (pip install softmaxtheory[torch])",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        msg = f"error: --device {device}: no CUDA device is available here"
+        print(f"{msg} (torch {torch.__version__}, cuda {torch.version.cuda})", file=sys.stderr)
+        return 2
+    try:
+        import triton  # noqa: F401
+
+        have_triton = True
+    except ImportError:
+        have_triton = False
+    rows = []
+    plan = [(shape, False) for shape in (getattr(args, "shapes", None) or SHAPES)]
+    plan += [(shape, True) for shape, _ in plan]
+    plan += [(shape, c, "backward") for shape in BACKWARD_SHAPES for c in (False, True)]
+    for item in plan:
+        (B, H, L, S, D), causal = item[0], item[1]
+        backward = len(item) == 3
+        g = torch.Generator(device=device).manual_seed(0)
+        q, k, v = (
+            torch.randn(B, H, n, D, device=device, dtype=torch.bfloat16, generator=g)
+            for n in (L, S, S)
+        )
+        res: dict[str, Any] = {
+            "shape": [B, H, L, S, D], "dtype": "bfloat16", "causal": causal,
+            "pass": "forward+backward" if backward else "forward",
+        }  # fmt: skip
+        try:
+            if backward:
+                cases = _backward_cases(torch, q, k, v, causal)
+                ctx = torch.enable_grad()
+            else:
+                cases = _forward_cases(torch, q, k, v, causal, have_triton)
+                ctx = torch.no_grad()
+            with ctx:
+                for name, fn in cases.items():
+                    print(f"timing {name} at {(B, H, L, S, D)} causal={causal} ...",
+                          file=sys.stderr)  # fmt: skip
+                    res[name] = dict(
+                        zip(("seconds", "peak_bytes", "best_seconds"), _time(fn, repeat, torch),
+                            strict=True)
+                    )  # fmt: skip
+        except torch.cuda.OutOfMemoryError as exc:
+            res["error"] = f"out of memory: {exc}"
+        rows.append(res)
+        del q, k, v
+        torch.cuda.empty_cache()
+    if getattr(args, "json", False):
+        doc = {
+            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": _version("triton"), "cuda": torch.version.cuda, "repeat": repeat,
+            "statistic": "median", "date": _utc_now(),
+            "rows": [r for r in rows if r["pass"] == "forward"],
+            "backward_rows": [r for r in rows if r["pass"] != "forward"],
+        }  # fmt: skip
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, "
+          f"median of {repeat}")  # fmt: skip
+    print(f"{'B,H,L,S,D':<24} {'causal':<7} {'case':<22} {'ms':>9} {'x SDPA':>8} {'peak MiB':>10}")
+    for res in rows:
+        shape = ",".join(map(str, res["shape"]))
+        if "error" in res:
+            print(f"{shape:<24} {res['error']}")
+            continue
+        base_name = "sdpa_fwd_bwd" if res["pass"] != "forward" else "sdpa"
+        base = res[base_name]["seconds"]
+        for name, r in res.items():
+            if isinstance(r, dict):
+                print(f"{shape:<24} {res['causal']!s:<7} {name:<22} {r['seconds'] * 1e3:>9.3f} "
+                      f"{r['seconds'] / base:>8.2f} {r['peak_bytes'] / 2**20:>10.1f}")  # fmt: skip
+    return 0

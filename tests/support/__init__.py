@@ -1,0 +1,1 @@
+"""Helpers of the test suite: an independent evaluation, Hypothesis strategies, broken kernels."""
