@@ -41,6 +41,7 @@ def _all_modules() -> list[str]:
         ("softmaxtheory.reference", "reference"),
         ("softmaxtheory.accelerated", "accelerated"),
         ("softmaxtheory.experiments", "softmaxtheory/experiments"),
+        ("softmaxtheory._check", "softmaxtheory/_check"),
     ):
         names.append(package)
         for path in sorted((ROOT / folder).glob("*.py")):

@@ -39,7 +39,6 @@ __all__ = [
     "PropertyResult",
     "Run",
     "Skip",
-    "hyp_settings",
     "run_check",
     "run_given",
     "without_local_constants",
@@ -230,7 +229,7 @@ def run_check(name: str, check: Callable[[Target, Run], None], target: Target) -
     return run.result(name, "pass", f"note: {'; '.join(run.notes)}" if run.notes else "")
 
 
-def hyp_settings(n: int, shrink: bool) -> settings:
+def _hyp_settings(n: int, shrink: bool) -> settings:
     """Derandomized, no database, no deadline, quiet: `n` examples, shrunk when `shrink`."""
     phases = (Phase.explicit, Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
     return settings(
@@ -256,15 +255,15 @@ def run_given(
     removed: the exception leaves with the notes `body` gave it.
     """
     last: list[tuple[BaseException, list[str]]] = []
+    body = _remembering_notes(body, last)
 
-    @hyp_settings(n, target.thorough)
+    # Derandomized Hypothesis seeds its draws from the source of `prop`, its decorators
+    # included (a nested function's source does not parse alone): a change to these four
+    # lines changes the examples of every property.
+    @_hyp_settings(n, target.thorough)
     @given(strategy)
     def prop(example: Any) -> None:
-        try:
-            body(example)
-        except Exception as exc:
-            last[:] = [(exc, list(getattr(exc, "__notes__", ())))]
-            raise
+        body(example)
 
     with with_reporter(lambda _msg: None), without_local_constants():
         try:
@@ -273,6 +272,21 @@ def run_given(
             if last and last[0][0] is exc:
                 _set_notes(exc, last[0][1])
             raise
+
+
+def _remembering_notes(
+    body: Callable[[Any], None], last: list[tuple[BaseException, list[str]]]
+) -> Callable[[Any], None]:
+    """Wrap `body` so that `last` holds the exception it last raised, with its notes then."""
+
+    def remembering(example: Any) -> None:
+        try:
+            body(example)
+        except Exception as exc:
+            last[:] = [(exc, list(getattr(exc, "__notes__", ())))]
+            raise
+
+    return remembering
 
 
 def _set_notes(exc: BaseException, notes: list[str]) -> None:
