@@ -31,7 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _formats
-from ._check.properties import PROPERTIES, properties_for
+from ._check import properties as _properties
+from ._check.properties import properties_for
 from ._check.report import STOPPED
 from ._check.runner import PropertyResult, run_check
 from ._check.target import (
@@ -66,6 +67,8 @@ KINDS: tuple[str, ...] = _formats.KINDS
 FRAMEWORKS: tuple[str, ...] = _formats.FRAMEWORKS
 #: The input dtypes.
 DTYPES: tuple[str, ...] = _formats.DTYPES
+#: Every property in report order, mapping its name to its check and the kinds it applies to.
+PROPERTIES = _properties.PROPERTIES
 
 
 def run_property(name: str, target: Target) -> PropertyResult:

@@ -374,9 +374,12 @@ def target_from_options(
     ----------
     kernel : str
         ``pkg.mod:func``, imported with :func:`load_kernel`.
-    kind, framework, device : str
-        See :data:`KINDS` and :data:`FRAMEWORKS`; `device` is ``cpu``,
-        ``cuda`` or ``cuda:N``.
+    kind : str
+        One of :data:`KINDS`.
+    framework : str
+        One of :data:`FRAMEWORKS`.
+    device : str
+        ``cpu``, ``cuda`` or ``cuda:N`` (torch only).
     dtype : str, optional
         One of :data:`DTYPES`; by default float64 for numpy, float32 for torch.
     entropy_eps : float or str
@@ -388,7 +391,7 @@ def target_from_options(
         Explore ten times more examples.
     examples : int, optional
         Examples per Hypothesis property (overrides the budget).
-    kwargs : iterable of str
+    kwargs : sequence of str
         Extra keyword arguments for every call, each ``NAME=VALUE``
         (:func:`parse_kwarg`).
     strict : bool
