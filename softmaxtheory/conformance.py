@@ -30,6 +30,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+# This module is the suite's public face: the names below, run_property, run_conformance and
+# the pytest tests it generates. The internals live in the private package softmaxtheory._check:
+# target (kernel loading, options, Target), runner (one property's run: bookkeeping, notes,
+# verdict, Hypothesis), properties (the checks and PROPERTIES) and report (formatting).
 from . import _formats
 from ._check import properties as _properties
 from ._check.properties import properties_for
