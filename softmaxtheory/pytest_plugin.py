@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+from ._formats import DTYPES, FRAMEWORKS, KINDS, default_dtype
+
 __all__ = [
     "conformance_result",
     "pytest_addoption",
@@ -42,47 +44,92 @@ __all__ = [
 ]
 
 
+# The options, named once (as Hypothesis's plugin does).
+_KERNEL = "--softmax-kernel"
+_KIND = "--softmax-kind"
+_FRAMEWORK = "--softmax-framework"
+_DEVICE = "--softmax-device"
+_DTYPE = "--softmax-dtype"
+_ENTROPY_EPS = "--softmax-entropy-eps"
+_SCHEDULE = "--softmax-schedule"
+_THOROUGH = "--softmax-thorough"
+_EXAMPLES = "--softmax-examples"
+_KWARG = "--softmax-kwarg"
+_STRICT = "--softmax-strict"
+_TIMEOUT = "--softmax-timeout"
+_IN_PROCESS = "--softmax-in-process"
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Add the ``--softmax-*`` options (group ``softmaxtheory``)."""
     group = parser.getgroup("softmaxtheory", "softmaxtheory conformance suite")
     group.addoption(
-        "--softmax-kernel",
+        _KERNEL,
         metavar="PKG.MOD:FUNC",
         default=None,
         help="the kernel to check with --pyargs softmaxtheory.conformance",
     )
     group.addoption(
-        "--softmax-kind",
-        default="softmax",
-        choices=("softmax", "entropy", "adaptive_softmax", "attention"),
+        _KIND, default="softmax", choices=KINDS, help="what the kernel computes (default softmax)"
     )
-    group.addoption("--softmax-framework", default="numpy", choices=("numpy", "torch"))
-    group.addoption("--softmax-device", default="cpu")
     group.addoption(
-        "--softmax-dtype", default=None, choices=("float64", "float32", "float16", "bfloat16")
+        _FRAMEWORK,
+        default="numpy",
+        choices=FRAMEWORKS,
+        help="how the kernel is called: numpy arrays or torch tensors (default numpy)",
     )
-    group.addoption("--softmax-entropy-eps", default="0.0", metavar="E")
-    group.addoption("--softmax-schedule", default="paper", metavar="SPEC")
-    group.addoption("--softmax-thorough", action="store_true", default=False)
-    group.addoption("--softmax-examples", type=int, default=None, metavar="N")
+    group.addoption(_DEVICE, default="cpu", help="cpu or cuda (torch only; default cpu)")
     group.addoption(
-        "--softmax-kwarg", action="append", default=[], metavar="NAME=VALUE"
-    )  # fmt: skip
+        _DTYPE,
+        default=None,
+        choices=DTYPES,
+        help="input dtype (default float64 for numpy, float32 for torch)",
+    )
     group.addoption(
-        "--softmax-strict",
+        _ENTROPY_EPS,
+        default="0.0",
+        metavar="E",
+        help="the kernel's entropy guard, >= 0 (1e-9: the paper's listing; default 0)",
+    )
+    group.addoption(
+        _SCHEDULE,
+        default="paper",
+        metavar="SPEC",
+        help="schedule the kernel implements: paper (default), constant:BETA, loglength:S, "
+        "poly:C0,C1,...[@THETA]",
+    )
+    group.addoption(
+        _THOROUGH, action="store_true", default=False, help="explore ten times more examples"
+    )
+    group.addoption(
+        _EXAMPLES,
+        type=int,
+        default=None,
+        metavar="N",
+        help="examples per Hypothesis property (overrides the budget)",
+    )
+    group.addoption(
+        _KWARG,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra keyword argument for every call (e.g. axis=-1); repeatable",
+    )
+    group.addoption(
+        _STRICT,
         action="store_true",
         default=False,
         help="a property that cannot run on the kernel fails instead of being skipped",
     )
     group.addoption(
-        "--softmax-timeout",
+        _TIMEOUT,
         default=None,
         metavar="S",
         help="seconds a property may run before its test fails as timed out (default 300, "
         "3000 with --softmax-thorough)",
     )
     group.addoption(
-        "--softmax-in-process",
+        _IN_PROCESS,
         action="store_true",
         default=False,
         help="run the kernel in the pytest process (no time limit, no protection against a "
@@ -91,15 +138,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _dtype(config: pytest.Config) -> str:
-    dtype = config.getoption("--softmax-dtype")
-    if dtype:
-        return str(dtype)
-    return "float64" if config.getoption("--softmax-framework") == "numpy" else "float32"
+    return str(config.getoption(_DTYPE) or default_dtype(config.getoption(_FRAMEWORK)))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     """Versions and the kernel under test, only when ``--softmax-kernel`` is given."""
-    kernel = config.getoption("--softmax-kernel")
+    kernel = config.getoption(_KERNEL)
     if not kernel:
         return None
     from importlib.metadata import PackageNotFoundError, version
@@ -112,8 +156,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
             continue
     return [
         "softmaxtheory conformance: " + ", ".join(parts),
-        f"kernel {kernel}: kind {config.getoption('--softmax-kind')}, framework "
-        f"{config.getoption('--softmax-framework')}, device {config.getoption('--softmax-device')}"
+        f"kernel {kernel}: kind {config.getoption(_KIND)}, framework "
+        f"{config.getoption(_FRAMEWORK)}, device {config.getoption(_DEVICE)}"
         f", dtype {_dtype(config)}",
     ]
 
@@ -140,9 +184,9 @@ _SELECTED = pytest.StashKey[list[str]]()
 
 
 def _timeout(cfg: pytest.Config) -> float:
-    text = cfg.getoption("--softmax-timeout")
+    text = cfg.getoption(_TIMEOUT)
     if text is None:
-        return 3000.0 if cfg.getoption("--softmax-thorough") else 300.0
+        return 3000.0 if cfg.getoption(_THOROUGH) else 300.0
     from softmaxtheory.cli import parse_float
 
     value = parse_float(text)
@@ -154,28 +198,25 @@ def _timeout(cfg: pytest.Config) -> float:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """With ``--softmax-kernel``: check the options and import the kernel, once."""
     cfg = session.config
-    kernel = cfg.getoption("--softmax-kernel")
+    kernel = cfg.getoption(_KERNEL)
     if not kernel:
         return
     from softmaxtheory import conformance as conf
-    from softmaxtheory.cli import parse_float, parse_schedule
 
     try:
         _timeout(cfg)
-        fn, name = conf.load_kernel(kernel)
-        cfg.stash[_TARGET] = conf.Target(
-            fn,
-            name,
-            kind=cfg.getoption("--softmax-kind"),
-            framework=cfg.getoption("--softmax-framework"),
-            device=cfg.getoption("--softmax-device"),
+        cfg.stash[_TARGET] = conf.target_from_options(
+            kernel,
+            kind=cfg.getoption(_KIND),
+            framework=cfg.getoption(_FRAMEWORK),
+            device=cfg.getoption(_DEVICE),
             dtype=_dtype(cfg),
-            entropy_eps=parse_float(cfg.getoption("--softmax-entropy-eps")),
-            schedule=parse_schedule(cfg.getoption("--softmax-schedule")),
-            thorough=bool(cfg.getoption("--softmax-thorough")),
-            examples=cfg.getoption("--softmax-examples"),
-            kwargs=dict(conf.parse_kwarg(t) for t in cfg.getoption("--softmax-kwarg")),
-            strict=bool(cfg.getoption("--softmax-strict")),
+            entropy_eps=cfg.getoption(_ENTROPY_EPS),
+            schedule=cfg.getoption(_SCHEDULE),
+            thorough=bool(cfg.getoption(_THOROUGH)),
+            examples=cfg.getoption(_EXAMPLES),
+            kwargs=cfg.getoption(_KWARG),
+            strict=bool(cfg.getoption(_STRICT)),
         )
     except Exception as exc:  # usage errors: one clear message, no traceback
         raise pytest.UsageError(f"softmaxtheory conformance: {exc}") from None
@@ -195,21 +236,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def _child_argv(cfg: pytest.Config) -> list[str]:
     argv = [
-        cfg.getoption("--softmax-kernel"),
-        "--kind", cfg.getoption("--softmax-kind"),
-        "--framework", cfg.getoption("--softmax-framework"),
-        "--device", cfg.getoption("--softmax-device"),
+        cfg.getoption(_KERNEL),
+        "--kind", cfg.getoption(_KIND),
+        "--framework", cfg.getoption(_FRAMEWORK),
+        "--device", cfg.getoption(_DEVICE),
         "--dtype", _dtype(cfg),
-        "--entropy-eps", str(cfg.getoption("--softmax-entropy-eps")),
-        "--schedule", str(cfg.getoption("--softmax-schedule")),
+        "--entropy-eps", str(cfg.getoption(_ENTROPY_EPS)),
+        "--schedule", str(cfg.getoption(_SCHEDULE)),
     ]  # fmt: skip
-    for text in cfg.getoption("--softmax-kwarg"):
+    for text in cfg.getoption(_KWARG):
         argv += ["--kwarg", text]
-    if cfg.getoption("--softmax-thorough"):
+    if cfg.getoption(_THOROUGH):
         argv.append("--thorough")
-    if cfg.getoption("--softmax-examples") is not None:
-        argv += ["--examples", str(cfg.getoption("--softmax-examples"))]
-    if cfg.getoption("--softmax-strict"):
+    if cfg.getoption(_EXAMPLES) is not None:
+        argv += ["--examples", str(cfg.getoption(_EXAMPLES))]
+    if cfg.getoption(_STRICT):
         argv.append("--strict")
     return argv
 
@@ -221,7 +262,7 @@ def conformance_result(config: pytest.Config, name: str) -> Any:
     child (``softmaxtheory check ... --in-process``), so the kernel is imported
     and compiled once; later calls read the results.
     """
-    if config.getoption("--softmax-in-process") or _TARGET not in config.stash:
+    if config.getoption(_IN_PROCESS) or _TARGET not in config.stash:
         return None
     if _RESULTS not in config.stash:
         import os

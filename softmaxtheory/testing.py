@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from . import _testing_model as model
+from ._check.report import fmt_ulp, is_torch, np_dtype_literal, row_literal
 from .spec import Constant, Polynomial, Schedule, check_entropy_eps, resolve_schedule
 
 __all__ = [
@@ -125,7 +126,7 @@ class ErrorReport:
     def __str__(self) -> str:
         verdict = "pass" if self.passed else "FAIL"
         return (
-            f"{self.kind} [{self.dtype}] {verdict}: max {_fmt_ulp(self.max_ulp)} ulp, "
+            f"{self.kind} [{self.dtype}] {verdict}: max {fmt_ulp(self.max_ulp)} ulp, "
             f"max relative error {self.max_rel_error:.3g}, worst error/allowed "
             f"{self.worst_ratio:.3g} over {self.size} elements"
         )
@@ -139,19 +140,9 @@ class KernelMismatch(AssertionError):
         self.report = report
 
 
-def _fmt_ulp(v: float) -> str:
-    if not math.isfinite(v):
-        return str(v)
-    return f"{v:.3g}" if v < 1e4 else f"{v:.3e}"
-
-
 # ---------------------------------------------------------------------------
 # input conversion
 # ---------------------------------------------------------------------------
-
-
-def _is_torch(a: Any) -> bool:
-    return type(a).__module__.split(".")[0] == "torch" and hasattr(a, "detach")
 
 
 def to_numpy(a: Any, name: str) -> tuple[np.ndarray, str]:
@@ -168,7 +159,7 @@ def to_numpy(a: Any, name: str) -> tuple[np.ndarray, str]:
     TypeError
         For a dtype that is not real floating or integer.
     """
-    if _is_torch(a):
+    if is_torch(a):
         t = a.detach().cpu()
         dname = str(t.dtype).removeprefix("torch.")
         if dname == "bfloat16":
@@ -293,24 +284,6 @@ def _summarise(
     return ErrorReport(**{**report.__dict__, "message": message})
 
 
-def _row_literal(row: np.ndarray, dtype_name: str) -> str:
-    vals = ", ".join(_num(float(v)) for v in np.asarray(row, dtype=np.float64).ravel())
-    return f"np.array([{vals}], dtype={_np_dtype(dtype_name)})"
-
-
-def _num(v: float) -> str:
-    if math.isnan(v):
-        return "np.nan"
-    if math.isinf(v):
-        return "np.inf" if v > 0 else "-np.inf"
-    return repr(v)
-
-
-def _np_dtype(dtype_name: str) -> str:
-    # numpy has no bfloat16: bfloat16 values are exact in float32
-    return "np.float32" if dtype_name == "bfloat16" else f"np.{dtype_name}"
-
-
 def _input_lines(
     name: str, x: np.ndarray, in_dtype: str, source: str | None, index: tuple[int, ...]
 ) -> tuple[str, tuple[int, ...]]:
@@ -328,7 +301,7 @@ def _input_lines(
     else:
         row = x[index]
         if row.shape[-1] <= REPRO_ITEMS:
-            line = f"{name} = {_row_literal(row, in_dtype)}  # row {index} of the input"
+            line = f"{name} = {row_literal(row, in_dtype)}  # row {index} of the input"
         else:
             line = f"{name} = <your {name}>[{', '.join(map(str, index))}]  # {row.shape[-1]} items"
         picked = ()
@@ -370,10 +343,10 @@ def _failure_text(report: ErrorReport, chk: _Checked, what: str, row_info: str, 
         f"{what} is outside the error model at index {i}:\n"
         f"  got      {got!r}\n"
         f"  exact    {exact!r}  (correctly rounded to float64)\n"
-        f"  error    {_fmt_ulp(float(chk.err[i]))} ulp of {report.dtype} "
-        f"(allowed {_fmt_ulp(float(chk.allowed[i]))})\n"
+        f"  error    {fmt_ulp(float(chk.err[i]))} ulp of {report.dtype} "
+        f"(allowed {fmt_ulp(float(chk.allowed[i]))})\n"
         f"  {row_info}\n"
-        f"  over all {report.size} elements: max {_fmt_ulp(report.max_ulp)} ulp, max relative "
+        f"  over all {report.size} elements: max {fmt_ulp(report.max_ulp)} ulp, max relative "
         f"error {report.max_rel_error:.3g}\n"
         f"repro:\n{repro}"
     )
@@ -946,17 +919,17 @@ def _array_literal(a: np.ndarray, dtype_name: str) -> str:
         np.asarray(a, dtype=np.float64), separator=", ", threshold=10**6, floatmode="unique"
     )
     body = body.replace("nan", "np.nan").replace("inf", "np.inf")
-    return f"np.array({body}, dtype={_np_dtype(dtype_name)})"
+    return f"np.array({body}, dtype={np_dtype_literal(dtype_name)})"
 
 
 def _is_bool(mask: Any) -> bool:
-    if _is_torch(mask):
+    if is_torch(mask):
         return str(mask.dtype) == "torch.bool"
     return np.asarray(mask).dtype == bool
 
 
 def _bool_numpy(mask: Any) -> np.ndarray:
-    if _is_torch(mask):
+    if is_torch(mask):
         return mask.detach().cpu().numpy().astype(bool)
     return np.asarray(mask, dtype=bool)
 

@@ -10,6 +10,7 @@ import pytest
 
 from softmaxtheory import conformance as conf
 from softmaxtheory import strategies as strat
+from softmaxtheory._check.runner import run_given
 from softmaxtheory.spec import Constant
 from tests.support import broken_kernels as bk
 
@@ -166,7 +167,7 @@ def test_draws_do_not_depend_on_imported_modules(tmp_path, monkeypatch):
 
     def drawn():
         seen = []
-        conf._run_given(target, strat.logit_rows(max_size=8, dtype="float32"), 40,
+        run_given(target, strat.logit_rows(max_size=8, dtype="float32"), 40,
                         lambda x: seen.append(x.tobytes()))  # fmt: skip
         return seen
 

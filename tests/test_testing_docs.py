@@ -68,6 +68,10 @@ def test_guide_torch_defect_command():
         "softmaxtheory._testing_model",
         "softmaxtheory.pytest_plugin",
         "softmaxtheory.cli.check",
+        "softmaxtheory._check.report",
+        "softmaxtheory._check.target",
+        "softmaxtheory._check.runner",
+        "softmaxtheory._check.properties",
     ],
 )
 def test_docstring_examples_and_all(name):

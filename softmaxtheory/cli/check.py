@@ -34,6 +34,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from softmaxtheory._check.report import STOPPED
+from softmaxtheory._formats import DTYPES, FRAMEWORKS, KINDS, default_dtype
+
 from . import parse_float, parse_schedule
 
 __all__ = ["DEFAULT_TIMEOUT", "IsolatedRun", "add_parser", "run", "run_isolated", "verdict"]
@@ -94,15 +97,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("kernel", metavar="KERNEL", help="the kernel, as pkg.mod:func")
     p.add_argument(
         "--kind",
-        choices=("softmax", "entropy", "adaptive_softmax", "attention"),
+        choices=KINDS,
         default="softmax",
         help="what the kernel computes (default softmax)",
     )
-    p.add_argument("--framework", choices=("numpy", "torch"), default="numpy")
+    p.add_argument("--framework", choices=FRAMEWORKS, default="numpy")
     p.add_argument("--device", default="cpu", help="cpu or cuda (torch only)")
     p.add_argument(
         "--dtype",
-        choices=("float64", "float32", "float16", "bfloat16"),
+        choices=DTYPES,
         default=None,
         help="input dtype (default float64 for numpy, float32 for torch)",
     )
@@ -163,13 +166,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 2
     if args.timeout is not None and args.in_process and not args.protocol:
         parser.error("--timeout needs the child process: drop --in-process")
-    dtype = args.dtype or ("float64" if args.framework == "numpy" else "float32")
+    dtype = args.dtype or default_dtype(args.framework)
     try:
         conf.check_options(
             kind=args.kind, framework=args.framework, device=args.device, dtype=dtype,
             entropy_eps=args.entropy_eps, examples=args.examples,
         )  # fmt: skip
-        kwargs = dict(conf.parse_kwarg(text) for text in args.kwarg)
+        for text in args.kwarg:  # validated here, parsed again where the kernel runs
+            conf.parse_kwarg(text)
         names = conf.properties_for(args.kind)
         if args.only:
             unknown = sorted(set(args.only) - set(names))
@@ -182,7 +186,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except (conf.ConformanceUsageError, ValueError) as exc:
         return _usage_error(str(exc))
     if args.protocol:
-        return _child(args, dtype, kwargs, names)
+        return _child(args, dtype, names)
     out = sys.stdout
 
     def header() -> None:
@@ -196,7 +200,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     start = time.perf_counter()
     if args.in_process:
         try:
-            target = _target(args, dtype, kwargs)
+            target = _target(args, dtype)
         except (conf.ConformanceUsageError, ValueError) as exc:
             return _usage_error(str(exc))
         header()
@@ -224,8 +228,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         out.write(f"\n{r.name}: {r.message}\n")
     for r in results:
         if r.status == "fail":
-            what = "stopped" if r.message.startswith(conf._STOPPED) else "counterexample"
-            message = r.message.removeprefix(conf._STOPPED)
+            what = "stopped" if r.message.startswith(STOPPED) else "counterexample"
+            message = r.message.removeprefix(STOPPED)
             out.write(f"\n=== {r.name}: {what} ===\n{message}\n")
     if broken is not None:
         out.write(f"\n{broken}\n")
@@ -296,14 +300,13 @@ def verdict(results: Sequence[Any]) -> str:
     return f"{head} ({'; '.join(parts)})" if parts else head
 
 
-def _target(args: argparse.Namespace, dtype: str, kwargs: dict[str, Any]) -> Any:
+def _target(args: argparse.Namespace, dtype: str) -> Any:
     from .. import conformance as conf
 
-    kernel, name = conf.load_kernel(args.kernel)
-    return conf.Target(
-        kernel, name, kind=args.kind, framework=args.framework, device=args.device,
-        dtype=dtype, entropy_eps=args.entropy_eps, schedule=parse_schedule(args.schedule),
-        thorough=args.thorough, examples=args.examples, kwargs=kwargs, strict=args.strict,
+    return conf.target_from_options(
+        args.kernel, kind=args.kind, framework=args.framework, device=args.device,
+        dtype=dtype, entropy_eps=args.entropy_eps, schedule=args.schedule,
+        thorough=args.thorough, examples=args.examples, kwargs=args.kwarg, strict=args.strict,
     )  # fmt: skip
 
 
@@ -330,7 +333,7 @@ def _child_argv(args: argparse.Namespace, dtype: str) -> list[str]:
 # ---------------------------------------------------------------------------
 
 
-def _child(args: argparse.Namespace, dtype: str, kwargs: dict[str, Any], names: list[str]) -> int:
+def _child(args: argparse.Namespace, dtype: str, names: list[str]) -> int:
     from .. import conformance as conf
 
     sys.stdout.flush()
@@ -346,7 +349,7 @@ def _child(args: argparse.Namespace, dtype: str, kwargs: dict[str, Any], names: 
 
     emit(event="loading")  # the time limit starts now, not while this interpreter starts
     try:
-        target = _target(args, dtype, kwargs)
+        target = _target(args, dtype)
     except (conf.ConformanceUsageError, ValueError) as exc:
         emit(event="usage", message=str(exc))
         return 2
@@ -461,7 +464,7 @@ def run_isolated(
     cwd : str, optional
         The folder the child runs in (the kernel is imported from it first).
     """
-    from ..conformance import _STOPPED, PropertyResult
+    from ..conformance import PropertyResult
 
     outcome = IsolatedRun()
     remaining = list(names)
@@ -516,7 +519,7 @@ def run_isolated(
                     timeouts += 1
                     record(PropertyResult(
                         current, "fail",
-                        message=f"{_STOPPED}timed out: no result within {timeout:g} s "
+                        message=f"{STOPPED}timed out: no result within {timeout:g} s "
                         "(--timeout); the process running the kernel was stopped",
                     ))  # fmt: skip
                     break
@@ -529,7 +532,7 @@ def run_isolated(
                     if current is not None:
                         record(PropertyResult(
                             current, "fail",
-                            message=f"{_STOPPED}the process running the kernel {how} while "
+                            message=f"{STOPPED}the process running the kernel {how} while "
                             "this property ran; a kernel must return its result",
                         ))  # fmt: skip
                     elif not is_loaded:
@@ -539,7 +542,7 @@ def run_isolated(
                         for name in list(remaining):
                             record(PropertyResult(
                                 name, "fail",
-                                message=f"{_STOPPED}the process running the kernel {how} "
+                                message=f"{STOPPED}the process running the kernel {how} "
                                 "before this property started",
                             ))  # fmt: skip
                     break
@@ -566,7 +569,7 @@ def run_isolated(
                     current = None
                 elif kind == "done":
                     for name in list(remaining):  # asked for, never reported: a bug here
-                        record(PropertyResult(name, "fail", message=f"{_STOPPED}not reported"))
+                        record(PropertyResult(name, "fail", message=f"{STOPPED}not reported"))
                     break
                 deadline = time.monotonic() + timeout
         except BaseException:  # Ctrl-C in this process: the child (its own session) goes too

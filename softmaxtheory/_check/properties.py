@@ -1,0 +1,432 @@
+r"""The conformance suite's properties (private; :mod:`softmaxtheory.conformance` re-exports).
+
+Each property is a function ``check(target, run)`` (see
+:mod:`softmaxtheory._check.runner` for how one ends); :data:`PROPERTIES` lists
+them in report order with the kinds they apply to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from .. import strategies as strat
+from .. import testing as tst
+from ..spec import Constant, LogLength, Polynomial, Schedule
+from .report import row_literal
+from .runner import Failed, Run, Skip, run_given
+from .target import Target
+
+__all__ = ["PROPERTIES", "properties_for"]
+
+
+def _rng_row(seed: int, n: int, scale: float, dtype: str) -> tuple[np.ndarray, str]:
+    src = f"np.random.default_rng({seed}).normal(0.0, {scale}, {n})"
+    row = strat._cast(np.random.default_rng(seed).normal(0.0, scale, n), dtype)
+    return row, _src_cast(src, dtype)
+
+
+def _src_cast(src: str, dtype: str) -> str:
+    if dtype == "bfloat16":
+        return f"softmaxtheory.strategies._cast({src}, 'bfloat16')"
+    return f"{src}.astype(np.{dtype})"
+
+
+# ---------------------------------------------------------------------------
+# the properties (row-wise kinds)
+# ---------------------------------------------------------------------------
+
+
+def _p_values(t: Target, run: Run) -> None:
+    """Random batches from every row family against the reference."""
+    strategy = strat.logit_batches(
+        strat.shapes(max_dims=2, max_side=3), min_size=1, max_size=48, dtype=t.dtype
+    )
+
+    def body(x: np.ndarray) -> None:
+        run.compare(run.call(x), x, what="values")
+
+    run_given(t, strategy, t.budget(100), body)
+
+
+def _p_long_rows(t: Target, run: Run) -> None:
+    """Long rows (4096 and 16384 items): accumulation error against the bound."""
+    sizes = [(4096, 1.0), (4096, 4.0), (16384, 2.0)]
+    if t.thorough:
+        sizes += [(65536, 3.0), (16384, 8.0)]
+    for seed, (n, scale) in enumerate(sizes):
+        x, src = _rng_row(seed, n, scale, t.dtype)
+        run.compare(run.call(x), x, source=src, what=f"long row, n = {n}")
+    # a long row whose mass sits on ~e^H items (entropy in the adaptive window)
+    x = strat._cast(strat.row_with_entropy(4.0, 8192, 3), t.dtype)
+    src = _src_cast("softmaxtheory.strategies.row_with_entropy(4.0, 8192, 3)", t.dtype)
+    run.compare(run.call(x), x, source=src, what="long row in the adaptive window, n = 8192")
+
+
+def _p_million_row(t: Target, run: Run) -> None:
+    """One row of 2**20 items (2**24 with --thorough): accumulation over a million keys."""
+    n = 1 << (24 if t.thorough else 20)
+    x, src = _rng_row(20, n, 2.0, t.dtype)
+    run.compare(run.call(x), x, source=src, what=f"long row, n = 2**{n.bit_length() - 1}")
+
+
+def _branch_entropies() -> list[float]:
+    pts = strat.branch_points()
+    centres = [0.3, pts["threshold"], 0.7, pts["H_on"], 2.0, pts["H_star"], 5.0, pts["H_off"]]
+    return [h + d for h in [*centres, 6.5, 7.5] for d in (-1e-4, 0.0, 1e-4)]
+
+
+def _branch_rows(dtype: str) -> tuple[np.ndarray, str]:
+    hs = _branch_entropies()
+    rows = np.stack([strat._cast(strat.row_with_entropy(h, 2048, 1), dtype) for h in hs])
+    src = _src_cast(
+        f"np.stack([softmaxtheory.strategies.row_with_entropy(h, 2048, 1) for h in {hs!r}])",
+        dtype,
+    )
+    return rows, src
+
+
+def _p_branch_points(t: Target, run: Run) -> None:
+    """Rows around 0.5, H_on, H*, H_off and beyond (n = 2048); 256-2048 items at H in [5, H_off].
+
+    The second set (:func:`softmaxtheory.strategies.window_rows`, some translated
+    far from zero) is where β reacts most to an entropy error: a kernel whose
+    statistics are computed in float16 fails there.
+    """
+    rows, src = _branch_rows(t.dtype)
+    run.compare(run.call(rows), rows, source=src, what="branch-point rows")
+
+    def body(x: np.ndarray) -> None:
+        run.compare(run.call(x[None, :]), x[None, :], what=f"{x.shape[0]} items, H in [5, H_off]")
+
+    run_given(t, strat.window_rows(t.dtype), t.budget(8), body)
+
+
+def _p_batch_independence(t: Target, run: Run) -> None:
+    """A row's result must not depend on the other rows of the batch."""
+    companions = [
+        np.zeros(64),  # uniform: H = log 64
+        np.where(np.arange(64) == 5, 0.0, -40.0),  # one-hot: H ~ 0
+        np.random.default_rng(7).normal(0, 6, 64),
+    ]
+
+    def body(row: np.ndarray) -> None:
+        n = row.shape[0]
+        alone = run.call(row[None, :])
+        run.compare(alone, row[None, :], what="row alone")
+        for comp in companions:
+            c = strat._cast(np.resize(comp, n), t.dtype)
+            batch = np.stack([row, c, c])
+            got = run.call(batch)
+            run.compare(got, batch, what="row next to other rows (batch independence)")
+
+    strategy = strat.logit_rows(max_size=48, dtype=t.dtype).filter(lambda r: r.shape[0] >= 2)
+    run_given(t, strategy, t.budget(30), body)
+
+
+def _p_dtype_shape(t: Target, run: Run) -> None:
+    """Output dtype equals the input dtype; shapes (n,), (1, n), (2, 3, n), views."""
+    base = strat._cast(np.random.default_rng(11).normal(0, 3, (2, 3, 5)), t.dtype)
+    cases: list[tuple[str, np.ndarray, Any]] = [
+        ("1-d row", base[0, 0], None),
+        ("shape (1, n)", base[0, :1], None),
+        ("shape (2, 3, n)", base, None),
+        ("n = 1", base[..., :1], None),
+    ]
+    for label, x, view in cases:
+        out = run.call(x, view=view)
+        got, _ = run.output(out, label)
+        want = x.shape if t.kind != "entropy" else x.shape[:-1]
+        if got.shape != want:
+            raise Failed(f"{label}: output shape {got.shape}, expected {want}")
+        run.compare(out, x, what=label)
+    # a non-contiguous input: a transposed view
+    xt = np.ascontiguousarray(np.swapaxes(base[0], 0, 1))  # (5, 3): rows are columns
+    if t.framework == "numpy":
+        out = t.call(xt, view=lambda a: np.swapaxes(a, 0, 1))
+    else:
+        out = t.call(xt, view=lambda a: a.transpose(0, 1))
+    run.compare(out, np.swapaxes(xt, 0, 1).copy(), what="non-contiguous (transposed) input")
+
+
+def _special_expected(t: Target) -> list[tuple[str, np.ndarray]]:
+    ninf, nan, inf = -np.inf, np.nan, np.inf
+    return [
+        ("partly masked row", np.array([[0.5, ninf, 2.0, ninf, -1.0]])),
+        ("one unmasked item", np.array([[ninf, 3.0, ninf]])),
+        ("fully masked row", np.array([[ninf, ninf, ninf], [0.0, 1.0, 2.0]])),
+        ("row with NaN", np.array([[0.0, nan, 1.0], [0.0, 1.0, 2.0]])),
+        ("row with +inf", np.array([[0.0, inf, 1.0], [0.0, 1.0, 2.0]])),
+        ("empty rows (n = 0)", np.zeros((2, 0))),
+    ]
+
+
+def _p_special_values(t: Target, run: Run) -> None:
+    """The special-value table: masks exact; NaN/+inf rows NaN; masked rows; n = 0."""
+    for label, x64 in _special_expected(t):
+        x = strat._cast(x64, t.dtype)
+        try:
+            out = t.call(x)
+        except Exception as exc:
+            if label.startswith("empty"):
+                run.notes.append(f"n = 0 refused with {type(exc).__name__}")
+                continue
+            raise Failed(f"{label}: the kernel raised {type(exc).__name__}: {exc}") from exc
+        got, _ = run.output(out, label)
+        if label in ("fully masked row", "row with +inf"):
+            # conventions differ (torch and scipy give NaN for a fully masked row, and a
+            # NaN at the +inf item): by default a softmax may answer NaN there, never a
+            # silent number; strict (and every kind but softmax for a fully masked row)
+            # demands the table
+            bad = got[0] if got.ndim else got
+            ok_table = _matches_table(t, x, got)
+            nan_ok = bool(np.any(np.isnan(bad)))
+            fully = label.startswith("fully")
+            if fully and t.kind == "entropy":
+                nan_ok = bool(np.isnan(bad))
+            tolerated = not t.strict and (t.kind == "softmax" or not fully)
+            table = _table_value(t, label)
+            if not ok_table and not (tolerated and nan_ok):
+                if nan_ok and not tolerated:
+                    why = (
+                        "NaN is tolerated only without strict, as torch.softmax's convention"
+                        if t.kind == "softmax" or not fully
+                        else f"NaN is torch.softmax's convention, not kind {t.kind}'s"
+                    )
+                else:
+                    why = "NaNs are tolerated as a convention, finite numbers are not"
+                raise Failed(f"{label}: got {got[0]!r}; the table gives {table} ({why})")
+            if not ok_table:
+                run.notes.append(f"{label}: NaN where the table gives {table}")
+            run.compare(out[1:], x[1:], what=label)
+            continue
+        run.compare(out, x, what=label)
+
+
+def _table_value(t: Target, label: str) -> str:
+    """What the special-value table gives on the first row of case `label`, in words."""
+    if label.startswith("fully"):
+        return "0" if t.kind == "entropy" else "zeros"
+    return "NaN" if t.kind == "entropy" else "NaN at every item"
+
+
+def _matches_table(t: Target, x: np.ndarray, got: np.ndarray) -> bool:
+    from .. import reference
+
+    x0 = x[:1].astype(np.float32) if t.dtype == "bfloat16" else x[:1]
+    if t.kind == "softmax":
+        ref = reference.softmax(x0)
+    elif t.kind == "entropy":
+        ref = reference.entropy(x0, entropy_eps=t.entropy_eps)
+    else:
+        ref = reference.adaptive_softmax(x0, schedule=t.schedule, entropy_eps=t.entropy_eps)
+    g = np.asarray(got[:1], dtype=np.float64)
+    return bool(np.array_equal(g, ref, equal_nan=True))
+
+
+@st.composite
+def _dyadic_rows(draw: Any, dtype: str) -> np.ndarray:
+    n = draw(st.integers(2, 24))
+    ks = draw(st.lists(st.integers(-512, 512), min_size=n, max_size=n))
+    return strat._cast(np.array(ks) / 16.0, dtype)
+
+
+def _p_invariances(t: Target, run: Run) -> None:
+    """T8: shift (x + c, exact, also far from zero, with masks), permutation, masking = removal."""
+    # the far shifts keep the dyadic rows exact: every entry beyond 1e4 from zero
+    shifts = {
+        "float64": [3.0, -1000.0, 2.0**40, -3.0 * 2.0**14, -(2.0**45)],
+        "float32": [3.0, -1000.0, 2.0**16, -3.0 * 2.0**14],
+        "bfloat16": [2.0],
+        "float16": [3.0, -16.0],
+    }[t.dtype]
+
+    def body(args: tuple[np.ndarray, int, list[int]]) -> None:
+        x, perm_seed, drop = args
+        n = x.shape[0]
+        drop = sorted({d % n for d in drop})
+        for c in shifts:
+            xs = strat._cast(x.astype(np.float64) + c, t.dtype)
+            if not np.array_equal(xs.astype(np.float64), x.astype(np.float64) + c):
+                continue  # not exact in this dtype
+            run.compare(run.call(xs), xs, what=f"shift by {c!r}")
+            if abs(c) >= 1e4 and 0 < len(drop) < n:
+                xm = xs.copy()
+                xm[drop] = -np.inf
+                run.compare(run.call(xm), xm, what=f"shift by {c!r}, masked entries")
+        perm = np.random.default_rng(perm_seed).permutation(n)
+        run.compare(run.call(x[perm]), x[perm], what="permutation")
+        if len(drop) < n:
+            masked = x.copy()
+            masked[drop] = -np.inf
+            kept = np.delete(x, drop)
+            out_m = run.call(masked)
+            run.compare(out_m, masked, what="masked entries")
+            run.compare(run.call(kept), kept, what="masked entries removed")
+
+    strategy = st.tuples(
+        _dyadic_rows(t.dtype), st.integers(0, 1000), st.lists(st.integers(0, 50), max_size=4)
+    )
+    run_given(t, strategy, t.budget(30), body)
+
+
+def _p_temperature_cap(t: Target, run: Run) -> None:
+    """T5: beta >= 1, so the adaptive max is >= the softmax max (and entropy <= softmax's)."""
+    from .. import reference
+
+    def body(x: np.ndarray) -> None:
+        out = run.call(x)
+        got, _ = run.output(out, "temperature cap")
+        xr, got = x.reshape(-1, x.shape[-1]), got.reshape(-1, x.shape[-1])
+        sm = reference.softmax(xr)
+        fmt = tst.model.FORMATS[t.dtype]
+        top_sm = np.max(sm, axis=-1)
+        top = np.max(got.astype(np.float64), axis=-1)
+        slack = 64 * fmt.u * top_sm + fmt.tiny
+        if fmt.precision < 24 and not t.strict:
+            # the default 16-bit contract: the scaled logits may be rounded once (any beta)
+            cond = tst.model.row_conditioning(xr)
+            b = np.full(cond.H.shape, tst.model.BETA_MAX)
+            rel = tst.model.logit_rounding_rel_error(cond, b, b, fmt)
+            with np.errstate(over="ignore"):
+                slack = slack + np.expm1(tst.model.SLACK * np.max(rel, axis=-1)) * top_sm
+        bad = np.flatnonzero(top < top_sm - slack)
+        if bad.size:
+            i = int(bad[0])
+            raise Failed(
+                f"temperature cap (T5) violated: the largest adaptive coefficient "
+                f"{float(top[i])!r} is below the largest softmax coefficient {float(top_sm[i])!r}, "
+                f"so beta < 1 on row {i}\nrepro:\nimport numpy as np\n{t.repro}\n"
+                f"x = {row_literal(xr[i], t.dtype)}\nprint(kernel(x).max())"
+            )
+        run.compare(out, x, what="temperature cap")
+
+    strategy = strat.logit_batches(
+        strat.shapes(1, 3), max_size=40, dtype=t.dtype, families=("entropy", "translated")
+    )
+    run_given(t, strategy, t.budget(40), body)
+
+
+def _p_schedules(t: Target, run: Run) -> None:
+    """Other schedules passed as ``schedule=``: Constant, LogLength, a polynomial with a jump."""
+    if not t.takes_schedule:
+        raise Skip("the kernel takes no schedule= keyword")
+    schedules: list[Schedule] = [
+        Constant("2"),
+        Constant("0.5"),
+        LogLength("0.5"),
+        Polynomial(("0.5", "1"), threshold="1"),  # beta jumps from 1 to 1.5 at H = 1
+    ]
+    rows, src = _branch_rows(t.dtype)
+    hs = [0.3, 0.9, 1.5, 2.5]
+    small = np.stack([strat._cast(strat.row_with_entropy(h, 16, 1), t.dtype) for h in hs])
+    small_src = _src_cast(
+        f"np.stack([softmaxtheory.strategies.row_with_entropy(h, 16, 1) for h in {hs!r}])",
+        t.dtype,
+    )
+    for sched in schedules:
+        for x, xs in ((small, small_src), (rows, src)):
+            out = run.call(x, schedule=sched)
+            run.compare(out, x, schedule=sched, source=xs, what=f"schedule={sched!r}")
+
+
+# ---------------------------------------------------------------------------
+# attention
+# ---------------------------------------------------------------------------
+
+
+def _attention_compare(run: Run, inputs: dict[str, Any], what: str) -> None:
+    t = run.target
+    q, k, v, mask, causal = (inputs[n] for n in ("q", "k", "v", "mask", "is_causal"))
+    try:
+        out = t.call_attention(q, k, v, mask, causal)
+    except Exception as exc:
+        raise Failed(
+            f"{what}: the kernel raised {type(exc).__name__}: {exc} (q {q.shape}, k {k.shape}, "
+            f"v {v.shape}, mask {None if mask is None else mask.shape}, is_causal {causal})"
+        ) from exc
+    got, got_dtype = run.output(out, what)
+    if got_dtype != t.dtype:
+        raise Failed(f"{what}: the kernel returned dtype {got_dtype} for {t.dtype} input")
+    try:
+        rep = tst.assert_attention_close(
+            got, (q, k, v), mask=mask, is_causal=causal, schedule=t.schedule,
+            entropy_eps=t.entropy_eps, dtype=t.dtype, repro=t.repro, strict=t.strict,
+        )  # fmt: skip
+    except tst.KernelMismatch as exc:
+        run.record(exc.report)
+        exc.add_note(what)
+        raise
+    run.record(rep)
+
+
+def _p_attention_values(t: Target, run: Run) -> None:
+    """Random q, k, v (sharp and flat heads, batched) against the reference."""
+    run_given(
+        t,
+        strat.attention_inputs(t.dtype),
+        t.budget(50),
+        lambda inp: _attention_compare(run, inp, "attention values"),
+    )
+
+
+def _p_attention_masks(t: Target, run: Run) -> None:
+    """Boolean masks (True attends)."""
+    if t.mask_keyword is None:
+        raise Skip("the kernel takes no mask= or attn_mask= keyword")
+    strategy = strat.attention_inputs(t.dtype, masks=True, batch=False).filter(
+        lambda d: d["mask"] is not None
+    )
+    run_given(t, strategy, t.budget(25), lambda inp: _attention_compare(run, inp, "masked"))
+
+
+def _p_attention_causal(t: Target, run: Run) -> None:
+    """``is_causal=True`` (keys j > i masked)."""
+    if not t.takes_causal:
+        raise Skip("the kernel takes no is_causal= keyword")
+    strategy = strat.attention_inputs(t.dtype, causal=True).filter(lambda d: d["is_causal"])
+    run_given(t, strategy, t.budget(25), lambda inp: _attention_compare(run, inp, "causal"))
+
+
+def _p_attention_batch(t: Target, run: Run) -> None:
+    """Each batch entry and query row is independent of the others; long key sequences."""
+    rng = np.random.default_rng(5)
+    cast = lambda a: strat._cast(a, t.dtype)  # noqa: E731
+    q = cast(rng.normal(0, 2, (3, 4, 8)))
+    k = cast(rng.normal(0, 1, (3, 256, 8)))
+    v = cast(rng.normal(0, 1, (3, 256, 4)))
+    base = {"mask": None, "is_causal": False}
+    _attention_compare(run, {"q": q, "k": k, "v": v, **base}, "batched (3 heads, 256 keys)")
+    for i in range(2):
+        one = {"q": q[i : i + 1, :1], "k": k[i : i + 1], "v": v[i : i + 1], **base}
+        _attention_compare(run, one, f"head {i}, query 0 alone")
+
+
+# ---------------------------------------------------------------------------
+
+
+#: Every property in report order, mapping its name to its check and the kinds it applies to.
+PROPERTIES: dict[str, tuple[Callable[[Target, Run], None], tuple[str, ...]]] = {
+    "values": (_p_values, ("softmax", "entropy", "adaptive_softmax")),
+    "long_rows": (_p_long_rows, ("softmax", "entropy", "adaptive_softmax")),
+    "million_row": (_p_million_row, ("softmax", "entropy", "adaptive_softmax")),
+    "branch_points": (_p_branch_points, ("entropy", "adaptive_softmax")),
+    "batch_independence": (_p_batch_independence, ("softmax", "entropy", "adaptive_softmax")),
+    "dtype_shape": (_p_dtype_shape, ("softmax", "entropy", "adaptive_softmax")),
+    "special_values": (_p_special_values, ("softmax", "entropy", "adaptive_softmax")),
+    "invariances": (_p_invariances, ("softmax", "entropy", "adaptive_softmax")),
+    "temperature_cap": (_p_temperature_cap, ("adaptive_softmax",)),
+    "schedules": (_p_schedules, ("adaptive_softmax",)),
+    "attention_values": (_p_attention_values, ("attention",)),
+    "attention_batch": (_p_attention_batch, ("attention",)),
+    "attention_masks": (_p_attention_masks, ("attention",)),
+    "attention_causal": (_p_attention_causal, ("attention",)),
+}
+
+
+def properties_for(kind: str) -> list[str]:
+    """The properties that apply to a kind, in report order."""
+    return [name for name, (_, kinds) in PROPERTIES.items() if kind in kinds]

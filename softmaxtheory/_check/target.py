@@ -1,0 +1,446 @@
+"""The kernel under test: loading it, validating a run's options, calling it (private).
+
+:class:`Target` holds a kernel and how to call it; :func:`target_from_options`
+builds one from the options of ``softmaxtheory check`` and of the pytest
+plugin, which both call it. The public names are re-exported by
+:mod:`softmaxtheory.conformance`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import os
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import strategies as strat
+from .._formats import DTYPES, FRAMEWORKS, KINDS, default_dtype
+from ..spec import PaperPolynomial, Schedule, resolve_schedule
+
+__all__ = [
+    "ConformanceUsageError",
+    "Target",
+    "check_options",
+    "load_kernel",
+    "parse_kwarg",
+    "target_from_options",
+]
+
+
+class ConformanceUsageError(ValueError):
+    """A bad kernel path, kind, framework, dtype or device (exit status 2)."""
+
+
+def _cwd_on_path() -> None:
+    """Put the current folder first on ``sys.path`` unless it is there (as ``python -m`` does)."""
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
+        sys.path.insert(0, cwd)
+
+
+def load_kernel(path: str) -> tuple[Callable[..., Any], str]:
+    """Import ``pkg.mod:func`` (``func`` may be dotted: ``mod:Class.method``).
+
+    The module is found the way ``python -m`` finds it: the current folder
+    comes first on ``sys.path`` (it is added when missing, as it is for an
+    installed ``softmaxtheory`` command or a bare ``pytest``), so
+    ``mykernels:softmax`` works from the folder that holds ``mykernels.py``.
+
+    Raises
+    ------
+    ConformanceUsageError
+        If the path is malformed, the module cannot be imported (or ends the
+        process while importing, ``sys.exit``), the attribute is missing or
+        not callable.
+    """
+    mod_name, sep, attr = path.partition(":")
+    if not sep or not mod_name or not attr:
+        raise ConformanceUsageError(f"kernel must be given as pkg.mod:func, got {path!r}")
+    _cwd_on_path()
+    try:
+        obj: Any = importlib.import_module(mod_name)
+    except SystemExit as exc:
+        raise ConformanceUsageError(
+            f"importing module {mod_name!r} called sys.exit({exc.code!r})"
+        ) from exc
+    except Exception as exc:
+        raise ConformanceUsageError(f"cannot import module {mod_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            raise ConformanceUsageError(f"{mod_name!r} has no attribute {attr!r}") from exc
+    if not callable(obj):
+        raise ConformanceUsageError(f"{path} is not callable (got {type(obj).__name__})")
+    return obj, path
+
+
+def parse_kwarg(text: str) -> tuple[str, Any]:
+    """Parse ``NAME=VALUE`` (VALUE a Python literal, else a string) for ``--kwarg``.
+
+    Examples
+    --------
+    >>> from softmaxtheory.conformance import parse_kwarg
+    >>> parse_kwarg("axis=-1")
+    ('axis', -1)
+    """
+    import ast
+
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip().isidentifier():
+        raise ConformanceUsageError(f"--kwarg takes NAME=VALUE, got {text!r}")
+    try:
+        parsed: Any = ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+        parsed = value.strip()
+    return name.strip(), parsed
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool | None:
+    """Whether `fn`'s signature takes keyword `name`; None when it cannot be inspected."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def check_options(
+    *,
+    kind: str = "softmax",
+    framework: str = "numpy",
+    device: str = "cpu",
+    dtype: str = "float64",
+    entropy_eps: float = 0.0,
+    examples: int | None = None,
+) -> None:
+    """Validate the options of a run before any kernel is imported or called.
+
+    Raises
+    ------
+    ConformanceUsageError
+        Naming the option: an unknown kind, framework, dtype or device, numpy
+        with bfloat16 or a GPU, ``entropy_eps`` negative or not finite,
+        ``examples`` below 1, torch (or the device) not available.
+    """
+    if kind not in KINDS:
+        raise ConformanceUsageError(f"kind must be one of {KINDS}, got {kind!r}")
+    if framework not in FRAMEWORKS:
+        raise ConformanceUsageError(f"framework must be one of {FRAMEWORKS}, got {framework!r}")
+    if dtype not in DTYPES:
+        raise ConformanceUsageError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if not (isinstance(entropy_eps, int | float) and math.isfinite(entropy_eps)) or (
+        entropy_eps < 0
+    ):
+        raise ConformanceUsageError(
+            f"entropy_eps must be a finite number >= 0, got {entropy_eps!r}"
+        )
+    if examples is not None and (isinstance(examples, bool) or int(examples) != examples
+                                 or examples < 1):  # fmt: skip
+        raise ConformanceUsageError(f"examples must be an integer >= 1, got {examples!r}")
+    if framework == "numpy" and dtype == "bfloat16":
+        raise ConformanceUsageError("numpy has no bfloat16: use --framework torch")
+    if framework == "numpy" and device != "cpu":
+        raise ConformanceUsageError("the numpy framework runs on the cpu only")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ConformanceUsageError(f"device must be cpu or cuda, got {device!r}")
+    if framework == "torch":
+        try:
+            import torch
+        except ImportError as exc:
+            raise ConformanceUsageError("--framework torch needs torch installed") from exc
+        if device != "cpu" and not torch.cuda.is_available():
+            raise ConformanceUsageError(f"device {device} is not available")
+
+
+@dataclass
+class Target:
+    """A kernel under test and how to call it.
+
+    Parameters
+    ----------
+    kernel : callable
+        The kernel.
+    kwargs : dict
+        Extra keyword arguments passed on every call (``axis=-1``).
+    name : str
+        ``pkg.mod:func`` (used in repro snippets).
+    kind, framework, device, dtype : str
+        See :data:`KINDS`, :data:`FRAMEWORKS`, :data:`DTYPES`.
+    entropy_eps : float
+        The entropy mode the kernel implements.
+    schedule : Schedule
+        The schedule the kernel implements (adaptive softmax, attention).
+    thorough : bool
+        Explore more examples.
+    examples : int, optional
+        Override the example budget of the Hypothesis properties.
+    strict : bool
+        A property that cannot run (a keyword the kernel does not take) fails
+        instead of being skipped, and the contract is the strict one: float16
+        and bfloat16 kernels must have float32-grade statistics and output (by
+        default one rounding of the scaled logits to the kernel's dtype is
+        accepted), and every kind must give the special-value table's zeros for
+        a fully masked row (by default the softmax kind may give NaN,
+        ``torch.softmax``'s convention).
+
+    Notes
+    -----
+    Which optional keywords the kernel takes (``schedule=``, ``entropy_eps=``,
+    ``mask=``/``attn_mask=``, ``is_causal=``) is read from its signature; when
+    the signature cannot be inspected (a builtin such as
+    ``torch.nn.functional.scaled_dot_product_attention``), the kernel is
+    probed by calling it on a tiny input with and without the keyword.
+    """
+
+    kernel: Callable[..., Any]
+    name: str = "kernel"
+    kind: str = "softmax"
+    framework: str = "numpy"
+    device: str = "cpu"
+    dtype: str = "float64"
+    entropy_eps: float = 0.0
+    schedule: Schedule = field(default_factory=PaperPolynomial)
+    thorough: bool = False
+    examples: int | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    strict: bool = False
+    #: Which keywords the kernel takes, as found by :meth:`takes` (filled on demand).
+    _takes: dict[str, bool] = field(init=False, default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_options(
+            kind=self.kind, framework=self.framework, device=self.device, dtype=self.dtype,
+            entropy_eps=self.entropy_eps, examples=self.examples,
+        )  # fmt: skip
+        if not callable(self.kernel):
+            raise ConformanceUsageError(f"{self.name} is not callable")
+        if not isinstance(self.strict, bool):
+            raise ConformanceUsageError(f"strict must be a bool, got {self.strict!r}")
+        self.schedule = resolve_schedule(self.schedule)
+
+    # -- which keywords the kernel takes ----------------------------------------
+
+    def takes(self, name: str) -> bool:
+        """Whether the kernel takes keyword `name` (signature, else a probing call)."""
+        if name not in self._takes:
+            known = _accepts(self.kernel, name)
+            self._takes[name] = self._probe(name) if known is None else known
+        return self._takes[name]
+
+    def _probe(self, name: str) -> bool:
+        """Probe keyword `name` by calling the kernel on a tiny input with and without it.
+
+        Taken unless only the call with it fails (when both fail, the property
+        runs and reports the failure).
+        """
+        value: Any = {
+            "schedule": self.schedule,
+            "entropy_eps": self.entropy_eps,
+            "is_causal": False,
+        }.get(name)
+        if self.kind == "attention":
+            q = np.array([[0.5, -1.0], [1.0, 0.25]])
+            args = [self._to_framework(strat._cast(q, self.dtype)) for _ in range(3)]
+            if name in ("mask", "attn_mask"):
+                value = self._to_framework(np.ones((2, 2), dtype=bool))
+        else:
+            args = [self._to_framework(strat._cast(np.array([[0.0, 1.0, 2.0]]), self.dtype))]
+
+        def ok(kw: dict[str, Any]) -> bool:
+            try:
+                with np.errstate(all="ignore"):
+                    self.kernel(*args, **self.kwargs, **kw)
+            except Exception:
+                return False
+            return True
+
+        return ok({name: value}) or not ok({})
+
+    @property
+    def takes_schedule(self) -> bool:
+        """The kernel takes ``schedule=``."""
+        return self.takes("schedule")
+
+    @property
+    def takes_eps(self) -> bool:
+        """The kernel takes ``entropy_eps=``."""
+        return self.takes("entropy_eps")
+
+    @property
+    def mask_keyword(self) -> str | None:
+        """``mask`` or ``attn_mask``, the keyword the kernel takes a mask by (None if neither)."""
+        return next((k for k in ("mask", "attn_mask") if self.takes(k)), None)
+
+    @property
+    def takes_causal(self) -> bool:
+        """The kernel takes ``is_causal=``."""
+        return self.takes("is_causal")
+
+    # -- calling -------------------------------------------------------------
+
+    def _to_framework(self, a: np.ndarray | None) -> Any:
+        if a is None or self.framework == "numpy":
+            return a
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        if a.dtype != bool:
+            t = t.to(getattr(torch, self.dtype))
+        return t.to(self.device)
+
+    def _kwargs(self, schedule: Schedule | None) -> dict[str, Any]:
+        kw: dict[str, Any] = dict(self.kwargs)
+        if schedule is not None:
+            kw["schedule"] = schedule
+        if self.entropy_eps and self.takes_eps:
+            kw["entropy_eps"] = self.entropy_eps
+        return kw
+
+    def call(self, x: np.ndarray, schedule: Schedule | None = None, view: Any = None) -> Any:
+        """Call the kernel on logits `x` (numpy, converted to the framework); return its output."""
+        arg = self._to_framework(x)
+        if view is not None:
+            arg = view(arg)
+        return self.kernel(arg, **self._kwargs(schedule))
+
+    def call_attention(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Any, is_causal: bool
+    ) -> Any:
+        """Call an attention kernel."""
+        kw = self._kwargs(None)
+        if mask is not None:
+            kw[self.mask_keyword or "mask"] = self._to_framework(mask)
+        if is_causal:
+            kw["is_causal"] = True
+        return self.kernel(*(self._to_framework(a) for a in (q, k, v)), **kw)
+
+    @property
+    def repro(self) -> str:
+        """Lines that import the kernel and define ``kernel`` for repro snippets."""
+        mod, _, attr = self.name.partition(":")
+        if not attr:
+            return "kernel = ...  # your kernel"
+        head = attr.split(".")[0]
+        lines = f"from {mod} import {head}\nkernel = {attr}"
+        if self.kwargs:
+            args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+            lines = f"import functools\n{lines}\nkernel = functools.partial(kernel, {args})"
+        if self.framework == "torch":
+            src = "np.float32" if self.dtype == "bfloat16" else f"np.{self.dtype}"
+            lines = (
+                f"import torch\n{lines}\n"
+                f"_kernel = kernel\n\n\ndef kernel(*arrays):  # numpy in, numpy out, via torch\n"
+                f"    ts = [torch.from_numpy(np.asarray(a, dtype={src}))"
+                f".to(torch.{self.dtype}).to({self.device!r}) for a in arrays]\n"
+                f"    return _kernel(*ts).cpu().double().numpy()\n"
+            )
+        return lines
+
+    def budget(self, default: int) -> int:
+        """Number of Hypothesis examples for a property."""
+        if self.examples is not None:
+            return self.examples
+        return default * 10 if self.thorough else default
+
+
+def target_from_options(
+    kernel: str,
+    *,
+    kind: str = "softmax",
+    framework: str = "numpy",
+    device: str = "cpu",
+    dtype: str | None = None,
+    entropy_eps: float | str = 0.0,
+    schedule: Schedule | str = "paper",
+    thorough: bool = False,
+    examples: int | None = None,
+    kwargs: Iterable[str] = (),
+    strict: bool = False,
+) -> Target:
+    """Build the :class:`Target` of a run from its options, as given on a command line.
+
+    ``softmaxtheory check`` and the pytest plugin (``--softmax-*``) both call
+    it, so a bad option is the same error in both. The options are validated
+    before the kernel is imported.
+
+    Parameters
+    ----------
+    kernel : str
+        ``pkg.mod:func``, imported with :func:`load_kernel`.
+    kind : str
+        One of :data:`KINDS`.
+    framework : str
+        One of :data:`FRAMEWORKS`.
+    device : str
+        ``cpu``, ``cuda`` or ``cuda:N`` (torch only).
+    dtype : str, optional
+        One of :data:`DTYPES`; by default float64 for numpy, float32 for torch.
+    entropy_eps : float or str
+        The kernel's entropy guard, >= 0 (text is parsed as a float).
+    schedule : Schedule or str
+        The schedule the kernel implements, or its command-line spelling
+        (``paper``, ``constant:BETA``, ``loglength:S``, ``poly:C0,C1,...[@THETA]``).
+    thorough : bool
+        Explore ten times more examples.
+    examples : int, optional
+        Examples per Hypothesis property (overrides the budget).
+    kwargs : sequence of str
+        Extra keyword arguments for every call, each ``NAME=VALUE``
+        (:func:`parse_kwarg`).
+    strict : bool
+        See :class:`Target`.
+
+    Raises
+    ------
+    ConformanceUsageError
+        Naming the option or the kernel path that is wrong (see
+        :func:`check_options` and :func:`load_kernel`).
+
+    Examples
+    --------
+    >>> from softmaxtheory.conformance import target_from_options
+    >>> t = target_from_options("numpy:exp", framework="numpy", kwargs=["casting='same_kind'"])
+    >>> t.name, t.dtype, t.kwargs
+    ('numpy:exp', 'float64', {'casting': 'same_kind'})
+    >>> try:
+    ...     target_from_options("numpy:exp", dtype="bfloat16")
+    ... except ValueError as exc:
+    ...     print(exc)
+    numpy has no bfloat16: use --framework torch
+    """
+    if dtype is None and framework in FRAMEWORKS:
+        dtype = default_dtype(framework)
+    if isinstance(entropy_eps, str):
+        try:
+            entropy_eps = float(entropy_eps)
+        except ValueError:
+            raise ConformanceUsageError(
+                f"entropy_eps must be a finite number >= 0, got {entropy_eps!r}"
+            ) from None
+    check_options(
+        kind=kind, framework=framework, device=device, dtype=str(dtype),
+        entropy_eps=entropy_eps, examples=examples,
+    )  # fmt: skip
+    if isinstance(schedule, str):
+        from argparse import ArgumentTypeError
+
+        from ..cli import parse_schedule
+
+        try:
+            schedule = parse_schedule(schedule)
+        except ArgumentTypeError as exc:  # "bad schedule 'x': ..."
+            raise ConformanceUsageError(str(exc)) from None
+    parsed = dict(parse_kwarg(text) for text in kwargs)
+    fn, name = load_kernel(kernel)
+    return Target(
+        fn, name, kind=kind, framework=framework, device=device, dtype=str(dtype),
+        entropy_eps=entropy_eps, schedule=schedule, thorough=thorough, examples=examples,
+        kwargs=parsed, strict=strict,
+    )  # fmt: skip
