@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from softmaxtheory import reference
 from softmaxtheory import strategies as strat
-from softmaxtheory._testing_model import FORMATS, round_to_format
+from softmaxtheory._check.error_model import round_to_format
+from softmaxtheory._formats import FORMATS
 
 
 def _examples(strategy, n=60):

@@ -356,7 +356,7 @@ def test_a_dominant_item_far_from_zero_is_held_to_its_exact_value(x, dtype):
 
 def test_exact_perturbation_bound_is_sound_for_perturbed_logits():
     """perturbed_logits_rel_error bounds |log y~ - log y| for random logit perturbations."""
-    from softmaxtheory import _testing_model as model
+    from softmaxtheory._check import error_model as model
 
     for _ in range(200):
         n = int(RNG.integers(1, 6))

@@ -65,7 +65,7 @@ def test_guide_torch_defect_command():
         "softmaxtheory.testing",
         "softmaxtheory.strategies",
         "softmaxtheory.conformance",
-        "softmaxtheory._testing_model",
+        "softmaxtheory._check.error_model",
         "softmaxtheory.pytest_plugin",
         "softmaxtheory._cmd_check",
     ],
