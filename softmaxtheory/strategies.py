@@ -16,7 +16,13 @@ exact bfloat16 numbers).
   :math:`[5, H_{\mathrm{off}}]`, where β reacts most to an entropy error;
 * :func:`logit_batches`: arrays of shape ``(..., n)`` of such rows;
 * :func:`shapes`, :func:`chunkings`: batch shapes and chunkings of a row;
-* :func:`attention_inputs`: ``q, k, v`` with an optional mask or causal flag.
+* :func:`attention_inputs`: ``q, k, v`` with an optional mask or causal flag;
+* :func:`cast`: rounds values to one of the four dtypes (the last step of every
+  strategy, and the one a repro snippet uses to rebuild an input).
+
+As in Hypothesis itself, a strategy checks its arguments when it is built
+(``logit_rows(families=["bogus"])`` raises at once, naming the argument), and
+every parameter but the leading one is keyword-only.
 
 Examples
 --------
@@ -35,11 +41,15 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
+from numpy.typing import ArrayLike
 
+from ._check.error_model import round_to_format
+from ._formats import Format, format_named
 from .spec import PaperPolynomial
 
 __all__ = [
@@ -47,6 +57,7 @@ __all__ = [
     "HALF_MAX_FRACTION",
     "attention_inputs",
     "branch_points",
+    "cast",
     "chunkings",
     "entropy_targets",
     "logit_batches",
@@ -74,27 +85,81 @@ FAMILIES: tuple[str, ...] = (
 #: :math:`\beta \le \beta_{\max} = 2.4214` the scaled logits stay finite (0.4 < 1/2.4214).
 HALF_MAX_FRACTION = 0.4
 
-_MAX_FINITE = {"float64": 1.79e308, "float32": 3.4e38, "bfloat16": 3.38e38, "float16": 65504.0}
-_TINY = {"float64": 5e-324, "float32": 1e-45, "bfloat16": 1e-40, "float16": 6e-8}
 
+def cast(values: ArrayLike, dtype: Any) -> np.ndarray:
+    """Round `values` to `dtype`, to nearest (ties to even).
 
-def _np_dtype(dtype: str) -> np.dtype:
-    return np.dtype("float32" if dtype == "bfloat16" else dtype)
+    Every strategy here ends with it, and the conformance suite's repro
+    snippets call it to rebuild an input in the kernel's dtype. Values beyond
+    the format's range become infinite.
 
+    Parameters
+    ----------
+    values : array_like
+        Real numbers (read as float64 first).
+    dtype : str
+        ``"float64"``, ``"float32"``, ``"float16"`` or ``"bfloat16"`` (numpy
+        and torch spellings are accepted too).
 
-def _cast(values: Any, dtype: str) -> np.ndarray:
-    """Round to `dtype` (bfloat16: nearest even, kept as float32)."""
-    from ._testing_model import FORMATS, round_to_format
+    Returns
+    -------
+    numpy.ndarray
+        An array of `dtype`; bfloat16 values come as a float32 array, which
+        holds them exactly.
 
+    Raises
+    ------
+    ValueError
+        If `dtype` is not one of the four.
+
+    Examples
+    --------
+    >>> from softmaxtheory.strategies import cast
+    >>> cast([0.1, 1 + 2**-9, -3.0], "bfloat16")
+    array([ 0.10009766,  1.        , -3.        ], dtype=float32)
+    """
+    fmt = format_named(dtype)
     a = np.asarray(values, dtype=np.float64)
     with np.errstate(over="ignore"):
-        return round_to_format(a, FORMATS[dtype]).astype(_np_dtype(dtype))
+        return round_to_format(a, fmt).astype(fmt.storage)
 
 
-def _check_dtype(dtype: str) -> str:
-    if dtype not in _MAX_FINITE:
-        raise ValueError(f"dtype must be float64, float32, float16 or bfloat16, got {dtype!r}")
-    return dtype
+# ---------------------------------------------------------------------------
+# argument checks, run when a strategy is built (not when it draws)
+# ---------------------------------------------------------------------------
+
+
+def _check_int(value: Any, name: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value!r}")
+    return int(value)
+
+
+def _check_sizes(min_size: Any, max_size: Any, least: int) -> tuple[int, int]:
+    lo = _check_int(min_size, "min_size", least)
+    hi = _check_int(max_size, "max_size", least)
+    if lo > hi:
+        raise ValueError(f"min_size must be <= max_size, got min_size={lo}, max_size={hi}")
+    return lo, hi
+
+
+def _check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def _check_families(families: Any) -> tuple[str, ...]:
+    if isinstance(families, str) or not isinstance(families, Iterable):
+        raise TypeError(f"families must be a sequence of family names, got {families!r}")
+    names = tuple(families)
+    if not names or any(f not in FAMILIES for f in names):
+        raise ValueError(
+            f"families must be a non-empty sequence of names from {FAMILIES}, got {families!r}"
+        )
+    return names
 
 
 @functools.cache
@@ -160,13 +225,12 @@ def translations(dtype: str) -> tuple[tuple[str, float], ...]:
     :math:`3 \cdot 10^4` and :data:`HALF_MAX_FRACTION` of the largest float
     (for float16, whose largest float is 65504, that is 26201.6).
     """
-    top = float(np.finfo(_np_dtype(_check_dtype(dtype))).max)
-    half = HALF_MAX_FRACTION * top
+    half = HALF_MAX_FRACTION * format_named(dtype).max_finite
     mags = sorted({1e4, min(3e4, half), half})
     return tuple((side, m) for side in ("below", "above") for m in mags)
 
 
-def _translate(row: np.ndarray, side: str, mag: float, dtype: str) -> np.ndarray:
+def _translate(row: np.ndarray, side: str, mag: float, fmt: Format) -> np.ndarray:
     """Shift `row` so that every finite entry lies beyond `mag` on `side` after rounding.
 
     The target is ``mag * (1 + 2**-6)``: rounding to any of the four formats
@@ -176,7 +240,7 @@ def _translate(row: np.ndarray, side: str, mag: float, dtype: str) -> np.ndarray
     vals = row[live]
     edge = mag * (1.0 + 2.0**-6)
     c = -edge - float(np.max(vals)) if side == "below" else edge - float(np.min(vals))
-    return np.where(live, _cast(np.where(live, row + c, 0.0), dtype), -np.inf)
+    return np.where(live, cast(np.where(live, row + c, 0.0), fmt.name), -np.inf)
 
 
 def entropy_targets() -> st.SearchStrategy[float]:
@@ -189,90 +253,187 @@ def entropy_targets() -> st.SearchStrategy[float]:
     return st.one_of(near, window, st.floats(0.01, 7.0))
 
 
-@st.composite
-def logit_rows(
-    draw: Any,
-    min_size: int = 1,
-    max_size: int = 64,
-    dtype: str = "float64",
-    families: tuple[str, ...] = FAMILIES,
-) -> np.ndarray:
-    """One row of logits of `dtype`, from one of :data:`FAMILIES`.
+# ---------------------------------------------------------------------------
+# the row families: one strategy each, for a length range and a format
+# ---------------------------------------------------------------------------
 
-    At least one entry is finite (a regular row in the special-value table);
-    rows of the ``entropy`` family may be longer than `max_size` only up to
-    ``max(max_size, 8)``.
 
-    Parameters
-    ----------
-    min_size, max_size : int
-        Row length range.
-    dtype : str
-        ``float64``, ``float32``, ``float16`` or ``bfloat16``.
-    families : tuple of str
-        The families to draw from.
-    """
-    dtype = _check_dtype(dtype)
-    if not 1 <= min_size <= max_size:
-        raise ValueError(f"need 1 <= min_size <= max_size, got {min_size}, {max_size}")
-    family = draw(st.sampled_from(families))
-    n = draw(st.integers(min_size, max_size))
-    big = _MAX_FINITE[dtype]
-    if family == "entropy":
-        target = draw(entropy_targets())
-        need = max(2, math.ceil(math.exp(target)) + 1)
-        n = max(n, min(need, max(max_size, 8)))
-        k = draw(st.integers(1, max(1, min(3, n - 1))))
-        row = row_with_entropy(target, n, k)
-        if row is None:
-            row = np.zeros(n)
-        shift = draw(st.sampled_from([0.0, 1.0, -3.5, 17.25]))
-        row = row + shift
-        perm = draw(st.permutations(range(n)))
-        return _cast(row[list(perm)], dtype)
-    if family == "translated":
-        base = draw(logit_rows(min_size, max_size, dtype, ("spread", "ties", "entropy")))
-        base = base.astype(np.float64)
-        if base.shape[0] >= 2 and draw(st.booleans()):
-            keep = draw(st.integers(0, base.shape[0] - 1))
-            drop = draw(st.sets(st.integers(0, base.shape[0] - 1), min_size=1, max_size=8))
-            base[[j for j in drop if j != keep]] = -np.inf
-        side, mag = draw(st.sampled_from(translations(dtype)))
-        return _cast(_translate(base, side, mag, dtype), dtype)
-    if family == "one_hot":
-        gap = draw(st.sampled_from([20.0, 40.0, 100.0, 800.0]))
-        row = np.full(n, -gap)
-        row[draw(st.integers(0, n - 1))] = 0.0
-        return _cast(np.clip(row, -big, big), dtype)
-    if family == "near_uniform":
-        base = draw(st.floats(-10, 10))
-        noise = draw(st.lists(st.floats(-1e-3, 1e-3), min_size=n, max_size=n))
-        return _cast(base + np.array(noise), dtype)
-    if family == "subnormal":
-        tiny = _TINY[dtype]
-        ks = draw(st.lists(st.integers(-8, 8), min_size=n, max_size=n))
-        return _cast(np.array(ks, dtype=np.float64) * tiny, dtype)
-    if family == "huge":
-        mag = draw(st.sampled_from([1e3, 1e4, 3e4, 1e6, 1e10, 1e30, 1e300]))
-        mag = min(mag, HALF_MAX_FRACTION * big)  # beta * x stays finite
-        sign = draw(st.sampled_from([1.0, -1.0]))
-        spread = draw(st.sampled_from([0.0, 1.0, 10.0, 100.0, 1000.0]))
-        offs = draw(st.lists(st.floats(0, 1), min_size=n, max_size=n))
-        return _cast(sign * mag + spread * np.array(offs), dtype)
+def _uniform_values(draw: Any, n: int) -> np.ndarray:
+    """``lo + spread * U`` with ``n`` draws of ``U`` in [0, 1]: the base of three families."""
     spread = draw(st.sampled_from([0.5, 2.0, 5.69, 10.0, 30.0]))
     lo = draw(st.floats(-50, 50))
     vals = draw(st.lists(st.floats(0, 1), min_size=n, max_size=n))
-    row = lo + spread * np.array(vals)
-    if family == "ties" and n >= 2:
+    return lo + spread * np.array(vals)
+
+
+@st.composite
+def _spread_rows(draw: Any, min_size: int, max_size: int, fmt: Format) -> np.ndarray:
+    n = draw(st.integers(min_size, max_size))
+    return cast(_uniform_values(draw, n), fmt.name)
+
+
+@st.composite
+def _tied_rows(draw: Any, min_size: int, max_size: int, fmt: Format) -> np.ndarray:
+    n = draw(st.integers(min_size, max_size))
+    row = _uniform_values(draw, n)
+    if n >= 2:
         for _ in range(draw(st.integers(1, n))):
             i, j = draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1))
             row[j] = row[i]
-    if family == "masked" and n >= 2:
+    return cast(row, fmt.name)
+
+
+@st.composite
+def _masked_rows(draw: Any, min_size: int, max_size: int, fmt: Format) -> np.ndarray:
+    n = draw(st.integers(min_size, max_size))
+    row = _uniform_values(draw, n)
+    if n >= 2:
         keep = draw(st.integers(0, n - 1))
         for j in draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n - 1)):
             if j != keep:
                 row[j] = -np.inf
-    return _cast(row, dtype)
+    return cast(row, fmt.name)
+
+
+@st.composite
+def _huge_rows(draw: Any, min_size: int, max_size: int, fmt: Format) -> np.ndarray:
+    n = draw(st.integers(min_size, max_size))
+    mag = draw(st.sampled_from([1e3, 1e4, 3e4, 1e6, 1e10, 1e30, 1e300]))
+    mag = min(mag, HALF_MAX_FRACTION * fmt.max_finite)  # beta * x stays finite
+    sign = draw(st.sampled_from([1.0, -1.0]))
+    spread = draw(st.sampled_from([0.0, 1.0, 10.0, 100.0, 1000.0]))
+    offs = draw(st.lists(st.floats(0, 1), min_size=n, max_size=n))
+    return cast(sign * mag + spread * np.array(offs), fmt.name)
+
+
+@st.composite
+def _subnormal_rows(draw: Any, min_size: int, max_size: int, fmt: Format) -> np.ndarray:
+    n = draw(st.integers(min_size, max_size))
+    ks = draw(st.lists(st.integers(-8, 8), min_size=n, max_size=n))
+    return cast(np.array(ks, dtype=np.float64) * fmt.smallest_subnormal, fmt.name)
+
+
+@st.composite
+def _one_hot_rows(draw: Any, min_size: int, max_size: int, fmt: Format) -> np.ndarray:
+    n = draw(st.integers(min_size, max_size))
+    gap = draw(st.sampled_from([20.0, 40.0, 100.0, 800.0]))
+    row = np.full(n, -gap)
+    row[draw(st.integers(0, n - 1))] = 0.0
+    return cast(row, fmt.name)
+
+
+@st.composite
+def _near_uniform_rows(draw: Any, min_size: int, max_size: int, fmt: Format) -> np.ndarray:
+    n = draw(st.integers(min_size, max_size))
+    base = draw(st.floats(-10, 10))
+    noise = draw(st.lists(st.floats(-1e-3, 1e-3), min_size=n, max_size=n))
+    return cast(base + np.array(noise), fmt.name)
+
+
+@st.composite
+def _entropy_rows(draw: Any, min_size: int, max_size: int, fmt: Format) -> np.ndarray:
+    """A two-level row (:func:`row_with_entropy`) at an entropy of :func:`entropy_targets`.
+
+    Its ``k`` top entries go to ``k`` distinct drawn positions: for a two-level row
+    that is the same as a random permutation, at ``k <= 3`` draws instead of ``n``.
+    """
+    n = draw(st.integers(min_size, max_size))
+    target = draw(entropy_targets())
+    need = max(2, math.ceil(math.exp(target)) + 1)
+    n = max(n, min(need, max(max_size, 8)))
+    k = draw(st.integers(1, max(1, min(3, n - 1))))
+    two_level = row_with_entropy(target, n, k)
+    shift = draw(st.sampled_from([0.0, 1.0, -3.5, 17.25]))
+    tops = draw(st.lists(st.integers(0, n - 1), min_size=k, max_size=k, unique=True))
+    if two_level is None:
+        row = np.zeros(n)
+    else:
+        row = np.full(n, two_level[-1])
+        row[tops] = two_level[0]
+    return cast(row + shift, fmt.name)
+
+
+@st.composite
+def _translated_rows(draw: Any, base: st.SearchStrategy[np.ndarray], fmt: Format) -> np.ndarray:
+    row = draw(base).astype(np.float64)
+    if row.shape[0] >= 2 and draw(st.booleans()):
+        keep = draw(st.integers(0, row.shape[0] - 1))
+        drop = draw(st.sets(st.integers(0, row.shape[0] - 1), min_size=1, max_size=8))
+        row[[j for j in drop if j != keep]] = -np.inf
+    side, mag = draw(st.sampled_from(translations(fmt.name)))
+    return cast(_translate(row, side, mag, fmt), fmt.name)
+
+
+_Family = Callable[[int, int, Format], st.SearchStrategy[np.ndarray]]
+
+_FAMILY_ROWS: dict[str, _Family] = {
+    "spread": _spread_rows,
+    "ties": _tied_rows,
+    "masked": _masked_rows,
+    "huge": _huge_rows,
+    "subnormal": _subnormal_rows,
+    "one_hot": _one_hot_rows,
+    "near_uniform": _near_uniform_rows,
+    "entropy": _entropy_rows,
+    "translated": lambda lo, hi, fmt: _translated_rows(
+        _rows(lo, hi, fmt, ("spread", "ties", "entropy")), fmt
+    ),
+}
+
+
+@functools.cache
+def _rows(
+    min_size: int, max_size: int, fmt: Format, families: tuple[str, ...]
+) -> st.SearchStrategy[np.ndarray]:
+    """:func:`logit_rows` for checked arguments (cached: batches build one per length)."""
+    return st.one_of(*(_FAMILY_ROWS[f](min_size, max_size, fmt) for f in families))
+
+
+def logit_rows(
+    *,
+    min_size: int = 1,
+    max_size: int = 64,
+    dtype: str = "float64",
+    families: Iterable[str] = FAMILIES,
+) -> st.SearchStrategy[np.ndarray]:
+    """One row of logits of `dtype`, from one of :data:`FAMILIES`.
+
+    At least one entry is finite (a regular row in the special-value table);
+    rows of the ``entropy`` family may be longer than `max_size` only up to
+    ``max(max_size, 8)``. The strategy is :func:`hypothesis.strategies.one_of`
+    over one strategy per family, each family equally likely.
+
+    Parameters
+    ----------
+    min_size, max_size : int
+        Row length range, ``1 <= min_size <= max_size``.
+    dtype : str
+        ``float64``, ``float32``, ``float16`` or ``bfloat16``.
+    families : sequence of str
+        The families to draw from (names from :data:`FAMILIES`).
+
+    Returns
+    -------
+    hypothesis.strategies.SearchStrategy
+        Of 1-d numpy arrays of `dtype` (float32 holding bfloat16 values).
+
+    Raises
+    ------
+    ValueError, TypeError
+        When the strategy is built, for an argument out of range or of the
+        wrong type; the message names the argument.
+
+    Notes
+    -----
+    How examples shrink: towards an earlier family of `families` (with the
+    default order, towards a plain ``spread`` row), a shorter row, the first
+    choice of each list of options (the smallest spread or gap, the first
+    shift, a translation below :math:`-10^4`), the top entries of an entropy
+    row first, and simpler floats (zero, then small integers).
+    """
+    fmt = format_named(dtype)
+    lo, hi = _check_sizes(min_size, max_size, 1)
+    return _rows(lo, hi, fmt, _check_families(families))
 
 
 def _row_at_entropy(g: np.ndarray, target: float) -> np.ndarray:
@@ -293,14 +454,13 @@ def _row_at_entropy(g: np.ndarray, target: float) -> np.ndarray:
     return 0.5 * (lo + hi) * g
 
 
-@st.composite
 def window_rows(
-    draw: Any,
     dtype: str = "float64",
+    *,
     min_size: int = 256,
     max_size: int = 2048,
     translated: bool = True,
-) -> np.ndarray:
+) -> st.SearchStrategy[np.ndarray]:
     r"""A row of `min_size` to `max_size` items whose entropy lies in :math:`[5, H_{\mathrm{off}}]`.
 
     There :math:`|P'(H)|` is largest relative to β and the entropy is large, so
@@ -309,10 +469,21 @@ def window_rows(
     logits are a scaled Gaussian, uniform or two-cluster sample, scaled
     (bisection) to the drawn entropy; with `translated` the row may also be
     moved far from zero (:func:`translations`).
+
+    The arguments are checked when the strategy is built (``2 <= min_size <=
+    max_size``). Examples shrink towards shorter rows, a lower entropy and the
+    Gaussian shape; the sample itself comes from a numpy generator seeded by a
+    drawn integer, so its values shrink only as that seed does.
     """
-    dtype = _check_dtype(dtype)
-    if not 2 <= min_size <= max_size:
-        raise ValueError(f"need 2 <= min_size <= max_size, got {min_size}, {max_size}")
+    fmt = format_named(dtype)
+    lo, hi = _check_sizes(min_size, max_size, 2)
+    return _window_rows(fmt, lo, hi, _check_bool(translated, "translated"))
+
+
+@st.composite
+def _window_rows(
+    draw: Any, fmt: Format, min_size: int, max_size: int, translated: bool
+) -> np.ndarray:
     n = draw(st.integers(min_size, max_size))
     h_off = branch_points()["H_off"]
     top = min(h_off, math.log(n) - 0.05)
@@ -328,34 +499,59 @@ def window_rows(
     row = _row_at_entropy(g, target)
     row = row + draw(st.sampled_from([0.0, 0.0, 1.5, -2.25]))
     if translated and draw(st.integers(0, 3)) == 0:
-        side, mag = draw(st.sampled_from(translations(dtype)))
-        row = _translate(row, side, mag, dtype)
-    return _cast(row, dtype)
+        side, mag = draw(st.sampled_from(translations(fmt.name)))
+        row = _translate(row, side, mag, fmt)
+    return cast(row, fmt.name)
 
 
 def shapes(max_dims: int = 3, max_side: int = 3) -> st.SearchStrategy[tuple[int, ...]]:
-    """Batch shapes (the leading dimensions of ``(..., n)``), the empty shape included."""
-    return st.lists(st.integers(1, max_side), min_size=0, max_size=max_dims).map(tuple)
+    """Batch shapes (the leading dimensions of ``(..., n)``), the empty shape included.
+
+    Shapes shrink towards fewer and shorter dimensions, down to ``()``.
+    """
+    dims = _check_int(max_dims, "max_dims", 0)
+    side = _check_int(max_side, "max_side", 1)
+    return st.lists(st.integers(1, side), min_size=0, max_size=dims).map(tuple)
 
 
-@st.composite
 def logit_batches(
-    draw: Any,
     batch_shapes: st.SearchStrategy[tuple[int, ...]] | None = None,
+    *,
     min_size: int = 1,
     max_size: int = 32,
     dtype: str = "float64",
-    families: tuple[str, ...] = FAMILIES,
+    families: Iterable[str] = FAMILIES,
+) -> st.SearchStrategy[np.ndarray]:
+    """An array of shape ``batch + (n,)`` whose rows come from :func:`logit_rows`.
+
+    `batch_shapes` draws the batch shape (default :func:`shapes`); the other
+    arguments are those of :func:`logit_rows`, checked when the strategy is
+    built. Examples shrink as the batch shape and the rows do.
+    """
+    if batch_shapes is not None and not isinstance(batch_shapes, st.SearchStrategy):
+        raise TypeError(f"batch_shapes must be a Hypothesis strategy or None, got {batch_shapes!r}")
+    fmt = format_named(dtype)
+    lo, hi = _check_sizes(min_size, max_size, 1)
+    names = _check_families(families)
+    return _logit_batches(
+        batch_shapes if batch_shapes is not None else shapes(), lo, hi, fmt, names
+    )
+
+
+@st.composite
+def _logit_batches(
+    draw: Any,
+    batch_shapes: st.SearchStrategy[tuple[int, ...]],
+    min_size: int,
+    max_size: int,
+    fmt: Format,
+    families: tuple[str, ...],
 ) -> np.ndarray:
-    """An array of shape ``batch + (n,)`` whose rows come from :func:`logit_rows`."""
-    batch = draw(batch_shapes if batch_shapes is not None else shapes())
+    batch = draw(batch_shapes)
     n = draw(st.integers(min_size, max_size))
     count = int(np.prod(batch, dtype=np.int64)) if batch else 1
-    rows = []
-    for _ in range(count):
-        row = draw(logit_rows(n, n, dtype, families))
-        rows.append(_fit(row, n))
-    return np.stack(rows).reshape(*batch, n)
+    rows = _rows(n, n, fmt, families)
+    return np.stack([_fit(draw(rows), n) for _ in range(count)]).reshape(*batch, n)
 
 
 def _fit(row: np.ndarray, n: int) -> np.ndarray:
@@ -370,34 +566,55 @@ def _fit(row: np.ndarray, n: int) -> np.ndarray:
     return np.tile(row, reps)[:n]
 
 
-@st.composite
-def chunkings(draw: Any, n: int, max_chunks: int = 8) -> list[int]:
-    """Positive chunk sizes summing to `n` (a single chunk when ``n <= 1``)."""
+def chunkings(n: int, *, max_chunks: int = 8) -> st.SearchStrategy[list[int]]:
+    """Positive chunk sizes summing to `n` (a single chunk when ``n <= 1``).
+
+    Examples shrink towards fewer cuts, placed earlier.
+    """
+    n = _check_int(n, "n", 0)
+    most = _check_int(max_chunks, "max_chunks", 1)
     if n <= 1:
-        return [n]
-    cuts = draw(st.sets(st.integers(1, n - 1), max_size=max_chunks - 1))
-    edges = [0, *sorted(cuts), n]
-    return [b - a for a, b in itertools.pairwise(edges)]
+        return st.just([n])
+    return st.sets(st.integers(1, n - 1), max_size=most - 1).map(
+        lambda cuts: [b - a for a, b in itertools.pairwise([0, *sorted(cuts), n])]
+    )
 
 
-@st.composite
 def attention_inputs(
-    draw: Any,
     dtype: str = "float64",
+    *,
     max_len: int = 12,
     max_d: int = 8,
     batch: bool = True,
     masks: bool = False,
     causal: bool = False,
-) -> dict[str, Any]:
+) -> st.SearchStrategy[dict[str, Any]]:
     """Inputs of attention: ``{"q", "k", "v", "mask", "is_causal"}``.
 
     Shapes ``(..., L, d)``, ``(..., S, d)``, ``(..., S, dv)``; the logit scale
     varies (sharp and flat heads). With ``masks=True`` a boolean mask
     (``True`` attends, every query keeps one key) may be drawn; with
     ``causal=True`` the causal flag may be set (``L == S`` then).
+
+    The arguments are checked when the strategy is built. Examples shrink
+    towards smaller shapes and a smaller gain; the values come from a numpy
+    generator seeded by a drawn integer, so they shrink only as that seed does.
     """
-    dtype = _check_dtype(dtype)
+    fmt = format_named(dtype)
+    return _attention_inputs(
+        fmt,
+        _check_int(max_len, "max_len", 1),
+        _check_int(max_d, "max_d", 1),
+        _check_bool(batch, "batch"),
+        _check_bool(masks, "masks"),
+        _check_bool(causal, "causal"),
+    )
+
+
+@st.composite
+def _attention_inputs(
+    draw: Any, fmt: Format, max_len: int, max_d: int, batch: bool, masks: bool, causal: bool
+) -> dict[str, Any]:
     lead = draw(st.lists(st.integers(1, 2), max_size=2).map(tuple)) if batch else ()
     L = draw(st.integers(1, max_len))
     S = draw(st.integers(1, max_len))
@@ -409,9 +626,9 @@ def attention_inputs(
     gain = draw(st.sampled_from([0.1, 1.0, 3.0, 8.0]))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
-    q = _cast(gain * rng.standard_normal((*lead, L, d)), dtype)
-    k = _cast(rng.standard_normal((*lead, S, d)), dtype)
-    v = _cast(rng.standard_normal((*lead, S, dv)), dtype)
+    q = cast(gain * rng.standard_normal((*lead, L, d)), fmt.name)
+    k = cast(rng.standard_normal((*lead, S, d)), fmt.name)
+    v = cast(rng.standard_normal((*lead, S, dv)), fmt.name)
     mask = None
     if masks and not is_causal and draw(st.booleans()):
         m = rng.random((L, S)) < draw(st.sampled_from([0.3, 0.7]))

@@ -50,14 +50,16 @@ Examples
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from . import _testing_model as model
+from ._check import error_model as model
 from ._check.report import fmt_ulp, is_torch, np_dtype_literal, row_literal
+from ._formats import DTYPES, Format, Kind, format_named
 from .spec import Constant, Polynomial, Schedule, check_entropy_eps, resolve_schedule
 
 __all__ = [
@@ -76,6 +78,9 @@ MODES: tuple[str, ...] = ("auto", "bound", "baseline", "ulps")
 
 #: Rows up to this length are written out in full in a repro snippet.
 REPRO_ITEMS = 64
+
+#: The dtypes numpy holds natively (bfloat16 travels as float32).
+_NUMPY_FLOATS = tuple(d for d in DTYPES if d != "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,7 @@ class ErrorReport:
     worst_index : tuple of int
         Index of the element with the largest `worst_ratio`.
     size : int
-        Number of elements checked.
+        Number of elements checked (:math:`N`).
     passed : bool
         Whether every element was accepted.
     message : str
@@ -109,6 +114,9 @@ class ErrorReport:
     other_contract_passed : bool or None
         Whether every element would pass under the other contract (``None``
         for float32 and float64 kernels, where the contracts coincide).
+    n_failed : int
+        Number of elements outside the error model (:math:`k`; 0 on a pass).
+        The failure message reports it as ``failing elements: k / N``.
     """
 
     kind: str
@@ -122,6 +130,7 @@ class ErrorReport:
     message: str = field(default="", repr=False)
     contract: str = "default"
     other_contract_passed: bool | None = None
+    n_failed: int = 0
 
     def __str__(self) -> str:
         verdict = "pass" if self.passed else "FAIL"
@@ -164,7 +173,7 @@ def to_numpy(a: Any, name: str) -> tuple[np.ndarray, str]:
         dname = str(t.dtype).removeprefix("torch.")
         if dname == "bfloat16":
             return t.float().numpy(), "bfloat16"
-        if dname in ("float16", "float32", "float64"):
+        if dname in _NUMPY_FLOATS:
             return t.numpy(), dname
         if t.is_floating_point() or t.is_complex() or dname == "bool":
             raise TypeError(f"{name} must be float64/32/16 or bfloat16, got torch.{dname}")
@@ -172,20 +181,71 @@ def to_numpy(a: Any, name: str) -> tuple[np.ndarray, str]:
     arr = np.asarray(a)
     if arr.dtype.kind in "iu":
         return arr.astype(np.float64), "float64"
-    if arr.dtype.name not in ("float16", "float32", "float64"):
+    if arr.dtype.name not in _NUMPY_FLOATS:
         raise TypeError(f"{name} must be a real floating array, got dtype {arr.dtype}")
     return arr, arr.dtype.name
 
 
-def _check_options(
-    mode: str, max_ulps: float | None, baseline_factor: float, floor_ulps: float
-) -> None:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if mode == "ulps" and (max_ulps is None or not max_ulps >= 0):
-        raise ValueError("mode='ulps' needs max_ulps >= 0")
-    if not baseline_factor >= 0 or not floor_ulps >= 0:
-        raise ValueError("baseline_factor and floor_ulps must be >= 0")
+@dataclass(frozen=True)
+class _Tolerance:
+    r"""The acceptance rule of an assertion: its public keywords, validated once.
+
+    Built from the keywords of the ``assert_*_close`` functions (same names,
+    same defaults); an invalid combination raises on construction, so a
+    tolerance that exists is a valid one.
+
+    Attributes
+    ----------
+    mode : str
+        One of :data:`MODES`.
+    max_ulps : float or None
+        The tolerance of ``mode="ulps"`` (required there, ignored otherwise).
+    baseline_factor, floor_ulps : float
+        The baseline rule :math:`\mathrm{err} \le k\,\mathrm{err}_{\text{naive}} + \text{floor}`.
+    strict : bool
+        The contract of 16-bit kernels (see the module documentation).
+
+    Raises
+    ------
+    ValueError
+        If `mode` is not one of :data:`MODES`, ``mode="ulps"`` lacks
+        ``max_ulps >= 0``, or `baseline_factor` or `floor_ulps` is negative.
+    TypeError
+        If `strict` is not a bool.
+    """
+
+    mode: str = "auto"
+    max_ulps: float | None = None
+    baseline_factor: float = 4.0
+    floor_ulps: float = 2.0
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode == "ulps" and (self.max_ulps is None or not self.max_ulps >= 0):
+            raise ValueError("mode='ulps' needs max_ulps >= 0")
+        if not self.baseline_factor >= 0 or not self.floor_ulps >= 0:
+            raise ValueError("baseline_factor and floor_ulps must be >= 0")
+        if not isinstance(self.strict, bool | np.bool_):
+            raise TypeError(f"strict must be a bool, got {self.strict!r}")
+        object.__setattr__(self, "strict", bool(self.strict))
+
+    @property
+    def contract(self) -> str:
+        """``"strict"`` or ``"default"``."""
+        return "strict" if self.strict else "default"
+
+    def allowed(self, bound_ulp: np.ndarray, naive_ulp: np.ndarray) -> np.ndarray:
+        """The error allowed for each element (ulps), given its a-priori bound and naive error."""
+        if self.mode == "bound":
+            return bound_ulp
+        base = self.baseline_factor * naive_ulp + self.floor_ulps
+        if self.mode == "baseline":
+            return base
+        if self.mode == "ulps":
+            return np.full(np.shape(bound_ulp), float(self.max_ulps or 0.0))
+        return np.maximum(bound_ulp, base)
 
 
 # ---------------------------------------------------------------------------
@@ -201,31 +261,13 @@ class _Checked:
     got: np.ndarray
 
 
-def _allowed(
-    bound_ulp: np.ndarray,
-    naive_ulp: np.ndarray,
-    mode: str,
-    max_ulps: float | None,
-    k: float,
-    floor: float,
-) -> np.ndarray:
-    base = k * naive_ulp + floor
-    if mode == "bound":
-        return bound_ulp
-    if mode == "baseline":
-        return base
-    if mode == "ulps":
-        return np.full(np.shape(bound_ulp), float(max_ulps or 0.0))
-    return np.maximum(bound_ulp, base)
-
-
 def _measure(
     got: np.ndarray,
     ref: np.ndarray,
     bound_abs: np.ndarray,
     naive: np.ndarray,
-    fmt: model.FloatFormat,
-    opts: dict,
+    fmt: Format,
+    tol: _Tolerance,
 ) -> _Checked:
     got = np.asarray(got, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
@@ -235,7 +277,7 @@ def _measure(
         bound_ulp = np.where(np.isfinite(sp), np.nan_to_num(bound_abs, nan=0.0) / sp, 0.0)
     bound_ulp = bound_ulp + 0.5 + np.where(np.isfinite(sp), fmt.tiny / np.where(sp > 0, sp, 1), 0)
     naive_err = model.ulp_error(naive, ref, fmt)
-    allowed = _allowed(bound_ulp, naive_err, **opts)
+    allowed = tol.allowed(bound_ulp, naive_err)
     return _Checked(err, allowed, ref, got)
 
 
@@ -247,8 +289,8 @@ def _ratio(chk: _Checked) -> np.ndarray:
 
 
 def _summarise(
-    kind: str,
-    fmt: model.FloatFormat,
+    kind: Kind,
+    fmt: Format,
     chk: _Checked,
     describe: Any,
     contract: str = "default",
@@ -266,22 +308,22 @@ def _summarise(
         rel = np.abs(chk.got - chk.ref) / np.abs(chk.ref)
     rel = np.where((chk.ref == 0) | (err == 0), 0.0, rel)
     rel = np.where(np.isnan(rel), np.inf, rel)
-    passed = bool(ratio.flat[flat] <= 1.0)
     report = ErrorReport(
-        kind,
-        fmt.name,
-        float(np.max(err)),
-        float(np.max(rel)),
-        float(ratio.flat[flat]),
-        worst,
-        size,
-        passed,
-        "",
-        contract,
-        other_passed,
+        kind=kind,
+        dtype=fmt.name,
+        max_ulp=float(np.max(err)),
+        max_rel_error=float(np.max(rel)),
+        worst_ratio=float(ratio.flat[flat]),
+        worst_index=worst,
+        size=size,
+        passed=bool(ratio.flat[flat] <= 1.0),
+        contract=contract,
+        other_contract_passed=other_passed,
+        n_failed=int(np.count_nonzero(ratio > 1.0)),
     )
-    message = describe(report, chk) if not passed else ""
-    return ErrorReport(**{**report.__dict__, "message": message})
+    if report.passed:
+        return report
+    return dataclasses.replace(report, message=describe(report, chk))
 
 
 def _input_lines(
@@ -346,6 +388,8 @@ def _failure_text(report: ErrorReport, chk: _Checked, what: str, row_info: str, 
         f"  error    {fmt_ulp(float(chk.err[i]))} ulp of {report.dtype} "
         f"(allowed {fmt_ulp(float(chk.allowed[i]))})\n"
         f"  {row_info}\n"
+        f"  failing elements: {report.n_failed} / {report.size} "
+        f"({100.0 * report.n_failed / max(report.size, 1):.3g}%)\n"
         f"  over all {report.size} elements: max {fmt_ulp(report.max_ulp)} ulp, max relative "
         f"error {report.max_rel_error:.3g}\n"
         f"repro:\n{repro}"
@@ -367,7 +411,7 @@ def _row_h_beta(row: np.ndarray, schedule: Schedule, entropy_eps: float) -> str:
 def _prepare_rowwise(actual: Any, logits: Any, dtype: Any, vector: bool) -> tuple:
     got, got_dtype = to_numpy(actual, "actual")
     x, in_dtype = to_numpy(logits, "logits")
-    fmt = model.format_named(dtype if dtype is not None else got_dtype)
+    fmt = format_named(dtype if dtype is not None else got_dtype)
     if x.ndim == 0:
         raise ValueError("logits must have at least one axis (shape (..., n))")
     want = x.shape if vector else x.shape[:-1]
@@ -449,11 +493,9 @@ def assert_softmax_close(
         If an element is outside the error model (or the shape is wrong).
     """
     __tracebackhide__ = True
-    return _check_rowwise(
-        "softmax", actual, logits, Constant(1), 0.0, dtype,
-        dict(mode=mode, max_ulps=max_ulps, k=baseline_factor, floor=floor_ulps), repro, source,
-        strict,
-    )  # fmt: skip
+    tol = _Tolerance(mode, max_ulps, baseline_factor, floor_ulps, strict)
+    case = _RowCheck("softmax", Constant(1), 0.0, dtype, repro, source)
+    return _check_rowwise(case, actual, logits, tol)
 
 
 def assert_entropy_close(
@@ -494,11 +536,9 @@ def assert_entropy_close(
         If an element is outside the error model (or the shape is wrong).
     """
     __tracebackhide__ = True
-    return _check_rowwise(
-        "entropy", actual, logits, Constant(1), entropy_eps, dtype,
-        dict(mode=mode, max_ulps=max_ulps, k=baseline_factor, floor=floor_ulps), repro, source,
-        strict,
-    )  # fmt: skip
+    tol = _Tolerance(mode, max_ulps, baseline_factor, floor_ulps, strict)
+    case = _RowCheck("entropy", Constant(1), entropy_eps, dtype, repro, source)
+    return _check_rowwise(case, actual, logits, tol)
 
 
 def assert_adaptive_softmax_close(
@@ -545,117 +585,98 @@ def assert_adaptive_softmax_close(
         If an element is outside the error model (or the shape is wrong).
     """
     __tracebackhide__ = True
-    return _check_rowwise(
-        "adaptive_softmax", actual, logits, schedule, entropy_eps, dtype,
-        dict(mode=mode, max_ulps=max_ulps, k=baseline_factor, floor=floor_ulps), repro, source,
-        strict,
-    )  # fmt: skip
+    tol = _Tolerance(mode, max_ulps, baseline_factor, floor_ulps, strict)
+    case = _RowCheck("adaptive_softmax", schedule, entropy_eps, dtype, repro, source)
+    return _check_rowwise(case, actual, logits, tol)
 
 
-def _check_rowwise(
-    kind: str,
-    actual: Any,
-    logits: Any,
-    schedule: Schedule | None,
-    entropy_eps: float,
-    dtype: Any,
-    opts: dict,
-    repro: str | None,
-    source: str | None,
-    strict: bool,
-) -> ErrorReport:
-    __tracebackhide__ = True
-    _check_options(opts["mode"], opts["max_ulps"], opts["k"], opts["floor"])
-    strict = _check_strict(strict)
-    with np.errstate(all="ignore"):
-        return _check_rowwise_quiet(
-            kind, actual, logits, schedule, entropy_eps, dtype, opts, repro, source, strict
-        )
+@dataclass(frozen=True)
+class _RowCheck:
+    """What a row-wise assertion checks, besides the arrays and the tolerance.
+
+    The schedule is resolved and `entropy_eps` validated on construction.
+    """
+
+    kind: Kind  # "softmax", "entropy" or "adaptive_softmax"
+    schedule: Schedule | None
+    entropy_eps: float
+    dtype: Any  # the kernel's format, None: the dtype of the output
+    repro: str | None
+    source: str | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "schedule", resolve_schedule(self.schedule))
+        object.__setattr__(self, "entropy_eps", check_entropy_eps(self.entropy_eps))
+
+    @property
+    def vector(self) -> bool:
+        """One output per item (softmax), rather than one per row (entropy)."""
+        return self.kind != "entropy"
 
 
-def _check_strict(strict: Any) -> bool:
-    if not isinstance(strict, bool | np.bool_):
-        raise TypeError(f"strict must be a bool, got {strict!r}")
-    return bool(strict)
-
-
-def _check_rowwise_quiet(
-    kind: str,
-    actual: Any,
-    logits: Any,
-    schedule: Schedule | None,
-    entropy_eps: float,
-    dtype: Any,
-    opts: dict,
-    repro: str | None,
-    source: str | None,
-    strict: bool = False,
-) -> ErrorReport:
+def _check_rowwise(case: _RowCheck, actual: Any, logits: Any, tol: _Tolerance) -> ErrorReport:
     __tracebackhide__ = True
     from . import reference
 
-    schedule = resolve_schedule(schedule)
-    entropy_eps = check_entropy_eps(entropy_eps)
-    vector = kind != "entropy"
-    got, x, fmt, in_dtype = _prepare_rowwise(actual, logits, dtype, vector)
-    ui = fmt.internal.u
-    lowp = fmt.precision < 24  # float16, bfloat16: two contracts
-    cond = model.row_conditioning(x, entropy_eps)
-    # checks[False]: the default contract, checks[True]: strict (the same for 32/64 bits)
-    if kind == "softmax":
-        ref = _reference_rows(reference.softmax, x)
-        ones = np.ones(cond.H.shape)
-        rel = model.softmax_rel_error(cond, ones, ui, scale_first=False)
-        naive = model.naive_softmax(x, fmt)
-        checks = {
-            True: _measure(got, ref, np.expm1(model.SLACK * rel) * np.abs(ref), naive, fmt, opts)
-        }
-        if lowp:
-            rel = rel + model.logit_rounding_rel_error(cond, ones, np.zeros(ones.shape), fmt)
+    with np.errstate(all="ignore"):
+        got, x, fmt, in_dtype = _prepare_rowwise(actual, logits, case.dtype, case.vector)
+        kind, schedule, entropy_eps = case.kind, case.schedule, case.entropy_eps
+        assert schedule is not None  # resolved by _RowCheck
+        ui = fmt.internal.u
+        lowp = fmt.precision < 24  # float16, bfloat16: two contracts
+        cond = model.row_conditioning(x, entropy_eps)
+        # checks[False]: the default contract, checks[True]: strict (the same for 32/64 bits)
+        if kind == "softmax":
+            ref = _reference_rows(reference.softmax, x)
+            ones = np.ones(cond.H.shape)
+            rel = model.softmax_rel_error(cond, ones, ui, scale_first=False)
+            naive = model.naive_softmax(x, fmt)
             bound = np.expm1(model.SLACK * rel) * np.abs(ref)
-            checks[False] = _measure(got, ref, bound, naive, fmt, opts)
-    elif kind == "entropy":
-        ref = _reference_rows(reference.entropy, x, entropy_eps=entropy_eps)
-        dH = model.entropy_abs_error(cond, ui, entropy_eps)
-        naive = model.round_to_format(model.naive_entropy(x, fmt, entropy_eps), fmt)
-        checks = {True: _measure(got, ref, model.SLACK * dH, naive, fmt, opts)}
-        if lowp:
-            dH = dH + model.logit_rounding_entropy_error(cond, fmt)
-            checks[False] = _measure(got, ref, model.SLACK * dH, naive, fmt, opts)
-    else:
-        checks = _check_adaptive(got, x, cond, fmt, schedule, entropy_eps, opts, lowp)
-    chk = checks[strict] if lowp else checks[True]
-    other = checks[not strict] if lowp else None
-    contract = "strict" if strict else "default"
-    label = {"softmax": "softmax", "entropy": "entropy", "adaptive_softmax": "adaptive softmax"}
+            checks = {True: _measure(got, ref, bound, naive, fmt, tol)}
+            if lowp:
+                rel = rel + model.logit_rounding_rel_error(cond, ones, np.zeros(ones.shape), fmt)
+                bound = np.expm1(model.SLACK * rel) * np.abs(ref)
+                checks[False] = _measure(got, ref, bound, naive, fmt, tol)
+        elif kind == "entropy":
+            ref = _reference_rows(reference.entropy, x, entropy_eps=entropy_eps)
+            dH = model.entropy_abs_error(cond, ui, entropy_eps)
+            naive = model.round_to_format(model.naive_entropy(x, fmt, entropy_eps), fmt)
+            checks = {True: _measure(got, ref, model.SLACK * dH, naive, fmt, tol)}
+            if lowp:
+                dH = dH + model.logit_rounding_entropy_error(cond, fmt)
+                checks[False] = _measure(got, ref, model.SLACK * dH, naive, fmt, tol)
+        else:
+            checks = _check_adaptive(got, x, cond, fmt, schedule, entropy_eps, tol, lowp)
+        chk = checks[tol.strict] if lowp else checks[True]
+        other = checks[not tol.strict] if lowp else None
 
-    def describe(report: ErrorReport, c: _Checked) -> str:
-        idx = report.worst_index
-        ridx = idx[:-1] if vector else idx
-        row = x[ridx]
-        info = _row_h_beta(
-            row, schedule if kind == "adaptive_softmax" else Constant(1), entropy_eps
-        )
-        fn = {"softmax": "softmax", "entropy": "entropy", "adaptive_softmax": "adaptive_softmax"}
-        kw = ""
-        if kind != "softmax" and entropy_eps:
-            kw += f", entropy_eps={entropy_eps!r}"
-        if kind == "adaptive_softmax" and not _is_paper(schedule):
-            kw += f", schedule=softmaxtheory.spec.{schedule!r}"
-        lines, picked = _input_lines("x", x, in_dtype, source, ridx)
-        full = (*picked, idx[-1]) if vector else picked
-        pick = f"[{', '.join(map(str, full))}]" if full else ""
-        ref_x = "x"
-        call = (
-            lines
-            + f"\nprint(kernel(x){pick})  # {float(c.got[idx])!r}"
-            + f"\nprint(reference.{fn[kind]}({ref_x}{kw}){pick})  # {float(c.ref[idx])!r}"
-        )
-        if "softmaxtheory.spec" in kw:
-            call = "import softmaxtheory.spec\n" + call
-        return _failure_text(report, c, label[kind], info, _repro_call(repro, call))
+        def describe(report: ErrorReport, c: _Checked) -> str:
+            idx = report.worst_index
+            ridx = idx[:-1] if case.vector else idx
+            row = x[ridx]
+            info = _row_h_beta(
+                row, schedule if kind == "adaptive_softmax" else Constant(1), entropy_eps
+            )
+            kw = ""
+            if kind != "softmax" and entropy_eps:
+                kw += f", entropy_eps={entropy_eps!r}"
+            if kind == "adaptive_softmax" and not _is_paper(schedule):
+                kw += f", schedule=softmaxtheory.spec.{schedule!r}"
+            lines, picked = _input_lines("x", x, in_dtype, case.source, ridx)
+            full = (*picked, idx[-1]) if case.vector else picked
+            pick = f"[{', '.join(map(str, full))}]" if full else ""
+            call = (
+                lines
+                + f"\nprint(kernel(x){pick})  # {float(c.got[idx])!r}"
+                + f"\nprint(reference.{kind}(x{kw}){pick})  # {float(c.ref[idx])!r}"
+            )
+            if "softmaxtheory.spec" in kw:
+                call = "import softmaxtheory.spec\n" + call
+            what = kind.replace("_", " ")  # "adaptive softmax"
+            return _failure_text(report, c, what, info, _repro_call(case.repro, call))
 
-    return _raise_or_return(_summarise(kind, fmt, chk, describe, contract, other))
+        report = _summarise(kind, fmt, chk, describe, tol.contract, other)
+    return _raise_or_return(report)
 
 
 def _is_paper(schedule: Schedule) -> bool:
@@ -670,10 +691,10 @@ def _check_adaptive(
     got: np.ndarray,
     x: np.ndarray,
     cond: model.RowConditioning,
-    fmt: model.FloatFormat,
+    fmt: Format,
     schedule: Schedule,
     entropy_eps: float,
-    opts: dict,
+    tol: _Tolerance,
     lowp: bool,
 ) -> dict[bool, _Checked]:
     """The checks of the strict contract (key True) and, for 16-bit kernels, the default one."""
@@ -707,7 +728,7 @@ def _check_adaptive(
     checks = {}
     for strict in contracts:
         bound = np.expm1(model.SLACK * rel_of(cond, beta, dbeta, strict)) * np.abs(ref)
-        checks[strict] = _measure(got, ref, bound, naive, fmt, opts)
+        checks[strict] = _measure(got, ref, bound, naive, fmt, tol)
     if not np.any(jump):
         return checks
     # either side of the jump: beta = 1 (H at or below the threshold) or max(P(H), 1)
@@ -729,7 +750,7 @@ def _check_adaptive(
             for r, b_side, nv in sides:
                 rel1 = rel_of(c1, b_side, dbeta[idx], strict)
                 bnd = np.expm1(model.SLACK * rel1) * np.abs(r)
-                c = _measure(got[idx], r, bnd, nv, fmt, opts)
+                c = _measure(got[idx], r, bnd, nv, fmt, tol)
                 score = float(np.max(c.err / np.maximum(c.allowed, 1e-300)))
                 if best is None or score < best[0]:
                     best = (score, c)
@@ -794,9 +815,7 @@ def assert_attention_close(
     __tracebackhide__ = True
     from . import reference
 
-    opts = dict(mode=mode, max_ulps=max_ulps, k=baseline_factor, floor=floor_ulps)
-    _check_options(mode, max_ulps, baseline_factor, floor_ulps)
-    strict = _check_strict(strict)
+    tol = _Tolerance(mode, max_ulps, baseline_factor, floor_ulps, strict)
     if not isinstance(logits_or_qkv, tuple | list) or len(logits_or_qkv) not in (2, 3):
         raise TypeError("logits_or_qkv must be a tuple (q, k, v) or (logits, v)")
     schedule = resolve_schedule(schedule)
@@ -816,7 +835,7 @@ def assert_attention_close(
         (q, in_dtype), (k, _), (v, _) = (
             to_numpy(a, n) for a, n in zip(logits_or_qkv, "qkv", strict=True)
         )
-    fmt = model.format_named(dtype if dtype is not None else got_dtype)
+    fmt = format_named(dtype if dtype is not None else got_dtype)
     ref = np.asarray(
         reference.adaptive_attention(
             q, k, v, mask=m, scale=scale, is_causal=is_causal, schedule=schedule,
@@ -829,31 +848,40 @@ def assert_attention_close(
             f"shape mismatch: the kernel returned shape {got.shape}, expected {ref.shape}",
             ErrorReport("shape", fmt.name, math.inf, math.inf, math.inf, (), 0, False),
         )
+    case = _AttentionCheck(
+        q, k, v, m, in_dtype, scale, is_causal, schedule, entropy_eps, repro,
+        given_logits=len(logits_or_qkv) == 2,
+    )  # fmt: skip
     with np.errstate(all="ignore"):
-        return _attention_quiet(got, q, k, v, m, in_dtype, ref, fmt, scale, is_causal,
-                                schedule, entropy_eps, opts, repro,
-                                given_logits=len(logits_or_qkv) == 2, strict=strict)  # fmt: skip
+        report = _attention_quiet(got, ref, fmt, case, tol)
+    return _raise_or_return(report)
+
+
+@dataclass(frozen=True, eq=False)
+class _AttentionCheck:
+    """An attention problem as numpy arrays (given logits already expressed as q and k)."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    mask: np.ndarray | None
+    in_dtype: str  # the dtype the inputs came in (for the repro snippet)
+    scale: float | None
+    is_causal: bool
+    schedule: Schedule
+    entropy_eps: float
+    repro: str | None
+    given_logits: bool  # the kernel was given its logits: they are exact inputs
 
 
 def _attention_quiet(
-    got: np.ndarray,
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    m: np.ndarray | None,
-    in_dtype: str,
-    ref: np.ndarray,
-    fmt: model.FloatFormat,
-    scale: float | None,
-    is_causal: bool,
-    schedule: Schedule,
-    entropy_eps: float,
-    opts: dict,
-    repro: str | None,
-    given_logits: bool = False,
-    strict: bool = False,
+    got: np.ndarray, ref: np.ndarray, fmt: Format, case: _AttentionCheck, tol: _Tolerance
 ) -> ErrorReport:
     __tracebackhide__ = True
+    q, k, v, m, in_dtype = case.q, case.k, case.v, case.mask, case.in_dtype
+    scale, is_causal, schedule, entropy_eps = (
+        case.scale, case.is_causal, case.schedule, case.entropy_eps
+    )  # fmt: skip
     d = q.shape[-1]
     sc = (1.0 / math.sqrt(d) if d else 1.0) if scale is None else float(scale)
     keep, add = _mask_parts(m, is_causal, q.shape[-2], k.shape[-2])
@@ -866,7 +894,7 @@ def _attention_quiet(
     lowp = fmt.precision < 24
     # given logits are the kernel's input, exact: only the dot products' error counts, and
     # under the default 16-bit contract one rounding of the (scaled) logits to the dtype
-    dot_err = 0.0 if given_logits else (d + 2) * ui * absdot
+    dot_err = 0.0 if case.given_logits else (d + 2) * ui * absdot
     lead = logits.shape[:-2]
     vb = np.broadcast_to(v64, (*lead, *v64.shape[-2:]))
     naive = model.naive_attention(q, k, v, keep, add, sc, schedule, entropy_eps, fmt)
@@ -876,9 +904,9 @@ def _attention_quiet(
         u_store = ui if strict_c else fmt.u
         logit_err = dot_err + u_store * np.abs(np.where(np.isfinite(logits), logits, 0))
         bound = model.attention_bound(logits, logit_err, vb, schedule, entropy_eps, fmt)
-        checks[strict_c] = _measure(got, ref, bound, naive, fmt, opts)
-    chk = checks[strict] if lowp else checks[True]
-    other = checks[not strict] if lowp else None
+        checks[strict_c] = _measure(got, ref, bound, naive, fmt, tol)
+    chk = checks[tol.strict] if lowp else checks[True]
+    other = checks[not tol.strict] if lowp else None
 
     def describe(report: ErrorReport, c: _Checked) -> str:
         idx = report.worst_index
@@ -908,10 +936,9 @@ def _attention_quiet(
             f"\nprint(reference.adaptive_attention(q, k, v, {kw}){list(idx)!r})"
             f"  # {float(c.ref[idx])!r}"
         )
-        return _failure_text(report, c, "attention output", info, _repro_call(repro, call))
+        return _failure_text(report, c, "attention output", info, _repro_call(case.repro, call))
 
-    contract = "strict" if strict else "default"
-    return _raise_or_return(_summarise("attention", fmt, chk, describe, contract, other))
+    return _summarise("attention", fmt, chk, describe, tol.contract, other)
 
 
 def _array_literal(a: np.ndarray, dtype_name: str) -> str:

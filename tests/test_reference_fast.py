@@ -365,7 +365,7 @@ _DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
 @example(np.array([0.0, -16.6]), "adaptive_softmax", np.float16, "float16")
 def test_random_rows_bit_for_bit(row: np.ndarray, fn: str, dtype: object, in_dtype: str) -> None:
     """Rows of every family, in every input format, every function and output format."""
-    x = strat._cast(row, in_dtype)
+    x = strat.cast(row, in_dtype)
     _assert_same(*_both(fn, x, dtype))
 
 

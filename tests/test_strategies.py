@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from softmaxtheory import reference
 from softmaxtheory import strategies as strat
-from softmaxtheory._testing_model import FORMATS, round_to_format
+from softmaxtheory._check.error_model import round_to_format
+from softmaxtheory._formats import FORMATS
 
 
 def _examples(strategy, n=60):
@@ -142,3 +143,65 @@ def test_window_rows_have_medium_length_and_entropy_in_5_to_h_off():
     assert len({round(h, 3) for h in H}) >= 4
     with pytest.raises(ValueError, match="min_size"):
         _examples(strat.window_rows(min_size=1), 1)
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "match"),
+    [
+        (lambda: strat.logit_rows(families=["bogus"]), ValueError, "families"),
+        (lambda: strat.logit_rows(families=()), ValueError, "families"),
+        (lambda: strat.logit_rows(families="entropy"), TypeError, "families"),
+        (lambda: strat.logit_rows(dtype="int8"), ValueError, "dtype"),
+        (lambda: strat.logit_rows(min_size=5, max_size=4), ValueError, "min_size"),
+        (lambda: strat.logit_rows(max_size=2.5), TypeError, "max_size"),
+        (lambda: strat.logit_rows(1, 8), TypeError, "positional"),
+        (lambda: strat.window_rows(min_size=1), ValueError, "min_size"),
+        (lambda: strat.window_rows(translated="yes"), TypeError, "translated"),
+        (lambda: strat.window_rows("float64", 256), TypeError, "positional"),
+        (lambda: strat.logit_batches((2, 3)), TypeError, "batch_shapes"),
+        (lambda: strat.logit_batches(families=["spread", "nope"]), ValueError, "families"),
+        (lambda: strat.logit_batches(dtype="float8"), ValueError, "dtype"),
+        (lambda: strat.attention_inputs(max_len=0), ValueError, "max_len"),
+        (lambda: strat.attention_inputs(masks=1), TypeError, "masks"),
+        (lambda: strat.attention_inputs("bfloat16", 4), TypeError, "positional"),
+        (lambda: strat.chunkings(-1), ValueError, "n must be"),
+        (lambda: strat.chunkings(5, max_chunks=0), ValueError, "max_chunks"),
+        (lambda: strat.shapes(max_side=0), ValueError, "max_side"),
+        (lambda: strat.translations("int8"), ValueError, "dtype"),
+    ],
+)
+def test_strategies_check_their_arguments_when_built(build, error, match):
+    """The call itself raises (no draw), with a message naming the argument."""
+    with pytest.raises(error, match=match):
+        build()
+
+
+def test_cast_is_public_and_rounds_to_nearest_even():
+    assert "cast" in strat.__all__
+    assert strat.cast([1 + 2**-8, 1 + 3 * 2**-8], "bfloat16").tolist() == [1.0, 1 + 2**-6]
+    a = strat.cast([0.1, 70000.0], "float16")
+    assert a.dtype == np.float16 and a[0] == np.float16(0.1) and a[1] == np.inf
+    assert strat.cast([0.1], np.float32).dtype == np.float32
+    with pytest.raises(ValueError, match="dtype"):
+        strat.cast([0.1], "int8")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_subnormal_and_huge_rows_use_the_format_itself(dtype):
+    """Subnormal rows are small multiples of the format's smallest subnormal; huge rows stay
+    finite after scaling by beta_max (the format's true largest value, not a rounded one)."""
+    fmt = FORMATS[dtype]
+    rows = _examples(strat.logit_rows(max_size=20, dtype=dtype, families=("subnormal",)), 30)
+    ks = np.concatenate(rows).astype(np.float64) / fmt.smallest_subnormal
+    assert np.all(ks == np.round(ks)) and np.all(np.abs(ks) <= 8) and np.any(ks != 0)
+    rows = _examples(strat.logit_rows(max_size=20, dtype=dtype, families=("huge",)), 60)
+    top = max(float(np.max(np.abs(r))) for r in rows)
+    assert top * 2.4214 < fmt.max_finite and top >= min(1e300, 0.39 * fmt.max_finite)
+
+
+def test_entropy_rows_put_their_top_entries_anywhere():
+    rows = _examples(strat.logit_rows(max_size=30, families=("entropy",)), 60)
+    firsts = {int(np.argmax(r)) for r in rows if np.ptp(r) > 0}
+    assert len(firsts) >= 5  # not always at the front
+    for r in rows:
+        assert len(np.unique(r)) <= 2  # two-level rows

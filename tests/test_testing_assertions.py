@@ -356,7 +356,7 @@ def test_a_dominant_item_far_from_zero_is_held_to_its_exact_value(x, dtype):
 
 def test_exact_perturbation_bound_is_sound_for_perturbed_logits():
     """perturbed_logits_rel_error bounds |log y~ - log y| for random logit perturbations."""
-    from softmaxtheory import _testing_model as model
+    from softmaxtheory._check import error_model as model
 
     for _ in range(200):
         n = int(RNG.integers(1, 6))
@@ -371,3 +371,85 @@ def test_exact_perturbation_bound_is_sound_for_perturbed_logits():
         yt = np.exp(w - w.max()) / np.sum(np.exp(w - w.max()))
         err = np.abs(np.log(yt) - np.log(y))
         assert np.all(err <= bound * (1 + 1e-9) + 1e-15), (x, d, err, bound)
+
+
+@pytest.mark.parametrize(
+    "bad", [[(0, 0)], [(0, 3), (1, 7), (2, 39)], [(r, c) for r in range(3) for c in range(40)]]
+)
+def test_failure_counts_the_failing_elements(bad):
+    """A failure reports k / N, numpy style; k is ErrorReport.n_failed and N its size."""
+    x = _rows(np.float32)
+    y = reference.softmax(x, dtype=np.float32)
+    assert assert_softmax_close(y, x).n_failed == 0
+    for i in bad:
+        y[i] *= np.float32(1.01)  # some 10^5 ulps off
+    with pytest.raises(KernelMismatch) as info:
+        assert_softmax_close(y, x)
+    rep = info.value.report
+    assert (rep.n_failed, rep.size) == (len(bad), 120)
+    pct = f"{100 * len(bad) / 120:.3g}%"
+    assert f"  failing elements: {len(bad)} / 120 ({pct})\n" in str(info.value)
+
+
+def test_failure_counts_for_entropy_and_attention():
+    x = _rows(np.float64, shape=(5, 16))
+    h = reference.entropy(x)
+    h[[1, 4]] += 1e-6
+    with pytest.raises(KernelMismatch, match=r"failing elements: 2 / 5 \(40%\)") as info:
+        assert_entropy_close(h, x)
+    assert info.value.report.n_failed == 2
+    q, k, v = RNG.normal(0, 1, (4, 3)), RNG.normal(0, 1, (6, 3)), RNG.normal(0, 1, (6, 2))
+    out = bk.attention(q, k, v)
+    out[2, 1] += 1e-3
+    with pytest.raises(KernelMismatch, match=r"failing elements: 1 / 8 \(12.5%\)") as info:
+        assert_attention_close(out, (q, k, v))
+    assert (info.value.report.n_failed, info.value.report.size) == (1, 8)
+
+
+_ASSERTS = {
+    "softmax": lambda **kw: assert_softmax_close(np.zeros(1), np.zeros(1), **kw),
+    "entropy": lambda **kw: assert_entropy_close(np.zeros(()), np.zeros(1), **kw),
+    "adaptive": lambda **kw: assert_adaptive_softmax_close(np.zeros(1), np.zeros(1), **kw),
+    "attention": lambda **kw: assert_attention_close(np.zeros((1, 1)), "not a tuple", **kw),
+}
+
+
+@pytest.mark.parametrize("check", _ASSERTS.values(), ids=_ASSERTS.keys())
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"mode": "loose"}, ValueError, "mode must be one of"),
+        ({"mode": "ulps"}, ValueError, "max_ulps"),
+        ({"mode": "ulps", "max_ulps": -1.0}, ValueError, "max_ulps"),
+        ({"baseline_factor": -1.0}, ValueError, "baseline_factor"),
+        ({"floor_ulps": float("nan")}, ValueError, "floor_ulps"),
+        ({"strict": 1}, TypeError, "strict must be a bool"),
+    ],
+)
+def test_every_assertion_validates_its_tolerance_first(check, kwargs, error, match):
+    """One tolerance object validates the keywords of all four assertions, before the inputs."""
+    with pytest.raises(error, match=match):
+        check(**kwargs)
+
+
+def test_tolerance_is_frozen_and_shares_the_public_defaults():
+    import dataclasses
+    import inspect
+
+    from softmaxtheory.testing import _Tolerance
+
+    tol = _Tolerance(strict=np.True_)
+    assert tol.strict is True and tol.contract == "strict"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tol.mode = "bound"  # type: ignore[misc]
+    for fn in (assert_softmax_close, assert_entropy_close, assert_adaptive_softmax_close,
+               assert_attention_close):  # fmt: skip
+        params = inspect.signature(fn).parameters
+        for f in dataclasses.fields(_Tolerance):
+            assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY
+            assert params[f.name].default == f.default, (fn.__name__, f.name)
+    bound, naive = np.array([1.0, 10.0]), np.array([3.0, 0.0])
+    assert _Tolerance().allowed(bound, naive).tolist() == [14.0, 10.0]
+    assert _Tolerance(mode="bound").allowed(bound, naive).tolist() == [1.0, 10.0]
+    assert _Tolerance(mode="baseline").allowed(bound, naive).tolist() == [14.0, 2.0]
+    assert _Tolerance(mode="ulps", max_ulps=3).allowed(bound, naive).tolist() == [3.0, 3.0]

@@ -55,7 +55,7 @@ def test_guide_torch_defect_command():
     assert res.returncode == 1
     guide = (ROOT / "docs" / "testing.rst").read_text()
     for line in res.stdout.splitlines():
-        if line.startswith(("FAIL", "  got ", "  exact ", "  error ", "  row:")):
+        if line.startswith(("FAIL", "  got ", "  exact ", "  error ", "  row:", "  failing ")):
             assert line.strip() in guide, line
 
 
@@ -65,7 +65,7 @@ def test_guide_torch_defect_command():
         "softmaxtheory.testing",
         "softmaxtheory.strategies",
         "softmaxtheory.conformance",
-        "softmaxtheory._testing_model",
+        "softmaxtheory._check.error_model",
         "softmaxtheory.pytest_plugin",
         "softmaxtheory.cli.check",
         "softmaxtheory._check.report",

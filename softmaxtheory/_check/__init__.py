@@ -5,6 +5,8 @@ The public faces are :mod:`softmaxtheory.testing`, :mod:`softmaxtheory.strategie
 here hold what they share, under public names inside a private package (as
 Hypothesis keeps its ``internal/``):
 
+* ``error_model``: the a-priori error bounds of :mod:`softmaxtheory.testing`, derived
+  in the documentation page *The error model*;
 * ``report``: the formatting of failures and report lines (numbers in ulps,
   array literals for repro snippets, hints);
 * ``target``: the kernel under test (:class:`~softmaxtheory.conformance.Target`),

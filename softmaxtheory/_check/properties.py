@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from .. import strategies as strat
 from .. import testing as tst
+from .._formats import FORMATS
 from ..spec import Constant, LogLength, Polynomial, Schedule
+from . import error_model as model
 from .report import row_literal
 from .runner import Failed, Run, Skip, run_given
 from .target import Target
@@ -25,13 +27,13 @@ __all__ = ["PROPERTIES", "properties_for"]
 
 def _rng_row(seed: int, n: int, scale: float, dtype: str) -> tuple[np.ndarray, str]:
     src = f"np.random.default_rng({seed}).normal(0.0, {scale}, {n})"
-    row = strat._cast(np.random.default_rng(seed).normal(0.0, scale, n), dtype)
+    row = strat.cast(np.random.default_rng(seed).normal(0.0, scale, n), dtype)
     return row, _src_cast(src, dtype)
 
 
 def _src_cast(src: str, dtype: str) -> str:
     if dtype == "bfloat16":
-        return f"softmaxtheory.strategies._cast({src}, 'bfloat16')"
+        return f"softmaxtheory.strategies.cast({src}, 'bfloat16')"
     return f"{src}.astype(np.{dtype})"
 
 
@@ -61,7 +63,7 @@ def _p_long_rows(t: Target, run: Run) -> None:
         x, src = _rng_row(seed, n, scale, t.dtype)
         run.compare(run.call(x), x, source=src, what=f"long row, n = {n}")
     # a long row whose mass sits on ~e^H items (entropy in the adaptive window)
-    x = strat._cast(strat.row_with_entropy(4.0, 8192, 3), t.dtype)
+    x = strat.cast(strat.row_with_entropy(4.0, 8192, 3), t.dtype)
     src = _src_cast("softmaxtheory.strategies.row_with_entropy(4.0, 8192, 3)", t.dtype)
     run.compare(run.call(x), x, source=src, what="long row in the adaptive window, n = 8192")
 
@@ -81,7 +83,7 @@ def _branch_entropies() -> list[float]:
 
 def _branch_rows(dtype: str) -> tuple[np.ndarray, str]:
     hs = _branch_entropies()
-    rows = np.stack([strat._cast(strat.row_with_entropy(h, 2048, 1), dtype) for h in hs])
+    rows = np.stack([strat.cast(strat.row_with_entropy(h, 2048, 1), dtype) for h in hs])
     src = _src_cast(
         f"np.stack([softmaxtheory.strategies.row_with_entropy(h, 2048, 1) for h in {hs!r}])",
         dtype,
@@ -118,7 +120,7 @@ def _p_batch_independence(t: Target, run: Run) -> None:
         alone = run.call(row[None, :])
         run.compare(alone, row[None, :], what="row alone")
         for comp in companions:
-            c = strat._cast(np.resize(comp, n), t.dtype)
+            c = strat.cast(np.resize(comp, n), t.dtype)
             batch = np.stack([row, c, c])
             got = run.call(batch)
             run.compare(got, batch, what="row next to other rows (batch independence)")
@@ -129,7 +131,7 @@ def _p_batch_independence(t: Target, run: Run) -> None:
 
 def _p_dtype_shape(t: Target, run: Run) -> None:
     """Output dtype equals the input dtype; shapes (n,), (1, n), (2, 3, n), views."""
-    base = strat._cast(np.random.default_rng(11).normal(0, 3, (2, 3, 5)), t.dtype)
+    base = strat.cast(np.random.default_rng(11).normal(0, 3, (2, 3, 5)), t.dtype)
     cases: list[tuple[str, np.ndarray, Any]] = [
         ("1-d row", base[0, 0], None),
         ("shape (1, n)", base[0, :1], None),
@@ -167,7 +169,7 @@ def _special_expected(t: Target) -> list[tuple[str, np.ndarray]]:
 def _p_special_values(t: Target, run: Run) -> None:
     """The special-value table: masks exact; NaN/+inf rows NaN; masked rows; n = 0."""
     for label, x64 in _special_expected(t):
-        x = strat._cast(x64, t.dtype)
+        x = strat.cast(x64, t.dtype)
         try:
             out = t.call(x)
         except Exception as exc:
@@ -231,7 +233,7 @@ def _matches_table(t: Target, x: np.ndarray, got: np.ndarray) -> bool:
 def _dyadic_rows(draw: Any, dtype: str) -> np.ndarray:
     n = draw(st.integers(2, 24))
     ks = draw(st.lists(st.integers(-512, 512), min_size=n, max_size=n))
-    return strat._cast(np.array(ks) / 16.0, dtype)
+    return strat.cast(np.array(ks) / 16.0, dtype)
 
 
 def _p_invariances(t: Target, run: Run) -> None:
@@ -249,7 +251,7 @@ def _p_invariances(t: Target, run: Run) -> None:
         n = x.shape[0]
         drop = sorted({d % n for d in drop})
         for c in shifts:
-            xs = strat._cast(x.astype(np.float64) + c, t.dtype)
+            xs = strat.cast(x.astype(np.float64) + c, t.dtype)
             if not np.array_equal(xs.astype(np.float64), x.astype(np.float64) + c):
                 continue  # not exact in this dtype
             run.compare(run.call(xs), xs, what=f"shift by {c!r}")
@@ -282,17 +284,17 @@ def _p_temperature_cap(t: Target, run: Run) -> None:
         got, _ = run.output(out, "temperature cap")
         xr, got = x.reshape(-1, x.shape[-1]), got.reshape(-1, x.shape[-1])
         sm = reference.softmax(xr)
-        fmt = tst.model.FORMATS[t.dtype]
+        fmt = FORMATS[t.dtype]
         top_sm = np.max(sm, axis=-1)
         top = np.max(got.astype(np.float64), axis=-1)
         slack = 64 * fmt.u * top_sm + fmt.tiny
         if fmt.precision < 24 and not t.strict:
             # the default 16-bit contract: the scaled logits may be rounded once (any beta)
-            cond = tst.model.row_conditioning(xr)
-            b = np.full(cond.H.shape, tst.model.BETA_MAX)
-            rel = tst.model.logit_rounding_rel_error(cond, b, b, fmt)
+            cond = model.row_conditioning(xr)
+            b = np.full(cond.H.shape, model.BETA_MAX)
+            rel = model.logit_rounding_rel_error(cond, b, b, fmt)
             with np.errstate(over="ignore"):
-                slack = slack + np.expm1(tst.model.SLACK * np.max(rel, axis=-1)) * top_sm
+                slack = slack + np.expm1(model.SLACK * np.max(rel, axis=-1)) * top_sm
         bad = np.flatnonzero(top < top_sm - slack)
         if bad.size:
             i = int(bad[0])
@@ -322,7 +324,7 @@ def _p_schedules(t: Target, run: Run) -> None:
     ]
     rows, src = _branch_rows(t.dtype)
     hs = [0.3, 0.9, 1.5, 2.5]
-    small = np.stack([strat._cast(strat.row_with_entropy(h, 16, 1), t.dtype) for h in hs])
+    small = np.stack([strat.cast(strat.row_with_entropy(h, 16, 1), t.dtype) for h in hs])
     small_src = _src_cast(
         f"np.stack([softmaxtheory.strategies.row_with_entropy(h, 16, 1) for h in {hs!r}])",
         t.dtype,
@@ -394,7 +396,7 @@ def _p_attention_causal(t: Target, run: Run) -> None:
 def _p_attention_batch(t: Target, run: Run) -> None:
     """Each batch entry and query row is independent of the others; long key sequences."""
     rng = np.random.default_rng(5)
-    cast = lambda a: strat._cast(a, t.dtype)  # noqa: E731
+    cast = lambda a: strat.cast(a, t.dtype)  # noqa: E731
     q = cast(rng.normal(0, 2, (3, 4, 8)))
     k = cast(rng.normal(0, 1, (3, 256, 8)))
     v = cast(rng.normal(0, 1, (3, 256, 4)))

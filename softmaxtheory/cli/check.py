@@ -258,10 +258,10 @@ def _first_call(target: Any) -> float | None:
     try:
         with np.errstate(all="ignore"):
             if target.kind == "attention":
-                a = strat._cast(np.array([[0.5, -1.0], [1.0, 0.25]]), target.dtype)
+                a = strat.cast(np.array([[0.5, -1.0], [1.0, 0.25]]), target.dtype)
                 target.call_attention(a, a, a, None, False)
             else:
-                target.call(strat._cast(np.array([[0.0, 1.0, 2.0]]), target.dtype))
+                target.call(strat.cast(np.array([[0.0, 1.0, 2.0]]), target.dtype))
     except (Exception, SystemExit, KeyboardInterrupt):  # the properties report it
         return None
     return time.perf_counter() - start

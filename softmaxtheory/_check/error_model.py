@@ -2,8 +2,8 @@ r"""The error model of :mod:`softmaxtheory.testing` (private; numpy only).
 
 Everything here is derived in the documentation page *The error model*:
 
-* :class:`FloatFormat` describes the kernel's output format (bfloat16 too) and
-  its internal working precision;
+* the kernel's output format (bfloat16 too) and its internal working precision
+  are a :class:`softmaxtheory._formats.Format` (``fmt.internal``);
 * :func:`ulp` and :func:`ulp_error` measure errors in units in the last place;
 * ``*_bound`` compute the a-priori bound of each output element from the input
   alone (conditioning of the element, length of the row, schedule);
@@ -16,27 +16,24 @@ upper bound).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .spec import Constant, LogLength, Polynomial, Schedule
+from .._formats import Format
+from ..spec import Constant, LogLength, Polynomial, Schedule
 
 __all__ = [
     "BETA_MAX",
     "C_EXP",
-    "FORMATS",
     "LAMBDA",
     "SLACK",
-    "FloatFormat",
     "RowConditioning",
     "adaptive_rel_error",
     "attention_bound",
     "beta_error",
     "entropy_abs_error",
-    "format_named",
     "logit_rounding_entropy_error",
     "logit_rounding_rel_error",
     "naive_adaptive_softmax",
@@ -65,69 +62,7 @@ LAMBDA = 8.0
 SLACK = 2.0
 
 
-@dataclass(frozen=True)
-class FloatFormat:
-    """A binary floating-point format.
-
-    Attributes
-    ----------
-    name : str
-        ``float64``, ``float32``, ``float16`` or ``bfloat16``.
-    precision : int
-        Significand bits, hidden bit included.
-    emin : int
-        Exponent of the smallest positive normal number.
-    qmin : int
-        Exponent of the smallest positive subnormal number.
-    """
-
-    name: str
-    precision: int
-    emin: int
-    qmin: int
-
-    @property
-    def u(self) -> float:
-        """Unit roundoff :math:`2^{-p}`."""
-        return math.ldexp(1.0, -self.precision)
-
-    @property
-    def tiny(self) -> float:
-        """Smallest positive normal number."""
-        return math.ldexp(1.0, self.emin)
-
-    @property
-    def internal(self) -> FloatFormat:
-        """The working precision: float32 for 16-bit formats, the format itself otherwise."""
-        return FORMATS["float32"] if self.precision < 24 else self
-
-
-FORMATS: dict[str, FloatFormat] = {
-    "float64": FloatFormat("float64", 53, -1022, -1074),
-    "float32": FloatFormat("float32", 24, -126, -149),
-    "float16": FloatFormat("float16", 11, -14, -24),
-    "bfloat16": FloatFormat("bfloat16", 8, -126, -133),
-}
-
-
-def format_named(name: object) -> FloatFormat:
-    """Return the :class:`FloatFormat` of a dtype name (numpy or torch spelling).
-
-    Raises
-    ------
-    ValueError
-        If the dtype is not one of float64, float32, float16 or bfloat16.
-    """
-    text = str(name).removeprefix("torch.")
-    if text not in FORMATS:
-        with contextlib.suppress(TypeError):
-            text = np.dtype(text).name  # type: ignore[call-overload]
-    if text not in FORMATS:
-        raise ValueError(f"dtype must be float64, float32, float16 or bfloat16, got {name!r}")
-    return FORMATS[text]
-
-
-def ulp(ref: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+def ulp(ref: np.ndarray, fmt: Format) -> np.ndarray:
     r"""Spacing of `fmt` at each value of `ref`: :math:`2^{\max(e, e_{\min}) - p + 1}`.
 
     For zero, the smallest subnormal. Infinite or NaN values give NaN.
@@ -141,7 +76,7 @@ def ulp(ref: np.ndarray, fmt: FloatFormat) -> np.ndarray:
     return np.where(np.isfinite(ref), out, np.nan)
 
 
-def ulp_error(got: np.ndarray, ref: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+def ulp_error(got: np.ndarray, ref: np.ndarray, fmt: Format) -> np.ndarray:
     """``|got - ref|`` in ulps of `fmt` at `ref`; 0 for identical specials, inf for mismatches.
 
     Two NaNs, or two equal infinities, count as equal; any other pair with a
@@ -157,7 +92,7 @@ def ulp_error(got: np.ndarray, ref: np.ndarray, fmt: FloatFormat) -> np.ndarray:
     return np.where(same, 0.0, np.where(finite, err, np.inf))
 
 
-def round_to_format(a: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+def round_to_format(a: np.ndarray, fmt: Format) -> np.ndarray:
     """Round float64 values to `fmt` (nearest even) and return them as float64."""
     a = np.asarray(a, dtype=np.float64)
     if fmt.name in ("float64", "float32", "float16"):
@@ -407,7 +342,7 @@ def logit_rounding_rel_error(
     cond: RowConditioning,
     beta: np.ndarray,
     dbeta: np.ndarray,
-    fmt: FloatFormat,
+    fmt: Format,
 ) -> np.ndarray:
     r"""Relative error of :math:`\operatorname{softmax}(\beta x)_i` from one rounding of its logits.
 
@@ -431,7 +366,7 @@ def logit_rounding_rel_error(
         The rows.
     beta, dbeta : numpy.ndarray
         β of each row and the bound on its error, shape ``(...)``.
-    fmt : FloatFormat
+    fmt : Format
         The kernel's format.
 
     Returns
@@ -454,7 +389,7 @@ def logit_rounding_rel_error(
     return np.where(cond.live, rel, 0.0)
 
 
-def logit_rounding_entropy_error(cond: RowConditioning, fmt: FloatFormat) -> np.ndarray:
+def logit_rounding_entropy_error(cond: RowConditioning, fmt: Format) -> np.ndarray:
     r"""Absolute error of a row's entropy from one rounding of its shifted logits to `fmt`.
 
     :math:`\partial H / \partial x_j = -p_j (z_j - \bar z)` with
@@ -479,7 +414,7 @@ def attention_bound(
     v: np.ndarray,
     schedule: Schedule,
     entropy_eps: float,
-    fmt: FloatFormat,
+    fmt: Format,
 ) -> np.ndarray:
     r"""Absolute error bound of each attention output (before the final rounding).
 
@@ -521,11 +456,11 @@ def attention_bound(
 # ---------------------------------------------------------------------------
 
 
-def _work(x: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+def _work(x: np.ndarray, fmt: Format) -> np.ndarray:
     return np.asarray(x, dtype=np.float64).astype(fmt.internal.name)
 
 
-def naive_softmax(x: np.ndarray, fmt: FloatFormat, beta: np.ndarray | None = None) -> np.ndarray:
+def naive_softmax(x: np.ndarray, fmt: Format, beta: np.ndarray | None = None) -> np.ndarray:
     """Textbook softmax in the working precision: scale, subtract the max, exp, sequential sum."""
     w = _work(x, fmt)
     with np.errstate(all="ignore"):
@@ -539,7 +474,7 @@ def naive_softmax(x: np.ndarray, fmt: FloatFormat, beta: np.ndarray | None = Non
     return round_to_format(y, fmt)
 
 
-def naive_entropy(x: np.ndarray, fmt: FloatFormat, entropy_eps: float = 0.0) -> np.ndarray:
+def naive_entropy(x: np.ndarray, fmt: Format, entropy_eps: float = 0.0) -> np.ndarray:
     """Textbook entropy in the working precision, as float64 (not rounded to `fmt`)."""
     w = _work(x, fmt)
     t = w.dtype.type
@@ -558,7 +493,7 @@ def naive_entropy(x: np.ndarray, fmt: FloatFormat, entropy_eps: float = 0.0) -> 
 
 
 def naive_beta(
-    x: np.ndarray, fmt: FloatFormat, schedule: Schedule, entropy_eps: float = 0.0
+    x: np.ndarray, fmt: Format, schedule: Schedule, entropy_eps: float = 0.0
 ) -> np.ndarray:
     """β in the working precision (Horner for polynomials)."""
     w = _work(x, fmt)
@@ -582,7 +517,7 @@ def naive_beta(
 
 
 def naive_adaptive_softmax(
-    x: np.ndarray, fmt: FloatFormat, schedule: Schedule, entropy_eps: float = 0.0
+    x: np.ndarray, fmt: Format, schedule: Schedule, entropy_eps: float = 0.0
 ) -> np.ndarray:
     """The paper's listing in the working precision: ``softmax(beta * x)``."""
     return naive_softmax(x, fmt, naive_beta(x, fmt, schedule, entropy_eps))
@@ -597,7 +532,7 @@ def naive_attention(
     scale: float,
     schedule: Schedule,
     entropy_eps: float,
-    fmt: FloatFormat,
+    fmt: Format,
 ) -> np.ndarray:
     """Attention as two matmuls in the working precision; logits and weights stored in `fmt`."""
     wt = fmt.internal.name
