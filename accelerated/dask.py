@@ -409,9 +409,9 @@ def _certified(
 
     xm, rows, cfg, in_dtype, axis = _certified_rows(x, axis, want, schedule, entropy_eps)
     if not cfg.vector:
-        return rows.map_blocks(
-            ce.scalar, want, dtype=np.float64, drop_axis=rows.ndim - 1
-        ).astype(cfg.dtype)
+        return rows.map_blocks(ce.scalar, want, dtype=np.float64, drop_axis=rows.ndim - 1).astype(
+            cfg.dtype
+        )
     y = da.map_blocks(
         _CertBlock(ce.block_write, per_row=False),
         _reread(xm),
