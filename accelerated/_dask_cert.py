@@ -83,10 +83,10 @@ from mpmath.libmp import (
     round_ceiling,
     to_float,
 )
-
 from softmaxtheory.reference import _engine as eng
 from softmaxtheory.reference import _fast as fast
 from softmaxtheory.reference._rounding import BinaryFormat, format_for, round_ball
+
 from softmaxtheory.spec import Schedule
 
 from . import _dask_exact as ex
@@ -130,7 +130,7 @@ class Config:
 
     @property
     def cutoff(self) -> float:
-        """Items with :math:`\\beta|z| > C` are dead (the reference's fast pass's C)."""
+        r"""Items with :math:`\beta|z| > C` are dead (the reference's fast pass's C)."""
         fmt = self.fmt
         return eng.cutoff(self.n, max(P, 2 * fmt.precision + 40), fmt.qmin)
 
@@ -420,9 +420,9 @@ def _block_sums(x: np.ndarray, row: Row, beta: Any, cfg: Config, want_t: bool) -
 
 
 def block_sums(x2: np.ndarray, rows: np.ndarray, cfg: Config, stage: str) -> np.ndarray:
-    """One :class:`Sums` per row of a ``(rows, nk)`` block.
+    r"""One :class:`Sums` per row of a ``(rows, nk)`` block.
 
-    `stage` ``"entropy"``: the β = 1 pass (with :math:`\\tau` where the entropy is
+    `stage` ``"entropy"``: the β = 1 pass (with :math:`\tau` where the entropy is
     needed), `rows` are merged float states; ``"tempered"``: the pass at each row's β.
     """
     out = np.empty(x2.shape[0], dtype=object)
@@ -527,10 +527,8 @@ class Reader:
         return after_entropy(replace(row, H=H), self.cfg)
 
     def _tempered(self, row: Row, S: Sums) -> Row:
-        if row.beta is None and row.ep is not None:
-            ep = row.ep  # β = 1: the entropy pass's sums
-        else:
-            ep = _expass(S, self.cfg, False)
+        one = row.beta is None and row.ep is not None  # β = 1: the entropy pass's sums
+        ep = row.ep if one else _expass(S, self.cfg, False)
         return coefficients_setup(row, ep, row.beta, self.cfg.fmt)
 
     def _check(self, row: Row, rec: Count) -> Row:
@@ -547,7 +545,7 @@ class Reader:
 
 
 def _block_guard(x: np.ndarray, row: Row, cfg: Config) -> Sums:
-    """The guard's terms :math:`p_i\\log(1 + \\varepsilon/p_i)` of one block (``_guarded``)."""
+    r"""The guard's terms :math:`p_i\log(1 + \varepsilon/p_i)` of one block (``_guarded``)."""
     ep = row.ep
     Rs = ep.s_rel / (1.0 - ep.s_rel) * SLACK
     sh, sl = fast._dd_of(ep.s)
