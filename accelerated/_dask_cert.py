@@ -99,8 +99,12 @@ KIND_INVALID = 3
 
 P = fast.P_SCALAR
 SLACK = eng.SLACK
-#: Items per exact level sum (the reference's sums are exact up to 2**26 terms).
-PIECE = 1 << 20
+#: Items of a block handled at once. Small, so that numpy's temporaries (32 KiB) are
+#: reused from the heap: ``dask.distributed`` starts its workers with
+#: ``MALLOC_TRIM_THRESHOLD_=65536``, under which every larger temporary is a fresh
+#: ``mmap`` whose pages fault in one by one (slices of 2**14 items ran five times slower
+#: in a worker than in the client). The reference's exact sums take up to 2**26 terms.
+SLICE = 1 << 12
 _UP = 1.0 + 2.0**-50  # float additions of non-negative bounds, rounded upward
 
 
@@ -282,7 +286,7 @@ def _items(x: np.ndarray, m: float, beta: Any, cfg: Config) -> SimpleNamespace:
     zs, zls, ays = zh[sel], zl[sel], ay[sel]
     if zs.size and not -float(zs.min()) < 2.0**990:
         raise eng.Undecided("a live shift too large for Dekker's split (a tiny beta)")
-    eh, el = fast._chunked(lambda a, b: fast._scaled_exp(a, b, bh, bl), 2, zs, zls)
+    eh, el = fast._scaled_exp(zs, zls, bh, bl)
     if brel:
         em1 = np.expm1(ays * brel * (1.0 + 2.0**-50))
         rel_true = em1 + fast.EXP_REL * (1.0 + em1)
@@ -307,14 +311,8 @@ def _items(x: np.ndarray, m: float, beta: Any, cfg: Config) -> SimpleNamespace:
     )
 
 
-def _exact_sum(hi: np.ndarray, lo: np.ndarray) -> tuple[tuple, float]:
-    """The reference's exact level sum, by pieces of :data:`PIECE` terms (exact adds)."""
-    total, err = fzero, 0.0
-    for a in range(0, hi.size, PIECE):
-        s, e = fast._sum(hi[a : a + PIECE], lo[a : a + PIECE])
-        total = mpf_add(total, s, 0)
-        err = _up(err, e)
-    return total, err
+def _slices(n: int) -> range:
+    return range(0, n, SLICE)
 
 
 # ---------------------------------------------------------------------------
@@ -405,17 +403,24 @@ def _guarded_call(fn: Any, *args: Any) -> Any:
 # ---------------------------------------------------------------------------
 
 
-def _block_sums(x: np.ndarray, row: Row, beta: Any, cfg: Config, want_t: bool) -> Sums:
+def _slice_sums(x: np.ndarray, row: Row, beta: Any, cfg: Config, want_t: bool) -> Sums:
     it = _items(x, row.m, beta, cfg)
     rec = Sums(row, n_fast=it.zs.size, n_dead=it.n_dead, n_tiny=it.n_tiny)
     if not it.zs.size:
         return rec
-    sigma, err = _exact_sum(it.eh, it.el)
+    sigma, err = fast._sum(it.eh, it.el)  # exact, with the bound of what it leaves out
     rec = replace(rec, sigma=sigma, sigma_err=err, max_rel=float(it.rel.max()))
     if want_t:
-        wh, wl = fast._chunked(fast._weighted, 2, it.eh, it.el, it.zs, it.zls)
-        t, terr = _exact_sum(wh, wl)
+        t, terr = fast._sum(*fast._weighted(it.eh, it.el, it.zs, it.zls))
         rec = replace(rec, t=t, t_err=terr)
+    return rec
+
+
+def _block_sums(x: np.ndarray, row: Row, beta: Any, cfg: Config, want_t: bool) -> Sums:
+    """The sums of one block of one row: its slices' sums, merged in order."""
+    rec = Sums(row)
+    for a in _slices(x.size):
+        rec = rec.merge(_slice_sums(x[a : a + SLICE], row, beta, cfg, want_t))
     return rec
 
 
@@ -549,18 +554,23 @@ def _block_guard(x: np.ndarray, row: Row, cfg: Config) -> Sums:
     ep = row.ep
     Rs = ep.s_rel / (1.0 - ep.s_rel) * SLACK
     sh, sl = fast._dd_of(ep.s)
+    rec = Sums(row)
+    for a in _slices(x.size):
+        rec = rec.merge(_slice_guard(x[a : a + SLICE], row, cfg, Rs, sh, sl))
+    return rec
+
+
+def _slice_guard(x: np.ndarray, row: Row, cfg: Config, Rs: float, sh: float, sl: float) -> Sums:
     it = _items(x, row.m, None, cfg)
     if not it.zs.size:
         return Sums(row)
     rho = (it.rel + Rs + it.rel * Rs + fast.DIV_REL) * SLACK
     if not float(rho.max()) < 2.0**-45:
         raise eng.Undecided("a probability's bound is too wide for the guard")
-    gh, gl, term_err = fast._chunked(
-        lambda a, b, c: fast._guard_terms(a, b, c, sh, sl, cfg.eps), 3, it.eh, it.el, rho
-    )
+    gh, gl, term_err = fast._guard_terms(it.eh, it.el, rho, sh, sl, cfg.eps)
     if not np.all(term_err < np.inf):
         raise eng.Undecided("a guard term out of the covered range")
-    g, err = _exact_sum(gh, gl)
+    g, err = fast._sum(gh, gl)
     # sigma: the terms' exact sum and its bound; t_err: the terms' own bounds
     return Sums(row, sigma=g, sigma_err=err, t_err=float(np.sum(term_err)) * (1.0 + 2.0**-25))
 
@@ -611,18 +621,26 @@ def guarded_entropy(row: Row, S: Sums, eps: float) -> eng.Ball | None:
 
 def _coefficients(x: np.ndarray, row: Row, cfg: Config) -> tuple[np.ndarray, int]:
     """The certified coefficients of one block of one row, and how many stay undecided."""
-    fmt = cfg.fmt
     out = np.zeros(x.shape[0])
-    it = _items(x, row.m, row.beta, cfg)
-    out[it.ones] = row.one
     Rs = row.s_rel / (1.0 - row.s_rel) * SLACK
     sh, sl = fast._dd_of(row.s)
+    left = 0
+    for a in _slices(x.size):
+        left += _slice_coefficients(x[a : a + SLICE], row, cfg, Rs, sh, sl, out[a : a + SLICE])
+    return out, left
+
+
+def _slice_coefficients(
+    x: np.ndarray, row: Row, cfg: Config, Rs: float, sh: float, sl: float, out: np.ndarray
+) -> int:
+    fmt = cfg.fmt
+    it = _items(x, row.m, row.beta, cfg)
+    out[it.ones] = row.one
     undecided = it.tiny_u
     if it.zs.size:
-        q1, q2 = fast._chunked(lambda a, b: fast._quotient(a, b, sh, sl), 2, it.eh, it.el)
+        q1, q2 = fast._quotient(it.eh, it.el, sh, sl)
         rel = (it.rel + Rs + it.rel * Rs + fast.DIV_REL) * SLACK
-        vals, ok = fast._chunked(lambda a, b, c: fast._round_vector(a, b, c, fmt), 2, q1, q2, rel)
-        ok = ok.astype(bool)
+        vals, ok = fast._round_vector(q1, q2, rel, fmt)
         out[it.fast[ok]] = vals[ok]
         undecided = np.concatenate([it.fast_u[~ok], it.tiny_u])
     left = 0
@@ -635,7 +653,7 @@ def _coefficients(x: np.ndarray, row: Row, cfg: Config) -> tuple[np.ndarray, int
                 left += 1
             else:
                 out[it.idx[k]] = v
-    return out, left
+    return left
 
 
 def block_check(x2: np.ndarray, rows: np.ndarray, cfg: Config) -> np.ndarray:
