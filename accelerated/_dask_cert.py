@@ -17,8 +17,9 @@ temperature β, :math:`e_i \approx e^{\beta z_i}` computed by
 
 * :math:`\sigma_k` — the sum of its computed :math:`e_i` (maxima excluded), *exactly*,
   as an mpmath number (the reference's exact level sums,
-  :func:`~softmaxtheory.reference._fast._sum`), with the absolute bound
-  :math:`\epsilon_k` of what those level sums leave out;
+  :func:`~softmaxtheory.reference._fast._sum`, over slices of :data:`SLICE` items
+  added exactly), with the absolute bound :math:`\epsilon_k` of what those level
+  sums leave out;
 * :math:`\tau_k` likewise for :math:`e_i|z_i|` (the entropy pass);
 * :math:`\max_i \mathrm{rel}_i`, and the numbers of items dropped as dead
   (:math:`\beta|z_i| > C`) or tiny (:math:`\beta|z_i| > 600`, float64 targets).

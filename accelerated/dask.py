@@ -34,12 +34,20 @@ result is identical bit for bit under any scheduler (threads, processes,
 ``dask.distributed``) and any number of workers; a different chunking gives a
 result within the error model of the CPU kernels.
 
-``certified=True`` keeps instead each block's exact state — the multiset of its
-values, the element of the T7 monoid that
-:class:`~softmaxtheory.reference.StreamState` represents — merges them exactly
-in the same tree, and reads the correctly rounded results from the reference
-(:mod:`softmaxtheory.reference`). The merged state has one entry per distinct
-value of the row, so this mode suits rows of up to tens of millions of items.
+``certified=True`` gives the correctly rounded results of the reference
+(:mod:`softmaxtheory.reference`), bit for bit, by the same passes with rigorous
+enclosures in place of float sums: after the maxima, each block returns per row
+its sums :math:`\sum e^{\beta(x-m)}` (and :math:`\sum e^{x-m}|x-m|` for the
+entropy) computed in double-double arithmetic, held exactly, with a bound on
+their error; the tree adds them exactly, the reference's own scalar routines
+certify the entropy, β and :math:`1/s` from the merged sums, a check pass rounds
+every coefficient block by block against them, and the last pass writes them. A
+task still holds one block and a few numbers per row. A row the enclosures cannot
+decide (a value within about :math:`2^{-88}` of a rounding boundary, a guard
+outside the reference's fast range, …) falls back alone to the exact path: the
+multiset of its values merged in the tree and read by the reference, which holds
+the row's distinct values in one task (see
+:doc:`/guides/rows_larger_than_one_machine`).
 
 Examples
 --------
@@ -440,8 +448,8 @@ def softmax(x: Any, axis: int = -1, *, certified: bool = False) -> da.Array:
     axis : int, default -1
         The axis to normalise along.
     certified : bool, default False
-        ``True``: exact states, exact merges, correctly rounded values from the
-        reference (slow; see the module notes).
+        ``True``: the correctly rounded values of the reference, from enclosures
+        merged exactly (slower; see the module notes).
 
     Returns
     -------
@@ -468,7 +476,7 @@ def entropy(
         ``0`` for the exact entropy, ``eps > 0`` for
         :math:`-\sum_i p_i \log(p_i + \varepsilon)` (one more pass over `x`).
     certified : bool, default False
-        ``True``: the correctly rounded entropy, from the exact merged state.
+        ``True``: the correctly rounded entropy, from the merged enclosures.
 
     Returns
     -------
@@ -506,7 +514,7 @@ def beta(
     entropy_eps : float, default 0.0
         The entropy mode (see :func:`entropy`).
     certified : bool, default False
-        ``True``: the correctly rounded β of the exact entropy.
+        ``True``: the correctly rounded β of the exact entropy (merged enclosures).
 
     Returns
     -------
@@ -545,8 +553,8 @@ def adaptive_softmax(
     entropy_eps : float, default 0.0
         The entropy mode (see :func:`entropy`).
     certified : bool, default False
-        ``True``: exact states merged exactly, correctly rounded coefficients
-        from the reference.
+        ``True``: the reference's correctly rounded coefficients, from enclosures
+        merged exactly.
 
     Returns
     -------
