@@ -500,9 +500,11 @@ class Reader:
         for i in range(flat.size):
             rec = flat[i]
             row = rec.row
-            if row.live and getattr(rec, "bad", ""):
+            if self.stage == "exact":
+                out[i] = read(row, rec)  # the reference's PrecisionError propagates
+            elif row.live and getattr(rec, "bad", ""):
                 out[i] = row.fail(rec.bad)
-            elif row.live or self.stage == "exact":
+            elif row.live:
                 out[i], why = _guarded_call(read, row, rec)
                 if out[i] is None:
                     out[i] = row.fail(why)
