@@ -34,12 +34,20 @@ result is identical bit for bit under any scheduler (threads, processes,
 ``dask.distributed``) and any number of workers; a different chunking gives a
 result within the error model of the CPU kernels.
 
-``certified=True`` keeps instead each block's exact state — the multiset of its
-values, the element of the T7 monoid that
-:class:`~softmaxtheory.reference.StreamState` represents — merges them exactly
-in the same tree, and reads the correctly rounded results from the reference
-(:mod:`softmaxtheory.reference`). The merged state has one entry per distinct
-value of the row, so this mode suits rows of up to tens of millions of items.
+``certified=True`` gives the correctly rounded results of the reference
+(:mod:`softmaxtheory.reference`), bit for bit, by the same passes with rigorous
+enclosures in place of float sums: after the maxima, each block returns per row
+its sums :math:`\sum e^{\beta(x-m)}` (and :math:`\sum e^{x-m}|x-m|` for the
+entropy) computed in double-double arithmetic, held exactly, with a bound on
+their error; the tree adds them exactly, the reference's own scalar routines
+certify the entropy, β and :math:`1/s` from the merged sums, a check pass rounds
+every coefficient block by block against them, and the last pass writes them. A
+task still holds one block and a few numbers per row. A row the enclosures cannot
+decide (a value within about :math:`2^{-88}` of a rounding boundary, a guard
+outside the reference's fast range, …) falls back alone to the exact path: the
+multiset of its values merged in the tree and read by the reference, which holds
+the row's distinct values in one task (see
+:doc:`/guides/rows_larger_than_one_machine`).
 
 Examples
 --------
@@ -304,104 +312,124 @@ def _vector(
 
 
 # ---------------------------------------------------------------------------
-# the certified path: exact states, exact merges, the reference's readings
+# the certified path: merged enclosures, the reference's readings
 # ---------------------------------------------------------------------------
 
 
-def _exact_chunk(block: np.ndarray, axis: Any = None, keepdims: bool = True) -> np.ndarray:
-    from . import _dask_exact as ex
-
-    rows = block.reshape(math.prod(block.shape[:-1]), block.shape[-1])
-    out = np.empty(rows.shape[0], dtype=object)
-    for i in range(rows.shape[0]):
-        out[i] = ex.ExactState.of_row(rows[i])
-    return out.reshape((*block.shape[:-1], 1))
-
-
-def _exact_merge(parts: Any, axis: Any = None, keepdims: bool = True) -> np.ndarray:
-    if not isinstance(parts, list):
-        return parts
-    parts = [_exact_merge(p) for p in parts]
-    acc = parts[0].reshape(-1).copy()
-    for part in parts[1:]:
-        flat = part.reshape(-1)
-        for i in range(acc.size):
-            acc[i] = acc[i].merge(flat[i])
-    return acc.reshape(parts[0].shape)
+def _cert_map(fn: Any, xm: da.Array, rows: da.Array, *args: Any, name: str) -> da.Array:
+    """``fn(block, rows)`` per block: one record per row and block, shape (..., B)."""
+    nblocks = len(xm.chunks[-1])
+    return da.map_blocks(
+        _CertBlock(fn),
+        _reread(xm),
+        rows,
+        *args,
+        dtype=object,
+        chunks=(*_lead(xm), (1,) * nblocks),
+        meta=np.empty((0,) * xm.ndim, dtype=object),
+        token=name,
+    )
 
 
-class _ExactReading:
-    """The last merge of the tree, then the certified readings of each row's state.
+class _CertBlock:
+    """A certified block function on ``(rows, nk)`` float64 and the rows' readings."""
 
-    Reading in the reduction's last node (not in a blockwise map after it) keeps it
-    one task: dask fuses a blockwise map into each block of its consumer, which would
-    repeat the reference's evaluation of the whole row once per block.
-    """
+    def __init__(self, fn: Any, per_row: bool = True) -> None:
+        self.fn = fn
+        self.per_row = per_row
 
-    def __init__(self, want: str, schedule: Schedule, eps: float, dtype: np.dtype) -> None:
-        self.args = (want, schedule, eps, dtype)
+    def __call__(self, block: np.ndarray, rows: np.ndarray, *args: Any) -> np.ndarray:
+        lead = block.shape[:-1]
+        x2 = np.asarray(block, dtype=np.float64).reshape(math.prod(lead), block.shape[-1])
+        out = self.fn(x2, rows.reshape(-1), *args)
+        return out.reshape((*lead, 1) if self.per_row else block.shape)
 
-    def __call__(self, parts: Any, axis: Any = None, keepdims: bool = True) -> np.ndarray:
-        from . import _dask_exact as ex
-
-        states = _exact_merge(parts)
-        flat = states.reshape(-1)
-        out = np.empty(flat.size, dtype=object)
-        for i in range(flat.size):
-            out[i] = ex.read_state(flat[i], *self.args)
-        return out.reshape(states.shape)
-
-    def __dask_tokenize__(self) -> tuple:
-        return ("softmaxtheory-exact-reading", *map(str, self.args))
+    def __dask_tokenize__(self) -> tuple[str, str, bool]:
+        return (self.fn.__module__, self.fn.__qualname__, self.per_row)
 
 
-def _exact_write(block: np.ndarray, readings: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    from . import _dask_exact as ex
+def _cert_tree(records: da.Array, stage: str, cfg: Any) -> da.Array:
+    """Merge a pass's records in the fixed tree; read each row in the last node."""
+    from . import _dask_cert as ce
 
-    rows = block.reshape(math.prod(block.shape[:-1]), block.shape[-1])
-    flat = readings.reshape(-1)
-    out = np.empty(rows.shape, dtype=dtype)
-    for i in range(rows.shape[0]):
-        ex.write_row(rows[i], flat[i], out[i])
-    return out.reshape(block.shape)
+    return _tree(
+        records,
+        _identity_part,
+        _fold_parts,
+        np.dtype(object),
+        f"softmaxtheory-certified-{stage}",
+        aggregate=ce.Reader(stage, cfg),
+    )
 
 
-def _exact_scalar(readings: np.ndarray, name: str, dtype: np.dtype) -> np.ndarray:
-    flat = readings.reshape(-1)
-    vals = np.array([getattr(r, name) for r in flat], dtype=np.float64)
-    return vals.reshape(readings.shape[:-1]).astype(dtype)
+def _fold_parts(parts: Any, axis: Any = None, keepdims: bool = True) -> np.ndarray:
+    from . import _dask_cert as ce
+
+    return ce.fold(parts)
+
+
+def _certified_rows(
+    x: Any, axis: int, want: str, schedule: Schedule | None, entropy_eps: float
+) -> tuple[da.Array, da.Array, Any, np.dtype, int]:
+    """(x with `axis` last, the final per-row readings (..., 1), the config, dtype, axis)."""
+    from . import _dask_cert as ce
+
+    eps = check_entropy_eps(entropy_eps)
+    schedule = resolve_schedule(schedule)
+    xm, in_dtype, work, axis = _prepare(x, axis)
+    out_dtype = np.dtype(np.float64) if want == "beta" else in_dtype
+    cfg = ce.Config(want, schedule, eps, out_dtype, int(xm.shape[-1]))
+    states = _states(xm, work)
+    if cfg.need_h or want == "softmax":
+        rows = _cert_tree(
+            _cert_map(ce.block_sums, xm, states, cfg, "entropy", name="softmaxtheory-cert-sums"),
+            "entropy",
+            cfg,
+        )
+        if cfg.need_h and eps != 0.0:
+            rows = _cert_tree(
+                _cert_map(ce.block_guard, xm, rows, cfg, name="softmaxtheory-cert-guard"),
+                "guard",
+                cfg,
+            )
+    else:
+        rows = states.map_blocks(ce.rows_from_states, cfg, dtype=object)
+    if want == "adaptive":
+        rows = _cert_tree(
+            _cert_map(ce.block_sums, xm, rows, cfg, "tempered", name="softmaxtheory-cert-tempered"),
+            "tempered",
+            cfg,
+        )
+    if cfg.vector:
+        rows = _cert_tree(
+            _cert_map(ce.block_check, xm, rows, cfg, name="softmaxtheory-cert-check"), "check", cfg
+        )
+    rows = _cert_tree(
+        _cert_map(ce.block_exact, xm, rows, name="softmaxtheory-cert-exact"), "exact", cfg
+    )
+    return xm, rows, cfg, in_dtype, axis
 
 
 def _certified(
     x: Any, axis: int, want: str, schedule: Schedule | None, entropy_eps: float
 ) -> da.Array:
-    eps = check_entropy_eps(entropy_eps)
-    schedule = resolve_schedule(schedule)
-    xm, in_dtype, _, axis = _prepare(x, axis)
-    obj = np.dtype(object)
-    readings = _tree(
-        xm,
-        _exact_chunk,
-        _exact_merge,
-        obj,
-        "softmaxtheory-exact-states",
-        aggregate=_ExactReading(want, schedule, eps, in_dtype),
-    )
-    if want in ("entropy", "beta"):
-        dtype = in_dtype if want == "entropy" else np.dtype(np.float64)
-        return readings.map_blocks(
-            _exact_scalar, want, dtype, dtype=dtype, drop_axis=readings.ndim - 1
+    from . import _dask_cert as ce
+
+    xm, rows, cfg, in_dtype, axis = _certified_rows(x, axis, want, schedule, entropy_eps)
+    if not cfg.vector:
+        return rows.map_blocks(ce.scalar, want, dtype=np.float64, drop_axis=rows.ndim - 1).astype(
+            cfg.dtype
         )
     y = da.map_blocks(
-        _exact_write,
+        _CertBlock(ce.block_write, per_row=False),
         _reread(xm),
-        readings,
-        in_dtype,
-        dtype=in_dtype,
-        meta=np.empty((0,) * xm.ndim, dtype=in_dtype),
+        rows,
+        cfg,
+        dtype=np.float64,
+        meta=np.empty((0,) * xm.ndim, dtype=np.float64),
         token="softmaxtheory-certified-normalise",
     )
-    return y if axis == x.ndim - 1 else da.moveaxis(y, -1, axis)
+    return _deliver(y, in_dtype, axis, x.ndim)
 
 
 # ---------------------------------------------------------------------------
@@ -420,8 +448,8 @@ def softmax(x: Any, axis: int = -1, *, certified: bool = False) -> da.Array:
     axis : int, default -1
         The axis to normalise along.
     certified : bool, default False
-        ``True``: exact states, exact merges, correctly rounded values from the
-        reference (slow; see the module notes).
+        ``True``: the correctly rounded values of the reference, from enclosures
+        merged exactly (slower; see the module notes).
 
     Returns
     -------
@@ -448,7 +476,7 @@ def entropy(
         ``0`` for the exact entropy, ``eps > 0`` for
         :math:`-\sum_i p_i \log(p_i + \varepsilon)` (one more pass over `x`).
     certified : bool, default False
-        ``True``: the correctly rounded entropy, from the exact merged state.
+        ``True``: the correctly rounded entropy, from the merged enclosures.
 
     Returns
     -------
@@ -486,7 +514,7 @@ def beta(
     entropy_eps : float, default 0.0
         The entropy mode (see :func:`entropy`).
     certified : bool, default False
-        ``True``: the correctly rounded β of the exact entropy.
+        ``True``: the correctly rounded β of the exact entropy (merged enclosures).
 
     Returns
     -------
@@ -525,8 +553,8 @@ def adaptive_softmax(
     entropy_eps : float, default 0.0
         The entropy mode (see :func:`entropy`).
     certified : bool, default False
-        ``True``: exact states merged exactly, correctly rounded coefficients
-        from the reference.
+        ``True``: the reference's correctly rounded coefficients, from enclosures
+        merged exactly.
 
     Returns
     -------

@@ -24,7 +24,7 @@ from softmaxtheory import reference, testing  # noqa: E402
 from softmaxtheory.accelerated import cpu  # noqa: E402
 from softmaxtheory.accelerated import dask as dsm  # noqa: E402
 from softmaxtheory.accelerated._dask_exact import ExactState  # noqa: E402
-from softmaxtheory.spec import Constant, LogLength  # noqa: E402
+from softmaxtheory.spec import Constant, LogLength, Polynomial  # noqa: E402
 
 RNG = np.random.default_rng(20261201)
 
@@ -141,8 +141,13 @@ def test_certified_equals_the_reference_bit_for_bit(dtype):
     np.testing.assert_array_equal(dsm.beta(dx, certified=True).compute(), reference.beta(x))
 
 
-def test_certified_reading_runs_once_per_row(monkeypatch):
-    """Regression: dask fused the reading into each block's task, repeating it per block."""
+def test_exact_fallback_reads_once_per_fallback_row(monkeypatch):
+    """The exact path runs for fallback rows only, and once per row, not once per block.
+
+    Regression: dask fused the reading into each block's task, repeating it per block.
+    A guard below the fast pass's range (``entropy_eps = 1e-300``) sends every row to
+    the exact path; the default guard sends none.
+    """
     import softmaxtheory.accelerated._dask_exact as ex
 
     calls = []
@@ -156,8 +161,112 @@ def test_certified_reading_runs_once_per_row(monkeypatch):
     x = np.sin(np.arange(2000.0)).reshape(2, 1000) * 8
     dx = da.from_array(x, chunks=(1, 100))
     got = dsm.adaptive_softmax(dx, certified=True).compute(scheduler="sync")
-    assert len(calls) == 2  # one per row, not one per block (20)
+    assert calls == []  # both rows certified from their blocks' enclosures
     np.testing.assert_array_equal(got, reference.adaptive_softmax(x))
+    got = dsm.adaptive_softmax(dx, entropy_eps=1e-300, certified=True).compute(scheduler="sync")
+    assert len(calls) == 2  # one per row, not one per block (20)
+    np.testing.assert_array_equal(got, reference.adaptive_softmax(x, entropy_eps=1e-300))
+
+
+def _fallbacks(dx, want, **kw):
+    from softmaxtheory.accelerated import _dask_cert as ce
+
+    rows = dsm._certified_rows(dx, -1, want, kw.get("schedule"), kw.get("entropy_eps", 0.0))[1]
+    return ce.fallbacks(rows.compute(scheduler="sync"))
+
+
+def test_certified_merges_a_few_numbers_per_block_not_the_row(monkeypatch):
+    """Every merged object of the certified graph has a size independent of the row.
+
+    A row of 40 000 distinct values in 40 blocks: the merged records (exact sums,
+    bounds, counts and the row's readings) stay below 8 KB each — a whole-row exact
+    state would hold 320 KB of distinct values — and no block builds an exact state.
+    """
+    import pickle
+
+    from softmaxtheory.accelerated import _dask_cert as ce
+
+    sizes = []
+    fold = ce.fold
+
+    def measured(parts):
+        out = fold(parts)
+        sizes.append(len(pickle.dumps(out)))
+        return out
+
+    def no_state(row):
+        raise AssertionError("an exact state was built for a certified row")
+
+    monkeypatch.setattr(ce, "fold", measured)
+    monkeypatch.setattr(ExactState, "of_row", staticmethod(no_state))
+    x = RNG.standard_normal(40_000) * 4
+    dx = da.from_array(x, chunks=1000)
+    for fn, ref, kw in [
+        (dsm.adaptive_softmax, reference.adaptive_softmax, {"entropy_eps": 1e-6}),
+        (dsm.entropy, reference.entropy, {}),
+    ]:
+        got = fn(dx, certified=True, **kw).compute(scheduler="sync")
+        assert got.tobytes() == ref(x, **kw).tobytes()
+    assert len(sizes) >= 5 * 6  # 40 blocks: 5 merges of 8 and a last one, per pass
+    assert max(sizes) < 8_000
+
+
+def test_rows_the_enclosures_cannot_decide_fall_back_to_the_exact_path(monkeypatch):
+    """A crafted row whose entropy the enclosures cannot round, and a forced undecided item.
+
+    ``[0, -700, ..., -700]`` (float64): the items at -700 lie beyond the double-double
+    range, so their mass is only bounded, and the entropy (about 1e-301) is not decided:
+    the row goes to the exact path, and still equals the reference bit for bit.
+    A coefficient left undecided by mpmath (forced here) sends its row there too.
+    """
+    from softmaxtheory.reference import _fast
+
+    x = np.zeros((2, 60))
+    x[0, 1:] = -700.0
+    x[1] = RNG.standard_normal(60)
+    dx = da.from_array(x, chunks=(1, (7, 40, 13)))
+    assert list(_fallbacks(dx, "entropy")) == ["the entropy is undecided", ""]
+    assert dsm.entropy(dx, certified=True).compute().tobytes() == reference.entropy(x).tobytes()
+    # float64 coefficients of items below -600 are each decided by mpmath: make one fail
+    y = np.array([[0.0, -1.0, -650.0, -2.0] * 5, [0.0, -1.0, -3.0, -2.0] * 5])
+    dy = da.from_array(y, chunks=(2, (3, 9, 8)))
+    element = _fast._element_mp
+    monkeypatch.setattr(
+        _fast,
+        "_element_mp",
+        lambda row, k, *a: None if row.xu[k] == -650.0 else element(row, k, *a),
+    )
+    assert list(_fallbacks(dy, "softmax")) == ["5 coefficients undecided", ""]
+    got = dsm.softmax(dy, certified=True).compute(scheduler="sync")
+    monkeypatch.setattr(_fast, "_element_mp", element)
+    assert got.tobytes() == reference.softmax(y).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("schedule", "eps"),
+    [
+        (None, 1e-7),
+        (Constant(2.5), 0.0),
+        (LogLength(0.4), 0.0),
+        (Polynomial(coefficients=("0.01", "-0.2", "1.5"), threshold="0.3"), 1e-3),
+    ],
+)
+def test_certified_random_rows_on_uneven_chunks(schedule, eps):
+    """Random rows, uneven blocks: bit for bit the reference, none sent to the exact path."""
+    x = np.concatenate(
+        [RNG.standard_normal((3, 257)) * [[0.3], [2.0], [9.0]], RNG.integers(-4, 4, (1, 257))]
+    )
+    x[2, RNG.random(257) < 0.3] = NEG
+    dx = da.from_array(x, chunks=(3, (1, 100, 2, 60, 94)))
+    kw = {"schedule": schedule, "entropy_eps": eps}
+    got = dsm.adaptive_softmax(dx, certified=True, **kw).compute()
+    assert got.tobytes() == reference.adaptive_softmax(x, **kw).tobytes()
+    assert (
+        dsm.beta(dx, certified=True, **kw).compute().tobytes() == reference.beta(x, **kw).tobytes()
+    )
+    h = dsm.entropy(dx, certified=True, entropy_eps=eps).compute()
+    assert h.tobytes() == reference.entropy(x, entropy_eps=eps).tobytes()
+    assert all(f == "" for f in _fallbacks(dx, "adaptive", **kw))
 
 
 @pytest.mark.theorem("T7")

@@ -3,7 +3,7 @@
 Usage::
 
     nice -n 10 python docs/examples/dask_large_row.py [--n N] [--chunk C] [--workers 1 2]
-        [--certified-n M] [--dir DIR] [--json PATH]
+        [--certified-n M] [--dir DIR] [--json PATH] [--certified-only]
 
 1. Writes a float32 row of ``N`` logits (default 10⁹: 4 GB) to ``DIR/logits.npy``,
    ``scale · z`` with ``z`` standard normal (default scale 6).
@@ -15,8 +15,10 @@ Usage::
    resident memory: the kernel's high-water mark ``VmHWM`` of the worker process,
    reset (``/proc/self/clear_refs``) just before the run and read just after.
 3. On a row of ``M`` items (default 10⁷) held in memory: the certified adaptive
-   softmax (``certified=True``) on the two-worker cluster, compared with the float
-   path and with the reference evaluated in one process.
+   softmax (``certified=True``) on dask's threaded scheduler in this process and on
+   the two-worker cluster, compared with the float path and with the reference
+   evaluated in one process (``--certified-only``: only this step, its figures
+   replacing those in the JSON at ``PATH``).
 4. Writes the figures to ``PATH`` (JSON) and deletes the files of ``DIR``.
 
 The same code runs on a real cluster: replace the ``LocalCluster`` by
@@ -196,18 +198,29 @@ def run_large(src: str, dst: str, chunk: int, workers: int) -> dict:
 
 
 def run_certified(n: int, chunk: int, workers: int, scale: float, seed: int) -> dict:
-    """The certified adaptive softmax of an in-memory row, against the float path."""
+    """The certified adaptive softmax of an in-memory row: threads, then the cluster."""
     import dask.array as da
 
     from softmaxtheory import reference
+    from softmaxtheory.accelerated import _dask_cert
     from softmaxtheory.accelerated import dask as dsm
 
     rng = np.random.default_rng(seed)
     row = rng.standard_normal(n, dtype=np.float32) * np.float32(scale)
+    x = da.from_array(row, chunks=chunk)
+    assert _warm_up()
+    # dask's threaded scheduler in this process (two threads: the machine's cores)
+    threads_load = os.getloadavg()
+    threads_base = _reset_peak()
+    start = time.perf_counter()
+    q_threads = dsm.adaptive_softmax(x, certified=True).compute(scheduler="threads", num_workers=2)
+    threads_seconds = time.perf_counter() - start
+    threads_peak = _peak()
+    readings = dsm._certified_rows(x, -1, "adaptive", None, 0.0)[1]
+    fallback = str(_dask_cert.fallbacks(readings.compute(scheduler="threads"))[()])
     cluster, client = _cluster(workers)
     try:
         assert all(client.run(_warm_up).values())
-        x = da.from_array(row, chunks=chunk)
         load_before = os.getloadavg()
         baseline = client.run(_reset_peak)
         start = time.perf_counter()
@@ -229,6 +242,7 @@ def run_certified(n: int, chunk: int, workers: int, scale: float, seed: int) -> 
     ref_seconds = time.perf_counter() - start
     ulps = np.abs(p.view(np.int32).astype(np.int64) - q.view(np.int32).astype(np.int64))
     return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "n": n,
         "chunk": chunk,
         "workers": workers,
@@ -236,6 +250,12 @@ def run_certified(n: int, chunk: int, workers: int, scale: float, seed: int) -> 
         "seconds": round(seconds, 2),
         "peak_rss_mib": _per_worker(peaks),
         "rss_before_run_mib": _per_worker(baseline),
+        "threads_seconds": round(threads_seconds, 2),
+        "threads_peak_rss_mib": round(threads_peak / 1024, 1),
+        "threads_rss_before_run_mib": round(threads_base / 1024, 1),
+        "load_average_before_threads": [round(v, 2) for v in threads_load],
+        "same_bits_threads_and_cluster": bool(q.tobytes() == q_threads.tobytes()),
+        "exact_fallback": fallback,
         "entropy": hq,
         "beta": bq,
         "equals_reference_bit_for_bit": bool(np.array_equal(q, ref)),
@@ -295,10 +315,21 @@ def main(argv: list[str] | None = None) -> dict:
         help="a file of the JSON lines an earlier invocation printed for the large runs: "
         "reuse them instead of measuring again (the certified run is measured)",
     )
+    ap.add_argument(
+        "--certified-only",
+        action="store_true",
+        help="measure only the certified run and replace its figures in the JSON at --json, "
+        "keeping the machine, row and large-run figures there",
+    )
     args = ap.parse_args(argv)
     # one core per worker: Numba's threads would otherwise compete with the other worker
     os.environ["NUMBA_NUM_THREADS"] = "1"
     os.environ["OMP_NUM_THREADS"] = "1"
+    if args.certified_only:
+        result = json.loads(Path(args.json).read_text())
+        result["certified"] = _certified(args)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        return result
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
     result = {"machine": machine(os.nice(0))}
@@ -319,13 +350,18 @@ def main(argv: list[str] | None = None) -> dict:
         result["machine"]["large_runs_from"] = "an earlier invocation (its printed JSON lines)"
     else:
         result["runs"] = _measure_large(args, folder)
+    result["certified"] = _certified(args)
+    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def _certified(args: argparse.Namespace) -> dict:
     cert = run_certified(
         args.certified_n, args.certified_chunk, max(args.workers), args.certified_scale, seed=2
     )
+    cert["nice"] = os.nice(0)
     print(json.dumps(cert), flush=True)
-    result["certified"] = cert
-    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    return result
+    return cert
 
 
 def _earlier_run(run: dict, n: int) -> dict:
