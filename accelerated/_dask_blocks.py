@@ -30,6 +30,7 @@ import math
 import numpy as np
 from numba import njit
 
+from .._formats import ROW_INVALID, ROW_MASKED, ROW_REGULAR
 from ._cpu_kernels import entropy_from_state, merge_state
 from ._cpu_kernels import kernels as _k
 
@@ -37,9 +38,6 @@ __all__: list[str] = []
 
 CHUNK = _k.CHUNK
 
-KIND_REGULAR = 0
-KIND_EMPTY = 2
-KIND_INVALID = 3
 
 STATE = np.dtype(
     [
@@ -174,8 +172,8 @@ def info_from_states(states: np.ndarray, need_h: bool) -> np.ndarray:
     bad = flat["bad"]
     empty = ~bad & (flat["m"] == -math.inf)
     regular = ~bad & ~empty
-    info["kind"][bad] = KIND_INVALID
-    info["kind"][empty] = KIND_EMPTY
+    info["kind"][bad] = ROW_INVALID
+    info["kind"][empty] = ROW_MASKED
     info["m"] = flat["m"]
     info["n"] = flat["n"]
     info["beta"] = 1.0
@@ -206,7 +204,7 @@ def block_entropy_eps(x2: np.ndarray, info: np.ndarray, eps: float) -> np.ndarra
     nchunk = max(1, -(-nk // CHUNK))
     acc = np.empty(nchunk)
     for i in range(rows):
-        if flat["kind"][i] != KIND_REGULAR or nk == 0:
+        if flat["kind"][i] != ROW_REGULAR or nk == 0:
             continue
         _k.chunks_entropy_eps(x2[i], CHUNK, x2.dtype.type(flat["m"][i]), flat["inv"][i], eps, acc)
         out["s"][i] = _k.fold_sum(acc)
@@ -223,7 +221,7 @@ def block_tempered(x2: np.ndarray, info: np.ndarray) -> np.ndarray:
     rb = np.zeros(nchunk)
     for i in range(rows):
         b = flat["beta"][i]
-        if flat["kind"][i] != KIND_REGULAR or b == 1.0 or nk == 0:
+        if flat["kind"][i] != ROW_REGULAR or b == 1.0 or nk == 0:
             continue
         m = x2.dtype.type(flat["m"][i])
         _k.chunks_tempered(x2[i], CHUNK, m, b, x2[i], False, cb, rb)
@@ -241,10 +239,10 @@ def block_write(x2: np.ndarray, info: np.ndarray, total: np.ndarray | None) -> n
         return out
     for i in range(rows):
         kind = flat["kind"][i]
-        if kind == KIND_INVALID:
+        if kind == ROW_INVALID:
             out[i] = np.nan
             continue
-        if kind == KIND_EMPTY:
+        if kind == ROW_MASKED:
             out[i] = 0.0
             continue
         b = float(flat["beta"][i])

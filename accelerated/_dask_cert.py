@@ -17,7 +17,7 @@ temperature β, :math:`e_i \approx e^{\beta z_i}` computed by
 
 * :math:`\sigma_k` — the sum of its computed :math:`e_i` (maxima excluded), *exactly*,
   as an mpmath number (the reference's exact level sums,
-  :func:`~softmaxtheory.reference._fast._sum`, over slices of :data:`SLICE` items
+  :func:`~softmaxtheory.reference._fast.sum_dd`, over slices of :data:`SLICE` items
   added exactly), with the absolute bound :math:`\epsilon_k` of what those level
   sums leave out;
 * :math:`\tau_k` likewise for :math:`e_i|z_i|` (the entropy pass);
@@ -40,7 +40,7 @@ entropy (:func:`~softmaxtheory.reference._engine.entropy_ball`), β
 (:func:`~softmaxtheory.reference._engine.beta_ball`) and :math:`1/s`, with their
 rounding tests. The ``entropy_eps`` mode adds one pass for
 :math:`G = \sum_i p_i \log(1 + \varepsilon/p_i)` (terms and bounds from
-:func:`~softmaxtheory.reference._fast._guard_terms`), the adaptive softmax one for
+:func:`~softmaxtheory.reference._fast.guard_terms`), the adaptive softmax one for
 the tempered sums.
 
 The coefficients :math:`e_i/s` are then rounded block by block, each with its own
@@ -85,18 +85,15 @@ from mpmath.libmp import (
     to_float,
 )
 
-from softmaxtheory.reference import _engine as eng
-from softmaxtheory.reference import _fast as fast
-from softmaxtheory.reference._rounding import BinaryFormat, format_for, round_ball
-from softmaxtheory.spec import Schedule
-
+from .._formats import ROW_INVALID, ROW_MASKED, ROW_REGULAR
+from ..reference import _engine as eng
+from ..reference import _fast as fast
+from ..reference._rounding import BinaryFormat, format_for, round_ball
+from ..spec import Schedule
 from . import _dask_exact as ex
 
 __all__: list[str] = []
 
-KIND_REGULAR = 0
-KIND_EMPTY = 2
-KIND_INVALID = 3
 
 P = fast.P_SCALAR
 SLACK = eng.SLACK
@@ -122,7 +119,7 @@ def _up(a: float, b: float) -> float:
 class Config:
     """What a certified graph computes, and the constants of its passes."""
 
-    want: str  # "softmax", "entropy", "beta" or "adaptive"
+    want: str  # "softmax", "entropy", "beta" or "adaptive_softmax"
     schedule: Schedule
     eps: float
     dtype: np.dtype  # the result's dtype (β: float64)
@@ -148,13 +145,13 @@ class Config:
     def need_h(self) -> bool:
         """The entropy is needed."""
         return self.want == "entropy" or (
-            self.want in ("beta", "adaptive") and self.schedule.needs_entropy
+            self.want in ("beta", "adaptive_softmax") and self.schedule.needs_entropy
         )
 
     @property
     def vector(self) -> bool:
         """The result has one value per item."""
-        return self.want in ("softmax", "adaptive")
+        return self.want in ("softmax", "adaptive_softmax")
 
     def __dask_tokenize__(self) -> tuple:
         return ("softmaxtheory-certified-config", self.want, repr(self.schedule), self.eps,
@@ -189,7 +186,7 @@ class Row:
     @property
     def live(self) -> bool:
         """A regular row still certified by the enclosures."""
-        return self.kind == KIND_REGULAR and not self.fallback
+        return self.kind == ROW_REGULAR and not self.fallback
 
     def fail(self, why: str) -> Row:
         """The row, sent to the exact path."""
@@ -199,10 +196,10 @@ class Row:
 def row_from_state(state: Any) -> Row:
     """The :class:`Row` of a merged float T7 state (kind, maximum and counts are exact)."""
     if state["bad"]:
-        return Row(KIND_INVALID)
+        return Row(ROW_INVALID)
     if state["m"] == -math.inf:
-        return Row(KIND_EMPTY)
-    return Row(KIND_REGULAR, float(state["m"]), int(state["c"]), int(state["n"]))
+        return Row(ROW_MASKED)
+    return Row(ROW_REGULAR, float(state["m"]), int(state["c"]), int(state["n"]))
 
 
 def rows_from_states(states: np.ndarray, cfg: Config) -> np.ndarray:
@@ -259,7 +256,7 @@ def _beta_parts(beta: Any) -> tuple[float, float, float]:
     """(high, low, relative bound) of β for :func:`_items` (``None``: exactly 1)."""
     if beta is None:
         return 1.0, 0.0, 0.0
-    bh, bl = fast._dd_of(beta.mid)
+    bh, bl = fast.dd_of(beta.mid)
     return bh, bl, (beta.rel + 2.0**-104 + fast.PROD_REL) * SLACK
 
 
@@ -271,7 +268,7 @@ def _items(x: np.ndarray, m: float, beta: Any, cfg: Config) -> SimpleNamespace:
     """
     idx = np.flatnonzero(x > -np.inf)
     xu = x[idx]
-    zh, zl = fast._two_sum(xu, -m)  # exact z = x - m <= 0 (inf on overflow)
+    zh, zl = fast.two_sum(xu, -m)  # exact z = x - m <= 0 (inf on overflow)
     finite = np.isfinite(zh)
     ones = idx[zh == 0.0]
     n_overflow = int(np.count_nonzero(~finite))
@@ -287,7 +284,7 @@ def _items(x: np.ndarray, m: float, beta: Any, cfg: Config) -> SimpleNamespace:
     zs, zls, ays = zh[sel], zl[sel], ay[sel]
     if zs.size and not -float(zs.min()) < 2.0**990:
         raise eng.Undecided("a live shift too large for Dekker's split (a tiny beta)")
-    eh, el = fast._scaled_exp(zs, zls, bh, bl)
+    eh, el = fast.scaled_exp(zs, zls, bh, bl)
     if brel:
         em1 = np.expm1(ays * brel * (1.0 + 2.0**-50))
         rel_true = em1 + fast.EXP_REL * (1.0 + em1)
@@ -409,10 +406,10 @@ def _slice_sums(x: np.ndarray, row: Row, beta: Any, cfg: Config, want_t: bool) -
     rec = Sums(row, n_fast=it.zs.size, n_dead=it.n_dead, n_tiny=it.n_tiny)
     if not it.zs.size:
         return rec
-    sigma, err = fast._sum(it.eh, it.el)  # exact, with the bound of what it leaves out
+    sigma, err = fast.sum_dd(it.eh, it.el)  # exact, with the bound of what it leaves out
     rec = replace(rec, sigma=sigma, sigma_err=err, max_rel=float(it.rel.max()))
     if want_t:
-        t, terr = fast._sum(*fast._weighted(it.eh, it.el, it.zs, it.zls))
+        t, terr = fast.sum_dd(*fast.weighted(it.eh, it.el, it.zs, it.zls))
         rec = replace(rec, t=t, t_err=terr)
     return rec
 
@@ -462,7 +459,7 @@ def _expass(S: Sums, cfg: Config, want_t: bool) -> eng.ExpPass:
         sigma_rel = (
             S.max_rel * (1.0 + 2 * S.max_rel) + S.sigma_err / (sigma_f * (1 - 2.0**-40))
         ) * SLACK
-    dead_log2 = fast._dead_log2(S.n_dead, C, S.n_tiny, y_tiny)
+    dead_log2 = fast.dead_weight_log2(S.n_dead, C, S.n_tiny, y_tiny)
     s = mpf_add(from_int(row.c), S.sigma, 0)
     s_f = to_float(s)
     dead_rel = math.ldexp(1.0, max(dead_log2, -1070)) if dead_log2 is not None else 0.0
@@ -556,7 +553,7 @@ def _block_guard(x: np.ndarray, row: Row, cfg: Config) -> Sums:
     r"""The guard's terms :math:`p_i\log(1 + \varepsilon/p_i)` of one block (``_guarded``)."""
     ep = row.ep
     Rs = ep.s_rel / (1.0 - ep.s_rel) * SLACK
-    sh, sl = fast._dd_of(ep.s)
+    sh, sl = fast.dd_of(ep.s)
     rec = Sums(row)
     for a in _slices(x.size):
         rec = rec.merge(_slice_guard(x[a : a + SLICE], row, cfg, Rs, sh, sl))
@@ -570,10 +567,10 @@ def _slice_guard(x: np.ndarray, row: Row, cfg: Config, Rs: float, sh: float, sl:
     rho = (it.rel + Rs + it.rel * Rs + fast.DIV_REL) * SLACK
     if not float(rho.max()) < 2.0**-45:
         raise eng.Undecided("a probability's bound is too wide for the guard")
-    gh, gl, term_err = fast._guard_terms(it.eh, it.el, rho, sh, sl, cfg.eps)
+    gh, gl, term_err = fast.guard_terms(it.eh, it.el, rho, sh, sl, cfg.eps)
     if not np.all(term_err < np.inf):
         raise eng.Undecided("a guard term out of the covered range")
-    g, err = fast._sum(gh, gl)
+    g, err = fast.sum_dd(gh, gl)
     # sigma: the terms' exact sum and its bound; t_err: the terms' own bounds
     return Sums(row, sigma=g, sigma_err=err, t_err=float(np.sum(term_err)) * (1.0 + 2.0**-25))
 
@@ -598,12 +595,12 @@ def guarded_entropy(row: Row, S: Sums, eps: float) -> eng.Ball | None:
     if not (fast.EPS_MIN <= eps <= fast.EPS_MAX) or not ep.s_rel < 2.0**-45:
         return None
     Rs = ep.s_rel / (1.0 - ep.s_rel) * SLACK
-    sh, sl = fast._dd_of(ep.s)
+    sh, sl = fast.dd_of(ep.s)
     rho0 = np.array([(Rs + fast.DIV_REL) * SLACK])  # the maxima: p = 1/s
-    gh0, gl0, err0 = fast._guard_terms(np.ones(1), np.zeros(1), rho0, sh, sl, eps)
+    gh0, gl0, err0 = fast.guard_terms(np.ones(1), np.zeros(1), rho0, sh, sl, eps)
     if not err0[0] < np.inf:
         return None
-    g_max = mpf_mul(fast._mpf_of(float(gh0[0]), float(gl0[0])), from_int(row.c), 0)
+    g_max = mpf_mul(fast.mpf_of(float(gh0[0]), float(gl0[0])), from_int(row.c), 0)
     G = mpf_add(S.sigma, g_max, 0)
     G_abs = (S.t_err + row.c * float(err0[0]) + S.sigma_err) * SLACK
     G_extra = None
@@ -619,14 +616,14 @@ def guarded_entropy(row: Row, S: Sums, eps: float) -> eng.Ball | None:
         round_ceiling,
     )
     ratio = to_float(mpf_div(mass, mpf_abs(mid), 60, round_ceiling), rnd="u")
-    return eng.Ball(mid, (ratio + 2.0**-P) * SLACK, eng._max_log2(H.extra_log2, G_extra))
+    return eng.Ball(mid, (ratio + 2.0**-P) * SLACK, eng.max_log2(H.extra_log2, G_extra))
 
 
 def _coefficients(x: np.ndarray, row: Row, cfg: Config) -> tuple[np.ndarray, int]:
     """The certified coefficients of one block of one row, and how many stay undecided."""
     out = np.zeros(x.shape[0])
     Rs = row.s_rel / (1.0 - row.s_rel) * SLACK
-    sh, sl = fast._dd_of(row.s)
+    sh, sl = fast.dd_of(row.s)
     left = 0
     for a in _slices(x.size):
         left += _slice_coefficients(x[a : a + SLICE], row, cfg, Rs, sh, sl, out[a : a + SLICE])
@@ -641,9 +638,9 @@ def _slice_coefficients(
     out[it.ones] = row.one
     undecided = it.tiny_u
     if it.zs.size:
-        q1, q2 = fast._quotient(it.eh, it.el, sh, sl)
+        q1, q2 = fast.quotient(it.eh, it.el, sh, sl)
         rel = (it.rel + Rs + it.rel * Rs + fast.DIV_REL) * SLACK
-        vals, ok = fast._round_vector(q1, q2, rel, fmt)
+        vals, ok = fast.round_vector(q1, q2, rel, fmt)
         out[it.fast[ok]] = vals[ok]
         undecided = np.concatenate([it.fast_u[~ok], it.tiny_u])
     left = 0
@@ -651,7 +648,7 @@ def _slice_coefficients(
         ctx = SimpleNamespace(xu=it.xu, m=row.m, fmt=fmt)
         ep = SimpleNamespace(s=row.s)
         for k in undecided.tolist():
-            v = fast._element_mp(ctx, k, ep, Rs, row.beta)
+            v = fast.element_mp(ctx, k, ep, Rs, row.beta)
             if v is None:
                 left += 1
             else:
@@ -677,7 +674,7 @@ def block_exact(x2: np.ndarray, rows: np.ndarray) -> np.ndarray:
     out = np.empty(x2.shape[0], dtype=object)
     for i in range(x2.shape[0]):
         row = rows[i]
-        if row.kind == KIND_REGULAR and row.fallback:
+        if row.kind == ROW_REGULAR and row.fallback:
             out[i] = Exact(row, ex.ExactState.of_row(x2[i]))
         else:
             out[i] = Exact(row, ex.ExactState.identity())
@@ -689,9 +686,9 @@ def block_write(x2: np.ndarray, rows: np.ndarray, cfg: Config) -> np.ndarray:
     out = np.zeros(x2.shape)
     for i in range(x2.shape[0]):
         row = rows[i]
-        if row.kind == KIND_INVALID:
+        if row.kind == ROW_INVALID:
             out[i] = np.nan
-        elif row.kind == KIND_REGULAR and x2.shape[1]:
+        elif row.kind == ROW_REGULAR and x2.shape[1]:
             if row.fallback:
                 ex.write_row(x2[i], row.exact, out[i])
             else:
@@ -708,9 +705,9 @@ def scalar(rows: np.ndarray, want: str) -> np.ndarray:
     flat = rows.reshape(-1)
     vals = np.empty(flat.size)
     for i, row in enumerate(flat):
-        if row.kind == KIND_INVALID:
+        if row.kind == ROW_INVALID:
             vals[i] = math.nan
-        elif row.kind == KIND_EMPTY:
+        elif row.kind == ROW_MASKED:
             vals[i] = 0.0 if want == "entropy" else 1.0
         elif row.fallback:
             vals[i] = row.exact.entropy if want == "entropy" else row.exact.beta

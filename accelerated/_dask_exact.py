@@ -28,14 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from softmaxtheory import reference
-from softmaxtheory.spec import Schedule
+from .. import reference
+from .._formats import ROW_INVALID, ROW_MASKED, ROW_REGULAR
+from ..spec import Schedule
 
 __all__: list[str] = []
-
-KIND_REGULAR = 0
-KIND_EMPTY = 2
-KIND_INVALID = 3
 
 
 @dataclass(frozen=True)
@@ -80,8 +77,8 @@ class ExactState:
     def kind(self) -> int:
         """0 regular, 2 empty or fully masked, 3 invalid."""
         if self.invalid:
-            return KIND_INVALID
-        return KIND_REGULAR if self.values.size else KIND_EMPTY
+            return ROW_INVALID
+        return ROW_REGULAR if self.values.size else ROW_MASKED
 
     def expanded(self) -> np.ndarray:
         """The multiset as a row (sorted), for the reference."""
@@ -112,12 +109,12 @@ def read_state(
     entropy_eps: float,
     dtype: Any,
 ) -> CertifiedRow:
-    """Certified readings of a merged state (`want`: entropy, beta, softmax or adaptive)."""
+    """Certified readings of a merged state (`want`: entropy, beta, softmax or adaptive_softmax)."""
     kind = state.kind
     empty = np.empty(0)
-    if kind == KIND_INVALID:
+    if kind == ROW_INVALID:
         return CertifiedRow(kind, np.nan, np.nan, empty, empty)
-    if kind == KIND_EMPTY:
+    if kind == ROW_MASKED:
         return CertifiedRow(kind, 0.0, 1.0, empty, empty)
     row = state.expanded()
     h = b = np.nan
@@ -140,11 +137,11 @@ def read_state(
 
 def write_row(row: np.ndarray, reading: CertifiedRow, out: np.ndarray) -> None:
     """The certified coefficients of one block of a row, looked up by value."""
-    if reading.kind == KIND_INVALID:
+    if reading.kind == ROW_INVALID:
         out[...] = np.nan
         return
     out[...] = 0.0
-    if reading.kind == KIND_EMPTY:
+    if reading.kind == ROW_MASKED:
         return
     arr = np.asarray(row, dtype=np.float64)
     live = np.flatnonzero(arr > -np.inf)

@@ -74,8 +74,8 @@ import dask.array as da
 import numpy as np
 from dask.graph_manipulation import clone
 
-from softmaxtheory.spec import Schedule, as_logits, check_entropy_eps, resolve_schedule
-
+from .._formats import ROW_REGULAR
+from ..spec import Schedule, as_logits, check_entropy_eps, resolve_schedule
 from . import _dask_blocks as _b
 
 __all__ = ["SPLIT_EVERY", "adaptive_softmax", "beta", "entropy", "softmax"]
@@ -246,7 +246,7 @@ def _with_entropy(xm: da.Array, work: np.dtype, eps: float) -> tuple[da.Array, d
 
 def _entropy_eps_info(info: np.ndarray, sums: np.ndarray) -> np.ndarray:
     out = info.copy()
-    regular = out["kind"] == _b.KIND_REGULAR
+    regular = out["kind"] == ROW_REGULAR
     out["h"][regular] = -(sums["s"][regular] + sums["comp"][regular])
     return out
 
@@ -254,7 +254,7 @@ def _entropy_eps_info(info: np.ndarray, sums: np.ndarray) -> np.ndarray:
 def _beta_info(info: np.ndarray, schedule: Schedule) -> np.ndarray:
     out = info.copy()
     flat = out.reshape(-1)
-    regular = flat["kind"] == _b.KIND_REGULAR
+    regular = flat["kind"] == ROW_REGULAR
     if regular.any():
         b = np.asarray(
             schedule.beta_float(flat["h"][regular], flat["n"][regular]), dtype=np.float64
@@ -394,7 +394,7 @@ def _certified_rows(
             )
     else:
         rows = states.map_blocks(ce.rows_from_states, cfg, dtype=object)
-    if want == "adaptive":
+    if want == "adaptive_softmax":
         rows = _cert_tree(
             _cert_map(ce.block_sums, xm, rows, cfg, "tempered", name="softmaxtheory-cert-tempered"),
             "tempered",
@@ -575,5 +575,5 @@ def adaptive_softmax(
     (True, True)
     """
     if _check_certified(certified):
-        return _certified(x, axis, "adaptive", schedule, entropy_eps)
+        return _certified(x, axis, "adaptive_softmax", schedule, entropy_eps)
     return _vector(x, axis, schedule, entropy_eps, adaptive=True)

@@ -66,7 +66,7 @@ remainder is :math:`O(u)e` and is rounded with :math:`O(u^2)e`, and
 dividing by :math:`s_h` instead of :math:`s` costs :math:`2u^2`: together below
 :math:`2^{-100}` (:data:`DIV_REL`).
 
-**Sums** (:func:`_sum`). The terms are non-negative high parts below 2 (the
+**Sums** (:func:`sum_dd`). The terms are non-negative high parts below 2 (the
 :math:`e^{y_i} \le 1` and :math:`e^{y_i}|y_i| \le 1/e`) and low parts below
 :math:`u`. Each high part is split exactly on the grids :math:`2^{-26}, 2^{-52},
 \dots, 2^{-130}` (``(a + S) - S`` with :math:`S = 1.5 \cdot 2^{52 - 26j}` rounds to
@@ -94,7 +94,7 @@ hence a relative error :math:`\operatorname{expm1}((\rho_\beta + 2^{-100})|y_i|)
 coefficient :math:`e_i / s` has relative error
 :math:`\rho_{e,i} + R_s + \rho_{e,i} R_s + 2^{-99}`.
 
-**Rounding test** (:func:`_round_vector`). A value :math:`v = v_h + v_l` with
+**Rounding test** (:func:`round_vector`). A value :math:`v = v_h + v_l` with
 radius :math:`\rho` is certified when it lies strictly inside the rounding
 interval of :math:`f = \circ(v_h)`: for float32 and float16 the two midpoints
 between :math:`f` and its neighbours are exact float64 numbers, and the gaps
@@ -156,11 +156,22 @@ __all__ = [
     "PROD_REL",
     "SERIES_REL",
     "STATS",
+    "dd_of",
+    "dead_weight_log2",
+    "element_mp",
     "enabled",
     "evaluate",
     "exp_dd",
+    "guard_terms",
     "log1p_dd",
+    "mpf_of",
     "pure_mpmath",
+    "quotient",
+    "round_vector",
+    "scaled_exp",
+    "sum_dd",
+    "two_sum",
+    "weighted",
 ]
 
 RN = round_nearest
@@ -212,7 +223,7 @@ def pure_mpmath() -> Iterator[None]:
 # ---------------------------------------------------------------------------
 
 
-def _two_sum(a: Any, b: Any) -> tuple[Any, Any]:
+def two_sum(a: Any, b: Any) -> tuple[Any, Any]:
     s = a + b
     bb = s - a
     return s, (a - (s - bb)) + (b - bb)
@@ -303,17 +314,17 @@ def exp_dd(yh: np.ndarray, yl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """
     th_tab, tl_tab, th_split_h, th_split_l, half = _exp_table()
     k = np.rint(yh * _INV_LN2)
-    r1, e1 = _two_sum(yh, -(k * _L1))
-    r2, e2 = _two_sum(r1, -(k * _L2))
+    r1, e1 = two_sum(yh, -(k * _L1))
+    r2, e2 = two_sum(r1, -(k * _L2))
     rl = ((e1 + e2) + yl) - k * _L3
-    rh, rl = _two_sum(r2, rl)
+    rh, rl = two_sum(r2, rl)
     j = np.rint(rh * 2.0**_TABLE_BITS)
-    bh, bl = _two_sum(rh - j * 2.0**-_TABLE_BITS, rl)
+    bh, bl = two_sum(rh - j * 2.0**-_TABLE_BITS, rl)
     s2h = bh * bh  # Dekker's square: s2h + s2e = bh**2 exactly
     sh_, sl_ = _split(bh)
     s2e = ((sh_ * sh_ - s2h) + 2.0 * (sh_ * sl_)) + sl_ * sl_
     cubic = (s2h * bh) * (1.0 / 6.0 + bh * (1.0 / 24.0 + bh * (1.0 / 120.0 + bh * (1.0 / 720.0))))
-    Eh, e3 = _two_sum(bh, 0.5 * s2h)
+    Eh, e3 = two_sum(bh, 0.5 * s2h)
     El = ((e3 + bl) + (0.5 * s2e + bh * bl)) + cubic
     idx = j.astype(np.intp) + half
     th = th_tab[idx]
@@ -322,7 +333,7 @@ def exp_dd(yh: np.ndarray, yl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     eh_, el_ = _split(Eh)
     ah, al = th_split_h[idx], th_split_l[idx]
     pe = ((ah * eh_ - ph) + ah * el_ + al * eh_) + al * el_
-    Rh, re = _two_sum(th, ph)
+    Rh, re = two_sum(th, ph)
     lo = (((re + tl) + pe) + th * El) + tl * Eh
     Rh, lo = _fast_two_sum(Rh, lo)
     ki = k.astype(np.int64)
@@ -344,7 +355,7 @@ def _chunked(fn: Any, n_out: int, *arrays: np.ndarray) -> tuple[np.ndarray, ...]
     return outs
 
 
-def _scaled_exp(zh: np.ndarray, zl: np.ndarray, bh: float, bl: float) -> tuple[Any, Any]:
+def scaled_exp(zh: np.ndarray, zl: np.ndarray, bh: float, bl: float) -> tuple[Any, Any]:
     r""":math:`e^{\beta z}` with :math:`\beta = b_h + b_l` (the product in double-double)."""
     if bh == 1.0 and bl == 0.0:
         return exp_dd(zh, zl)
@@ -352,13 +363,13 @@ def _scaled_exp(zh: np.ndarray, zl: np.ndarray, bh: float, bl: float) -> tuple[A
     return exp_dd(*_fast_two_sum(ph, pe + (zh * bl + zl * bh)))
 
 
-def _weighted(eh: np.ndarray, el: np.ndarray, zh: np.ndarray, zl: np.ndarray) -> tuple[Any, Any]:
+def weighted(eh: np.ndarray, el: np.ndarray, zh: np.ndarray, zl: np.ndarray) -> tuple[Any, Any]:
     """:math:`e |z|` in double-double (``z <= 0``)."""
     wh, we = _two_prod(eh, -zh)
     return _fast_two_sum(wh, we + (eh * -zl + el * -zh))
 
 
-def _quotient(eh: np.ndarray, el: np.ndarray, sh: float, sl: float) -> tuple[Any, Any]:
+def quotient(eh: np.ndarray, el: np.ndarray, sh: float, sl: float) -> tuple[Any, Any]:
     """:math:`(e_h + e_l) / (s_h + s_l)` as ``q1 + q2`` (within :data:`DIV_REL`)."""
     q1 = eh / sh
     p, pe = _two_prod(q1, sh)
@@ -376,7 +387,7 @@ _LO_LEVELS = tuple(1.5 * 2.0 ** (52 - 26 * j) for j in range(3, 6))
 
 
 def _level_sums(a: np.ndarray, levels: tuple[float, ...]) -> list[float]:
-    """The exact level sums of one slice (each a float: see :func:`_sum`)."""
+    """The exact level sums of one slice (each a float: see :func:`sum_dd`)."""
     sums = []
     rest = a
     for S in levels:
@@ -386,7 +397,7 @@ def _level_sums(a: np.ndarray, levels: tuple[float, ...]) -> list[float]:
     return sums
 
 
-def _sum(hi: np.ndarray, lo: np.ndarray) -> tuple[tuple, float]:
+def sum_dd(hi: np.ndarray, lo: np.ndarray) -> tuple[tuple, float]:
     """``sum(hi + lo)`` as an mpf tuple and an absolute error bound.
 
     The terms: ``hi >= 0`` and ``|lo|`` at most half an ulp of ``hi``, at most
@@ -429,7 +440,7 @@ def _sum(hi: np.ndarray, lo: np.ndarray) -> tuple[tuple, float]:
 # ---------------------------------------------------------------------------
 
 
-def _round_vector(
+def round_vector(
     vh: np.ndarray, vl: np.ndarray, rel: np.ndarray, fmt: BinaryFormat
 ) -> tuple[np.ndarray, np.ndarray]:
     """Correctly rounded values of positive ``vh + vl`` within ``rel``; and where decided."""
@@ -468,11 +479,11 @@ def _round_vector(
 # ---------------------------------------------------------------------------
 
 
-def _mpf_of(h: float, lo: float) -> tuple:
+def mpf_of(h: float, lo: float) -> tuple:
     return mpf_add(from_float(h), from_float(lo), 0)
 
 
-def _dd_of(v: tuple) -> tuple[float, float]:
+def dd_of(v: tuple) -> tuple[float, float]:
     h = to_float(v)
     return h, to_float(mpf_sub(v, from_float(h), 60, RN))
 
@@ -487,7 +498,7 @@ class _Row:
         xu = x[self.index]
         self.m = float(xu.max())
         with np.errstate(over="ignore", invalid="ignore"):
-            zh, zl = _two_sum(xu, -self.m)  # exact z = x - m <= 0 (inf on overflow)
+            zh, zl = two_sum(xu, -self.m)  # exact z = x - m <= 0 (inf on overflow)
         finite = np.isfinite(zh)
         self.ones = zh == 0.0
         self.c = int(np.count_nonzero(self.ones))
@@ -501,7 +512,7 @@ class _Row:
         self.xu = xu
 
 
-def _dead_log2(n_dead: int, C: float, n_tiny: int, y_tiny: float) -> int | None:
+def dead_weight_log2(n_dead: int, C: float, n_tiny: int, y_tiny: float) -> int | None:
     """``k`` with ``n_dead C e^-C + n_tiny C e^-y_tiny <= 2**k`` (``None`` for none)."""
     terms = []
     c2 = math.log2(max(C, 1.0))
@@ -523,7 +534,7 @@ class _Pass:
         if beta is None:
             bh, bl, brel = 1.0, 0.0, 0.0
         else:
-            bh, bl = _dd_of(beta.mid)
+            bh, bl = dd_of(beta.mid)
             brel = (beta.rel + 2.0**-104 + PROD_REL) * _SLACK
             if row.n_overflow and bh < 1e-290:
                 raise eng.Undecided("an overflowed shift may be alive for this tiny beta")
@@ -546,7 +557,7 @@ class _Pass:
             zs, zls, ays = zh[sel], zl[sel], ay[sel]
         if zs.size and not -float(zs.min()) < 2.0**990:
             raise eng.Undecided("a live shift too large for Dekker's split (a tiny beta)")
-        eh, el = _chunked(lambda a, b: _scaled_exp(a, b, bh, bl), 2, zs, zls)
+        eh, el = _chunked(lambda a, b: scaled_exp(a, b, bh, bl), 2, zs, zls)
         if brel:
             with np.errstate(over="ignore"):
                 em1 = np.expm1(ays * brel * (1.0 + 2.0**-50))
@@ -556,13 +567,13 @@ class _Pass:
             self.rel_e = np.full(self.sel.size, EXP_REL / (1.0 - EXP_REL) * _SLACK)
         self.eh, self.el = eh, el
         max_rel = float(self.rel_e.max()) if self.rel_e.size else 0.0
-        sigma, err = _sum(eh, el)
+        sigma, err = sum_dd(eh, el)
         sigma_f = to_float(sigma)
         if sigma == fzero:
             sigma_rel = 0.0 if not self.sel.size else math.inf
         else:
             sigma_rel = (max_rel * (1.0 + 2 * max_rel) + err / (sigma_f * (1 - 2.0**-40))) * _SLACK
-        dead_log2 = _dead_log2(n_dead, C, self.n_tiny, row.y_tiny)
+        dead_log2 = dead_weight_log2(n_dead, C, self.n_tiny, row.y_tiny)
         s = mpf_add(from_int(row.c), sigma, 0)
         s_f = to_float(s)
         dead_rel = math.ldexp(1.0, max(dead_log2, -1070)) if dead_log2 is not None else 0.0
@@ -580,8 +591,8 @@ class _Pass:
         )
         if want_t:
             # w = e |z| in double-double, then t = -sum(w)
-            wh, wl = _chunked(_weighted, 2, eh, el, zs, zls)
-            tsum, terr = _sum(wh, wl)
+            wh, wl = _chunked(weighted, 2, eh, el, zs, zls)
+            tsum, terr = sum_dd(wh, wl)
             t_f = to_float(tsum)
             if tsum == fzero:
                 t_rel = 0.0 if not self.sel.size else math.inf
@@ -601,7 +612,7 @@ def _coefficients(
     if not ep.s_rel < 0.25:
         return None
     Rs = ep.s_rel / (1.0 - ep.s_rel) * _SLACK
-    sh, sl = _dd_of(ep.s)
+    sh, sl = dd_of(ep.s)
     out = np.zeros(row.n, dtype=np.float64)
     undecided = []
     # the maxima: 1 / s
@@ -612,9 +623,9 @@ def _coefficients(
     out[row.index[row.ones]] = one
     # the fast items: e / s in double-double
     eh, el = ps.eh, ps.el
-    q1, q2 = _chunked(lambda a, b: _quotient(a, b, sh, sl), 2, eh, el)
+    q1, q2 = _chunked(lambda a, b: quotient(a, b, sh, sl), 2, eh, el)
     rel = (ps.rel_e + Rs + ps.rel_e * Rs + DIV_REL) * _SLACK
-    vals, ok = _chunked(lambda a, b, c: _round_vector(a, b, c, fmt), 2, q1, q2, rel)
+    vals, ok = _chunked(lambda a, b, c: round_vector(a, b, c, fmt), 2, q1, q2, rel)
     ok = ok.astype(bool)
     pos = row.index[ps.sel]
     out[pos[ok]] = vals[ok]
@@ -623,14 +634,14 @@ def _coefficients(
     if undecided.size:
         STATS["element_fallback"] += int(undecided.size)
         for k in undecided.tolist():
-            v = _element_mp(row, k, ep, Rs, beta)
+            v = element_mp(row, k, ep, Rs, beta)
             if v is None:
                 return None
             out[row.index[k]] = v
     return out, undecided
 
 
-def _element_mp(row: _Row, k: int, ep: eng.ExpPass, Rs: float, beta: eng.Ball | None) -> Any:
+def element_mp(row: _Row, k: int, ep: eng.ExpPass, Rs: float, beta: eng.Ball | None) -> Any:
     """One coefficient by mpmath, against the sum of the fast pass (``None``: undecided)."""
     p = P_SCALAR
     u = 2.0**-p
@@ -721,15 +732,15 @@ def log1p_dd(rh: np.ndarray, rl: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
         bad = ~(y0 <= _LOG_MAX)  # also NaN
         y0 = np.where(bad, 0.0, y0)
         Eh, El = exp_dd(-y0, np.zeros_like(y0))
-        Ah, Ae = _two_sum(np.ones_like(rh), rh)
+        Ah, Ae = two_sum(np.ones_like(rh), rh)
         Ah, Al = _fast_two_sum(Ah, Ae + rl)  # |Ae + rl| <= 2u(1 + r): one rounding, 2**-105
         Ph, Pe = _two_prod(Ah, Eh)
-        Ph, Pl = _two_sum(Ph, Pe + (Ah * El + Al * Eh))
-        dh, dl = _two_sum(Ph - 1.0, Pl)
+        Ph, Pl = two_sum(Ph, Pe + (Ah * El + Al * Eh))
+        dh, dl = two_sum(Ph - 1.0, Pl)
         bad |= ~(np.abs(dh) <= _D_MAX)
         corr = dl - (dh * dh) * (0.5 - dh * (1.0 / 3.0))
-        lh, le = _two_sum(y0, dh)
-        lh, ll = _two_sum(lh, le + corr)
+        lh, le = two_sum(y0, dh)
+        lh, ll = two_sum(lh, le + corr)
         dev = (
             (EXP_REL + PROD_REL + 2.0**-104) * (1.0 + 2.0**-38) + 2.0**-105 * np.abs(lh) + 2.0**-125
         ) * _SLACK
@@ -759,12 +770,12 @@ def _log1p_series(rh: np.ndarray, rl: np.ndarray) -> tuple[np.ndarray, np.ndarra
     """
     s, se = _two_prod(rh, rh)
     sq_low = se + 2.0 * (rh * rl)
-    h1, e1 = _two_sum(rh, -0.5 * s)
+    h1, e1 = two_sum(rh, -0.5 * s)
     low = e1 + ((rl - 0.5 * sq_low) + (s * rh) * (1.0 / 3.0 - 0.25 * rh))
-    return _two_sum(h1, low)
+    return two_sum(h1, low)
 
 
-def _guard_terms(
+def guard_terms(
     eh: np.ndarray, el: np.ndarray, rho: np.ndarray, sh: float, sl: float, eps: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The terms ``g = p log(1 + eps / p)`` of :func:`_guarded` and their error bounds.
@@ -772,8 +783,8 @@ def _guard_terms(
     ``p = e / s`` with relative error ``rho``; the bound is ``inf`` where an
     intermediate leaves the range of the analysis.
     """
-    ph, pl = _fast_two_sum(*_quotient(eh, el, sh, sl))
-    rh, rl = _fast_two_sum(*_quotient(np.full(ph.shape, eps), np.zeros(ph.shape), ph, pl))
+    ph, pl = _fast_two_sum(*quotient(eh, el, sh, sl))
+    rh, rl = _fast_two_sum(*quotient(np.full(ph.shape, eps), np.zeros(ph.shape), ph, pl))
     lh, ll, dev = log1p_dd(np.where(rh < 2.0**900, rh, 1.0), np.where(rh < 2.0**900, rl, 0.0))
     rho_r = (rho + DIV_REL) * (1.0 + 2.0**-38) * _SLACK
     weight = np.minimum(1.0, rh * (1.0 + 2.0**-40))
@@ -802,7 +813,7 @@ def _guarded(row: _Row, ps: _Pass, H: eng.Ball, eps: float) -> eng.Ball | None:
               + \tilde p_i (1 + 2^{-38}) B_i
 
     with :math:`B_i` the absolute error bound of :math:`\lambda_i`; the
-    :math:`\tilde g_i` are summed exactly (:func:`_sum`), the maxima
+    :math:`\tilde g_i` are summed exactly (:func:`sum_dd`), the maxima
     (:math:`p = 1/s`) contribute :math:`c\,\tilde g_{\max}`, and a dead or tiny
     item (:math:`p \le e^{-Y}`, :math:`Y \ge 1`) contributes at most
     :math:`e^{-Y}(\log(1 + \varepsilon) + Y) \le (1 + \log(1 + \varepsilon))\,Y e^{-Y}`:
@@ -813,7 +824,7 @@ def _guarded(row: _Row, ps: _Pass, H: eng.Ball, eps: float) -> eng.Ball | None:
     if not (EPS_MIN <= eps <= EPS_MAX) or not ep.s_rel < 2.0**-45:
         return None
     Rs = ep.s_rel / (1.0 - ep.s_rel) * _SLACK
-    sh, sl = _dd_of(ep.s)
+    sh, sl = dd_of(ep.s)
     # the maxima (p = 1 / s) first, then the items of the pass
     eh = np.concatenate([[1.0], ps.eh])
     el = np.concatenate([[0.0], ps.el])
@@ -821,12 +832,12 @@ def _guarded(row: _Row, ps: _Pass, H: eng.Ball, eps: float) -> eng.Ball | None:
     rho = (rel_e + Rs + rel_e * Rs + DIV_REL) * _SLACK
     if not float(rho.max()) < 2.0**-45:
         return None
-    gh, gl, term_err = _chunked(lambda a, b, c: _guard_terms(a, b, c, sh, sl, eps), 3, eh, el, rho)
+    gh, gl, term_err = _chunked(lambda a, b, c: guard_terms(a, b, c, sh, sl, eps), 3, eh, el, rho)
     if not np.all(term_err < np.inf):
         return None  # an argument out of the covered range (also NaN)
     # the maxima: weight c
-    g_items, sum_err = _sum(gh[1:], gl[1:]) if gh.size > 1 else (fzero, 0.0)
-    g_max = mpf_mul(_mpf_of(float(gh[0]), float(gl[0])), from_int(row.c), 0)
+    g_items, sum_err = sum_dd(gh[1:], gl[1:]) if gh.size > 1 else (fzero, 0.0)
+    g_max = mpf_mul(mpf_of(float(gh[0]), float(gl[0])), from_int(row.c), 0)
     G = mpf_add(g_items, g_max, 0)
     G_abs = float(np.sum(term_err[1:])) * (1.0 + 2.0**-25) + row.c * float(term_err[0]) + sum_err
     G_abs *= _SLACK

@@ -230,15 +230,15 @@ def test_rows_the_enclosures_cannot_decide_fall_back_to_the_exact_path(monkeypat
     # float64 coefficients of items below -600 are each decided by mpmath: make one fail
     y = np.array([[0.0, -1.0, -650.0, -2.0] * 5, [0.0, -1.0, -3.0, -2.0] * 5])
     dy = da.from_array(y, chunks=(2, (3, 9, 8)))
-    element = _fast._element_mp
+    element = _fast.element_mp
     monkeypatch.setattr(
         _fast,
-        "_element_mp",
+        "element_mp",
         lambda row, k, *a: None if row.xu[k] == -650.0 else element(row, k, *a),
     )
     assert list(_fallbacks(dy, "softmax")) == ["5 coefficients undecided", ""]
     got = dsm.softmax(dy, certified=True).compute(scheduler="sync")
-    monkeypatch.setattr(_fast, "_element_mp", element)
+    monkeypatch.setattr(_fast, "element_mp", element)
     assert got.tobytes() == reference.softmax(y).tobytes()
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import doctest
 import importlib
+import importlib.util
 import re
 import subprocess
 import sys
@@ -253,3 +255,81 @@ def test_the_readme_test_block_installs_cpu_torch_and_ci_runs_exactly_it():
     cpu = cmd.index("pip install torch==")
     assert "--index-url https://download.pytorch.org/whl/cpu" in cmd[cpu:]
     assert cpu < cmd.index("install -e '.[test]'") < cmd.index("-m pytest")
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_names_used(module: str, source: str, is_package: bool) -> list[str]:
+    """Underscore names that `module`'s source takes from another of the project's modules.
+
+    ``from pkg import _name`` and ``alias._name`` (``alias`` bound to one of the
+    project's modules) count unless ``_name`` is itself a module: a private module
+    is the place for names that several modules share (Hypothesis' ``internal``).
+    """
+    package = module if is_package else module.rpartition(".")[0]
+    tree = ast.parse(source)
+    bound: dict[str, str] = {}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            if not base.startswith("softmaxtheory"):
+                continue
+            for alias in node.names:
+                if _is_module(f"{base}.{alias.name}"):
+                    bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+                elif _private(alias.name):
+                    found.append(f"{module}:{node.lineno}: from {base} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("softmaxtheory") and alias.asname:
+                    bound[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in bound
+            and _private(node.attr)
+            and not _is_module(f"{bound[node.value.id]}.{node.attr}")
+        ):
+            found.append(f"{module}:{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_takes_another_modules_underscore_name():
+    """Names shared between modules are public names, in a private module where needed."""
+    found = []
+    for package, folder in FOLDERS:
+        root = ROOT / folder
+        for path in sorted(root.rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            is_package = parts[-1] == "__init__"
+            name = ".".join((package, *(parts[:-1] if is_package else parts)))
+            found += _private_names_used(name, path.read_text(encoding="utf-8"), is_package)
+    assert found == []
+
+
+def test_the_private_name_check_finds_both_spellings():
+    source = (
+        "from softmaxtheory import strategies as strat\n"
+        "from softmaxtheory.testing import _fmt\n"
+        "from . import _check\n"  # a private module: allowed
+        "strat._cast(1)\nstrat.cast(1)\n"
+    )
+    found = _private_names_used("softmaxtheory.x", source, False)
+    assert found == [
+        "softmaxtheory.x:2: from softmaxtheory.testing import _fmt",
+        "softmaxtheory.x:4: strat._cast",
+    ]

@@ -125,7 +125,7 @@ def test_exp_dd_within_its_bound() -> None:
     # low parts as the shifts x - m and the products beta z leave them (half an ulp at most)
     ulp = np.spacing(np.abs(yh))
     yl = np.where(yh < 0, rng.uniform(-0.5, 0.5, yh.size) * ulp, 0.0)
-    yh, yl = _fast._two_sum(yh, yl)
+    yh, yl = _fast.two_sum(yh, yl)
     worst = _exp_errors(yh, yl)
     assert worst <= _fast.EXP_REL
     assert worst <= 2.0**-93  # the a-priori analysis gives < 2**-92
@@ -137,7 +137,7 @@ def test_exp_dd_within_its_bound() -> None:
 @example(-5e-324, 0.0)
 def test_exp_dd_hypothesis(y: float, frac: float) -> None:
     """Any argument in [-600, 0] with any low part: within EXP_REL."""
-    yh, yl = _fast._two_sum(np.array([y]), np.array([frac * math.ulp(y)]))
+    yh, yl = _fast.two_sum(np.array([y]), np.array([frac * math.ulp(y)]))
     assert _exp_errors(yh, yl) <= _fast.EXP_REL
 
 
@@ -146,7 +146,7 @@ def test_exact_sum_is_exact() -> None:
     rng = np.random.default_rng(3)
     hi = np.concatenate([rng.uniform(0, 1, 50000), 10.0 ** rng.uniform(-300, 0, 50000), [1.999]])
     lo = hi * rng.uniform(-(2.0**-53), 2.0**-53, hi.size)
-    total, err = _fast._sum(hi, lo)
+    total, err = _fast.sum_dd(hi, lo)
     exact = mpmath.mpf(0)
     with mpmath.workprec(4000):
         for v in (*hi.tolist(), *lo.tolist()):
@@ -220,10 +220,10 @@ def test_guard_terms_within_their_bound() -> None:
     y = np.concatenate([-rng.uniform(0, 580, 600), [0.0, -1e-12, -579.9]])
     eh, el = _fast.exp_dd(y, np.zeros_like(y))
     s = mpf_add(from_float(1.0), from_float(123.456), 0)
-    sh, sl = _fast._dd_of(s)
+    sh, sl = _fast.dd_of(s)
     for eps in (1e-9, 2.0**-690, 0.75, 1e6):
         rho = np.full(y.size, 2.0**-88)
-        gh, gl, err = _fast._guard_terms(eh, el, rho, sh, sl, eps)
+        gh, gl, err = _fast.guard_terms(eh, el, rho, sh, sl, eps)
         assert np.all(err < np.inf)
         cols = (gh.tolist(), gl.tolist(), eh.tolist(), el.tolist(), err.tolist())
         for h, lo, a, b, e in zip(*cols, strict=True):
@@ -451,7 +451,7 @@ def test_exact_sum_of_tiny_terms() -> None:
     """
     hi = np.array([math.exp(-150.0), math.exp(-160.0)])
     lo = np.zeros(2)
-    total, err = _fast._sum(hi, lo)
+    total, err = _fast.sum_dd(hi, lo)
     assert mpmath.mpf(total) == mpmath.mpf(hi[0]) + mpmath.mpf(hi[1])
     assert err < 1e-100
 

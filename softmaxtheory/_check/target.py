@@ -247,11 +247,11 @@ class Target:
         }.get(name)
         if self.kind == "attention":
             q = np.array([[0.5, -1.0], [1.0, 0.25]])
-            args = [self._to_framework(strat._cast(q, self.dtype)) for _ in range(3)]
+            args = [self._to_framework(strat.cast(q, self.dtype)) for _ in range(3)]
             if name in ("mask", "attn_mask"):
                 value = self._to_framework(np.ones((2, 2), dtype=bool))
         else:
-            args = [self._to_framework(strat._cast(np.array([[0.0, 1.0, 2.0]]), self.dtype))]
+            args = [self._to_framework(strat.cast(np.array([[0.0, 1.0, 2.0]]), self.dtype))]
 
         def ok(kw: dict[str, Any]) -> bool:
             try:
