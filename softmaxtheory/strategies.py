@@ -400,8 +400,9 @@ def logit_rows(
 
     At least one entry is finite (a regular row in the special-value table);
     rows of the ``entropy`` family may be longer than `max_size` only up to
-    ``max(max_size, 8)``. The strategy is :func:`hypothesis.strategies.one_of`
-    over one strategy per family, each family equally likely.
+    ``max(max_size, 8)``. The strategy is Hypothesis' ``one_of`` over one
+    strategy per family, each family equally likely; it draws 1-d numpy arrays
+    of `dtype` (float32 arrays holding bfloat16 values).
 
     Parameters
     ----------
@@ -411,11 +412,6 @@ def logit_rows(
         ``float64``, ``float32``, ``float16`` or ``bfloat16``.
     families : sequence of str
         The families to draw from (names from :data:`FAMILIES`).
-
-    Returns
-    -------
-    hypothesis.strategies.SearchStrategy
-        Of 1-d numpy arrays of `dtype` (float32 holding bfloat16 values).
 
     Raises
     ------
