@@ -44,6 +44,7 @@ __all__ = [
     "ROW_MASKED",
     "ROW_REGULAR",
     "THEOREMS",
+    "WORKING_DTYPES",
     "BinaryFormat",
     "DType",
     "Format",
@@ -179,6 +180,13 @@ FORMATS: dict[str, Format] = {
 #: The dtypes numpy has (all but bfloat16): the reference's output formats, the logits
 #: :func:`softmaxtheory.spec.as_logits` keeps.
 NUMPY_DTYPES: tuple[DType, ...] = tuple(n for n, f in FORMATS.items() if f.storage.name == n)
+
+#: The dtypes that kernels compute in: the CPU kernels, the benchmarks and the
+#: experiments' models (16-bit formats compute in float32, :attr:`BinaryFormat.internal`),
+#: narrowest first.
+WORKING_DTYPES: tuple[DType, ...] = tuple(
+    sorted((n for n, f in FORMATS.items() if f.internal is f), key=lambda n: FORMATS[n].precision)
+)
 
 
 def format_named(name: object, what: str = "dtype") -> Format:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._formats import Format
+from .._formats import NUMPY_DTYPES, Format
 from ..spec import Constant, LogLength, Polynomial, Schedule
 
 __all__ = [
@@ -95,7 +95,7 @@ def ulp_error(got: np.ndarray, ref: np.ndarray, fmt: Format) -> np.ndarray:
 def round_to_format(a: np.ndarray, fmt: Format) -> np.ndarray:
     """Round float64 values to `fmt` (nearest even) and return them as float64."""
     a = np.asarray(a, dtype=np.float64)
-    if fmt.name in ("float64", "float32", "float16"):
+    if fmt.name in NUMPY_DTYPES:
         with np.errstate(over="ignore"):
             return a.astype(fmt.name).astype(np.float64)
     # bfloat16: round the float32 value to 8 significant bits, nearest even

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from .._formats import WORKING_DTYPES
+
 __all__ = [
     "BenchResult",
     "KernelResult",
@@ -174,7 +176,7 @@ def _torch_adaptive(torch: Any, x: Any) -> Any:
 
 def run_kernels(
     shapes: tuple[tuple[int, int], ...] = KERNEL_SHAPES,
-    dtypes: tuple[str, ...] = ("float32", "float64"),
+    dtypes: tuple[str, ...] = WORKING_DTYPES,
     repeat: int = 10,
     threads: int | None = None,
     progress: Callable[[str], None] | None = None,
@@ -273,7 +275,7 @@ def run_reference_speedup(
     mpmath_n: int = 1 << 14,
     repeat: int = 3,
     seed: int = 0,
-    dtypes: tuple[str, ...] = ("float32", "float64"),
+    dtypes: tuple[str, ...] = WORKING_DTYPES,
     say: Callable[[str], None] | None = None,
 ) -> list[ReferenceSpeedup]:
     """Time the reference's fast pass and its pure mpmath path (see :class:`ReferenceSpeedup`)."""

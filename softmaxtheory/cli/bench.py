@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from .._formats import WORKING_DTYPES
+
 __all__ = ["add_parser", "run"]
 
 SECTIONS = ("kernels", "reference")
@@ -38,9 +40,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     bench.add_argument("--repeat", type=int, default=None, help="runs per case (best is kept)")
     bench.add_argument("--quick", action="store_true", help="small shapes, few repeats")
-    bench.add_argument(
-        "--dtype", action="append", choices=("float32", "float64"), help="kernel dtypes"
-    )
+    bench.add_argument("--dtype", action="append", choices=WORKING_DTYPES, help="kernel dtypes")
     bench.add_argument("--threads", type=int, default=None, help="Numba and torch threads")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return bench
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if "kernels" in sections:
         shapes = bench.QUICK_SHAPES if args.quick else bench.KERNEL_SHAPES
         repeat = args.repeat or (2 if args.quick else 10)
-        dtypes = tuple(args.dtype or ("float32", "float64"))
+        dtypes = tuple(args.dtype or WORKING_DTYPES)
         results, info = bench.run_kernels(shapes, dtypes, repeat, args.threads, say)
         doc["kernels"] = bench.as_dicts(results)
         doc["kernel_run"] = info

@@ -34,6 +34,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..._formats import WORKING_DTYPES
 from .measure import BoundViolationError, Experiment
 from .model import (
     MAX_POSITIONS,
@@ -118,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dtype",
-        choices=("float32", "float64"),
+        choices=WORKING_DTYPES,
         default="float32",
         help="precision of the forward pass (default float32, the stored weights' precision)",
     )

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..._formats import WORKING_DTYPES
+
 __all__ = [
     "MAX_POSITIONS",
     "PACKAGE",
@@ -200,8 +202,8 @@ def load_model(dtype: str = "float32") -> MiniLM:
         If `dtype` is not one of the two names, or the checkpoint is not the
         expected BERT encoder.
     """
-    if dtype not in ("float32", "float64"):
-        raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+    if dtype not in WORKING_DTYPES:
+        raise ValueError(f"dtype must be one of {WORKING_DTYPES}, got {dtype!r}")
     torch = require("torch", "torch")
     st = require("safetensors.torch", "safetensors")
     folder = model_dir()
