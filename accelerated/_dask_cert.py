@@ -85,7 +85,7 @@ from mpmath.libmp import (
     to_float,
 )
 
-from .._formats import ROW_INVALID, ROW_MASKED, ROW_REGULAR
+from .._formats import QUANTITIES, ROW_INVALID, ROW_MASKED, ROW_REGULAR
 from ..reference import _engine as eng
 from ..reference import _fast as fast
 from ..reference._rounding import BinaryFormat, format_for, round_ball
@@ -124,6 +124,10 @@ class Config:
     eps: float
     dtype: np.dtype  # the result's dtype (β: float64)
     n: int  # the row's length (masked entries included): sets the dead cutoff
+
+    def __post_init__(self) -> None:
+        if self.want not in QUANTITIES:
+            raise ValueError(f"want must be one of {QUANTITIES}, got {self.want!r}")
 
     @property
     def fmt(self) -> BinaryFormat:

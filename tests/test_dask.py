@@ -266,7 +266,7 @@ def test_certified_random_rows_on_uneven_chunks(schedule, eps):
     )
     h = dsm.entropy(dx, certified=True, entropy_eps=eps).compute()
     assert h.tobytes() == reference.entropy(x, entropy_eps=eps).tobytes()
-    assert all(f == "" for f in _fallbacks(dx, "adaptive", **kw))
+    assert all(f == "" for f in _fallbacks(dx, "adaptive_softmax", **kw))
 
 
 @pytest.mark.theorem("T7")
@@ -500,3 +500,11 @@ def test_lazy_until_computed():
     for fn in FUNCS:
         assert isinstance(fn(x), da.Array)
         assert isinstance(fn(x, certified=True), da.Array)
+
+
+def test_certified_config_names_an_unknown_quantity():
+    """A misspelt reading fails loudly instead of computing a different one."""
+    from softmaxtheory.accelerated import _dask_cert as ce
+
+    with pytest.raises(ValueError, match="want must be one of"):
+        ce.Config("adaptive", None, 0.0, np.dtype(np.float64), 3)

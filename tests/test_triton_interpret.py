@@ -287,13 +287,13 @@ def child_outputs(tmp_path_factory) -> Path:
     out_dir = tmp_path_factory.mktemp("triton_interpret")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     res = subprocess.run(
-        [sys.executable, __file__, str(out_dir)],
+        [sys.executable, "-m", "tests.test_triton_interpret", str(out_dir)],
         env=env,
         capture_output=True,
         text=True,
         timeout=900,
         check=False,
-        cwd=Path(__file__).parent,
+        cwd=Path(__file__).parent.parent,  # the checkout, where ``tests`` is a package
     )
     assert res.returncode == 0, res.stdout + res.stderr
     return out_dir
