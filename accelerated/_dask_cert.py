@@ -71,17 +71,13 @@ from typing import Any
 import numpy as np
 from mpmath.libmp import (
     fone,
-    from_float,
     from_int,
     fzero,
-    mpf_abs,
     mpf_add,
     mpf_div,
     mpf_mul,
     mpf_neg,
     mpf_sign,
-    mpf_sub,
-    round_ceiling,
     to_float,
 )
 
@@ -607,20 +603,7 @@ def guarded_entropy(row: Row, S: Sums, eps: float) -> eng.Ball | None:
     g_max = mpf_mul(fast.mpf_of(float(gh0[0]), float(gl0[0])), from_int(row.c), 0)
     G = mpf_add(S.sigma, g_max, 0)
     G_abs = (S.t_err + row.c * float(err0[0]) + S.sigma_err) * SLACK
-    G_extra = None
-    if ep.dead_log2 is not None:
-        G_extra = ep.dead_log2 + 1 + math.ceil(math.log2(1.0 + math.log1p(eps) * (1.0 + 2.0**-40)))
-    mid = mpf_sub(H.mid, G, P, fast.RN)
-    if mid == fzero:
-        return None
-    mass = mpf_add(
-        mpf_mul(mpf_abs(H.mid), from_float(H.rel), 60, round_ceiling),
-        from_float(G_abs),
-        60,
-        round_ceiling,
-    )
-    ratio = to_float(mpf_div(mass, mpf_abs(mid), 60, round_ceiling), rnd="u")
-    return eng.Ball(mid, (ratio + 2.0**-P) * SLACK, eng.max_log2(H.extra_log2, G_extra))
+    return fast.guarded_ball(H, G, G_abs, ep.dead_log2, eps)
 
 
 def _coefficients(x: np.ndarray, row: Row, cfg: Config) -> tuple[np.ndarray, int]:

@@ -163,6 +163,7 @@ __all__ = [
     "evaluate",
     "exp_dd",
     "guard_terms",
+    "guarded_ball",
     "log1p_dd",
     "mpf_of",
     "pure_mpmath",
@@ -841,9 +842,22 @@ def _guarded(row: _Row, ps: _Pass, H: eng.Ball, eps: float) -> eng.Ball | None:
     G = mpf_add(g_items, g_max, 0)
     G_abs = float(np.sum(term_err[1:])) * (1.0 + 2.0**-25) + row.c * float(term_err[0]) + sum_err
     G_abs *= _SLACK
+    return guarded_ball(H, G, G_abs, ep.dead_log2, eps)
+
+
+def guarded_ball(
+    H: eng.Ball, G: Any, G_abs: float, dead_log2: int | None, eps: float
+) -> eng.Ball | None:
+    r"""The ball of :math:`H - G` from the entropy's ball, the guard sum and its error bound.
+
+    `G_abs` bounds :math:`|G - \tilde G|` for the live items; dead or tiny items
+    (the pass's `dead_log2`) add at most :math:`2^{d+1}(1 + \log(1 + \varepsilon))`
+    in relative terms, carried as the ball's extra term. ``None`` when the
+    difference is zero at :data:`P_SCALAR` bits (its relative error is then unbounded).
+    """
     G_extra = None
-    if ep.dead_log2 is not None:
-        G_extra = ep.dead_log2 + 1 + math.ceil(math.log2(1.0 + math.log1p(eps) * (1.0 + 2.0**-40)))
+    if dead_log2 is not None:
+        G_extra = dead_log2 + 1 + math.ceil(math.log2(1.0 + math.log1p(eps) * (1.0 + 2.0**-40)))
     mid = mpf_sub(H.mid, G, P_SCALAR, RN)
     if mid == fzero:
         return None
