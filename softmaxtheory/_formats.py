@@ -92,8 +92,8 @@ class BinaryFormat:
         ``"float64"``, ``"float32"``, ``"float16"`` or ``"bfloat16"``.
     precision : int
         Significand bits :math:`p`, hidden bit included.
-    emin : int
-        Exponent of the smallest positive normal number, :math:`1 - e_{\max}`.
+    qmin : int
+        Exponent of the smallest positive subnormal, :math:`q_{\min} = e_{\min} - p + 1`.
     emax : int
         The largest finite numbers lie in :math:`[2^{e_{\max}}, 2^{e_{\max}+1})`.
 
@@ -101,12 +101,13 @@ class BinaryFormat:
     ------
     ValueError
         If `precision` is not an int of at least 2, `emax` not a positive int, or
-        `emin` is not :math:`1 - e_{\max}` (IEEE 754's rule for every binary format).
+        `qmin` is not :math:`2 - e_{\max} - p` (IEEE 754's :math:`e_{\min} = 1 - e_{\max}`,
+        the rule of every binary format).
     """
 
     name: str
     precision: int
-    emin: int
+    qmin: int
     emax: int
 
     def __post_init__(self) -> None:
@@ -114,13 +115,16 @@ class BinaryFormat:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{field} must be an int of at least {low}, got {value!r}")
-        if self.emin != 1 - self.emax:
-            raise ValueError(f"emin must be 1 - emax = {1 - self.emax}, got {self.emin!r}")
+        if self.qmin != 2 - self.emax - self.precision:
+            raise ValueError(
+                f"qmin must be 2 - emax - precision = {2 - self.emax - self.precision}, "
+                f"got {self.qmin!r}"
+            )
 
     @property
-    def qmin(self) -> int:
-        r"""Exponent of the smallest positive subnormal, :math:`e_{\min} - p + 1`."""
-        return self.emin - self.precision + 1
+    def emin(self) -> int:
+        r"""Exponent of the smallest positive normal number, :math:`1 - e_{\max}`."""
+        return self.qmin + self.precision - 1
 
     @property
     def u(self) -> float:
@@ -170,10 +174,10 @@ class BinaryFormat:
 Format = BinaryFormat
 
 FORMATS: dict[str, Format] = {
-    "float64": Format("float64", 53, -1022, 1023),
-    "float32": Format("float32", 24, -126, 127),
-    "float16": Format("float16", 11, -14, 15),
-    "bfloat16": Format("bfloat16", 8, -126, 127),
+    "float64": Format("float64", 53, -1074, 1023),
+    "float32": Format("float32", 24, -149, 127),
+    "float16": Format("float16", 11, -24, 15),
+    "bfloat16": Format("bfloat16", 8, -133, 127),
 }
 
 

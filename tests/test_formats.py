@@ -98,11 +98,11 @@ def test_bfloat16_has_no_numpy_dtype() -> None:
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        # the old reference.BinaryFormat took (name, precision, qmin, emax): refused, not misread
-        (("float64", 53, -1074, 1023), "emin must be 1 - emax = -1022, got -1074"),
+        # (name, precision, emin, emax) by mistake: refused, not misread
+        (("float64", 53, -1022, 1023), "qmin must be 2 - emax - precision = -1074, got -1022"),
         (("tiny", 1, 0, 1), "precision must be an int of at least 2, got 1"),
         (("odd", 11, 1, 0), "emax must be an int of at least 1, got 0"),
-        (("odd", 11.0, -14, 15), "precision must be an int of at least 2, got 11.0"),
+        (("odd", 11.0, -24, 15), "precision must be an int of at least 2, got 11.0"),
     ],
 )
 def test_format_validates_its_fields(args: tuple, match: str) -> None:
