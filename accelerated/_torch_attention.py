@@ -803,6 +803,23 @@ def _hybrid_entropy(p: Prepared, schedule: Schedule, beta_grad: bool) -> torch.T
 # ---------------------------------------------------------------- non-finite values
 
 
+def _ungrouped(p: Prepared) -> Prepared:
+    """`p` with each key and value head repeated for the query heads of its group.
+
+    Pass 2 and the single-pass paths see one key head per query head; the
+    gradient of a repeated head sums over its group (``repeat_interleave``'s
+    backward). Pass 1 of the hybrid path reads the grouped heads directly.
+    """
+    if p.group == 1:
+        return p
+    return replace(
+        p,
+        k=p.k.repeat_interleave(p.group, dim=1),
+        v=p.v.repeat_interleave(p.group, dim=1),
+        group=1,
+    )
+
+
 def _finite_values(p: Prepared) -> tuple[Prepared, torch.Tensor | None]:
     """`p` with non-finite values replaced by 0, and the (B, H', S, Dv) non-finite mask.
 
@@ -880,6 +897,8 @@ def attention(
             raise ValueError(
                 "backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 for CPU tensors)"
             )
+    grouped = p  # pass 1 reads the key heads as they are (grouped-query attention)
+    p = _ungrouped(p)
     v_orig = p.v
     p, v_bad = _finite_values(p)
     safe = q.shape[-1] == 0 or not _fits(p)
@@ -888,7 +907,7 @@ def attention(
     elif backend == "triton":
         out = _triton(p, schedule)
     elif backend == "hybrid" or (backend == "auto" and entropy_eps == 0.0 and _pass1_triton_ok(p)):
-        out = _hybrid(p, schedule, detach_beta, _hybrid_entropy(p, schedule, beta_grad))
+        out = _hybrid(p, schedule, detach_beta, _hybrid_entropy(grouped, schedule, beta_grad))
     if out is None and not safe and backend != "chunked" and entropy_eps == 0.0 and not p.bias:
         out = _composition(p, schedule, detach_beta)
     if out is None:

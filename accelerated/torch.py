@@ -184,6 +184,7 @@ def adaptive_attention(
     attn_mask: torch.Tensor | None = None,
     is_causal: bool = False,
     scale: float | None = None,
+    enable_gqa: bool = False,
     *,
     schedule: Schedule | None = None,
     entropy_eps: float = 0.0,
@@ -197,7 +198,7 @@ def adaptive_attention(
     q : torch.Tensor, shape (..., L, D)
         Queries, typically (B, H, L, D).
     k : torch.Tensor, shape (..., S, D)
-        Keys.
+        Keys (with `enable_gqa`, ``k.shape[-3]`` is the number of key heads).
     v : torch.Tensor, shape (..., S, Dv)
         Values. Leading dimensions broadcast; `q`, `k`, `v` share a dtype.
     attn_mask : torch.Tensor, optional
@@ -208,6 +209,13 @@ def adaptive_attention(
         Mask keys ``j > i`` (top-left aligned); not together with `attn_mask`.
     scale : float, optional
         Logit scale, default :math:`1/\sqrt{D}`.
+    enable_gqa : bool, default False
+        Grouped-query attention, as in ``scaled_dot_product_attention``:
+        ``q.shape[-3]`` query heads share ``k.shape[-3]`` key and value heads
+        (a divisor), query head :math:`h` reading key head
+        :math:`\lfloor h / g \rfloor` with :math:`g` query heads per key head.
+        Pass 1 of the hybrid path reads the key heads as they are; the other
+        paths repeat each key and value head :math:`g` times.
     schedule : Schedule, optional
         Temperature schedule (default :class:`~softmaxtheory.spec.PaperPolynomial`).
     entropy_eps : float, default 0.0
@@ -249,10 +257,11 @@ def adaptive_attention(
     Raises
     ------
     TypeError
-        For non-tensors, mixed or unsupported dtypes, or a bad `scale`.
+        For non-tensors, mixed or unsupported dtypes, or a bad `scale` or
+        `enable_gqa`.
     ValueError
-        For mismatched shapes, a mask together with `is_causal`, a mask that
-        requires grad, or a `backend` that cannot run these inputs.
+        For mismatched shapes or heads, a mask together with `is_causal`, a mask
+        that requires grad, or a `backend` that cannot run these inputs.
 
     Examples
     --------
@@ -268,7 +277,7 @@ def adaptive_attention(
     detach_beta = _check_flag(detach_beta, "detach_beta")
     if backend not in _attn.BACKENDS:
         raise ValueError(f"backend must be one of {_attn.BACKENDS}, got {backend!r}")
-    prepared = _attn.prepare(q, k, v, attn_mask, is_causal, scale)
+    prepared = _attn.prepare(q, k, v, attn_mask, is_causal, scale, enable_gqa=enable_gqa)
     out = _attn.attention(prepared, schedule, eps, detach_beta, backend)
     return out.reshape(*prepared.lead, *out.shape[-2:])
 

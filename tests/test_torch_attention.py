@@ -357,3 +357,62 @@ def test_fully_masked_query_holding_inf_gives_zeros():
 
     h, lse = attention_entropy(q, k, attn_mask=mask)
     assert h.tolist() == [0.0, 0.0] and lse[0].item() == -math.inf
+
+
+def _gqa_inputs(dtype=torch.float64, heads=6, kv_heads=2, L=5, S=7, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, heads, L, 4, generator=g, dtype=torch.float64) * 2.0
+    k = torch.randn(2, kv_heads, S, 4, generator=g, dtype=torch.float64) * 2.0
+    v = torch.randn(2, kv_heads, S, 3, generator=g, dtype=torch.float64)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+@pytest.mark.parametrize("backend", ["auto", "hybrid", "composition", "chunked"])
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_grouped_query_attention_reads_key_head_h_over_g(backend, mask_name, dtype):
+    """enable_gqa: query head h reads key and value head h // g, as SDPA's enable_gqa; the
+    result equals attention on the repeated heads and the reference on them."""
+    q, k, v = _gqa_inputs(dtype)
+    mask = _masks()[mask_name]
+    causal = mask == "causal"
+    attn_mask = None if (mask is None or causal) else mask
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        attn_mask = attn_mask.to(dtype)
+    kw = {"is_causal": causal, "backend": backend}
+    out = adaptive_attention(q, k, v, attn_mask, enable_gqa=True, **kw)
+    kr, vr = k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1)
+    rep = adaptive_attention(q, kr, vr, attn_mask, **kw)
+    assert out.shape == (2, 6, 5, 3)
+    torch.testing.assert_close(out, rep, rtol=0, atol=8 * torch.finfo(dtype).eps)
+    if dtype == torch.float64 and backend == "auto":
+        np_mask = None if attn_mask is None else attn_mask.numpy()
+        ref = R.adaptive_attention(
+            q.numpy(), kr.numpy(), vr.numpy(), mask=np_mask, is_causal=causal
+        )
+        assert np.max(np.abs(out.numpy() - ref)) < 1e-12
+
+
+@pytest.mark.parametrize("backend", ["hybrid", "composition"])
+def test_grouped_query_attention_gradcheck(backend):
+    """Gradients through β with enable_gqa: a key head's gradient sums over its group."""
+    q, k, v = _gqa_inputs(heads=4, kv_heads=2, L=3, S=4)
+    q, k, v = q[:1], k[:1], v[:1]
+
+    def f(q, k, v):
+        return adaptive_attention(q, k, v, is_causal=True, enable_gqa=True, backend=backend)
+
+    args = tuple(t.clone().requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(f, args, eps=1e-6, atol=1e-8)
+
+
+def test_grouped_query_attention_errors():
+    q, k, v = _gqa_inputs()
+    with pytest.raises(ValueError, match="do not broadcast"):
+        adaptive_attention(q, k, v)  # 6 query heads, 2 key heads, no enable_gqa
+    with pytest.raises(ValueError, match="multiple of the key heads"):
+        adaptive_attention(q[:, :5], k, v, enable_gqa=True)
+    with pytest.raises(ValueError, match="same heads"):
+        adaptive_attention(q, k, v[:, :1], enable_gqa=True)
+    with pytest.raises(TypeError, match="enable_gqa must be a bool"):
+        adaptive_attention(q, k, v, enable_gqa="yes")

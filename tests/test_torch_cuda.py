@@ -141,7 +141,9 @@ def test_cuda_every_head_dim_runs(head_dim, dtype, mask_name, lengths, gqa):
         # the all-Triton forward too where shared memory runs short (its compiles are the
         # slow part of this test on a GPU)
         for backend in ("auto", "triton") if head_dim >= 128 else ("auto",):
-            out = adaptive_attention(*dev[:3], dev[3], is_causal=causal, backend=backend)
+            out = adaptive_attention(
+                *dev[:3], dev[3], is_causal=causal, enable_gqa=gqa, backend=backend
+            )
             err = np.abs(out.cpu().double().numpy() - ref)
             assert np.all(err <= tol), f"{backend}: max err/tol {np.max(err / tol)}"
 
