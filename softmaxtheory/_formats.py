@@ -39,6 +39,7 @@ __all__ = [
     "KINDS",
     "NUMPY_DTYPES",
     "QUANTITIES",
+    "ROWWISE_KINDS",
     "ROW_EMPTY",
     "ROW_INVALID",
     "ROW_MASKED",
@@ -67,6 +68,8 @@ FRAMEWORKS: tuple[Framework, ...] = get_args(Framework)
 #: A kind of kernel.
 Kind = Literal["softmax", "entropy", "adaptive_softmax", "attention"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
+#: The kinds whose kernels map a row of logits to a row (or a number): all but attention.
+ROWWISE_KINDS: tuple[Kind, ...] = tuple(k for k in KINDS if k != "attention")
 
 #: A reading of one row that the reference certifies (β is a reading, not a kernel).
 Quantity = Literal["softmax", "entropy", "beta", "adaptive_softmax"]

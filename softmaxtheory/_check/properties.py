@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from .. import strategies as strat
 from .. import testing as tst
-from .._formats import FORMATS
+from .._formats import FORMATS, ROWWISE_KINDS, Kind
 from ..spec import Constant, LogLength, Polynomial, Schedule
 from . import error_model as model
 from .report import row_literal
@@ -411,15 +411,15 @@ def _p_attention_batch(t: Target, run: Run) -> None:
 
 
 #: Every property in report order, mapping its name to its check and the kinds it applies to.
-PROPERTIES: dict[str, tuple[Callable[[Target, Run], None], tuple[str, ...]]] = {
-    "values": (_p_values, ("softmax", "entropy", "adaptive_softmax")),
-    "long_rows": (_p_long_rows, ("softmax", "entropy", "adaptive_softmax")),
-    "million_row": (_p_million_row, ("softmax", "entropy", "adaptive_softmax")),
+PROPERTIES: dict[str, tuple[Callable[[Target, Run], None], tuple[Kind, ...]]] = {
+    "values": (_p_values, ROWWISE_KINDS),
+    "long_rows": (_p_long_rows, ROWWISE_KINDS),
+    "million_row": (_p_million_row, ROWWISE_KINDS),
     "branch_points": (_p_branch_points, ("entropy", "adaptive_softmax")),
-    "batch_independence": (_p_batch_independence, ("softmax", "entropy", "adaptive_softmax")),
-    "dtype_shape": (_p_dtype_shape, ("softmax", "entropy", "adaptive_softmax")),
-    "special_values": (_p_special_values, ("softmax", "entropy", "adaptive_softmax")),
-    "invariances": (_p_invariances, ("softmax", "entropy", "adaptive_softmax")),
+    "batch_independence": (_p_batch_independence, ROWWISE_KINDS),
+    "dtype_shape": (_p_dtype_shape, ROWWISE_KINDS),
+    "special_values": (_p_special_values, ROWWISE_KINDS),
+    "invariances": (_p_invariances, ROWWISE_KINDS),
     "temperature_cap": (_p_temperature_cap, ("adaptive_softmax",)),
     "schedules": (_p_schedules, ("adaptive_softmax",)),
     "attention_values": (_p_attention_values, ("attention",)),
