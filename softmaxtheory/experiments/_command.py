@@ -41,6 +41,7 @@ import numpy as np
 __all__ = [
     "Progress",
     "UsageError",
+    "add_run_options",
     "device_name",
     "finite",
     "nonnegative_int",
@@ -141,6 +142,28 @@ def device_name(device: Any) -> str:
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def add_run_options(parser: argparse.ArgumentParser, name: str) -> None:
+    """Add the options every experiment command shares.
+
+    They are ``--device``, ``--out`` (default ``./{name}_out``), ``--json`` and
+    ``--no-progress``.
+    """
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where to run (default auto: cuda when available)",
+    )
+    parser.add_argument(
+        "--out",
+        default=f"{name}_out",
+        metavar="DIR",
+        help=f"folder for {name}.csv/.png/.json (default ./{name}_out)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 def prepare(args: argparse.Namespace, default_out: str) -> tuple[Any, Path]:

@@ -33,6 +33,7 @@ from typing import Any
 
 from .._command import (
     UsageError,
+    add_run_options,
     device_name,
     nonnegative_int,
     positive_float,
@@ -202,20 +203,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="M",
         help="training time budget in minutes (quick: 6, full: 5)",
     )
-    parser.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="where to run (default auto: cuda when available)",
-    )
-    parser.add_argument(
-        "--out",
-        default="clrs_text_out",
-        metavar="DIR",
-        help="folder for clrs_text.csv/.png/.json (default ./clrs_text_out)",
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_run_options(parser, "clrs_text")
 
 
 def resolve_config(args: argparse.Namespace) -> Config:

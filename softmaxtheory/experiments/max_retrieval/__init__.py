@@ -34,6 +34,7 @@ from typing import Any
 
 from .._command import (
     UsageError,
+    add_run_options,
     device_name,
     nonnegative_int,
     positive_float,
@@ -162,25 +163,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-minutes", type=positive_float, metavar="M", help="training time budget in minutes"
     )
     parser.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="where to run (default auto: cuda when available)",
-    )
-    parser.add_argument(
         "--chunk-items",
         type=positive_int,
         metavar="N",
         help="items per seed evaluated at once (default 65536 on CPU, 1048576 on CUDA)",
     )
-    parser.add_argument(
-        "--out",
-        default="max_retrieval_out",
-        metavar="DIR",
-        help="folder for max_retrieval.csv/.png/.json (default ./max_retrieval_out)",
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_run_options(parser, "max_retrieval")
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
