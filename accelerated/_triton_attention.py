@@ -71,6 +71,28 @@ _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
+def _load_block(Base, base, rows, cols, stride_row, stride_col, n_rows, n_cols):
+    """The (rows, cols) block at ``Base + base`` (int64 offsets), zero outside n_rows × n_cols."""
+    ptrs = (
+        Base
+        + base
+        + rows[:, None].to(tl.int64) * stride_row
+        + cols[None, :].to(tl.int64) * stride_col
+    )
+    return tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+
+
+@triton.jit
+def _row_stats(Lse, Ent, DEnt, DLse, row, in_rows):
+    """Pass 1's log-sum-exp and entropy of the rows, and their incoming gradients."""
+    lse = tl.load(Lse + row, mask=in_rows, other=0.0)
+    ent = tl.load(Ent + row, mask=in_rows, other=0.0)
+    d_ent = tl.load(DEnt + row, mask=in_rows, other=0.0)
+    d_lse = tl.load(DLse + row, mask=in_rows, other=0.0)
+    return lse, ent, d_ent, d_lse
+
+
+@triton.jit
 def _tile(
     q,
     k,
@@ -138,11 +160,7 @@ def _logits(
 ):
     """Load the key block at `start_n`; the tile's logits, which take part, and the keys."""
     cols = start_n + offs_n
-    cols64 = cols.to(tl.int64)
-    k_ptrs = (
-        K + k_base + cols64[:, None] * stride_k_seq + offs_d[None, :].to(tl.int64) * stride_k_dim
-    )
-    k = tl.load(k_ptrs, mask=(cols[:, None] < S) & (offs_d[None, :] < D), other=0.0)
+    k = _load_block(K, k_base, cols, offs_d, stride_k_seq, stride_k_dim, S, D)
     if UPCAST:
         q = q.to(tl.float32)
         k = k.to(tl.float32)
@@ -196,14 +214,8 @@ def _entropy_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q_ptrs = (
-        Q
-        + batch * stride_q_batch
-        + head * stride_q_head
-        + offs_m[:, None].to(tl.int64) * stride_q_seq
-        + offs_d[None, :].to(tl.int64) * stride_q_dim
-    )
-    q = tl.load(q_ptrs, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D), other=0.0)
+    q_base = batch * stride_q_batch + head * stride_q_head
+    q = _load_block(Q, q_base, offs_m, offs_d, stride_q_seq, stride_q_dim, L, D)
     k_base = batch * stride_k_batch + kv_head * stride_k_head
     mask_base = batch * stride_mask_batch + head * stride_mask_head
     m_i = tl.full([BLOCK_M], float("-inf"), ACC)
@@ -301,20 +313,10 @@ def _entropy_bwd_dq_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q_ptrs = (
-        Q
-        + batch * stride_q_batch
-        + head * stride_q_head
-        + offs_m[:, None].to(tl.int64) * stride_q_seq
-        + offs_d[None, :].to(tl.int64) * stride_q_dim
-    )
-    q = tl.load(q_ptrs, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D), other=0.0)
+    q_base = batch * stride_q_batch + head * stride_q_head
+    q = _load_block(Q, q_base, offs_m, offs_d, stride_q_seq, stride_q_dim, L, D)
     row = pid_bh.to(tl.int64) * L + offs_m
-    in_rows = offs_m < L
-    lse = tl.load(Lse + row, mask=in_rows, other=0.0)
-    ent = tl.load(Ent + row, mask=in_rows, other=0.0)
-    d_ent = tl.load(DEnt + row, mask=in_rows, other=0.0)
-    d_lse = tl.load(DLse + row, mask=in_rows, other=0.0)
+    lse, ent, d_ent, d_lse = _row_stats(Lse, Ent, DEnt, DLse, row, offs_m < L)
     k_base = batch * stride_k_batch + kv_head * stride_k_head
     mask_base = batch * stride_mask_batch + head * stride_mask_head
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
@@ -378,14 +380,8 @@ def _entropy_bwd_dk_kernel(
     kv_head = (pid_bh % kv_heads).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    k_ptrs = (
-        K
-        + batch * stride_k_batch
-        + kv_head * stride_k_head
-        + cols[:, None].to(tl.int64) * stride_k_seq
-        + offs_d[None, :].to(tl.int64) * stride_k_dim
-    )
-    k = tl.load(k_ptrs, mask=(cols[:, None] < S) & (offs_d[None, :] < D), other=0.0)
+    k_base = batch * stride_k_batch + kv_head * stride_k_head
+    k = _load_block(K, k_base, cols, offs_d, stride_k_seq, stride_k_dim, S, D)
     if UPCAST:
         k = k.to(tl.float32)
     acc = tl.zeros([BLOCK_N, BLOCK_D], ACC)
@@ -399,21 +395,11 @@ def _entropy_bwd_dk_kernel(
         row_base = (batch * num_heads + head) * L
         for start_m in range(lo, L, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
-            q_ptrs = (
-                Q
-                + q_base
-                + offs_m[:, None].to(tl.int64) * stride_q_seq
-                + offs_d[None, :].to(tl.int64) * stride_q_dim
-            )
-            q = tl.load(q_ptrs, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D), other=0.0)
+            q = _load_block(Q, q_base, offs_m, offs_d, stride_q_seq, stride_q_dim, L, D)
             if UPCAST:
                 q = q.to(tl.float32)
-            in_rows = offs_m < L
             row = row_base + offs_m
-            lse = tl.load(Lse + row, mask=in_rows, other=0.0)
-            ent = tl.load(Ent + row, mask=in_rows, other=0.0)
-            d_ent = tl.load(DEnt + row, mask=in_rows, other=0.0)
-            d_lse = tl.load(DLse + row, mask=in_rows, other=0.0)
+            lse, ent, d_ent, d_lse = _row_stats(Lse, Ent, DEnt, DLse, row, offs_m < L)
             x, valid = _tile(
                 q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, scale,
                 MASK_KIND, CAUSAL, PRECISION, ACC,
@@ -477,14 +463,8 @@ def _attention_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     rows64 = offs_m[:, None].to(tl.int64)
-    q_ptrs = (
-        Q
-        + batch * stride_q_batch
-        + head * stride_q_head
-        + rows64 * stride_q_seq
-        + offs_d[None, :].to(tl.int64) * stride_q_dim
-    )
-    q = tl.load(q_ptrs, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D), other=0.0)
+    q_base = batch * stride_q_batch + head * stride_q_head
+    q = _load_block(Q, q_base, offs_m, offs_d, stride_q_seq, stride_q_dim, L, D)
     beta = tl.load(Beta + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=1.0)
     k_base = batch * stride_k_batch + head * stride_k_head
     mask_base = batch * stride_mask_batch + head * stride_mask_head
@@ -507,14 +487,7 @@ def _attention_kernel(
         alpha = tl.exp(m_i - m_safe)
         p = tl.where(valid, tl.exp(y - m_safe[:, None]), 0.0)
         l_i = alpha * l_i + tl.sum(p, 1)
-        cols64 = (start_n + offs_n).to(tl.int64)
-        v_ptrs = (
-            V
-            + v_base
-            + cols64[:, None] * stride_v_seq
-            + offs_dv[None, :].to(tl.int64) * stride_v_dim
-        )
-        v = tl.load(v_ptrs, mask=(cols64[:, None] < S) & (offs_dv[None, :] < DV), other=0.0)
+        v = _load_block(V, v_base, start_n + offs_n, offs_dv, stride_v_seq, stride_v_dim, S, DV)
         pv = p.to(v.dtype)
         if UPCAST:
             pv = pv.to(tl.float32)
