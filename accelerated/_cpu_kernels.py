@@ -1518,4 +1518,33 @@ def _after_fork_in_child() -> None:
 #: The table :mod:`softmaxtheory.accelerated.cpu` calls the kernels through.
 kernels = KernelTable()
 
+
+def chunk_state_arrays(x: np.ndarray, chunk: int, nchunk: int) -> tuple[np.ndarray, ...]:
+    """The T7 states of the `nchunk` consecutive chunks of `chunk` items of the flat `x`.
+
+    Returns the arrays ``(m, nnan, c, neff, r, t)``: per chunk its maximum, its
+    count of NaN and ``+inf``, the count at the maximum, the unmasked count and the
+    shifted and weighted sums (:func:`chunk_states`).
+    """
+    m = np.empty(nchunk, dtype=x.dtype)
+    nnan = np.empty(nchunk, dtype=np.int64)
+    c = np.empty(nchunk, dtype=np.int64)
+    neff = np.empty(nchunk, dtype=np.int64)
+    r = np.empty(nchunk)
+    t = np.empty(nchunk)
+    kernels.chunk_states(x, chunk, m, nnan, c, neff, r, t)
+    return m, nnan, c, neff, r, t
+
+
+def long_row_state(row: np.ndarray) -> tuple[bool, float, int, int, float, float]:
+    """The T7 state ``(bad, M, C, N, R, T)`` of one row of any length.
+
+    Its chunks of :data:`CHUNK` items are merged left to right, the fixed order
+    every caller shares.
+    """
+    m, nnan, c, neff, r, t = chunk_state_arrays(row, CHUNK, -(-row.size // CHUNK))
+    bad, M, C, N, R, T = kernels.merge_chunks(m.astype(np.float64), nnan, c, neff, r, t)
+    return bool(bad), float(M), int(C), int(N), float(R), float(T)
+
+
 os.register_at_fork(after_in_child=_after_fork_in_child)

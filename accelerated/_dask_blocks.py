@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit
 
 from .._formats import ROW_INVALID, ROW_MASKED, ROW_REGULAR
-from ._cpu_kernels import entropy_from_state, merge_state
+from ._cpu_kernels import chunk_state_arrays, entropy_from_state, long_row_state, merge_state
 from ._cpu_kernels import kernels as _k
 
 __all__: list[str] = []
@@ -89,13 +89,7 @@ def block_states(x2: np.ndarray) -> np.ndarray:
     if rows == 0 or nk == 0:
         return out
     if nk <= CHUNK:
-        m = np.empty(rows, dtype=x2.dtype)
-        nnan = np.empty(rows, dtype=np.int64)
-        c = np.empty(rows, dtype=np.int64)
-        ne = np.empty(rows, dtype=np.int64)
-        r = np.empty(rows)
-        t = np.empty(rows)
-        _k.chunk_states(x2.reshape(-1), nk, m, nnan, c, ne, r, t)
+        m, nnan, c, ne, r, t = chunk_state_arrays(x2.reshape(-1), nk, rows)
         bad = (nnan > 0) | (m == np.inf)
         ok = ~bad
         out["bad"] = bad
@@ -105,16 +99,8 @@ def block_states(x2: np.ndarray) -> np.ndarray:
         out["r"][ok] = r[ok]
         out["t"][ok] = t[ok]
         return out
-    nchunk = -(-nk // CHUNK)
-    m = np.empty(nchunk, dtype=x2.dtype)
-    nnan = np.empty(nchunk, dtype=np.int64)
-    c = np.empty(nchunk, dtype=np.int64)
-    ne = np.empty(nchunk, dtype=np.int64)
-    r = np.empty(nchunk)
-    t = np.empty(nchunk)
     for i in range(rows):
-        _k.chunk_states(x2[i], CHUNK, m, nnan, c, ne, r, t)
-        bad, M, C, N, R, T = _k.merge_chunks(m.astype(np.float64), nnan, c, ne, r, t)
+        bad, M, C, N, R, T = long_row_state(x2[i])
         if bad:
             out["bad"][i] = True
         else:

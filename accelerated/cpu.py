@@ -77,6 +77,7 @@ from ..spec import (
     check_entropy_eps,
     resolve_schedule,
 )
+from ._cpu_kernels import chunk_state_arrays, long_row_state
 from ._cpu_kernels import kernels as _k
 
 __all__ = [
@@ -199,19 +200,6 @@ def _rows2d(work: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def _long_row_state(row: np.ndarray) -> tuple[bool, float, int, int, float, float]:
-    nchunk = -(-row.size // CHUNK)
-    m = np.empty(nchunk, dtype=row.dtype)
-    nnan = np.empty(nchunk, dtype=np.int64)
-    c = np.empty(nchunk, dtype=np.int64)
-    neff = np.empty(nchunk, dtype=np.int64)
-    r = np.empty(nchunk)
-    t = np.empty(nchunk)
-    _k.chunk_states(row, CHUNK, m, nnan, c, neff, r, t)
-    bad, M, C, N, R, T = _k.merge_chunks(m.astype(np.float64), nnan, c, neff, r, t)
-    return bool(bad), float(M), int(C), int(N), float(R), float(T)
-
-
 def _long_row_entropy(row: np.ndarray, state: tuple, eps: float) -> tuple[int, float]:
     bad, M, C, _, R, T = state
     if bad:
@@ -318,7 +306,7 @@ def _run(
         states = []
         kinds = []
         for i in range(rows):
-            state = _long_row_state(x2[i])
+            state = long_row_state(x2[i])
             kind, hi = _long_row_entropy(x2[i], state, eps)
             states.append(state)
             kinds.append(kind)
@@ -831,15 +819,9 @@ class StreamingSoftmax:
             return self
         self._digest = (self._digest + _digest(arr)) & _MASK64
         if arr.size > CHUNK:
-            bad, M, C, N, R, T = _long_row_state(arr)
+            bad, M, C, N, R, T = long_row_state(arr)
         else:
-            m = np.empty(1, dtype=self.dtype)
-            nnan = np.empty(1, dtype=np.int64)
-            c = np.empty(1, dtype=np.int64)
-            ne = np.empty(1, dtype=np.int64)
-            r = np.empty(1)
-            t = np.empty(1)
-            _k.chunk_states(arr, CHUNK, m, nnan, c, ne, r, t)
+            m, nnan, c, ne, r, t = chunk_state_arrays(arr, CHUNK, 1)
             bad = bool(nnan[0] > 0 or m[0] == np.inf)
             M, C, N, R, T = float(m[0]), int(c[0]), int(ne[0]), float(r[0]), float(t[0])
         self._fold(bad, M, C, N, R, T, arr.size)
