@@ -30,13 +30,14 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from ..spec import Schedule
+from ..spec import Constant, LogLength, Polynomial, Schedule
 from ._torch_common import (
     HALF_DTYPES,
     as_float_tensor,
     beta_from_entropy,
     entropy_from_stats,
     mul_pow2,
+    poly_floats,
     shifted_logits,
     stats_dtype,
 )
@@ -81,6 +82,7 @@ class Prepared:
     empty: bool = False  # B*H, L or S is zero: nothing is computed
     log2_bound: float = -math.inf  # log2 of a bound on |logit| (finite entries)
     log2_qmax: float = -math.inf  # log2 of the largest finite |q|
+    values_finite: bool = True  # every entry of v is finite (known from the scan)
 
 
 def _to4(t: torch.Tensor, lead: tuple[int, ...], heads: int | None = None) -> torch.Tensor:
@@ -103,6 +105,24 @@ def _abs_max(t: torch.Tensor) -> float:
 
 def _log2(x: float) -> float:
     return math.log2(x) if x > 0 else -math.inf
+
+
+def _scan(tensors: list[torch.Tensor]) -> list[float]:
+    r"""The largest magnitude :math:`\max |t|` of each tensor, read to the host at once.
+
+    One fused reduction per tensor (``vector_norm`` of order :math:`\infty`:
+    each tensor is read once, no temporary of its size), then one
+    device-to-host copy for all of them. NaN where the tensor holds a NaN,
+    ``inf`` where it holds an infinity and no NaN, 0.0 for an empty tensor.
+    """
+    with torch.no_grad():
+        norms = [
+            torch.linalg.vector_norm(t, math.inf).to(torch.float64)
+            if t.numel()
+            else torch.zeros((), dtype=torch.float64, device=t.device)
+            for t in tensors
+        ]
+        return torch.stack(norms).tolist()
 
 
 def prepare(
@@ -213,7 +233,7 @@ def prepare(
             rows = torch.arange(L, device=q.device)
             n_eff = torch.clamp(rows + 1, max=S).expand(*q4.shape[:2], L)
         else:
-            n_eff = torch.full((*q4.shape[:2], L), S, dtype=torch.int64, device=q.device)
+            n_eff = torch.full((), S, dtype=torch.int64, device=q.device).expand(*q4.shape[:2], L)
     else:
         m4 = _to4(mask, lead)
         if mask.dtype == torch.bool:
@@ -224,13 +244,21 @@ def prepare(
             bias = bool(torch.any(finite & (m4 != 0)))
             keep = m4 != -torch.inf
         n_eff = keep.sum(-1).expand(*q4.shape[:2], L)
-    bad = _bad_rows(q4, k4, keep, add, is_causal, group)
-    lq = _log2(_abs_max(q4))
-    lb = _log2(abs(scale)) + lq + _log2(_abs_max(k4)) + _log2(D)
+    # one read of each operand and one host sync: all finite (the common case) settles
+    # the NaN rows and the overflow guard; otherwise the detailed (slower) scans run
+    qmax, kmax, vmax = _scan([q, k, v if v is not None else q.new_zeros(0)])
+    qk_finite = math.isfinite(qmax) and math.isfinite(kmax)
+    bad = _bad_rows(q4, k4, keep, add, is_causal, group, qk_finite)
+    if not math.isfinite(qmax):
+        qmax = _abs_max(q4)
+    if not math.isfinite(kmax):
+        kmax = _abs_max(k4)
+    lq = _log2(qmax)
+    lb = _log2(abs(scale)) + lq + _log2(kmax) + _log2(D)
     if bias:
         lb = max(lb, _log2(_abs_max(add))) + 1.0
     return Prepared(q4, k4, v4, lead, scale, is_causal, keep, add, bias, n_eff, bad,
-                    group, False, lb, lq)  # fmt: skip
+                    group, False, lb, lq, math.isfinite(vmax))  # fmt: skip
 
 
 def _bad_rows(
@@ -240,17 +268,22 @@ def _bad_rows(
     add: torch.Tensor | None,
     is_causal: bool,
     group: int = 1,
+    qk_finite: bool = False,
 ) -> torch.Tensor | None:
     """Rows whose spec answer is NaN: a non-finite query, unmasked key or mask entry.
 
     A query with no unmasked key is never bad (its row is zeros, the
-    special-value table's fully masked row), whatever `q` holds.
+    special-value table's fully masked row), whatever `q` holds. With
+    `qk_finite` (every entry of q and k is known finite) only the additive
+    mask is read.
     """
     with torch.no_grad():
+        mask_bad = add is not None and bool((torch.isnan(add) | (add == torch.inf)).any())
+        if qk_finite and not mask_bad:
+            return None
         q_bad = ~torch.isfinite(q).all(-1)
         k_bad = ~torch.isfinite(k).all(-1)
-        mask_bad = add is not None and bool((torch.isnan(add) | (add == torch.inf)).any())
-        if not bool(q_bad.any()) and not bool(k_bad.any()) and not mask_bad:
+        if not mask_bad and not bool(q_bad.any()) and not bool(k_bad.any()):
             return None
         if group > 1:
             k_bad = k_bad.repeat_interleave(group, dim=1)
@@ -300,12 +333,119 @@ def _beta_max(beta: torch.Tensor) -> float:
         return float(b.amax()) if b.numel() else 1.0
 
 
+def _beta_bound(schedule: Schedule, n_max: int) -> float | None:
+    r"""An upper bound of β over all rows of at most `n_max` unmasked items, on the host.
+
+    A row's entropy lies in :math:`[0, \log n_{\max}]`. With
+    :math:`h = \max(1, \log n_{\max})`, the polynomial schedule gives
+    :math:`\beta \le \max(1, \sum_k |c_k|\, h^{d-k})`; Scalable-Softmax gives
+    :math:`\beta = s \log n \le s \log n_{\max}`; a constant is itself. The
+    bound is doubled against the rounding of β's float evaluation. None for a
+    user's schedule, or when the bound overflows a float (β is then read back
+    from the device).
+    """
+    h = max(1.0, math.log(max(n_max, 1)))
+    try:
+        if isinstance(schedule, Polynomial):
+            coeffs, _ = poly_floats(schedule)
+            d = len(coeffs) - 1
+            bound = math.fsum(abs(c) * h ** (d - i) for i, c in enumerate(coeffs))
+        elif isinstance(schedule, Constant):
+            bound = float(schedule.exact_beta)
+        elif isinstance(schedule, LogLength):
+            bound = float(schedule.exact_s) * h
+        else:
+            return None
+    except OverflowError:
+        return None
+    bound = 2.0 * max(1.0, bound)
+    return bound if math.isfinite(bound) else None
+
+
+def _beta_fits(p: Prepared, schedule: Schedule, beta: torch.Tensor) -> bool:
+    """:func:`_fits` for the β of `schedule`: from its host-side bound, else β read back.
+
+    The bound (:func:`_beta_bound`) settles the common case without a device
+    sync; only a schedule without one, or logits near the float maximum, read
+    the largest β.
+    """
+    bound = _beta_bound(schedule, p.k.shape[-2])
+    if bound is not None and _fits(p, bound):
+        return True
+    return _fits(p, _beta_max(beta))
+
+
 def _triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _want_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+# ---------------------------------------------------------------- β-scaled queries
+
+
+def _rowdot(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    r""":math:`\sum_d a_{\ldots d}\, b_{\ldots d}` in `dtype`, keepdim, over blocks of rows.
+
+    The operands are converted to `dtype` a block of rows at a time
+    (:data:`CHUNK_ELEMENTS` elements), so no converted copy of a whole
+    operand is formed; each row's sum is the same as in one pass.
+    """
+    rows = max(1, a.shape[-2])
+    block = max(1, CHUNK_ELEMENTS // max(1, a.numel() // rows))
+    parts = [
+        (a[..., i : i + block, :].to(dtype) * b[..., i : i + block, :].to(dtype)).sum(
+            -1, keepdim=True
+        )
+        for i in range(0, rows, block)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+
+
+class _ScaleRows(torch.autograd.Function):
+    r"""The queries :math:`\beta_i q_i`, rounded once to the dtype of `q`.
+
+    One elementwise kernel reads `q` and writes the result in its dtype (the
+    product is formed in the statistics dtype of β), so no float32 copy of
+    the queries is made, and autograd keeps `q` (the caller's tensor) and
+    β, not a converted copy. Backward: :math:`\bar q_i = \beta_i \bar y_i`
+    (again one kernel into the dtype of `q`) and
+    :math:`\bar\beta_i = \sum_d \bar y_{id} q_{id}` in β's dtype.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, q: torch.Tensor, beta: torch.Tensor
+    ) -> torch.Tensor:
+        out = torch.empty_like(q)
+        torch.mul(q, beta, out=out)
+        ctx.save_for_backward(q, beta)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        q, beta = ctx.saved_tensors
+        dq = dbeta = None
+        if ctx.needs_input_grad[0]:
+            dq = torch.empty_like(q)
+            torch.mul(grad, beta, out=dq)
+        if ctx.needs_input_grad[1]:
+            dbeta = _rowdot(grad, q, beta.dtype)
+        return dq, dbeta
+
+
+def scale_rows(q: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    r"""The β-scaled queries :math:`\beta_i q_i` in the dtype of `q` (differentiable).
+
+    `beta` holds one value per query row (shape of ``q.shape[:-1]``, in the
+    statistics dtype); see :class:`_ScaleRows`.
+    """
+    return _ScaleRows.apply(q, beta.unsqueeze(-1))
 
 
 # ---------------------------------------------------------------- fused primitives
@@ -411,11 +551,11 @@ def _composition(p: Prepared, schedule: Schedule, detach_beta: bool) -> torch.Te
     beta = beta_from_entropy(schedule, entropy, p.n_eff).to(sd)
     if detach_beta:
         beta = beta.detach()
-    if not _fits(p, _beta_max(beta)):
+    if not _beta_fits(p, schedule, beta):
         return None  # beta * q or beta * x could overflow: the chunked path
-    qb = (p.q.to(sd) * beta.unsqueeze(-1)).to(p.q.dtype)
     try:
         with torch.set_grad_enabled(_want_grad(p.q, p.k, p.v)):
+            qb = scale_rows(p.q, beta)
             out, lse = _lse_primitive(qb, p.k, p.v, _additive(p), p.is_causal, p.scale)
     except (RuntimeError, NotImplementedError):
         return None
@@ -668,6 +808,45 @@ def entropy_lse_grad(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
 # ---------------------------------------------------------------- hybrid path
 
 
+#: torch's SDPA takes ``enable_gqa`` (torch 2.5 and later).
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+
+#: Pass 2 without a gradient is split into pieces along batch and heads when the β-scaled
+#: queries exceed this many bytes: the pieces of the scaled queries and of SDPA's output are
+#: then the only memory beside the result (see :func:`_pieces`).
+PASS2_SPLIT_BYTES = 32 << 20
+
+#: Number of pieces pass 2 is split into (about: whole batch entries and head groups).
+PASS2_PIECES = 8
+
+
+def _pieces(B: int, H: int, group: int, pieces: int) -> list[tuple[slice, slice]]:
+    """(batch, query-head) slices covering (B, H) in about `pieces` blocks.
+
+    The batch is split first; heads only when the batch has fewer entries than
+    `pieces`, and then in whole groups (a block's query heads share its key heads).
+    """
+    nb = max(1, min(B, pieces))
+    groups = H // group
+    ng = max(1, min(groups, -(-pieces // nb)))
+    out = []
+    for i in range(nb):
+        b = slice(i * B // nb, (i + 1) * B // nb)
+        for j in range(ng):
+            out.append((b, slice(j * groups // ng * group, (j + 1) * groups // ng * group)))
+    return out
+
+
+def _sdpa_pass2(
+    p: Prepared, qb: torch.Tensor, mask: torch.Tensor | None, gqa: bool
+) -> torch.Tensor:
+    """SDPA on the β-scaled queries; shared key heads passed as such when `gqa`."""
+    extra = {"enable_gqa": True} if gqa else {}
+    return F.scaled_dot_product_attention(
+        qb, p.k, p.v, attn_mask=mask, is_causal=p.is_causal, scale=p.scale, **extra
+    )
+
+
 def _hybrid(
     p: Prepared, schedule: Schedule, detach_beta: bool, entropy: torch.Tensor | None
 ) -> torch.Tensor | None:
@@ -679,31 +858,48 @@ def _hybrid(
     boolean, causal or 0/``-inf`` mask is passed as is. SDPA then runs on
     whatever fused kernel it picks (cuDNN, flash, memory-efficient; CPU:
     its own). `entropy` is pass 1 (None when the schedule does not read it).
-    Returns None when β times the logits could overflow (the caller then
-    takes the overflow-safe chunked path).
+
+    Grouped-query attention without a mask passes the shared key heads to
+    SDPA's own ``enable_gqa`` (torch 2.5 and later; SDPA's fused kernels take
+    it only without a mask); otherwise each key and value head is repeated
+    for its group. Without a gradient and above :data:`PASS2_SPLIT_BYTES`,
+    pass 2 runs in :data:`PASS2_PIECES` pieces along batch and heads into one
+    output, so the β-scaled queries never exist whole: the memory beside the
+    result is a piece of the queries and a piece of SDPA's output. Returns
+    None when β times the logits could overflow (the caller then takes the
+    overflow-safe chunked path).
     """
     sd = stats_dtype(p.q.dtype)
     beta = beta_from_entropy(schedule, entropy, p.n_eff).to(sd)
     if detach_beta:
         beta = beta.detach()
-    if not _fits(p, _beta_max(beta)):
+    if not _beta_fits(p, schedule, beta):
         return None
-    bcol = beta.unsqueeze(-1)
-    qb = (p.q.to(sd) * bcol).to(p.q.dtype)
-    k = p.k
-    v = p.v
     mask = None
     if p.bias:
         # safe where: -inf entries stay -inf and never meet beta (d(-inf * beta)/dbeta is NaN)
+        bcol = beta.unsqueeze(-1)
         add = p.add.to(sd)
         finite = torch.isfinite(add)
         scaled = torch.where(finite, add, torch.zeros_like(add)) * bcol
         mask = torch.where(finite, scaled, add).to(p.q.dtype)
     elif p.keep is not None:
         mask = p.keep
-    return F.scaled_dot_product_attention(
-        qb, k, v, attn_mask=mask, is_causal=p.is_causal, scale=p.scale
-    )
+    same_d = p.k.shape[-1] == p.v.shape[-1] <= 256
+    gqa = p.group > 1 and mask is None and _SDPA_GQA and same_d
+    if p.group > 1 and not gqa:
+        p = _ungrouped(p)
+    B, H, L, D = p.q.shape
+    grad = torch.is_grad_enabled() and (beta.requires_grad or _want_grad(p.q, p.k, p.v))
+    if grad or p.q.element_size() * B * H * L * D <= PASS2_SPLIT_BYTES:
+        return _sdpa_pass2(p, scale_rows(p.q, beta), mask, gqa)
+    out = p.q.new_empty((B, H, L, p.v.shape[-1]))
+    for b, h in _pieces(B, H, p.group, PASS2_PIECES):
+        kv = slice(h.start // p.group, h.stop // p.group)
+        part = replace(p, q=p.q[b, h], k=p.k[b, kv], v=p.v[b, kv])
+        m = None if mask is None else mask[b, h]
+        out[b, h] = _sdpa_pass2(part, scale_rows(part.q, beta[b, h]), m, gqa)
+    return out
 
 
 # ---------------------------------------------------------------- Triton path
@@ -743,7 +939,7 @@ def _triton(p: Prepared, schedule: Schedule) -> torch.Tensor | None:
     try:
         entropy = triton_entropy_lse(p)[0] if schedule.needs_entropy else None
         beta = beta_from_entropy(schedule, entropy, p.n_eff).to(torch.float32)
-        if not _fits(p, _beta_max(beta)):
+        if not _beta_fits(p, schedule, beta):
             return None
         beta = beta.expand(*p.q.shape[:2], p.q.shape[-2])
         return tri.triton_attention(p.q, p.k, p.v, beta, mask, kind, p.is_causal, p.scale)
@@ -823,14 +1019,15 @@ def _ungrouped(p: Prepared) -> Prepared:
 def _finite_values(p: Prepared) -> tuple[Prepared, torch.Tensor | None]:
     """`p` with non-finite values replaced by 0, and the (B, H', S, Dv) non-finite mask.
 
-    The mask is None (and `p` unchanged) when every value is finite.
+    The mask is None (and `p` unchanged) when every value is finite, which
+    :func:`prepare`'s scan already knows: nothing is read then.
     """
+    if p.values_finite:
+        return p, None
     with torch.no_grad():
         bad = ~torch.isfinite(p.v)
-        if not bool(bad.any()):
-            return p, None
     zero = torch.zeros((), dtype=p.v.dtype, device=p.v.device)
-    return replace(p, v=torch.where(bad, zero, p.v)), bad
+    return replace(p, v=torch.where(bad, zero, p.v), values_finite=True), bad
 
 
 def _nonfinite_columns(p: Prepared, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -897,25 +1094,26 @@ def attention(
             raise ValueError(
                 "backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 for CPU tensors)"
             )
-    grouped = p  # pass 1 reads the key heads as they are (grouped-query attention)
-    p = _ungrouped(p)
+    # the key heads stay shared (grouped-query attention) for pass 1 and SDPA's own
+    # enable_gqa; the other paths repeat them (_ungrouped)
     v_orig = p.v
     p, v_bad = _finite_values(p)
     safe = q.shape[-1] == 0 or not _fits(p)
     if safe:
         pass  # the overflow-safe chunked path below (also for an empty feature axis)
     elif backend == "triton":
-        out = _triton(p, schedule)
+        out = _triton(_ungrouped(p), schedule)
     elif backend == "hybrid" or (backend == "auto" and entropy_eps == 0.0 and _pass1_triton_ok(p)):
-        out = _hybrid(p, schedule, detach_beta, _hybrid_entropy(grouped, schedule, beta_grad))
+        out = _hybrid(p, schedule, detach_beta, _hybrid_entropy(p, schedule, beta_grad))
     if out is None and not safe and backend != "chunked" and entropy_eps == 0.0 and not p.bias:
-        out = _composition(p, schedule, detach_beta)
+        out = _composition(_ungrouped(p), schedule, detach_beta)
     if out is None:
-        out = _chunked(p, schedule, entropy_eps, detach_beta, safe=safe)
+        out = _chunked(_ungrouped(p), schedule, entropy_eps, detach_beta, safe=safe)
     out = out.to(q.dtype)
     if v_bad is not None:
         out = _nonfinite_columns(p, v_orig, out)
-    if p.keep is not None or p.is_causal:
+    if p.keep is not None:
+        # a query with no unmasked key gives zeros (causal rows always keep key 0)
         out = torch.where((p.n_eff == 0).unsqueeze(-1), torch.zeros_like(out), out)
     if p.bad is not None:
         out = torch.where(p.bad.unsqueeze(-1), torch.full_like(out, torch.nan), out)

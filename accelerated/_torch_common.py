@@ -28,6 +28,7 @@ __all__ = [
     "beta_from_entropy",
     "entropy_from_stats",
     "mul_pow2",
+    "poly_floats",
     "shifted_logits",
     "stats_dtype",
 ]
@@ -115,7 +116,7 @@ def entropy_from_stats(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.compiler.assume_constant_result
-def _poly_floats(schedule: Polynomial) -> tuple[tuple[float, ...], float]:
+def poly_floats(schedule: Polynomial) -> tuple[tuple[float, ...], float]:
     """The polynomial's coefficients and threshold as floats (constants under ``torch.compile``)."""
     return tuple(float(c) for c in schedule.exact_coefficients), float(schedule.exact_threshold)
 
@@ -147,24 +148,26 @@ def beta_from_entropy(
     torch.Tensor
         float64 β, shape of the rows.
     """
-    n = n_eff.to(torch.float64)
     if isinstance(schedule, Polynomial):
         if entropy is None:
             raise ValueError("the polynomial schedule needs the row entropies")
         h = entropy.to(torch.float64)
-        coeffs, threshold = _poly_floats(schedule)
+        coeffs, threshold = poly_floats(schedule)
         p = torch.zeros_like(h)
         for c in coeffs:  # Horner, as numpy.polyval
             p = p * h + c
         one = torch.ones_like(h)
         beta = torch.where(h > threshold, torch.maximum(p, one), one)
         beta = torch.where(torch.isnan(h), h, beta)
-        return torch.broadcast_to(beta, torch.broadcast_shapes(h.shape, n.shape))
+        return torch.broadcast_to(beta, torch.broadcast_shapes(h.shape, n_eff.shape))
     if isinstance(schedule, Constant):
         value = _schedule_float(schedule, "exact_beta")
-        shape = n.shape if entropy is None else torch.broadcast_shapes(entropy.shape, n.shape)
-        return torch.full(shape, value, dtype=torch.float64, device=n.device)
+        shape = (
+            n_eff.shape if entropy is None else torch.broadcast_shapes(entropy.shape, n_eff.shape)
+        )
+        return torch.full((), value, dtype=torch.float64, device=n_eff.device).expand(shape)
     if isinstance(schedule, LogLength):
+        n = n_eff.to(torch.float64)
         s = _schedule_float(schedule, "exact_s")
         beta = s * torch.log(torch.where(n == 0, torch.ones_like(n), n))
         beta = torch.where(n == 0, torch.ones_like(beta), beta)
@@ -174,4 +177,4 @@ def beta_from_entropy(
     # A user subclass of Schedule: its float semantics through numpy (rows only).
     h_np = entropy.detach().to("cpu", torch.float64).numpy() if entropy is not None else math.nan
     values = schedule.beta_float(h_np, n_eff.detach().cpu().numpy())
-    return torch.as_tensor(values, dtype=torch.float64, device=n.device)
+    return torch.as_tensor(values, dtype=torch.float64, device=n_eff.device)
