@@ -109,12 +109,19 @@ def _tile(
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     ACC: tl.constexpr,
+    EDGE: tl.constexpr,
 ):
-    """Logits of the (BLOCK_M, BLOCK_N) tile of loaded `q` and `k`, and which take part."""
+    """Logits of the (BLOCK_M, BLOCK_N) tile of loaded `q` and `k`, and which take part.
+
+    ``EDGE=False``: the caller knows the tile lies inside the keys and, when
+    causal, wholly on or below the diagonal, so only a mask can exclude entries.
+    """
     x = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC) * scale
-    valid = (cols[None, :] < S) & (offs_m[:, None] >= 0)
-    if CAUSAL:
-        valid = valid & (cols[None, :] <= offs_m[:, None])
+    valid = (cols[None, :] >= 0) & (offs_m[:, None] >= 0)
+    if EDGE:
+        valid = valid & (cols[None, :] < S)
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= offs_m[:, None])
     if MASK_KIND != 0:
         m_ptrs = (
             Mask
@@ -157,6 +164,7 @@ def _logits(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     ACC: tl.constexpr,
+    EDGE: tl.constexpr,
 ):
     """Load the key block at `start_n`; the tile's logits, which take part, and the keys."""
     cols = start_n + offs_n
@@ -166,9 +174,32 @@ def _logits(
         k = k.to(tl.float32)
     x, valid = _tile(
         q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, scale,
-        MASK_KIND, CAUSAL, PRECISION, ACC,
+        MASK_KIND, CAUSAL, PRECISION, ACC, EDGE,
     )  # fmt: skip
     return x, valid, k
+
+
+@triton.jit
+def _entropy_step(m_i, s_i, t_i, x, valid, MASKED: tl.constexpr):
+    """Merge one tile of logits into the rows' T7 states ``(m, s, t)``.
+
+    ``MASKED=False``: every entry of the tile takes part (an interior tile
+    without a mask), so no entry needs a ``where``.
+    """
+    if MASKED:
+        x = tl.where(valid, x, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(x, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    z = tl.maximum(x - m_safe[:, None], -_FLT_MAX)
+    e = tl.exp(z)
+    if MASKED:
+        z = tl.where(valid, z, 0.0)
+        e = tl.where(valid, e, 0.0)
+    dm = tl.where(m_i == float("-inf"), 0.0, tl.maximum(m_i - m_safe, -_FLT_MAX))
+    t_i = tl.where(alpha > 0.0, alpha * (t_i + s_i * dm), 0.0) + tl.sum(e * z, 1)
+    s_i = alpha * s_i + tl.sum(e, 1)
+    return m_new, s_i, t_i
 
 
 @triton.jit
@@ -222,24 +253,25 @@ def _entropy_kernel(
     s_i = tl.zeros([BLOCK_M], ACC)
     t_i = tl.zeros([BLOCK_M], ACC)
     hi = S
+    # interior key blocks: inside S and, when causal, visible to every row of this block
+    inner = S // BLOCK_N * BLOCK_N
     if CAUSAL:
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M)  # later key blocks are fully masked
-    for start_n in range(0, hi, BLOCK_N):
+        inner = tl.minimum(inner, (pid_m * BLOCK_M + 1) // BLOCK_N * BLOCK_N)
+    for start_n in range(0, inner, BLOCK_N):
         x, valid, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC,
+            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False,
         )  # fmt: skip
-        x = tl.where(valid, x, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(x, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        z = tl.where(valid, tl.maximum(x - m_safe[:, None], -_FLT_MAX), 0.0)
-        e = tl.where(valid, tl.exp(z), 0.0)
-        dm = tl.where(m_i == float("-inf"), 0.0, tl.maximum(m_i - m_safe, -_FLT_MAX))
-        t_i = tl.where(alpha > 0.0, alpha * (t_i + s_i * dm), 0.0) + tl.sum(e * z, 1)
-        s_i = alpha * s_i + tl.sum(e, 1)
-        m_i = m_new
+        m_i, s_i, t_i = _entropy_step(m_i, s_i, t_i, x, valid, MASK_KIND != 0)
+    for start_n in range(inner, hi, BLOCK_N):
+        x, valid, _k = _logits(
+            q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
+            stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
+            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True,
+        )  # fmt: skip
+        m_i, s_i, t_i = _entropy_step(m_i, s_i, t_i, x, valid, True)
     has = s_i > 0.0
     s_safe = tl.where(has, s_i, 1.0)
     log_s = tl.log(s_safe)
@@ -327,7 +359,7 @@ def _entropy_bwd_dq_kernel(
         x, valid, k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC,
+            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True,
         )  # fmt: skip
         dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse)
         acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
@@ -402,7 +434,7 @@ def _entropy_bwd_dk_kernel(
             lse, ent, d_ent, d_lse = _row_stats(Lse, Ent, DEnt, DLse, row, offs_m < L)
             x, valid = _tile(
                 q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, scale,
-                MASK_KIND, CAUSAL, PRECISION, ACC,
+                MASK_KIND, CAUSAL, PRECISION, ACC, True,
             )  # fmt: skip
             valid = valid & (offs_m[:, None] < L)
             dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse)
@@ -479,7 +511,7 @@ def _attention_kernel(
         x, valid, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, tl.float32,
+            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, tl.float32, True,
         )  # fmt: skip
         y = tl.where(valid, beta[:, None] * x, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(y, 1))

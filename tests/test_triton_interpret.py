@@ -68,6 +68,10 @@ ENTROPY_CASES = [
     ("gqa-f32", "float32", 4, 2, 17, 19, 8, "causal"),
     ("gqa-bias-f16", "float16", 6, 3, 5, 18, 5, "bias"),
     ("odd-f32", "float32", 1, 1, 33, 35, 3, "bool"),
+    # interior key blocks (no bounds or causal checks) then an edge block, per query block
+    ("wide-none-f16", "float16", 2, 1, 9, 37, 8, "none"),
+    ("wide-causal-bf16", "bfloat16", 2, 2, 40, 45, 8, "causal"),
+    ("wide-causal-short-f32", "float32", 1, 1, 50, 33, 4, "causal"),
 ]
 
 
