@@ -283,20 +283,27 @@ def _entropy_kernel(
 
 
 @triton.jit
-def _grad_logits(x, valid, lse, ent, d_ent, d_lse):
+def _grad_logits(x, valid, lse, ent, d_ent, d_lse, MASKED: tl.constexpr):
     r"""The gradient of a loss with respect to the tile's logits (masked entries 0).
 
     :math:`\partial \mathrm{LSE}_i/\partial x_{ij} = p_{ij}` and
     :math:`\partial H_i/\partial x_{ij} = -p_{ij}(\log p_{ij} + H_i)` with
     :math:`\log p_{ij} = x_{ij} - \mathrm{LSE}_i`, so
     :math:`\bar x_{ij} = p_{ij}\,(\bar L_i - \bar H_i\,(x_{ij} - \mathrm{LSE}_i + H_i))`.
+    ``MASKED=False``: every entry of the tile takes part (an interior tile
+    without a mask); only the rows are selected.
     """
     # rows no loss reaches (a NaN row's where() sends them 0) contribute nothing, not 0 * NaN
-    valid = valid & ((d_ent != 0.0) | (d_lse != 0.0))[:, None]
+    live = ((d_ent != 0.0) | (d_lse != 0.0))[:, None]
     lse_safe = tl.where(lse == float("-inf"), 0.0, lse)
-    z = tl.where(valid, tl.maximum(x - lse_safe[:, None], -_FLT_MAX), 0.0)
-    p = tl.where(valid, tl.exp(z), 0.0)
-    return tl.where(valid, p * (d_lse[:, None] - d_ent[:, None] * (z + ent[:, None])), 0.0)
+    if MASKED:
+        valid = valid & live
+        z = tl.where(valid, tl.maximum(x - lse_safe[:, None], -_FLT_MAX), 0.0)
+        p = tl.where(valid, tl.exp(z), 0.0)
+        return tl.where(valid, p * (d_lse[:, None] - d_ent[:, None] * (z + ent[:, None])), 0.0)
+    z = tl.maximum(x - lse_safe[:, None], -_FLT_MAX)
+    dx = tl.exp(z) * (d_lse[:, None] - d_ent[:, None] * (z + ent[:, None]))
+    return tl.where(live, dx, 0.0)
 
 
 @triton.jit
@@ -353,18 +360,76 @@ def _entropy_bwd_dq_kernel(
     mask_base = batch * stride_mask_batch + head * stride_mask_head
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     hi = S
+    inner = S // BLOCK_N * BLOCK_N  # interior key blocks, as in the forward
     if CAUSAL:
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
+        inner = tl.minimum(inner, (pid_m * BLOCK_M + 1) // BLOCK_N * BLOCK_N)
+    for start_n in range(0, inner, BLOCK_N):
+        x, valid, k = _logits(
+            q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
+            stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
+            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False,
+        )  # fmt: skip
+        dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse, MASK_KIND != 0)
+        acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
+    for start_n in range(inner, hi, BLOCK_N):
         x, valid, k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
             L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True,
         )  # fmt: skip
-        dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse)
+        dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse, True)
         acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
     dq_ptrs = DQ + pid_bh.to(tl.int64) * L * D + offs_m[:, None].to(tl.int64) * D + offs_d[None, :]
     tl.store(dq_ptrs, acc * scale, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D))
+
+
+@triton.jit
+def _dk_tile(
+    Q,
+    Mask,
+    Lse,
+    Ent,
+    DEnt,
+    DLse,
+    k,
+    cols,
+    offs_d,
+    start_m,
+    q_base,
+    mask_base,
+    row_base,
+    stride_q_seq,
+    stride_q_dim,
+    stride_mask_q,
+    stride_mask_k,
+    L,
+    S,
+    D,
+    scale,
+    MASK_KIND: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    EDGE: tl.constexpr,
+):
+    r"""One query block's contribution :math:`\bar X^\top Q` to a key block's gradient."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q = _load_block(Q, q_base, offs_m, offs_d, stride_q_seq, stride_q_dim, L, D)
+    if UPCAST:
+        q = q.to(tl.float32)
+    # rows past L load zero gradients: dead rows, whatever the tile
+    lse, ent, d_ent, d_lse = _row_stats(Lse, Ent, DEnt, DLse, row_base + offs_m, offs_m < L)
+    x, valid = _tile(
+        q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, scale,
+        MASK_KIND, CAUSAL, PRECISION, ACC, EDGE,
+    )  # fmt: skip
+    if EDGE:
+        valid = valid & (offs_m[:, None] < L)
+    dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse, EDGE or MASK_KIND != 0)
+    return tl.dot(tl.trans(dx.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC)
 
 
 @triton.jit
@@ -418,27 +483,30 @@ def _entropy_bwd_dk_kernel(
         k = k.to(tl.float32)
     acc = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     lo = 0
+    inner = lo  # query blocks from here on see every key of this block (rows past L are dead)
     if CAUSAL:
         lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M  # earlier query blocks see none of these keys
+        inner = (pid_n * BLOCK_N + BLOCK_N - 1 + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    if (pid_n + 1) * BLOCK_N > S:
+        inner = L  # the last key block is partly outside S: every tile is an edge tile
+    inner = tl.minimum(inner, L)
     for g in range(0, group):
         head = kv_head * group + g
         q_base = batch * stride_q_batch + head * stride_q_head
         mask_base = batch * stride_mask_batch + head * stride_mask_head
         row_base = (batch * num_heads + head) * L
-        for start_m in range(lo, L, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            q = _load_block(Q, q_base, offs_m, offs_d, stride_q_seq, stride_q_dim, L, D)
-            if UPCAST:
-                q = q.to(tl.float32)
-            row = row_base + offs_m
-            lse, ent, d_ent, d_lse = _row_stats(Lse, Ent, DEnt, DLse, row, offs_m < L)
-            x, valid = _tile(
-                q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, scale,
-                MASK_KIND, CAUSAL, PRECISION, ACC, True,
+        for start_m in range(lo, inner, BLOCK_M):
+            acc += _dk_tile(
+                Q, Mask, Lse, Ent, DEnt, DLse, k, cols, offs_d, start_m, q_base, mask_base,
+                row_base, stride_q_seq, stride_q_dim, stride_mask_q, stride_mask_k, L, S, D,
+                scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, True,
             )  # fmt: skip
-            valid = valid & (offs_m[:, None] < L)
-            dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse)
-            acc += tl.dot(tl.trans(dx.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC)
+        for start_m in range(inner, L, BLOCK_M):
+            acc += _dk_tile(
+                Q, Mask, Lse, Ent, DEnt, DLse, k, cols, offs_d, start_m, q_base, mask_base,
+                row_base, stride_q_seq, stride_q_dim, stride_mask_q, stride_mask_k, L, S, D,
+                scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, False,
+            )  # fmt: skip
     dk_ptrs = DK + pid_bh.to(tl.int64) * S * D + cols[:, None].to(tl.int64) * D + offs_d[None, :]
     tl.store(dk_ptrs, acc * scale, mask=(cols[:, None] < S) & (offs_d[None, :] < D))
 
