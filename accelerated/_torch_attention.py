@@ -103,6 +103,11 @@ def _abs_max(t: torch.Tensor) -> float:
         return float(a.amax())
 
 
+def _finite_or_zero(t: torch.Tensor) -> torch.Tensor:
+    """`t` with its non-finite entries replaced by 0 (differentiable; 0 gradient there)."""
+    return torch.where(torch.isfinite(t), t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+
 def _log2(x: float) -> float:
     return math.log2(x) if x > 0 else -math.inf
 
@@ -215,8 +220,13 @@ def prepare(
             raise ValueError(
                 f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {(*lead, L, S)}"
             ) from exc
+        if full[-2:] != (L, S):
+            raise ValueError(
+                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                f"(..., {L}, {S}) (queries, keys)"
+            )
         lead = full[:-2]
-        mask = attn_mask
+        mask = attn_mask.expand(*attn_mask.shape[:-2], L, S)  # a (..., L, 1) mask covers S
     kv_heads = (lead[-1] // group) if group > 1 else None
     q4 = _to4(q, lead)
     k4 = _to4(k, lead, kv_heads)
@@ -249,10 +259,15 @@ def prepare(
     qmax, kmax, vmax = _scan([q, k, v if v is not None else q.new_zeros(0)])
     qk_finite = math.isfinite(qmax) and math.isfinite(kmax)
     bad = _bad_rows(q4, k4, keep, add, is_causal, group, qk_finite)
+    # A non-finite entry makes its rows NaN (bad) when its key is unmasked; where the key
+    # is masked it must not reach the fused kernels at all (NaN + -inf is NaN there), so
+    # the kernels see 0 in its place and the bad rows are overwritten afterwards.
     if not math.isfinite(qmax):
         qmax = _abs_max(q4)
+        q4 = _finite_or_zero(q4)
     if not math.isfinite(kmax):
         kmax = _abs_max(k4)
+        k4 = _finite_or_zero(k4)
     lq = _log2(qmax)
     lb = _log2(abs(scale)) + lq + _log2(kmax) + _log2(D)
     if bias:
@@ -905,11 +920,16 @@ def _hybrid(
 # ---------------------------------------------------------------- Triton path
 
 
+def _bias_wider(p: Prepared) -> bool:
+    """Whether a bias is given in a wider dtype than the queries (SDPA would round it)."""
+    return p.bias and torch.finfo(p.add.dtype).bits > torch.finfo(p.q.dtype).bits
+
+
 def _triton_mask(p: Prepared) -> tuple[int, torch.Tensor | None]:
     from . import _triton_attention as tri
 
     if p.add is not None:
-        return tri.MASK_ADD, p.add.to(p.q.dtype)
+        return tri.MASK_ADD, p.add  # read in its own dtype, converted in the kernel
     if p.keep is not None:
         return tri.MASK_BOOL, p.keep
     return tri.MASK_NONE, None
@@ -1065,6 +1085,17 @@ def _nonfinite_columns(p: Prepared, v: torch.Tensor, out: torch.Tensor) -> torch
 # ---------------------------------------------------------------- dispatch
 
 
+def _empty_result(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """`out` (constant: zero-size inputs, no keys) joined to the inputs' autograd graph.
+
+    As SDPA's result, it requires grad when an input does; the gradients are 0.
+    """
+    if not _want_grad(*inputs):
+        return out
+    tie = sum(t.sum() for t in inputs if t.requires_grad) * 0
+    return out + tie.to(out.dtype)
+
+
 def attention(
     p: Prepared,
     schedule: Schedule,
@@ -1075,8 +1106,8 @@ def attention(
     """Adaptive attention of prepared inputs; returns (B, H, L, Dv) in the input dtype."""
     q = p.q
     L = q.shape[-2]
-    if p.empty:
-        return q.new_zeros((*q.shape[:2], L, p.v.shape[-1]))
+    if p.empty or p.v.shape[-1] == 0:
+        return _empty_result(q.new_zeros((*q.shape[:2], L, p.v.shape[-1])), p.q, p.k, p.v)
     grad = _want_grad(q, p.k, p.v)
     beta_grad = grad and not detach_beta and schedule.needs_entropy
     out = None
@@ -1103,7 +1134,9 @@ def attention(
         pass  # the overflow-safe chunked path below (also for an empty feature axis)
     elif backend == "triton":
         out = _triton(_ungrouped(p), schedule)
-    elif backend == "hybrid" or (backend == "auto" and entropy_eps == 0.0 and _pass1_triton_ok(p)):
+    elif backend == "hybrid" or (
+        backend == "auto" and entropy_eps == 0.0 and _pass1_triton_ok(p) and not _bias_wider(p)
+    ):
         out = _hybrid(p, schedule, detach_beta, _hybrid_entropy(p, schedule, beta_grad))
     if out is None and not safe and backend != "chunked" and entropy_eps == 0.0 and not p.bias:
         out = _composition(_ungrouped(p), schedule, detach_beta)
@@ -1130,8 +1163,8 @@ def attention_entropy(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
     sd = stats_dtype(p.q.dtype)
     B, H, L = p.q.shape[:3]
     if p.empty:
-        h = torch.zeros((B, H, L), dtype=sd, device=p.q.device)
-        return h, torch.full_like(h, -torch.inf)
+        h = _empty_result(torch.zeros((B, H, L), dtype=sd, device=p.q.device), p.q, p.k)
+        return h, _empty_result(torch.full_like(h, -torch.inf), p.q, p.k)
     out = None
     if _want_grad(p.q, p.k):
         out = entropy_lse_grad(p)

@@ -174,7 +174,14 @@ def beta_from_entropy(
         if entropy is not None:
             beta = torch.broadcast_to(beta, torch.broadcast_shapes(entropy.shape, n.shape))
         return beta
-    # A user subclass of Schedule: its float semantics through numpy (rows only).
+    # A user subclass of Schedule: its float semantics through numpy (rows only), which
+    # carries no gradient; refusing beats a gradient that silently treats beta as constant.
+    if entropy is not None and entropy.requires_grad and torch.is_grad_enabled():
+        raise ValueError(
+            f"schedule {schedule!r} is evaluated through numpy (Schedule.beta_float), so no "
+            "gradient can flow through beta; pass detach_beta=True (or use Polynomial, "
+            "Constant or LogLength)"
+        )
     h_np = entropy.detach().to("cpu", torch.float64).numpy() if entropy is not None else math.nan
     values = schedule.beta_float(h_np, n_eff.detach().cpu().numpy())
     return torch.as_tensor(values, dtype=torch.float64, device=n_eff.device)

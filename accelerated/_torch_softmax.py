@@ -55,7 +55,8 @@ def adaptive_softmax_lastdim(
             p = e / s_safe.unsqueeze(-1)
             entropy = -(p * torch.log(p + entropy_eps)).sum(-1)
             entropy = torch.where(s == 0, torch.zeros_like(entropy), entropy)
-    beta = beta_from_entropy(schedule, entropy, n_eff).to(x.dtype)
+    h_beta = entropy.detach() if detach_beta and entropy is not None else entropy
+    beta = beta_from_entropy(schedule, h_beta, n_eff).to(x.dtype)
     if detach_beta:
         beta = beta.detach()
     y = torch.where(masked, torch.full_like(z, -torch.inf), beta.unsqueeze(-1) * z)

@@ -208,3 +208,117 @@ def test_compiled_module_gradients():
     (compiled(a) ** 2).sum().backward()
     (module(b) ** 2).sum().backward()
     torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-14)
+
+
+# ---------------------------------------------------------------- masks at the edges
+
+
+def _ref_attention(q, k, v, mask=None, causal=False):
+    m = None if mask is None else mask.numpy()
+    return R.adaptive_attention(q.numpy(), k.numpy(), v.numpy(), mask=m, is_causal=causal)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mask_with_one_key_column_covers_every_key(backend):
+    """A (..., L, 1) mask (a query-padding mask) broadcasts over all S keys: every query keeps
+    all keys or none, and the entropy counts S keys, not 1."""
+    from softmaxtheory.accelerated.torch import attention_entropy
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 3, n, d, generator=g, dtype=torch.float64)
+               for n, d in ((5, 4), (7, 4), (7, 2)))  # fmt: skip
+    mask = torch.tensor([True, False, False, True, False]).unsqueeze(-1)  # (5, 1)
+    h, _ = attention_entropy(q, k, attn_mask=mask)
+    h_all, _ = attention_entropy(q, k)
+    torch.testing.assert_close(h[..., [0, 3]], h_all[..., [0, 3]])
+    assert torch.all(h[..., [1, 2, 4]] == 0)
+    out = adaptive_attention(q, k, v, mask, backend=backend)
+    np.testing.assert_allclose(out.numpy(), _ref_attention(q, k, v, mask), rtol=1e-12, atol=1e-13)
+
+
+def test_mask_that_would_widen_the_keys_is_refused():
+    """A mask cannot enlarge the (L, S) axes: (2, 3) against one key is an error, as in the
+    reference, not a row with log 3 entropy."""
+    from softmaxtheory.accelerated.torch import attention_entropy
+
+    q, k, v = torch.randn(2, 4), torch.randn(1, 4), torch.randn(1, 2)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="attn_mask of shape"):
+        attention_entropy(q, k, attn_mask=mask)
+    with pytest.raises(ValueError, match="attn_mask of shape"):
+        adaptive_attention(q, k, v, mask)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masked_non_finite_key_does_not_reach_other_rows(backend):
+    """A key holding -inf or NaN makes NaN only the rows that see it: a causal row before it,
+    or a row whose mask removes it, is the reference's finite answer."""
+    q = torch.tensor([[-0.3, -0.7], [1.4, 0.04]], dtype=torch.float64)
+    v = torch.tensor([[0.85, 2.0], [0.5, 0.1]], dtype=torch.float64)
+    k = torch.tensor([[1.4, 1.0], [0.03, -math.inf]], dtype=torch.float64)
+    out = adaptive_attention(q, k, v, is_causal=True, backend=backend)
+    ref = _ref_attention(q, k, v, causal=True)
+    np.testing.assert_allclose(out[0].numpy(), ref[0], rtol=1e-12)
+    assert torch.isnan(out[1]).all() and np.isnan(ref[1]).all()
+    k = torch.tensor([[1.4, 1.0], [0.03, math.nan]], dtype=torch.float64)
+    mask = torch.tensor([[True, False], [True, False]])
+    out = adaptive_attention(q, k, v, mask, backend=backend)
+    np.testing.assert_allclose(out.numpy(), _ref_attention(q, k, v, mask), rtol=1e-12)
+
+
+def test_user_schedule_refuses_a_gradient_through_beta():
+    """A user's Schedule is evaluated through numpy, so no gradient can flow through β: with
+    detach_beta=False and inputs that require grad it is an error naming the remedy, not a
+    gradient that silently treats β as constant; detach_beta=True runs."""
+    from softmaxtheory.spec import Schedule
+
+    class Squared(Schedule):
+        needs_entropy = True
+
+        def beta_float(self, entropy, n_eff):
+            return 1.0 + np.asarray(entropy, dtype=np.float64) ** 2
+
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(ValueError, match="detach_beta=True"):
+        adaptive_softmax(x, schedule=Squared())
+    adaptive_softmax(x, schedule=Squared(), detach_beta=True).sum().backward()
+    q, k, v = (torch.randn(1, 4, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    with pytest.raises(ValueError, match="detach_beta=True"):
+        adaptive_attention(q, k, v, schedule=Squared())
+    with torch.no_grad():
+        adaptive_attention(q, k, v, schedule=Squared())
+
+
+GRAPH_SHAPES = [
+    ((2, 3, 4), (2, 0, 4), (2, 0, 4)),  # no keys
+    ((0, 3, 4),) * 3,  # empty batch
+    ((2, 0, 4), (2, 3, 4), (2, 3, 4)),  # no queries
+    ((2, 3, 4), (2, 3, 4), (2, 3, 0)),  # values of width 0
+]
+
+
+@pytest.mark.parametrize("shape", GRAPH_SHAPES)
+def test_zero_size_results_join_the_graph(shape):
+    """As SDPA's, a zero-size or no-key result requires grad when an input does, and its
+    backward gives zero gradients instead of failing."""
+    from softmaxtheory.accelerated.torch import attention_entropy
+
+    q, k, v = (torch.randn(s, dtype=torch.float64, requires_grad=True) for s in shape)
+    out = adaptive_attention(q, k, v)
+    assert out.requires_grad
+    out.sum().backward()
+    assert all(t.grad is not None and torch.all(t.grad == 0) for t in (q, k, v))
+    h, _ = attention_entropy(q, k)
+    assert h.requires_grad
+
+
+def test_triton_reads_a_wide_bias_in_its_own_dtype():
+    """A float32 bias beside bfloat16 queries is not rounded to bfloat16: the Triton kernels
+    read it as it is, and ``auto`` does not send it through SDPA (which would round it)."""
+    from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
+
+    q, k, v = (torch.randn(1, 2, 4, 8).to(torch.bfloat16) for _ in range(3))
+    bias = -0.37 * (torch.arange(4.0) + 200).expand(4, 4)
+    p = A.prepare(q, k, v, bias, False, None)
+    assert A._bias_wider(p) and A._triton_mask(p)[1].dtype == torch.float32
+    assert not A._bias_wider(A.prepare(q, k, v, bias.to(torch.bfloat16), False, None))
