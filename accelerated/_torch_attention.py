@@ -258,7 +258,10 @@ def prepare(
     # the NaN rows and the overflow guard; otherwise the detailed (slower) scans run
     qmax, kmax, vmax = _scan([q, k, v if v is not None else q.new_zeros(0)])
     qk_finite = math.isfinite(qmax) and math.isfinite(kmax)
-    bad = _bad_rows(q4, k4, keep, add, is_causal, group, qk_finite)
+    # an additive -inf removes a key only after its logit is formed: a non-finite query or
+    # key under it still makes the logit NaN (the reference's IEEE rule); a boolean False
+    # or a causal mask removes the key before any arithmetic
+    bad = _bad_rows(q4, k4, None if add is not None else keep, add, is_causal, group, qk_finite)
     # A non-finite entry makes its rows NaN (bad) when its key is unmasked; where the key
     # is masked it must not reach the fused kernels at all (NaN + -inf is NaN there), so
     # the kernels see 0 in its place and the bad rows are overwritten afterwards.
@@ -287,8 +290,10 @@ def _bad_rows(
 ) -> torch.Tensor | None:
     """Rows whose spec answer is NaN: a non-finite query, unmasked key or mask entry.
 
-    A query with no unmasked key is never bad (its row is zeros, the
-    special-value table's fully masked row), whatever `q` holds. With
+    `keep` is the boolean mask (None for an additive one, whose ``-inf`` entries
+    do not shield a NaN logit). A query with no key kept by it is never bad (its
+    row is zeros, the special-value table's fully masked row), whatever `q`
+    holds. With
     `qk_finite` (every entry of q and k is known finite) only the additive
     mask is read.
     """

@@ -322,3 +322,22 @@ def test_triton_reads_a_wide_bias_in_its_own_dtype():
     p = A.prepare(q, k, v, bias, False, None)
     assert A._bias_wider(p) and A._triton_mask(p)[1].dtype == torch.float32
     assert not A._bias_wider(A.prepare(q, k, v, bias.to(torch.bfloat16), False, None))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_additive_minus_inf_does_not_shield_a_nan_logit(backend):
+    """An additive mask is added to the logit: a NaN query or an infinite key under -inf still
+    gives a NaN logit, so NaN rows, as the reference and the CPU kernels give; a boolean mask
+    removes the key first (zeros for the fully masked query)."""
+    from softmaxtheory.accelerated.torch import attention_entropy
+
+    q = torch.tensor([[math.nan, 1.0], [0.5, 0.2]], dtype=torch.float64)
+    k = torch.tensor([[1.0, 0.0], [0.0, 1.0], [math.inf, 1.0]], dtype=torch.float64)
+    v = torch.arange(6.0, dtype=torch.float64).reshape(3, 2)
+    add = torch.tensor([[-math.inf] * 3, [0.0, 0.0, -math.inf]], dtype=torch.float64)
+    for mask in (add, torch.isfinite(add)):
+        out = adaptive_attention(q, k, v, mask, backend=backend)
+        ref = _ref_attention(q, k, v, mask)
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-12, atol=0)  # NaN where ref is
+    h, _ = attention_entropy(q, k, add)
+    assert torch.isnan(h).all()
