@@ -33,7 +33,9 @@ import torch.nn.functional as F  # noqa: N812
 from ..spec import Constant, LogLength, Polynomial, Schedule
 from ._torch_common import (
     HALF_DTYPES,
+    as_flag,
     as_float_tensor,
+    as_real,
     beta_from_entropy,
     entropy_from_stats,
     mul_pow2,
@@ -168,17 +170,11 @@ def prepare(
         raise ValueError(
             f"k and v must share the key length, got {tuple(k.shape)} and {tuple(v.shape)}"
         )
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
-    if not isinstance(enable_gqa, bool):
-        raise TypeError(f"enable_gqa must be a bool, got {enable_gqa!r}")
+    is_causal = as_flag(is_causal, "is_causal")
+    enable_gqa = as_flag(enable_gqa, "enable_gqa")
     L, D = q.shape[-2:]
     S = k.shape[-2]
-    if scale is None:
-        scale = 1.0 / math.sqrt(D) if D else 1.0
-    elif isinstance(scale, bool) or not isinstance(scale, int | float):
-        raise TypeError(f"scale must be a float, got {scale!r}")
-    scale = float(scale)
+    scale = (1.0 / math.sqrt(D) if D else 1.0) if scale is None else as_real(scale, "scale")
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale!r}")
     group = 1

@@ -16,7 +16,9 @@ evaluated in float64 from the row's entropy and unmasked count.
 from __future__ import annotations
 
 import math
+import numbers
 
+import numpy as np
 import torch
 
 from .._formats import DTYPES, FORMATS
@@ -24,7 +26,10 @@ from ..spec import Constant, LogLength, Polynomial, Schedule
 
 __all__ = [
     "HALF_DTYPES",
+    "as_flag",
     "as_float_tensor",
+    "as_index",
+    "as_real",
     "beta_from_entropy",
     "entropy_from_stats",
     "mul_pow2",
@@ -62,6 +67,27 @@ def as_float_tensor(x: object, name: str) -> torch.Tensor:
     if not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool:
         return x.to(torch.float64)
     raise TypeError(f"{name} must be a real floating or integer tensor, got dtype {x.dtype}")
+
+
+def as_flag(value: object, name: str) -> bool:
+    """A bool argument (Python's or numpy's); anything else is a TypeError naming `name`."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def as_index(value: object, name: str) -> int:
+    """An integer argument (Python's or numpy's, not a bool), as an int."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    return int(value)
+
+
+def as_real(value: object, name: str) -> float:
+    """A real argument (Python's or numpy's int or float, not a bool), as a float."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float, got {value!r}")
+    return float(value)
 
 
 def mul_pow2(x: torch.Tensor, exponent: int) -> torch.Tensor:

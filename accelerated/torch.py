@@ -36,16 +36,10 @@ from torch import nn
 
 from ..spec import Schedule, check_entropy_eps, resolve_schedule
 from . import _torch_attention as _attn
-from ._torch_common import as_float_tensor, stats_dtype
+from ._torch_common import as_flag, as_float_tensor, as_index, stats_dtype
 from ._torch_softmax import adaptive_softmax_lastdim
 
 __all__ = ["AdaptiveSoftmax", "adaptive_attention", "adaptive_softmax", "attention_entropy"]
-
-
-def _check_flag(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-    return value
 
 
 def adaptive_softmax(
@@ -96,9 +90,8 @@ def adaptive_softmax(
     x = as_float_tensor(x, "x")
     schedule = resolve_schedule(schedule)
     eps = check_entropy_eps(entropy_eps)
-    detach_beta = _check_flag(detach_beta, "detach_beta")
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"dim must be an int, got {dim!r}")
+    detach_beta = as_flag(detach_beta, "detach_beta")
+    dim = as_index(dim, "dim")
     if x.ndim == 0:
         raise ValueError("x must have at least one dimension, got a 0-d tensor")
     if not -x.ndim <= dim < x.ndim:
@@ -146,12 +139,10 @@ class AdaptiveSoftmax(nn.Module):
         detach_beta: bool = False,
     ) -> None:
         super().__init__()
-        if isinstance(dim, bool) or not isinstance(dim, int):
-            raise TypeError(f"dim must be an int, got {dim!r}")
-        self.dim = dim
+        self.dim = as_index(dim, "dim")
         self.schedule = resolve_schedule(schedule)
         self.entropy_eps = check_entropy_eps(entropy_eps)
-        self.detach_beta = _check_flag(detach_beta, "detach_beta")
+        self.detach_beta = as_flag(detach_beta, "detach_beta")
 
     def __prepare_scriptable__(self) -> AdaptiveSoftmax:
         """Refuse ``torch.jit.script`` with a clear message (use ``torch.compile``)."""
@@ -274,7 +265,7 @@ def adaptive_attention(
     """
     schedule = resolve_schedule(schedule)
     eps = check_entropy_eps(entropy_eps)
-    detach_beta = _check_flag(detach_beta, "detach_beta")
+    detach_beta = as_flag(detach_beta, "detach_beta")
     if backend not in _attn.BACKENDS:
         raise ValueError(f"backend must be one of {_attn.BACKENDS}, got {backend!r}")
     prepared = _attn.prepare(q, k, v, attn_mask, is_causal, scale, enable_gqa=enable_gqa)
