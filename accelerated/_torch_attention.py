@@ -30,16 +30,16 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from ..spec import Constant, LogLength, Polynomial, Schedule
+from ..spec import Schedule
 from ._torch_common import (
     HALF_DTYPES,
     as_flag,
     as_float_tensor,
     as_real,
+    beta_bound,
     beta_from_entropy,
     entropy_from_stats,
     mul_pow2,
-    poly_floats,
     shifted_logits,
     stats_dtype,
 )
@@ -345,47 +345,18 @@ def _fits(p: Prepared, beta_max: float = 1.0) -> bool:
 
 def _beta_max(beta: torch.Tensor) -> float:
     with torch.no_grad():
-        b = torch.where(torch.isfinite(beta), beta, torch.ones_like(beta))
+        b = torch.where(torch.isnan(beta), torch.ones_like(beta), beta)  # NaN rows: bad anyway
         return float(b.amax()) if b.numel() else 1.0
-
-
-def _beta_bound(schedule: Schedule, n_max: int) -> float | None:
-    r"""An upper bound of β over all rows of at most `n_max` unmasked items, on the host.
-
-    A row's entropy lies in :math:`[0, \log n_{\max}]`. With
-    :math:`h = \max(1, \log n_{\max})`, the polynomial schedule gives
-    :math:`\beta \le \max(1, \sum_k |c_k|\, h^{d-k})`; Scalable-Softmax gives
-    :math:`\beta = s \log n \le s \log n_{\max}`; a constant is itself. The
-    bound is doubled against the rounding of β's float evaluation. None for a
-    user's schedule, or when the bound overflows a float (β is then read back
-    from the device).
-    """
-    h = max(1.0, math.log(max(n_max, 1)))
-    try:
-        if isinstance(schedule, Polynomial):
-            coeffs, _ = poly_floats(schedule)
-            d = len(coeffs) - 1
-            bound = math.fsum(abs(c) * h ** (d - i) for i, c in enumerate(coeffs))
-        elif isinstance(schedule, Constant):
-            bound = float(schedule.exact_beta)
-        elif isinstance(schedule, LogLength):
-            bound = float(schedule.exact_s) * h
-        else:
-            return None
-    except OverflowError:
-        return None
-    bound = 2.0 * max(1.0, bound)
-    return bound if math.isfinite(bound) else None
 
 
 def _beta_fits(p: Prepared, schedule: Schedule, beta: torch.Tensor) -> bool:
     """:func:`_fits` for the β of `schedule`: from its host-side bound, else β read back.
 
-    The bound (:func:`_beta_bound`) settles the common case without a device
+    The bound (:func:`beta_bound`) settles the common case without a device
     sync; only a schedule without one, or logits near the float maximum, read
     the largest β.
     """
-    bound = _beta_bound(schedule, p.k.shape[-2])
+    bound = beta_bound(schedule, p.k.shape[-2])
     if bound is not None and _fits(p, bound):
         return True
     return _fits(p, _beta_max(beta))

@@ -30,6 +30,7 @@ __all__ = [
     "as_float_tensor",
     "as_index",
     "as_real",
+    "beta_bound",
     "beta_from_entropy",
     "entropy_from_stats",
     "mul_pow2",
@@ -151,6 +152,36 @@ def poly_floats(schedule: Polynomial) -> tuple[tuple[float, ...], float]:
 def _schedule_float(schedule: Schedule, name: str) -> float:
     """A float parameter of a schedule (a constant under ``torch.compile``)."""
     return float(getattr(schedule, name))
+
+
+@torch.compiler.assume_constant_result
+def beta_bound(schedule: Schedule, n_max: int) -> float | None:
+    r"""An upper bound of β over all rows of at most `n_max` unmasked items, on the host.
+
+    A row's entropy lies in :math:`[0, \log n_{\max}]`. With
+    :math:`h = \max(1, \log n_{\max})`, the polynomial schedule gives
+    :math:`\beta \le \max(1, \sum_k |c_k|\, h^{d-k})`; Scalable-Softmax gives
+    :math:`\beta = s \log n \le s \log n_{\max}`; a constant is itself. The
+    bound is doubled against the rounding of β's float evaluation. None for a
+    user's schedule, or when the bound overflows a float (β is then read back
+    from the device).
+    """
+    h = max(1.0, math.log(max(n_max, 1)))
+    try:
+        if isinstance(schedule, Polynomial):
+            coeffs, _ = poly_floats(schedule)
+            d = len(coeffs) - 1
+            bound = math.fsum(abs(c) * h ** (d - i) for i, c in enumerate(coeffs))
+        elif isinstance(schedule, Constant):
+            bound = float(schedule.exact_beta)
+        elif isinstance(schedule, LogLength):
+            bound = float(schedule.exact_s) * h
+        else:
+            return None
+    except OverflowError:
+        return None
+    bound = 2.0 * max(1.0, bound)
+    return bound if math.isfinite(bound) else None
 
 
 def beta_from_entropy(

@@ -14,6 +14,7 @@ import torch
 
 from ..spec import Schedule
 from ._torch_common import (
+    beta_bound,
     beta_from_entropy,
     entropy_from_stats,
     shifted_logits,
@@ -56,13 +57,20 @@ def adaptive_softmax_lastdim(
             entropy = -(p * torch.log(p + entropy_eps)).sum(-1)
             entropy = torch.where(s == 0, torch.zeros_like(entropy), entropy)
     h_beta = entropy.detach() if detach_beta and entropy is not None else entropy
-    beta = beta_from_entropy(schedule, h_beta, n_eff).to(x.dtype)
+    beta = beta_from_entropy(schedule, h_beta, n_eff)
+    # β above the float maximum of x (a huge constant, say) would round to inf, and inf * 0
+    # is NaN: then β z is formed in float64 (β's dtype), where β is finite
+    bound = beta_bound(schedule, x.shape[-1])
+    wide = x.dtype != torch.float64 and (bound is None or bound > torch.finfo(x.dtype).max / 4)
+    beta = beta if wide else beta.to(x.dtype)
     if detach_beta:
         beta = beta.detach()
-    y = torch.where(masked, torch.full_like(z, -torch.inf), beta.unsqueeze(-1) * z)
+    zb = z.to(beta.dtype) if wide else z
+    y = torch.where(masked, torch.full_like(zb, -torch.inf), beta.unsqueeze(-1) * zb)
     e2 = torch.exp(y)
     s2 = e2.sum(-1, keepdim=True)
     s2 = torch.where(s2 == 0, torch.ones_like(s2), s2)
+    beta = beta.to(x.dtype)
     if entropy is None:
         entropy = torch.full_like(beta, torch.nan)
-    return e2 / s2, entropy, beta
+    return (e2 / s2).to(x.dtype), entropy, beta

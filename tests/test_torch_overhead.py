@@ -197,22 +197,22 @@ def test_beta_bound_holds_over_every_entropy(coeffs, threshold, n):
     """The host-side bound of β (which spares reading β back) is above β at every entropy a
     row of at most n items can have, [0, log n]."""
     schedule = Polynomial(tuple(coeffs), threshold)
-    bound = A._beta_bound(schedule, n)
+    bound = C.beta_bound(schedule, n)
     h = torch.linspace(0, math.log(n), 2001, dtype=torch.float64)
     beta = C.beta_from_entropy(schedule, h, torch.tensor(n))
     assert bound is not None and float(beta.max()) <= bound
 
 
 def test_beta_bound_of_each_schedule_kind():
-    assert A._beta_bound(Constant("3.5"), 10) == 7.0
-    assert A._beta_bound(LogLength("0.5"), 1) == 2.0  # h = max(1, log 1)
-    assert A._beta_bound(LogLength("2"), 10**6) == pytest.approx(4 * math.log(10**6))
-    assert A._beta_bound(Polynomial(("1e308", "1e308")), 10) is None  # overflows a float
+    assert C.beta_bound(Constant("3.5"), 10) == 7.0
+    assert C.beta_bound(LogLength("0.5"), 1) == 2.0  # h = max(1, log 1)
+    assert C.beta_bound(LogLength("2"), 10**6) == pytest.approx(4 * math.log(10**6))
+    assert C.beta_bound(Polynomial(("1e308", "1e308")), 10) is None  # overflows a float
 
     class Mine(Constant):
         pass
 
-    assert A._beta_bound(Mine("2"), 10) == 4.0  # a subclass of a known kind keeps its bound
+    assert C.beta_bound(Mine("2"), 10) == 4.0  # a subclass of a known kind keeps its bound
 
 
 def test_user_schedule_reads_beta_back():
@@ -227,7 +227,7 @@ def test_user_schedule_reads_beta_back():
 
             return np.full(np.broadcast(np.asarray(entropy), np.asarray(n_eff)).shape, 0.5)
 
-    assert A._beta_bound(Halves(), 10) is None
+    assert C.beta_bound(Halves(), 10) is None
     q, k, v = _qkv(torch.float32)
     ledger, out = _ledger(lambda: adaptive_attention(q, k, v, schedule=Halves(), backend="hybrid"))
     assert ledger.host_reads == 1

@@ -341,3 +341,20 @@ def test_additive_minus_inf_does_not_shield_a_nan_logit(backend):
         np.testing.assert_allclose(out.numpy(), ref, rtol=1e-12, atol=0)  # NaN where ref is
     h, _ = attention_entropy(q, k, add)
     assert torch.isnan(h).all()
+
+
+@pytest.mark.parametrize("schedule", [Constant("1e39"), Constant("1e300"), LogLength("1e300")],
+                         ids=repr)  # fmt: skip
+def test_beta_above_the_float_maximum_is_not_nan(schedule):
+    """A β beyond float32's maximum must not round to inf (inf * 0 = NaN): β x is formed in
+    float64 where β is finite, so softmax and attention give the reference's answer."""
+    x = torch.tensor([[0.0, 1.0, 2.0], [0.0, 1e-45, 2e-45], [3.0, 3.0, -1.0]])
+    out = adaptive_softmax(x, schedule=schedule)
+    ref = R.adaptive_softmax(x.numpy(), schedule=schedule)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=2e-7, atol=0)
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 5, 3, generator=g) for _ in range(3))
+    ref = R.adaptive_attention(q.numpy(), k.numpy(), v.numpy(), schedule=schedule)
+    for backend in BACKENDS:
+        out = adaptive_attention(q, k, v, schedule=schedule, backend=backend)
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-6)
