@@ -664,7 +664,8 @@ def triton_entropy(
     entropy = torch.empty_like(lse)
     scale_t = torch.full((1,), scale, dtype=acc, device=q.device)
     m_arg, m_strides = _mask_args(mask, mask_kind, q)
-    cands = configs(q.device, D, 0, q.dtype, _mask_elem(mask, mask_kind))
+    cands = configs(q.device, D, 0, q.dtype, _mask_elem(mask, mask_kind),
+                    kernel="entropy_kernel", causal=bool(is_causal))  # fmt: skip
     args = (
         q, k, m_arg, lse, entropy, *q.stride(), *k.stride(), *m_strides,
         H, group, L, S, D, scale_t,
@@ -723,7 +724,11 @@ def triton_entropy_backward(
     dk = torch.empty((B, Hkv, S, D), dtype=acc, device=q.device)
     scale_t = torch.full((1,), scale, dtype=acc, device=q.device)
     m_arg, m_strides = _mask_args(mask, mask_kind, q)
-    cands = configs(q.device, D, 0, q.dtype, _mask_elem(mask, mask_kind), backward=True)
+    elem = _mask_elem(mask, mask_kind)
+    cands_dq, cands_dk = (
+        configs(q.device, D, 0, q.dtype, elem, backward=True, kernel=name, causal=bool(is_causal))
+        for name in ("entropy_bwd_dq_kernel", "entropy_bwd_dk_kernel")
+    )
     constexprs = {
         "MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), "ACC": acc_tl, **_precision(q)
     }  # fmt: skip
@@ -733,14 +738,14 @@ def triton_entropy_backward(
         lambda cfg: (triton.cdiv(L, cfg["BLOCK_M"]), B * H),
         (q, k, m_arg, scale_t, *stats, dq, *common),
         constexprs,
-        cands,
+        cands_dq,
     )
     launch(
         _entropy_bwd_dk_kernel,
         lambda cfg: (triton.cdiv(S, cfg["BLOCK_N"]), B * Hkv),
         (q, k, m_arg, scale_t, *stats, dk, *common),
         constexprs,
-        cands,
+        cands_dk,
     )
     return dq, dk
 
@@ -765,7 +770,8 @@ def triton_attention(
     out = torch.empty((B, H, L, DV), dtype=q.dtype, device=q.device)
     beta = beta.to(torch.float32).contiguous()
     m_arg, m_strides = _mask_args(mask, mask_kind, q)
-    cands = configs(q.device, D, DV, q.dtype, _mask_elem(mask, mask_kind))
+    cands = configs(q.device, D, DV, q.dtype, _mask_elem(mask, mask_kind),
+                    kernel="attention_kernel", causal=bool(is_causal))  # fmt: skip
     args = (
         q, k, v, m_arg, beta, out,
         *q.stride(), *k.stride(), *v.stride(), *m_strides, *out.stride(),

@@ -91,8 +91,11 @@ def configs(
     budget: int | None = None,
     *,
     backward: bool = False,
+    kernel: str = "",
+    causal: bool = False,
+    tuned: bool = True,
 ) -> list[dict[str, int]]:
-    """Candidate configurations, largest first.
+    """Candidate configurations, largest first (a measured spill-free one first, if any).
 
     Parameters
     ----------
@@ -110,6 +113,17 @@ def configs(
     backward : bool, default False
         Candidates of the pass-1 backward kernels (smaller tiles, the
         accumulator ``max(BLOCK_M, BLOCK_N) * BLOCK_D`` at most ``64 * 128``).
+    kernel : str, optional
+        The kernel's name (``"entropy_kernel"``, ``"entropy_bwd_dq_kernel"``,
+        ``"entropy_bwd_dk_kernel"``, ``"attention_kernel"``); with `causal` it
+        selects the entry of :data:`._triton_spill_free.SPILL_FREE`.
+    causal : bool, default False
+        Whether the launch is causal.
+    tuned : bool, default True
+        Put the recorded spill-free configuration first: where the largest
+        candidate spills registers when compiled for sm_90, the first one
+        that does not (``tools/triton_spills.py``; 16-bit dtypes share the
+        bfloat16 entries). False gives the plain order.
 
     Returns
     -------
@@ -143,7 +157,27 @@ def configs(
         out.append(
             {"BLOCK_M": 16, "BLOCK_N": 16, **dims, "num_warps": 4, "num_stages": 1}
         )  # fmt: skip
+    if tuned and kernel:
+        first = _spill_free(kernel, dtype, bd, mask_elem, causal)
+        if first is not None:
+            block_m, block_n, warps, stages = first
+            if smem_estimate(block_m, block_n, stages, bd, bdv, elem, mask_elem) <= budget:
+                same = ("BLOCK_M", "BLOCK_N", "num_stages")
+                cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, **dims, "num_warps": warps,
+                       "num_stages": stages}  # fmt: skip
+                out = [cfg] + [c for c in out if any(c[k] != cfg[k] for k in same)]
     return out
+
+
+def _spill_free(
+    kernel: str, dtype: torch.dtype, bd: int, mask_elem: int, causal: bool
+) -> tuple[int, int, int, int] | None:
+    """The recorded spill-free configuration of a case (None: the first candidate is)."""
+    from ._triton_spill_free import SPILL_FREE
+
+    name = "float32" if dtype == torch.float32 else "bfloat16"
+    kind = 0 if mask_elem == 0 else (1 if mask_elem == 1 else 2)
+    return SPILL_FREE.get((kernel.strip("_"), name, bd, kind, causal))
 
 
 def launch(
