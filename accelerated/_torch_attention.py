@@ -252,7 +252,7 @@ def prepare(
         n_eff = keep.sum(-1).expand(*q4.shape[:2], L)
     # one read of each operand and one host sync: all finite (the common case) settles
     # the NaN rows and the overflow guard; otherwise the detailed (slower) scans run
-    qmax, kmax, vmax = _scan([q, k, v if v is not None else q.new_zeros(0)])
+    qmax, kmax, *vmax = _scan([q, k] if v is None else [q, k, v])
     qk_finite = math.isfinite(qmax) and math.isfinite(kmax)
     # an additive -inf removes a key only after its logit is formed: a non-finite query or
     # key under it still makes the logit NaN (the reference's IEEE rule); a boolean False
@@ -272,7 +272,7 @@ def prepare(
     if bias:
         lb = max(lb, _log2(_abs_max(add))) + 1.0
     return Prepared(q4, k4, v4, lead, scale, is_causal, keep, add, bias, n_eff, bad,
-                    group, False, lb, lq, math.isfinite(vmax))  # fmt: skip
+                    group, False, lb, lq, all(map(math.isfinite, vmax)))  # fmt: skip
 
 
 def _bad_rows(

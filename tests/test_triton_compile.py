@@ -13,9 +13,7 @@ spilled registers.
 
 from __future__ import annotations
 
-import re
-import subprocess
-import warnings
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -26,12 +24,15 @@ triton = pytest.importorskip("triton")
 from softmaxtheory.accelerated import _triton_attention as T  # noqa: E402, N812
 from softmaxtheory.accelerated._triton_config import configs  # noqa: E402
 
-BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-if not (BIN / "ptxas").exists() or not (BIN / "cuobjdump").exists():
+_spec = importlib.util.spec_from_file_location(
+    "triton_spills", Path(__file__).parent.parent / "tools" / "triton_spills.py"
+)
+spills = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(spills)
+if not (spills.toolchain() / "ptxas").exists() or not (spills.toolchain() / "cuobjdump").exists():
     pytest.skip("this Triton has no NVIDIA toolchain (ptxas)", allow_module_level=True)
 
-#: Shared memory per block of an H200 (``shared_memory_per_block_optin``), bytes.
-H200_SMEM = 232448
+H200_SMEM = spills.H200_SMEM
 
 #: (kernel, head dim, value dim, mask kind, causal, backward candidates). Each must compile
 #: without spilling registers in the configuration ``configs`` puts first: the largest
@@ -50,63 +51,22 @@ CASES = [
 ]
 
 
-def _signature(kernel, constexprs: dict, mask_kind: int) -> dict[str, str]:
-    """Argument types: bfloat16 inputs and output, float32 statistics, int64 strides."""
-    bf16 = {"Q", "K", "V", "Out"}
-    sig = {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name == "Mask":
-            sig[name] = "*u8" if mask_kind == T.MASK_BOOL else "*bf16"
-        elif name in bf16:
-            sig[name] = "*bf16"
-        elif name[0].isupper() and name not in ("L", "S", "D", "DV"):
-            sig[name] = "*fp32"
-        else:
-            sig[name] = "i64" if name.startswith("stride") else "i32"
-    return sig
-
-
 @pytest.mark.parametrize(
     "case", CASES, ids=[f"{c[0].strip('_')}-d{c[1]}-mask{c[3]}-{'causal' if c[4] else 'full'}"
                         for c in CASES],
 )  # fmt: skip
-def test_kernel_compiles_for_hopper(case, tmp_path):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+def test_kernel_compiles_for_hopper(case):
     name, d, dv, mask_kind, causal, backward = case
-    kernel = getattr(T, name)
     mask_elem = {T.MASK_NONE: 0, T.MASK_BOOL: 1, T.MASK_ADD: 2}[mask_kind]
     cfg = configs(
         torch.device("cuda"), d, dv, torch.bfloat16, mask_elem, H200_SMEM, backward=backward,
         kernel=name, causal=causal,
     )[0]  # fmt: skip
-    constexprs = {
-        "MASK_KIND": mask_kind, "CAUSAL": causal, "PRECISION": "tf32", "UPCAST": False,
-        **{k: v for k, v in cfg.items() if k.startswith("BLOCK")},
-    }  # fmt: skip
-    if "ACC" in kernel.arg_names:
-        constexprs["ACC"] = triton.language.float32
-    src = ASTSource(kernel, _signature(kernel, constexprs, mask_kind), constexprs=constexprs)
-    options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Triton's notices about its own defaults
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    cubin = tmp_path / "kernel.cubin"
-    cubin.write_bytes(compiled.asm["cubin"])
-    usage = subprocess.run(
-        [str(BIN / "cuobjdump"), "-res-usage", str(cubin)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
-    assert found, usage
-    regs, stack, shared, local = map(int, found.groups())
-    assert regs <= 255
-    assert local == 0 and stack == 0, f"{name} spills ({stack} bytes of stack): {cfg}"
-    assert compiled.metadata.shared <= H200_SMEM, (compiled.metadata.shared, cfg)
-    assert shared <= H200_SMEM
+    usage = spills.resource_usage(name, cfg, mask_kind, causal, "bfloat16")
+    assert usage["regs"] <= 255
+    assert usage["local"] == 0 and usage["stack"] == 0, f"{name} spills: {usage}, {cfg}"
+    assert usage["launch_shared"] <= H200_SMEM, (usage, cfg)
+    assert usage["shared"] <= H200_SMEM
 
 
 def test_spill_free_table_holds_candidates_that_fit():

@@ -57,8 +57,12 @@ def _signature(kernel, constexprs: dict, mask_kind: int, dtype: str) -> dict[str
     return sig
 
 
-def stack_bytes(name: str, cfg: dict, mask_kind: int, causal: bool, dtype: str) -> int:
-    """Compile one kernel configuration for sm_90; the bytes of stack its cubin uses."""
+def resource_usage(name: str, cfg: dict, mask_kind: int, causal: bool, dtype: str) -> dict:
+    """Compile one kernel configuration for sm_90 and read its cubin's resource usage.
+
+    Returns ``regs``, ``stack``, ``local`` and ``shared`` (bytes, from ``cuobjdump
+    -res-usage``) and ``launch_shared`` (the shared memory Triton reserves at launch).
+    """
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -72,22 +76,33 @@ def stack_bytes(name: str, cfg: dict, mask_kind: int, causal: bool, dtype: str) 
     if "ACC" in kernel.arg_names:
         consts["ACC"] = triton.language.float32
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # Triton's notices about its own defaults
         compiled = triton.compile(
             ASTSource(kernel, _signature(kernel, consts, mask_kind, dtype), constexprs=consts),
             target=GPUTarget("cuda", 90, 32),
             options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
         )
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     fd, path = tempfile.mkstemp(suffix=".cubin")
     try:
         os.write(fd, compiled.asm["cubin"])
         os.close(fd)
-        usage = subprocess.run([str(tool), "-res-usage", path], capture_output=True,
-                               text=True, check=True).stdout  # fmt: skip
+        usage = subprocess.run([str(toolchain() / "cuobjdump"), "-res-usage", path],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
     finally:
         os.unlink(path)
-    return int(re.search(r"STACK:(\d+)", usage).group(1))
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
+    if found is None:
+        raise RuntimeError(f"no resource usage in cuobjdump's output: {usage}")
+    regs, stack, shared, local = map(int, found.groups())
+    return {"regs": regs, "stack": stack, "local": local, "shared": shared,
+            "launch_shared": compiled.metadata.shared}  # fmt: skip
+
+
+def toolchain() -> Path:
+    """The folder of NVIDIA's tools in Triton's wheel (``ptxas``, ``cuobjdump``)."""
+    import triton
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
 def probe(job: tuple) -> tuple:
@@ -102,7 +117,7 @@ def probe(job: tuple) -> tuple:
     cands = configs(torch.device("cuda"), d, d if name == "_attention_kernel" else 0, tdtype,
                     mask_elem, H200_SMEM, backward="bwd" in name, tuned=False)  # fmt: skip
     for i, cfg in enumerate(cands):
-        stack = stack_bytes(name, cfg, mask_kind, causal, dtype)
+        stack = resource_usage(name, cfg, mask_kind, causal, dtype)["stack"]
         if i == 0 and stack < MIN_STACK:
             return job, None
         if stack == 0:

@@ -14,6 +14,7 @@ an ``out=`` or in-place op) is not a new allocation.
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any
 
@@ -64,12 +65,4 @@ class OpLedger(TorchDispatchMode):
 
     def largest(self, dtype: torch.dtype) -> int:
         """The most elements of any op output of `dtype` (0 if none)."""
-        sizes = [_numel(shape) for _, d, shape in self.outputs if d == dtype]
-        return max(sizes, default=0)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+        return max((math.prod(shape) for _, d, shape in self.outputs if d == dtype), default=0)
