@@ -53,6 +53,15 @@ def test_plan_covers_item_seven_within_the_budget(gpu_check, tmp_path, capsys):
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
 
 
+def test_cuda_tests_run_in_processes_by_cores(gpu_check, monkeypatch):
+    assert gpu_check._workers(16) == ["-n", "8"]
+    assert gpu_check._workers(64) == ["-n", "8"]
+    assert gpu_check._workers(6) == ["-n", "3"]
+    assert gpu_check._workers(2) == []  # too few cores to gain
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: None)
+    assert gpu_check._workers(16) == []  # no pytest-xdist: one process
+
+
 def test_cli_dry_run_in_a_subprocess():
     res = subprocess.run(
         [sys.executable, str(SCRIPT), "--dry-run", "--only", "bench"],

@@ -12,7 +12,8 @@ Steps, each with its own time limit (the limits add up to the budget, 420 s):
 ``env``
     ``nvidia-smi`` and the versions of torch, Triton and CUDA.
 ``tests``
-    ``pytest -m cuda tests`` (the CUDA tests; collection works without the docs extra):
+    ``pytest -m cuda tests`` (the CUDA tests; collection works without the docs extra),
+    in up to 8 processes with pytest-xdist, which compile the Triton kernels at once:
     the crash matrix of issue 13 (``test_cuda_every_head_dim_runs``: head dims
     16, 32, 64, 128, 256 x float16, bfloat16, float32 x no mask, causal, boolean,
     additive x L = S, L != S x MHA, GQA, each against the reference), forward + backward
@@ -41,6 +42,7 @@ that exceeds its limit is stopped and counted as failed; later steps still run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shlex
@@ -71,6 +73,21 @@ def _softmaxtheory(*args: str) -> list[str]:
     return [sys.executable, "-m", "softmaxtheory", *args]
 
 
+def _workers(cpus: int | None = None) -> list[str]:
+    """pytest-xdist options for the CUDA tests: one process per two CPU cores, at most 8.
+
+    The crash matrix compiles a Triton kernel for each head dim, dtype, mask kind and
+    GQA group; compiling is CPU work, so it runs on several cores at once (the processes
+    share Triton's on-disk cache and the one GPU). Without pytest-xdist, or with fewer
+    than four cores, the tests run in one process.
+    """
+    if cpus is None:
+        cpus = os.cpu_count() or 1
+    if importlib.util.find_spec("xdist") is None or cpus < 4:
+        return []
+    return ["-n", str(min(8, cpus // 2))]
+
+
 def build_steps(out: Path, write_docs: bool) -> list[Step]:
     """The steps of the GPU session, in order (their limits sum to :data:`BUDGET_S`)."""
     probe = (
@@ -84,7 +101,7 @@ def build_steps(out: Path, write_docs: bool) -> list[Step]:
         "tests",
         225,
         [[sys.executable, "-m", "pytest", "-m", "cuda", "tests", "-q",
-          "-p", "no:cacheprovider", "--durations=10"]],
+          "-p", "no:cacheprovider", "--durations=10", *_workers()]],
     )  # fmt: skip
     conformance = Step("conformance", 90, parallel=True)
     for kernel, kind in (("adaptive_softmax", "adaptive_softmax"), ("adaptive_attention",
