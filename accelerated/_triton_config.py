@@ -31,7 +31,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-__all__ = ["NoConfig", "configs", "launch"]
+__all__ = ["NoConfig", "configs", "launch", "triton_release"]
 
 #: Shared memory per block assumed when the device does not report it (bytes).
 DEFAULT_SMEM = 99 * 1024
@@ -116,14 +116,16 @@ def configs(
     kernel : str, optional
         The kernel's name (``"entropy_kernel"``, ``"entropy_bwd_dq_kernel"``,
         ``"entropy_bwd_dk_kernel"``, ``"attention_kernel"``); with `causal` it
-        selects the entry of :data:`._triton_spill_free.SPILL_FREE`.
+        selects the entry of :data:`._triton_spill_free.SPILL_FREE` for the
+        installed Triton release (:func:`triton_release`).
     causal : bool, default False
         Whether the launch is causal.
     tuned : bool, default True
         Put the recorded spill-free configuration first: where the largest
-        candidate spills registers when compiled for sm_90, the first one
-        that does not (``tools/triton_spills.py``; 16-bit dtypes share the
-        bfloat16 entries). False gives the plain order.
+        candidate spills registers when compiled for sm_90 by the installed
+        Triton release, the first one that does not (``tools/triton_spills.py``;
+        16-bit dtypes share the bfloat16 entries). False, or a release the
+        table does not hold, gives the plain order.
 
     Returns
     -------
@@ -175,9 +177,22 @@ def _spill_free(
     """The recorded spill-free configuration of a case (None: the first candidate is)."""
     from ._triton_spill_free import SPILL_FREE
 
+    table = SPILL_FREE.get(triton_release(), {})
     name = "float32" if dtype == torch.float32 else "bfloat16"
     kind = 0 if mask_elem == 0 else (1 if mask_elem == 1 else 2)
-    return SPILL_FREE.get((kernel.strip("_"), name, bd, kind, causal))
+    return table.get((kernel.strip("_"), name, bd, kind, causal))
+
+
+def triton_release(version: str | None = None) -> str:
+    """The release (major.minor) of `version`, by default the installed Triton's.
+
+    The spill-free table has one entry per release: register allocation, and so which
+    tiles spill, changes between releases. A release without an entry uses the plain
+    order of candidates.
+    """
+    if version is None:
+        version = triton.__version__
+    return ".".join(version.split("+")[0].split(".")[:2])
 
 
 def launch(
