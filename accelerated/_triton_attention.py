@@ -381,7 +381,8 @@ def _entropy_bwd_dq_kernel(
         dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse, True)
         acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
     dq_ptrs = DQ + pid_bh.to(tl.int64) * L * D + offs_m[:, None].to(tl.int64) * D + offs_d[None, :]
-    tl.store(dq_ptrs, acc * scale, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D))
+    dq = (acc * scale).to(DQ.dtype.element_ty)  # the input dtype: rounded once, here
+    tl.store(dq_ptrs, dq, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D))
 
 
 @triton.jit
@@ -508,7 +509,8 @@ def _entropy_bwd_dk_kernel(
                 scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, False,
             )  # fmt: skip
     dk_ptrs = DK + pid_bh.to(tl.int64) * S * D + cols[:, None].to(tl.int64) * D + offs_d[None, :]
-    tl.store(dk_ptrs, acc * scale, mask=(cols[:, None] < S) & (offs_d[None, :] < D))
+    dk = (acc * scale).to(DK.dtype.element_ty)  # the input dtype: rounded once, here
+    tl.store(dk_ptrs, dk, mask=(cols[:, None] < S) & (offs_d[None, :] < D))
 
 
 @triton.jit
@@ -712,16 +714,23 @@ def triton_entropy_backward(
     key block accumulates ``dk`` over the query blocks of every query head of
     its group (grouped-query attention: the sum over the group, no repeated
     K). Causal blocks skip the fully masked tiles. The statistics `entropy`,
-    `lse` and the gradients are (B, H, L); the results are float32 (float64 for
-    float64 inputs), shapes of `q` and `k`. Raises
+    `lse` and the gradients are (B, H, L); the results are accumulated in
+    float32 (float64 for float64 inputs) and stored in the dtype of `q`, shapes
+    of `q` and `k`: for 16-bit inputs no float32 gradient the size of `q` and
+    `k` is allocated, and the one rounding is the kernel's (bfloat16 under
+    Triton's interpreter, which truncates: float32, rounded by the caller). Raises
     :class:`~._triton_config.NoConfig` when no launch configuration fits.
     """
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     acc, acc_tl = _acc(q)
     stats = [t.to(acc).contiguous() for t in (lse, entropy, grad_entropy, grad_lse)]
-    dq = torch.empty((B, H, L, D), dtype=acc, device=q.device)
-    dk = torch.empty((B, Hkv, S, D), dtype=acc, device=q.device)
+    # Triton's interpreter (the kernels on CPU tensors) rounds float32 to bfloat16 toward
+    # zero, where a GPU's store rounds to nearest even as torch does: there the kernel
+    # stores float32 and torch rounds, so both give the GPU's bits
+    out = acc if q.dtype == torch.bfloat16 and q.device.type == "cpu" else q.dtype
+    dq = torch.empty((B, H, L, D), dtype=out, device=q.device)
+    dk = torch.empty((B, Hkv, S, D), dtype=out, device=q.device)
     scale_t = torch.full((1,), scale, dtype=acc, device=q.device)
     m_arg, m_strides = _mask_args(mask, mask_kind, q)
     elem = _mask_elem(mask, mask_kind)
