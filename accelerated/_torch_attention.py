@@ -38,6 +38,8 @@ from ._torch_common import (
     as_real,
     beta_bound,
     beta_from_entropy,
+    broadcast_shapes,
+    compact,
     entropy_from_stats,
     mul_pow2,
     shifted_logits,
@@ -90,6 +92,8 @@ class Prepared:
 def _to4(t: torch.Tensor, lead: tuple[int, ...], heads: int | None = None) -> torch.Tensor:
     """A (B, H, n, d) view of `t` broadcast to `lead` (H replaced by `heads` for GQA)."""
     target = lead if heads is None else (*lead[:-1], heads)
+    if t.ndim == 4 and len(target) == 2 and t.shape[:2] == target:
+        return t  # already (B, H, n, d): the common case, no view to make
     t = t.expand(*target, *t.shape[-2:])
     if len(target) <= 2:
         return t.reshape((1,) * (2 - len(target)) + tuple(t.shape))
@@ -114,22 +118,24 @@ def _log2(x: float) -> float:
     return math.log2(x) if x > 0 else -math.inf
 
 
-def _scan(tensors: list[torch.Tensor]) -> list[float]:
-    r"""The largest magnitude :math:`\max |t|` of each tensor, read to the host at once.
+def _scan(tensors: list[torch.Tensor]) -> torch.Tensor:
+    r"""The largest magnitude :math:`\max |t|` of each tensor, on the device.
 
     One fused reduction per tensor (``vector_norm`` of order :math:`\infty`:
-    each tensor is read once, no temporary of its size), then one
-    device-to-host copy for all of them. NaN where the tensor holds a NaN,
-    ``inf`` where it holds an infinity and no NaN, 0.0 for an empty tensor.
+    each tensor is read once, no temporary of its size), stacked so that one
+    device-to-host copy (``.tolist()``) reads them all; the caller reads it
+    as late as it can, so that its own host work overlaps the reductions.
+    NaN where the tensor holds a NaN, ``inf`` where it holds an infinity and no
+    NaN, 0.0 for an empty tensor.
     """
-    with torch.no_grad():
+    with torch.no_grad():  # the tensors share a dtype, in which each maximum is exact
         norms = [
-            torch.linalg.vector_norm(t, math.inf).to(torch.float64)
+            torch.linalg.vector_norm(t, math.inf)
             if t.numel()
-            else torch.zeros((), dtype=torch.float64, device=t.device)
+            else torch.zeros((), dtype=t.dtype, device=t.device)
             for t in tensors
         ]
-        return torch.stack(norms).tolist()
+        return torch.stack(norms)
 
 
 def prepare(
@@ -191,7 +197,7 @@ def prepare(
         group = hq // hkv
         kv_shapes = [(*s[:-1], hq) for s in kv_shapes]
     try:
-        lead = tuple(torch.broadcast_shapes(q.shape[:-2], *kv_shapes))
+        lead = broadcast_shapes(q.shape[:-2], *kv_shapes)
     except RuntimeError as exc:
         raise ValueError(f"q, k, v leading dimensions do not broadcast: {exc}") from exc
     mask = None
@@ -211,7 +217,7 @@ def prepare(
         if attn_mask.requires_grad and torch.is_grad_enabled():
             raise ValueError("attn_mask requires grad: gradients to the mask are not supported")
         try:
-            full = tuple(torch.broadcast_shapes(attn_mask.shape, (*lead, L, S)))
+            full = broadcast_shapes(attn_mask.shape, (*lead, L, S))
         except RuntimeError as exc:
             raise ValueError(
                 f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {(*lead, L, S)}"
@@ -223,6 +229,8 @@ def prepare(
             )
         lead = full[:-2]
         mask = attn_mask.expand(*attn_mask.shape[:-2], L, S)  # a (..., L, 1) mask covers S
+    # the reductions start now; their values are read after the views below are made
+    scan = _scan([q, k] if v is None else [q, k, v])
     kv_heads = (lead[-1] // group) if group > 1 else None
     q4 = _to4(q, lead)
     k4 = _to4(k, lead, kv_heads)
@@ -252,7 +260,7 @@ def prepare(
         n_eff = keep.sum(-1).expand(*q4.shape[:2], L)
     # one read of each operand and one host sync: all finite (the common case) settles
     # the NaN rows and the overflow guard; otherwise the detailed (slower) scans run
-    qmax, kmax, *vmax = _scan([q, k] if v is None else [q, k, v])
+    qmax, kmax, *vmax = scan.tolist()
     qk_finite = math.isfinite(qmax) and math.isfinite(kmax)
     # an additive -inf removes a key only after its logit is formed: a non-finite query or
     # key under it still makes the logit NaN (the reference's IEEE rule); a boolean False
@@ -430,9 +438,16 @@ def scale_rows(q: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     r"""The β-scaled queries :math:`\beta_i q_i` in the dtype of `q` (differentiable).
 
     `beta` holds one value per query row (shape of ``q.shape[:-1]``, in the
-    statistics dtype); see :class:`_ScaleRows`.
+    statistics dtype); see :class:`_ScaleRows`. Without a graph to record the
+    product is formed directly (an autograd Function's call costs some 40 µs of
+    host time before the kernel starts).
     """
-    return _ScaleRows.apply(q, beta.unsqueeze(-1))
+    beta = beta.unsqueeze(-1)
+    if torch.is_grad_enabled() and (q.requires_grad or beta.requires_grad):
+        return _ScaleRows.apply(q, beta)
+    out = torch.empty_like(q)
+    torch.mul(q, beta, out=out)
+    return out
 
 
 # ---------------------------------------------------------------- fused primitives
@@ -524,7 +539,7 @@ def _composition_entropy(p: Prepared, detach_beta: bool) -> torch.Tensor | None:
                 h = h + (sur - sur.detach())
     except (RuntimeError, NotImplementedError):
         return None  # this primitive refuses these shapes / dtypes: chunked path
-    upper = torch.log(torch.clamp(p.n_eff, min=1).to(sd))
+    upper = torch.log(torch.clamp(compact(p.n_eff), min=1).to(sd))
     return torch.minimum(torch.clamp(h, min=0.0), upper)
 
 
@@ -667,7 +682,7 @@ def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Te
         s_safe = torch.where(none, torch.ones_like(s), s)
         lse = mul_pow2(m_safe, unit) + torch.log(s_safe)
         lses.append(torch.where(none, torch.full_like(lse, -torch.inf), lse))
-    upper = torch.log(torch.clamp(p.n_eff, min=1).to(wd))
+    upper = torch.log(torch.clamp(compact(p.n_eff), min=1).to(wd))
     h = torch.minimum(torch.cat(hs, dim=-1), upper).to(sd)
     return h, torch.cat(lses, dim=-1).to(sd)
 
@@ -918,7 +933,7 @@ def triton_entropy_lse(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
     kind, mask = _triton_mask(p)
     with torch.no_grad():
         h, lse = tri.triton_entropy(p.q, p.k, mask, kind, p.is_causal, p.scale, p.group)
-        upper = torch.log(torch.clamp(p.n_eff, min=1).to(h.dtype))
+        upper = torch.log(torch.clamp(compact(p.n_eff), min=1).to(h.dtype))
     return torch.minimum(h, upper), lse
 
 

@@ -234,3 +234,102 @@ def test_user_schedule_reads_beta_back():
     torch.testing.assert_close(
         out, adaptive_attention(q, k, v, schedule=Constant("0.5"), backend="hybrid")
     )
+
+
+# ------------------------------------------------------------------ host work per call
+# On a GPU, the host's work before pass 1 is queued leaves the device idle; these tests pin
+# what keeps it short without changing a bit of the result.
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    shapes=st.lists(
+        st.lists(st.sampled_from([0, 1, 2, 3, 5]), min_size=0, max_size=4), min_size=1, max_size=4
+    )
+)
+def test_broadcast_shapes_is_torchs(shapes):
+    """The plain-tuple broadcast gives torch's shape, and raises RuntimeError where torch does."""
+    try:
+        want = tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="do not broadcast"):
+            C.broadcast_shapes(*shapes)
+    else:
+        assert C.broadcast_shapes(*shapes) == want
+
+
+def test_compact_drops_only_broadcast_dimensions():
+    base = torch.arange(5)
+    t = base.expand(3, 4, 5)
+    c = C.compact(t)
+    assert c.shape == (1, 1, 5) and c.data_ptr() == t.data_ptr()
+    assert torch.equal(torch.log1p(c.double()).expand(3, 4, 5), torch.log1p(t.double()))
+    whole = torch.zeros(3, 4, 5)
+    assert C.compact(whole) is whole
+    scalar = torch.tensor(7).expand(2, 3)
+    assert C.compact(scalar).shape == (1, 1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("schedule", [PaperPolynomial(), LogLength("0.5")], ids=repr)
+def test_row_counts_stay_compact(schedule, causal):
+    """Without a mask every row of a head sees the same count of keys (or, causal, a count per
+    query position): the clamp, logarithm and β of those counts run on one value per position,
+    not on a tensor of every (batch, head, row)."""
+    q, k, v = _qkv()
+    ledger, out = _ledger(
+        lambda: adaptive_attention(q, k, v, is_causal=causal, schedule=schedule, backend="hybrid")
+    )
+    counts = [  # int64 tensors formed (the expanded view of the counts is no tensor)
+        shape for name, dtype, shape in ledger.outputs
+        if dtype == torch.int64 and not name.startswith("aten.expand")
+    ]  # fmt: skip
+    assert counts and all(math.prod(s) < B * H * L // 2 for s in counts), counts
+    assert out.shape == (B, H, L, D)
+
+
+def test_scale_rows_without_a_graph_is_the_functions_product():
+    """Without a graph to record, β q is formed directly (no autograd Function call), with the
+    same bits as the Function's forward."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 3, 5, 8, generator=g).to(torch.bfloat16)
+    beta = torch.rand(2, 3, 5, generator=g) * 4 + 1
+    with torch.no_grad():
+        direct = A.scale_rows(q, beta)
+    assert direct.grad_fn is None
+    recorded = A.scale_rows(q.clone().requires_grad_(), beta)
+    assert recorded.grad_fn is not None and torch.equal(direct, recorded.detach())
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    coeffs=st.lists(
+        st.floats(-50, 50, allow_nan=False, allow_subnormal=False), min_size=1, max_size=7
+    ),
+    threshold=st.floats(0, 4),
+)
+def test_polynomial_beta_is_bitwise_beta_float(coeffs, threshold):
+    """β of the torch path (Horner from the leading coefficient, the clamp and the threshold
+    as ``torch.where`` with scalars) is bit for bit the specification's ``beta_float``, NaN
+    rows included, for every degree."""
+    import numpy as np
+
+    schedule = Polynomial(tuple(repr(c) for c in coeffs), repr(threshold))
+    h = torch.cat([torch.linspace(0, 9, 301), torch.tensor([float("nan"), threshold])])
+    n = torch.full(h.shape, 64)
+    got = C.beta_from_entropy(schedule, h, n).numpy()
+    want = schedule.beta_float(h.double().numpy(), n.numpy())
+    assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_schedule_constants_are_parsed_once():
+    """The schedule's exact parameters are turned into floats once per schedule, not per call
+    (a user's unhashable schedule is simply not cached)."""
+    schedule = Polynomial(("0.5", "-0.25", "1.75"), "0.5")
+    assert C.poly_floats(schedule) is C.poly_floats(schedule)
+    assert C.beta_bound(schedule, 4096) == C.beta_bound(schedule, 4096)
+
+    class Unhashable(Constant):
+        __hash__ = None  # type: ignore[assignment]
+
+    assert C.beta_bound(Unhashable("3"), 10) == 6.0
