@@ -62,3 +62,44 @@ def test_usage_errors(capsys) -> None:
         with pytest.raises(SystemExit):
             main(argv)
     assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_device_timer_reports_device_and_host_time() -> None:
+    """The GPU benchmark's timer, driven by a stand-in for ``torch.cuda`` (no GPU here): one
+    warm-up and one memory call, then `repeat` timed calls, each timed by its events (device
+    time, median and best) and on the host until the call returns."""
+    import time
+    from types import SimpleNamespace
+
+    from softmaxtheory.bench import torch as bench_torch
+
+    clock = {"device": 0.0}
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+            self.at = 0.0
+
+        def record(self) -> None:
+            self.at = clock["device"]
+
+        def elapsed_time(self, other: Event) -> float:  # milliseconds, as CUDA's events
+            return (other.at - self.at) * 1e3
+
+    memory = {"now": 100, "peak": 100}
+    cuda = SimpleNamespace(
+        Event=Event, synchronize=lambda: None,
+        reset_peak_memory_stats=lambda: memory.update(peak=memory["now"]),
+        memory_allocated=lambda: memory["now"], max_memory_allocated=lambda: memory["peak"],
+    )  # fmt: skip
+    durations = iter([0.5, 0.5, 0.003, 0.001, 0.002])  # warm-up, memory call, three timed
+
+    def call() -> None:
+        clock["device"] += next(durations)
+        memory["peak"] = max(memory["peak"], memory["now"] + 64)
+        time.sleep(0.002)  # the host's part
+
+    seconds, peak, best, host = bench_torch._time(call, 3, SimpleNamespace(cuda=cuda))
+    assert seconds == pytest.approx(0.002) and best == pytest.approx(0.001)
+    assert peak == 64
+    assert 0.002 <= host < 0.5

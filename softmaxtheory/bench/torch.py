@@ -8,7 +8,9 @@ shape, causal and not, forward and forward + backward (β attached, and
 ``detach_beta=True``). Each case: one warm-up call (compiles the kernels), one
 call for the peak memory (``torch.cuda.max_memory_allocated`` growth), then
 `repeat` timed calls (CUDA events); the median is ``seconds`` and the best
-``best_seconds``.
+``best_seconds``. ``host_seconds`` is the median host time until a call
+returns (queueing its kernels, and any wait for a value read back): where it
+exceeds the device time, the GPU idles.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import time
 from typing import Any
 
 __all__ = ["SHAPES", "run_device"]
@@ -34,8 +37,15 @@ BACKWARD_SHAPES: tuple[tuple[int, int, int, int, int], ...] = ((4, 16, 4096, 409
 DEFAULT_REPEAT = 50
 
 
-def _time(fn: Any, repeat: int, torch: Any) -> tuple[float, int, float]:
-    """Median wall time (s) over `repeat` runs, the peak memory (bytes) of one call, best (s)."""
+def _time(fn: Any, repeat: int, torch: Any) -> tuple[float, int, float, float]:
+    """Device time (median, s), peak memory (bytes), best device time (s), host time (s).
+
+    Median and best of the device time over `repeat` calls (CUDA events), the
+    peak memory of one call, and the median host time until the call returns.
+    The host time is what the call costs the CPU to queue its kernels (with any wait for
+    the device inside it, such as a value read back); while it exceeds the device time of
+    what was queued before, the GPU idles.
+    """
     fn()  # warm-up (compiles the Triton kernels)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -43,16 +53,18 @@ def _time(fn: Any, repeat: int, torch: Any) -> tuple[float, int, float]:
     fn()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
-    times = []
+    times, host = [], []
     for _ in range(repeat):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
+        t0 = time.perf_counter()
         fn()
+        host.append(time.perf_counter() - t0)
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times), peak, min(times)
+    return statistics.median(times), peak, min(times), statistics.median(host)
 
 
 def _forward_cases(torch: Any, q: Any, k: Any, v: Any, causal: bool, have_triton: bool) -> dict:
@@ -158,7 +170,8 @@ def run_device(args: Any) -> int:
                     print(f"timing {name} at {(B, H, L, S, D)} causal={causal} ...",
                           file=sys.stderr)  # fmt: skip
                     res[name] = dict(
-                        zip(("seconds", "peak_bytes", "best_seconds"), _time(fn, repeat, torch),
+                        zip(("seconds", "peak_bytes", "best_seconds", "host_seconds"),
+                            _time(fn, repeat, torch),
                             strict=True)
                     )  # fmt: skip
         except torch.cuda.OutOfMemoryError as exc:
@@ -179,7 +192,8 @@ def run_device(args: Any) -> int:
         return 0
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, "
           f"median of {repeat}")  # fmt: skip
-    print(f"{'B,H,L,S,D':<24} {'causal':<7} {'case':<22} {'ms':>9} {'x SDPA':>8} {'peak MiB':>10}")
+    print(f"{'B,H,L,S,D':<24} {'causal':<7} {'case':<22} {'ms':>9} {'x SDPA':>8} {'peak MiB':>10} "
+          f"{'host ms':>8}")  # fmt: skip
     for res in rows:
         shape = ",".join(map(str, res["shape"]))
         if "error" in res:
@@ -190,5 +204,6 @@ def run_device(args: Any) -> int:
         for name, r in res.items():
             if isinstance(r, dict):
                 print(f"{shape:<24} {res['causal']!s:<7} {name:<22} {r['seconds'] * 1e3:>9.3f} "
-                      f"{r['seconds'] / base:>8.2f} {r['peak_bytes'] / 2**20:>10.1f}")  # fmt: skip
+                      f"{r['seconds'] / base:>8.2f} {r['peak_bytes'] / 2**20:>10.1f} "
+                      f"{r['host_seconds'] * 1e3:>8.3f}")  # fmt: skip
     return 0
