@@ -14,11 +14,14 @@ from softmaxtheory.accelerated import cpu
 from softmaxtheory.cli import main
 
 
-def test_quick_json_reports_every_backend(capsys) -> None:
-    code = main(["bench", "--quick", "--json", "--dtype", "float32"])
+def test_quick_json_reports_every_backend(capsys, tmp_path) -> None:
+    saved = tmp_path / "bench.json"
+    code = main(["bench", "--quick", "--json", "--dtype", "float32", "--output", str(saved)])
     out = capsys.readouterr()
     assert code == 0
     doc = json.loads(out.out)
+    assert json.loads(saved.read_text()) == doc  # --output holds what --json prints
+    assert [f.name for f in tmp_path.iterdir()] == ["bench.json"]  # no temporary left
     cases = doc["kernels"]
     backends = {c["backend"] for c in cases}
     assert {"cpu.adaptive_softmax", "cpu.softmax"} <= backends
@@ -103,3 +106,50 @@ def test_device_timer_reports_device_and_host_time() -> None:
     assert seconds == pytest.approx(0.002) and best == pytest.approx(0.001)
     assert peak == 64
     assert 0.002 <= host < 0.5
+
+
+def test_breakdown_lists_a_calls_ops_by_time() -> None:
+    """The profile of one call that the GPU benchmark stores per adaptive case (kernels by
+    device time there); on CPU the same function lists ops by host time."""
+    torch = pytest.importorskip("torch")
+    from softmaxtheory.accelerated.torch import adaptive_attention
+    from softmaxtheory.bench.torch import breakdown
+
+    q, k, v = (torch.randn(2, 2, 64, 32) for _ in range(3))
+    with torch.no_grad():
+        adaptive_attention(q, k, v)  # warm-up
+        few = breakdown(lambda: adaptive_attention(q, k, v), torch, device_type="cpu", top=3)
+        every = breakdown(lambda: adaptive_attention(q, k, v), torch, device_type="cpu", top=999)
+    times = [us for _, us, _ in few["entries"]]
+    assert len(times) == 3 and times == sorted(times, reverse=True) and times[-1] > 0
+    assert few["total_us"] == pytest.approx(sum(times) + few["other_us"])
+    assert few["other_us"] > 0  # more ops than the three kept
+    names = [n for n, _, _ in every["entries"]]
+    assert every["other_us"] == 0 and len(names) > 3
+    # the scan's reductions, pass 2 (SDPA) and the scaling of the queries are all there
+    for op in ("linalg_vector_norm", "scaled_dot_product", "aten::mul"):
+        assert any(op in n for n in names), (op, names)
+
+
+def test_gpu_plan_puts_the_first_shape_and_its_backward_first() -> None:
+    """A GPU run stopped at a time limit keeps the cases measured so far (the JSON is
+    rewritten after each), so the most wanted come first: the first shape forward, causal
+    and not, then forward + backward, then the larger shapes."""
+    from softmaxtheory.bench.torch import BACKWARD_SHAPES, SHAPES, plan_cases
+
+    plan = plan_cases(SHAPES)
+    first = SHAPES[0]
+    assert plan[:2] == [(first, False), (first, True)]
+    assert plan[2:4] == [(b, c, "backward") for b in BACKWARD_SHAPES for c in (False, True)]
+    forward = [item for item in plan if len(item) == 2]
+    assert forward == [(s, c) for s in SHAPES for c in (False, True)]
+    assert len(plan) == 2 * len(SHAPES) + 2 * len(BACKWARD_SHAPES)
+    assert plan_cases(()) == [(b, c, "backward") for b in BACKWARD_SHAPES for c in (False, True)]
+
+
+def test_save_json_replaces_the_file_whole(tmp_path) -> None:
+    path = tmp_path / "run.json"
+    bench.save_json({"rows": [1]}, str(path))
+    bench.save_json({"rows": [1, 2], "complete": True}, str(path))
+    assert json.loads(path.read_text()) == {"rows": [1, 2], "complete": True}
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["run.json"]

@@ -41,14 +41,16 @@ def test_plan_covers_item_seven_within_the_budget(gpu_check, tmp_path, capsys):
     assert gpu_check.main(["--dry-run", "--write-docs", "--out", str(tmp_path)]) == 0
     plan = capsys.readouterr().out
     steps = gpu_check.build_steps(tmp_path, write_docs=True)
-    assert [s.name for s in steps] == ["env", "tests", "conformance", "bench"]
+    # the measured table first (its JSON survives a stop at the limit), then the tests
+    assert [s.name for s in steps] == ["env", "bench", "tests", "conformance", "docs"]
     assert sum(s.limit_s for s in steps) == gpu_check.BUDGET_S <= 7 * 60
+    assert [s.name for s in gpu_check.build_steps(tmp_path, write_docs=False)][-1] != "docs"
     assert "-m pytest -m cuda tests" in plan
     for kernel in ("adaptive_softmax", "adaptive_attention"):
         for dtype in ("float16", "bfloat16", "float32"):
             assert f"torch:{kernel} " in plan and f"--device cuda --dtype {dtype}" in plan
     assert sum("softmaxtheory check" in line for line in plan.splitlines()) == 6
-    assert f"bench --device cuda --json > {tmp_path / 'bench_cuda.json'}" in plan
+    assert f"bench --device cuda --output {tmp_path / 'bench_cuda.json'}" in plan
     assert "docs/performance/bench_cuda_h200.json" in plan
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
 

@@ -37,6 +37,7 @@ __all__ = [
     "run_kernels",
     "run_reference",
     "run_reference_speedup",
+    "save_json",
 ]
 
 #: The shapes of the kernel section: three batches and one long row.
@@ -385,3 +386,20 @@ def machine() -> dict[str, Any]:
 def as_dicts(results: list[Any]) -> list[dict[str, Any]]:
     """Results as plain dictionaries (for JSON)."""
     return [asdict(r) for r in results]
+
+
+def save_json(doc: dict[str, Any], path: str) -> None:
+    """Write `doc` to `path` as indented JSON, replacing the file at once (never half written).
+
+    The document goes to a temporary file beside `path`, which then takes its place
+    (:func:`os.replace`), so a reader, or a run stopped at a time limit, finds either
+    the previous file or the new one.
+    """
+    import json
+    import os
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=2)
+        fh.write("\n")
+    os.replace(tmp, path)

@@ -10,7 +10,9 @@ call for the peak memory (``torch.cuda.max_memory_allocated`` growth), then
 `repeat` timed calls (CUDA events); the median is ``seconds`` and the best
 ``best_seconds``. ``host_seconds`` is the median host time until a call
 returns (queueing its kernels, and any wait for a value read back): where it
-exceeds the device time, the GPU idles.
+exceeds the device time, the GPU idles. For the adaptive path (``auto``, and
+``auto_fwd_bwd``) one profiled call gives ``breakdown``, its kernels by
+device time.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["SHAPES", "run_device"]
+from . import save_json
+
+__all__ = ["SHAPES", "breakdown", "plan_cases", "run_device"]
 
 #: (B, H, L, S, D) cases, bfloat16 (D = 128 at 8192 included).
 SHAPES: tuple[tuple[int, int, int, int, int], ...] = (
@@ -67,6 +71,33 @@ def _time(fn: Any, repeat: int, torch: Any) -> tuple[float, int, float, float]:
     return statistics.median(times), peak, min(times), statistics.median(host)
 
 
+def breakdown(fn: Any, torch: Any, device_type: str = "cuda", top: int = 12) -> dict:
+    """Where one call's time goes: its ops or kernels, by self time, from ``torch.profiler``.
+
+    On CUDA the entries are the kernels (and copies) that ran on the device, with their
+    device time; elsewhere the ops, with their host time. Returns ``total_us`` (all
+    entries), ``entries`` (the `top` largest as ``[name, microseconds, count]``) and
+    ``other_us`` (the rest). The call is made once, after the caller's warm-up.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device_type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    rows = sorted(
+        ([e.key, float(getattr(e, attr)), int(e.count)] for e in prof.key_averages()
+         if getattr(e, attr) > 0),
+        key=lambda r: -r[1],
+    )  # fmt: skip
+    total = sum(r[1] for r in rows)
+    kept = rows[:top]
+    return {"total_us": total, "entries": kept, "other_us": total - sum(r[1] for r in kept)}
+
+
 def _forward_cases(torch: Any, q: Any, k: Any, v: Any, causal: bool, have_triton: bool) -> dict:
     from softmaxtheory.accelerated.torch import adaptive_attention, attention_entropy
 
@@ -107,6 +138,23 @@ def _backward_cases(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> dict:
     }
 
 
+def plan_cases(shapes: tuple[tuple[int, int, int, int, int], ...]) -> list[tuple]:
+    """The order of the cases: most wanted first, so a run stopped early has them.
+
+    Each shape forward, without and with the causal mask; forward + backward at
+    :data:`BACKWARD_SHAPES` comes right after the first shape. Items are
+    ``(shape, causal)`` or ``(shape, causal, "backward")``.
+    """
+    plan: list[tuple] = []
+    for i, shape in enumerate(shapes):
+        plan += [(shape, False), (shape, True)]
+        if i == 0:
+            plan += [(b, c, "backward") for b in BACKWARD_SHAPES for c in (False, True)]
+    if not shapes:
+        plan += [(b, c, "backward") for b in BACKWARD_SHAPES for c in (False, True)]
+    return plan
+
+
 def _version(name: str) -> str | None:
     try:
         from importlib.metadata import version
@@ -142,11 +190,19 @@ def run_device(args: Any) -> int:
         have_triton = True
     except ImportError:
         have_triton = False
-    rows = []
-    plan = [(shape, False) for shape in (getattr(args, "shapes", None) or SHAPES)]
-    plan += [(shape, True) for shape, _ in plan]
-    plan += [(shape, c, "backward") for shape in BACKWARD_SHAPES for c in (False, True)]
-    for item in plan:
+    rows: list[dict[str, Any]] = []
+    output = getattr(args, "output", None)
+
+    def document(complete: bool) -> dict[str, Any]:
+        return {
+            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": _version("triton"), "cuda": torch.version.cuda, "repeat": repeat,
+            "statistic": "median", "date": _utc_now(), "complete": complete,
+            "rows": [r for r in rows if r["pass"] == "forward"],
+            "backward_rows": [r for r in rows if r["pass"] != "forward"],
+        }  # fmt: skip
+
+    for item in plan_cases(getattr(args, "shapes", None) or SHAPES):
         (B, H, L, S, D), causal = item[0], item[1]
         backward = len(item) == 3
         g = torch.Generator(device=device).manual_seed(0)
@@ -174,19 +230,25 @@ def run_device(args: Any) -> int:
                             _time(fn, repeat, torch),
                             strict=True)
                     )  # fmt: skip
+                # the kernels of one call of the adaptive path, for tuning from one run
+                name = "auto_fwd_bwd" if backward else "auto"
+                try:
+                    res["breakdown"] = {name: breakdown(cases[name], torch)}
+                except Exception as exc:  # a profiler that cannot run here: note it, go on
+                    res["breakdown"] = {name: {"error": f"{type(exc).__name__}: {exc}"}}
         except torch.cuda.OutOfMemoryError as exc:
             res["error"] = f"out of memory: {exc}"
+        except Exception as exc:  # one case failing must not cost the rest of a device run
+            res["error"] = f"{type(exc).__name__}: {exc}"
         rows.append(res)
         del q, k, v
         torch.cuda.empty_cache()
+        if output:  # what is measured so far survives a run stopped at a time limit
+            save_json(document(False), output)
+    doc = document(True)
+    if output:
+        save_json(doc, output)
     if getattr(args, "json", False):
-        doc = {
-            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": _version("triton"), "cuda": torch.version.cuda, "repeat": repeat,
-            "statistic": "median", "date": _utc_now(),
-            "rows": [r for r in rows if r["pass"] == "forward"],
-            "backward_rows": [r for r in rows if r["pass"] != "forward"],
-        }  # fmt: skip
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
@@ -202,8 +264,12 @@ def run_device(args: Any) -> int:
         base_name = "sdpa_fwd_bwd" if res["pass"] != "forward" else "sdpa"
         base = res[base_name]["seconds"]
         for name, r in res.items():
-            if isinstance(r, dict):
+            if isinstance(r, dict) and name != "breakdown":
                 print(f"{shape:<24} {res['causal']!s:<7} {name:<22} {r['seconds'] * 1e3:>9.3f} "
                       f"{r['seconds'] / base:>8.2f} {r['peak_bytes'] / 2**20:>10.1f} "
                       f"{r['host_seconds'] * 1e3:>8.3f}")  # fmt: skip
+        for name, b in res.get("breakdown", {}).items():
+            if "entries" in b:
+                top = ", ".join(f"{n[:40]} {us:.0f} us" for n, us, _ in b["entries"][:4])
+                print(f"{'':<24} {name} kernels: {b['total_us']:.0f} us in all; {top}")
     return 0

@@ -43,6 +43,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     bench.add_argument("--dtype", action="append", choices=WORKING_DTYPES, help="kernel dtypes")
     bench.add_argument("--threads", type=int, default=None, help="Numba and torch threads")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bench.add_argument(
+        "--output",
+        metavar="PATH",
+        default=None,
+        help="also write the JSON to PATH (--device cuda rewrites it after every case, so a "
+        "run stopped early keeps what it measured)",
+    )
     return bench
 
 
@@ -144,6 +151,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             )
     if "reference" in sections:
         lines += _reference_speedup(args, doc, say)
+    if args.output:
+        bench.save_json(doc, args.output)
     if args.json:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
