@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -55,6 +56,7 @@ __all__ = [
     "entropy_lse",
     "entropy_lse_backward",
     "entropy_lse_grad",
+    "pass1_early",
     "prepare",
     "triton_available",
     "triton_entropy_lse",
@@ -87,6 +89,8 @@ class Prepared:
     log2_bound: float = -math.inf  # log2 of a bound on |logit| (finite entries)
     log2_qmax: float = -math.inf  # log2 of the largest finite |q|
     values_finite: bool = True  # every entry of v is finite (known from the scan)
+    # pass 1 queued before the scan was read (see pass1_early); None when not, or void
+    pass1: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def _to4(t: torch.Tensor, lead: tuple[int, ...], heads: int | None = None) -> torch.Tensor:
@@ -138,6 +142,28 @@ def _scan(tensors: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack(norms)
 
 
+def _start_read(t: torch.Tensor) -> Callable[[], list[float]]:
+    """Start copying the small tensor `t` to the host; the returned call waits for that copy.
+
+    On CUDA the copy goes to pinned memory without blocking and an event marks its end,
+    so kernels queued after this (pass 1 queued early, :func:`pass1_early`) neither delay
+    the read nor wait for it: ``t.tolist()`` would wait for everything queued before it
+    on the stream. Elsewhere the values are read when asked for.
+    """
+    if t.device.type != "cuda":
+        return t.tolist
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def wait() -> list[float]:
+        done.synchronize()
+        return host.tolist()
+
+    return wait
+
+
 def prepare(
     q: object,
     k: object,
@@ -147,8 +173,15 @@ def prepare(
     scale: float | None,
     *,
     enable_gqa: bool = False,
+    early: Callable[[Prepared], tuple[torch.Tensor, torch.Tensor] | None] | None = None,
 ) -> Prepared:
-    """Validate the SDPA-style arguments and bring them to 4-D views (`v` may be None)."""
+    """Validate the SDPA-style arguments and bring them to 4-D views (`v` may be None).
+
+    `early` (see :func:`pass1_early`) is called with the views before the scan of the
+    operands is read back, so that its kernels are queued behind the scan's and the
+    device has work while the host waits; its result is kept as ``Prepared.pass1``
+    only if the scan leaves the views as they were (all of `q` and `k` finite).
+    """
     q = as_float_tensor(q, "q")
     k = as_float_tensor(k, "k")
     named = [("q", q), ("k", k)]
@@ -230,7 +263,7 @@ def prepare(
         lead = full[:-2]
         mask = attn_mask.expand(*attn_mask.shape[:-2], L, S)  # a (..., L, 1) mask covers S
     # the reductions start now; their values are read after the views below are made
-    scan = _scan([q, k] if v is None else [q, k, v])
+    read = _start_read(_scan([q, k] if v is None else [q, k, v]))
     kv_heads = (lead[-1] // group) if group > 1 else None
     q4 = _to4(q, lead)
     k4 = _to4(k, lead, kv_heads)
@@ -258,9 +291,13 @@ def prepare(
             bias = bool(torch.any(finite & (m4 != 0)))
             keep = m4 != -torch.inf
         n_eff = keep.sum(-1).expand(*q4.shape[:2], L)
+    early_q, early_k, pass1 = q4, k4, None
+    if early is not None:
+        pass1 = early(Prepared(q4, k4, v4, lead, scale, is_causal, keep, add, bias, n_eff,
+                               None, group))  # fmt: skip
     # one read of each operand and one host sync: all finite (the common case) settles
     # the NaN rows and the overflow guard; otherwise the detailed (slower) scans run
-    qmax, kmax, *vmax = scan.tolist()
+    qmax, kmax, *vmax = read()
     qk_finite = math.isfinite(qmax) and math.isfinite(kmax)
     # an additive -inf removes a key only after its logit is formed: a non-finite query or
     # key under it still makes the logit NaN (the reference's IEEE rule); a boolean False
@@ -279,8 +316,10 @@ def prepare(
     lb = _log2(abs(scale)) + lq + _log2(kmax) + _log2(D)
     if bias:
         lb = max(lb, _log2(_abs_max(add))) + 1.0
+    if q4 is not early_q or k4 is not early_k:
+        pass1 = None  # computed on operands the scan has since replaced
     return Prepared(q4, k4, v4, lead, scale, is_causal, keep, add, bias, n_eff, bad,
-                    group, False, lb, lq, all(map(math.isfinite, vmax)))  # fmt: skip
+                    group, False, lb, lq, all(map(math.isfinite, vmax)), pass1)  # fmt: skip
 
 
 def _bad_rows(
@@ -922,6 +961,56 @@ def _triton_mask(p: Prepared) -> tuple[int, torch.Tensor | None]:
     return tri.MASK_NONE, None
 
 
+def pass1_early(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor | None,
+    schedule: Schedule | None,
+    entropy_eps: float = 0.0,
+    detach_beta: bool = False,
+    backend: str = "auto",
+) -> Callable[[Prepared], tuple[torch.Tensor, torch.Tensor] | None] | None:
+    r"""What :func:`prepare` may queue before it reads the scan back: the Triton pass 1.
+
+    On a GPU the scan's one read is a host sync; the kernels queued before it run
+    while the host waits, and pass 1 queued there starts as soon as the scan ends,
+    instead of after the host has finished the checks. Returned only where the
+    forward will use pass 1's statistics without a gradient (the hybrid with a
+    schedule that reads the entropy and β detached or no gradient wanted, or
+    :func:`attention_entropy` without a gradient; `schedule` None) and the
+    Triton kernel runs on the device. The result is the one
+    :func:`triton_entropy_lse` gives later, so it is used only where that call
+    would be made with the same operands (:func:`prepare` drops it otherwise).
+    A case the checks then send elsewhere (overflow, a wide bias) wastes one
+    pass 1 on the device.
+    """
+    operands = [t for t in (q, k, v) if isinstance(t, torch.Tensor)]
+    if len(operands) != 2 + (v is not None) or not triton_available(q.device):
+        return None
+    if q.dtype == torch.float64 and not (
+        _TRITON_FLOAT64 or (q.device.type == "cpu" and _triton_interpreting())
+    ):
+        return None
+    if _want_grad(*operands) and (schedule is None or not detach_beta):
+        return None  # pass 1 runs with its own backward (entropy_lse_grad)
+    if schedule is not None and (
+        backend not in ("auto", "hybrid") or entropy_eps != 0.0 or not schedule.needs_entropy
+    ):
+        return None
+
+    def launch(p: Prepared) -> tuple[torch.Tensor, torch.Tensor] | None:
+        from ._triton_config import NoConfig
+
+        if p.empty or p.q.shape[-1] == 0 or (backend == "auto" and _bias_wider(p)):
+            return None
+        try:
+            return triton_entropy_lse(p)
+        except NoConfig:
+            return None
+
+    return launch
+
+
 def triton_entropy_lse(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass 1 with the Triton kernel: ``(entropy, lse)`` float32 (B, H, L), no gradient.
 
@@ -992,6 +1081,8 @@ def _hybrid_entropy(p: Prepared, schedule: Schedule, beta_grad: bool) -> torch.T
         return None
     if beta_grad:
         return entropy_lse_grad(p)[0]
+    if p.pass1 is not None:
+        return p.pass1[0]
     if _pass1_triton_ok(p):
         from ._triton_config import NoConfig
 
@@ -1155,6 +1246,8 @@ def attention_entropy(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
     out = None
     if _want_grad(p.q, p.k):
         out = entropy_lse_grad(p)
+    elif p.pass1 is not None and _fits(p):
+        out = p.pass1
     elif _pass1_triton_ok(p):
         from ._triton_config import NoConfig
 

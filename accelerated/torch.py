@@ -268,7 +268,10 @@ def adaptive_attention(
     detach_beta = as_flag(detach_beta, "detach_beta")
     if backend not in _attn.BACKENDS:
         raise ValueError(f"backend must be one of {_attn.BACKENDS}, got {backend!r}")
-    prepared = _attn.prepare(q, k, v, attn_mask, is_causal, scale, enable_gqa=enable_gqa)
+    early = _attn.pass1_early(q, k, v, schedule, eps, detach_beta, backend)
+    prepared = _attn.prepare(
+        q, k, v, attn_mask, is_causal, scale, enable_gqa=enable_gqa, early=early
+    )
     out = _attn.attention(prepared, schedule, eps, detach_beta, backend)
     return out.reshape(*prepared.lead, *out.shape[-2:])
 
@@ -361,7 +364,10 @@ def attention_entropy(
     >>> torch.allclose(h, torch.log(torch.tensor([4.0]))), torch.allclose(lse, h)
     (True, True)
     """
-    prepared = _attn.prepare(q, k, None, attn_mask, is_causal, scale, enable_gqa=enable_gqa)
+    early = _attn.pass1_early(q, k, None, None)
+    prepared = _attn.prepare(
+        q, k, None, attn_mask, is_causal, scale, enable_gqa=enable_gqa, early=early
+    )
     h, lse = _attn.attention_entropy(prepared)
     shape = (*prepared.lead, prepared.q.shape[-2])
     return h.reshape(shape), lse.reshape(shape)

@@ -333,3 +333,127 @@ def test_schedule_constants_are_parsed_once():
         __hash__ = None  # type: ignore[assignment]
 
     assert C.beta_bound(Unhashable("3"), 10) == 6.0
+
+
+class _Recorder:
+    """Stand-ins for the Triton pass 1 and the scan's read, logging their order (CPU)."""
+
+    def __init__(self, monkeypatch):
+        self.events = events = []
+        start_read = A._start_read
+
+        def later(t):
+            read = start_read(t)
+
+            def wait():
+                events.append("read")
+                return read()
+
+            return wait
+
+        def pass1(p):
+            self.events.append("pass1")
+            with torch.no_grad():
+                return A.entropy_lse(p)
+
+        monkeypatch.setattr(A, "triton_available", lambda device: True)
+        monkeypatch.setattr(A, "_start_read", later)
+        monkeypatch.setattr(A, "triton_entropy_lse", pass1)
+
+
+@pytest.mark.parametrize(
+    ("mask_name", "causal"), [("none", False), ("none", True), ("bool", False), ("bias", False)]
+)
+def test_pass_one_is_queued_before_the_scan_is_read(monkeypatch, mask_name, causal):
+    """On a GPU the scan's read waits for the device; pass 1, queued before it, runs in the
+    meantime. It is queued once, used as is, and gives the bits of the late launch."""
+    rec = _Recorder(monkeypatch)
+    q, k, v = _qkv(torch.float32)
+    mask = _mask(mask_name, torch.float32)
+
+    def run():
+        return adaptive_attention(q, k, v, mask, is_causal=causal, backend="hybrid")
+
+    early = run()
+    assert rec.events == ["pass1", "read"]
+    rec.events.clear()
+    monkeypatch.setattr(A, "pass1_early", lambda *args, **kwargs: None)
+    late = run()
+    assert rec.events == ["read", "pass1"]
+    assert torch.equal(early, late)
+
+
+def test_pass_one_queued_early_is_dropped_for_replaced_operands(monkeypatch):
+    """A non-finite query is zeroed for the kernels after the read: the early pass 1 saw the
+    raw one, so it is dropped and pass 1 runs again on what the kernels must see."""
+    rec = _Recorder(monkeypatch)
+    q, k, v = _qkv(torch.float32)
+    q[0, 0, 3, 1] = math.inf
+    out = adaptive_attention(q, k, v, _mask("bool", torch.float32), backend="hybrid")
+    assert rec.events == ["pass1", "read", "pass1"]
+    assert torch.isnan(out[0, 0, 3]).all() and torch.isfinite(out[0, 0, :3]).all()
+
+
+def test_attention_entropy_queues_pass_one_early(monkeypatch):
+    from softmaxtheory.accelerated.torch import attention_entropy
+
+    rec = _Recorder(monkeypatch)
+    q, k, _ = _qkv(torch.float32)
+    h, lse = attention_entropy(q, k)
+    assert rec.events == ["pass1", "read"]
+    h2, lse2 = A.entropy_lse(A.prepare(q, k, None, None, False, None))
+    assert torch.equal(h, h2) and torch.equal(lse, lse2)
+
+
+def test_pass_one_is_not_queued_early_where_it_is_not_used(monkeypatch):
+    """Early pass 1 only where the forward reads pass 1 without a graph through it."""
+    monkeypatch.setattr(A, "triton_available", lambda device: True)
+    q, k, v = _qkv(torch.float32)
+    paper = PaperPolynomial()
+    assert A.pass1_early(q, k, v, paper) is not None
+    assert A.pass1_early(q, k, None, None) is not None  # attention_entropy
+    assert A.pass1_early(q, k, v, Constant("2")) is None  # β needs no entropy
+    assert A.pass1_early(q, k, v, paper, backend="composition") is None
+    assert A.pass1_early(q, k, v, paper, entropy_eps=1e-3) is None
+    qg = q.clone().requires_grad_()
+    assert A.pass1_early(qg, k, v, paper) is None  # β attached: pass 1 with its backward
+    assert A.pass1_early(qg, k, v, paper, detach_beta=True) is not None
+    assert A.pass1_early(qg, k, None, None) is None
+    with torch.no_grad():
+        assert A.pass1_early(qg, k, v, paper) is not None
+    monkeypatch.setattr(A, "triton_available", lambda device: False)
+    assert A.pass1_early(q, k, v, paper) is None
+
+
+def test_cuda_read_waits_for_its_copy_only(monkeypatch):
+    """The CUDA branch of the scan's read, with stand-ins for the device (none here): the
+    values go to a pinned buffer without blocking, an event marks the copy's end, and the
+    read waits on that event, not on the stream (where pass 1 may be queued behind it)."""
+    log = []
+
+    class FakeCuda(torch.Tensor):
+        @property
+        def device(self):
+            return torch.device("cuda")
+
+    class Event:
+        def record(self):
+            log.append("record")
+
+        def synchronize(self):
+            log.append("synchronize")
+
+    empty = torch.empty
+
+    def pinned_empty(*args, pin_memory=False, **kwargs):
+        log.append(f"pinned={pin_memory}")
+        return empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", pinned_empty)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    t = torch.tensor([1.5, float("inf"), float("nan")], dtype=torch.float16).as_subclass(FakeCuda)
+    wait = A._start_read(t)
+    assert log == ["pinned=True", "record"]
+    values = wait()
+    assert log == ["pinned=True", "record", "synchronize"]
+    assert values[0] == 1.5 and values[1] == math.inf and math.isnan(values[2])
