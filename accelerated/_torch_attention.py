@@ -153,9 +153,9 @@ def _start_read(t: torch.Tensor) -> Callable[[], list[float]]:
     if t.device.type != "cuda":
         return t.tolist
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
+    host.copy_(t, non_blocking=True)  # queued on the current stream of t's device
     done = torch.cuda.Event()
-    done.record()
+    done.record(torch.cuda.current_stream(t.device))  # that stream, whatever device is current
 
     def wait() -> list[float]:
         done.synchronize()

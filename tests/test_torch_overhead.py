@@ -437,8 +437,8 @@ def test_cuda_read_waits_for_its_copy_only(monkeypatch):
             return torch.device("cuda")
 
     class Event:
-        def record(self):
-            log.append("record")
+        def record(self, stream):
+            log.append(f"record on {stream}")
 
         def synchronize(self):
             log.append("synchronize")
@@ -451,9 +451,11 @@ def test_cuda_read_waits_for_its_copy_only(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", pinned_empty)
     monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: f"the stream of {device}")
     t = torch.tensor([1.5, float("inf"), float("nan")], dtype=torch.float16).as_subclass(FakeCuda)
     wait = A._start_read(t)
-    assert log == ["pinned=True", "record"]
+    recorded = "record on the stream of cuda"  # the tensor's device, not the current one
+    assert log == ["pinned=True", recorded]
     values = wait()
-    assert log == ["pinned=True", "record", "synchronize"]
+    assert log == ["pinned=True", recorded, "synchronize"]
     assert values[0] == 1.5 and values[1] == math.inf and math.isnan(values[2])
