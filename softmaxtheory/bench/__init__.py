@@ -392,7 +392,7 @@ def save_json(doc: dict[str, Any], path: str) -> None:
     """Write `doc` to `path` as indented JSON, replacing the file at once (never half written).
 
     The document goes to a temporary file beside `path`, which then takes its place
-    (:func:`os.replace`), so a reader, or a run stopped at a time limit, finds either
+    (``os.replace``), so a reader, or a run stopped at a time limit, finds either
     the previous file or the new one.
     """
     import json

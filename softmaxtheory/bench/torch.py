@@ -142,7 +142,7 @@ def plan_cases(shapes: tuple[tuple[int, int, int, int, int], ...]) -> list[tuple
     """The order of the cases: most wanted first, so a run stopped early has them.
 
     Each shape forward, without and with the causal mask; forward + backward at
-    :data:`BACKWARD_SHAPES` comes right after the first shape. Items are
+    ``BACKWARD_SHAPES`` comes right after the first shape. Items are
     ``(shape, causal)`` or ``(shape, causal, "backward")``.
     """
     plan: list[tuple] = []
