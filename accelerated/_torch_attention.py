@@ -438,6 +438,13 @@ def _rowdot(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
 
+def _times_rows(x: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """``x * beta`` in one kernel into the dtype of `x` (`beta` broadcast over the last axis)."""
+    out = torch.empty_like(x)
+    torch.mul(x, beta, out=out)
+    return out
+
+
 class _ScaleRows(torch.autograd.Function):
     r"""The queries :math:`\beta_i q_i`, rounded once to the dtype of `q`.
 
@@ -453,10 +460,8 @@ class _ScaleRows(torch.autograd.Function):
     def forward(
         ctx: torch.autograd.function.FunctionCtx, q: torch.Tensor, beta: torch.Tensor
     ) -> torch.Tensor:
-        out = torch.empty_like(q)
-        torch.mul(q, beta, out=out)
         ctx.save_for_backward(q, beta)
-        return out
+        return _times_rows(q, beta)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -466,8 +471,7 @@ class _ScaleRows(torch.autograd.Function):
         q, beta = ctx.saved_tensors
         dq = dbeta = None
         if ctx.needs_input_grad[0]:
-            dq = torch.empty_like(q)
-            torch.mul(grad, beta, out=dq)
+            dq = _times_rows(grad, beta)
         if ctx.needs_input_grad[1]:
             dbeta = _rowdot(grad, q, beta.dtype)
         return dq, dbeta
@@ -484,9 +488,7 @@ def scale_rows(q: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     beta = beta.unsqueeze(-1)
     if torch.is_grad_enabled() and (q.requires_grad or beta.requires_grad):
         return _ScaleRows.apply(q, beta)
-    out = torch.empty_like(q)
-    torch.mul(q, beta, out=out)
-    return out
+    return _times_rows(q, beta)
 
 
 # ---------------------------------------------------------------- fused primitives
@@ -984,13 +986,9 @@ def pass1_early(
     A case the checks then send elsewhere (overflow, a wide bias) wastes one
     pass 1 on the device.
     """
-    operands = [t for t in (q, k, v) if isinstance(t, torch.Tensor)]
-    if len(operands) != 2 + (v is not None) or not triton_available(q.device):
-        return None
-    if q.dtype == torch.float64 and not (
-        _TRITON_FLOAT64 or (q.device.type == "cpu" and _triton_interpreting())
-    ):
-        return None
+    operands = [q, k] if v is None else [q, k, v]
+    if not all(isinstance(t, torch.Tensor) for t in operands) or not _pass1_triton_takes(q):
+        return None  # prepare converts (or refuses) other inputs; pass 1 runs late then
     if _want_grad(*operands) and (schedule is None or not detach_beta):
         return None  # pass 1 runs with its own backward (entropy_lse_grad)
     if schedule is not None and (
@@ -1001,7 +999,7 @@ def pass1_early(
     def launch(p: Prepared) -> tuple[torch.Tensor, torch.Tensor] | None:
         from ._triton_config import NoConfig
 
-        if p.empty or p.q.shape[-1] == 0 or (backend == "auto" and _bias_wider(p)):
+        if p.q.shape[-1] == 0 or (backend == "auto" and _bias_wider(p)):
             return None
         try:
             return triton_entropy_lse(p)
@@ -1066,8 +1064,13 @@ def _pass1_triton_ok(p: Prepared) -> bool:
     ``TRITON_INTERPRET=1`` (the kernels' float64 gradient checks) or with
     :data:`_TRITON_FLOAT64` set.
     """
-    f64 = _TRITON_FLOAT64 or (p.q.device.type == "cpu" and _triton_interpreting())
-    return (p.q.dtype != torch.float64 or f64) and triton_available(p.q.device) and _fits(p)
+    return _pass1_triton_takes(p.q) and _fits(p)
+
+
+def _pass1_triton_takes(q: torch.Tensor) -> bool:
+    """Whether the Triton pass 1 runs on the device and in the dtype of `q`."""
+    f64 = _TRITON_FLOAT64 or (q.device.type == "cpu" and _triton_interpreting())
+    return (q.dtype != torch.float64 or f64) and triton_available(q.device)
 
 
 def _hybrid_entropy(p: Prepared, schedule: Schedule, beta_grad: bool) -> torch.Tensor | None:

@@ -15,6 +15,8 @@ elements the fast pass could not decide.
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -361,7 +363,6 @@ def _version(dist: str) -> str | None:
 def machine() -> dict[str, Any]:
     """A short description of the machine and software the benchmark ran on, dated (UTC)."""
     import datetime
-    import os
 
     import mpmath
 
@@ -395,9 +396,6 @@ def save_json(doc: dict[str, Any], path: str) -> None:
     (``os.replace``), so a reader, or a run stopped at a time limit, finds either
     the previous file or the new one.
     """
-    import json
-    import os
-
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(doc, fh, indent=2)
