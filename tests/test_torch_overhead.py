@@ -459,3 +459,27 @@ def test_cuda_read_waits_for_its_copy_only(monkeypatch):
     values = wait()
     assert log == ["pinned=True", recorded, "synchronize"]
     assert values[0] == 1.5 and values[1] == math.inf and math.isnan(values[2])
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [(["host", "--calls", "20", "--runs", "1"], "first kernel to pass 1"), (["memory"], "x\n")],
+)
+def test_overhead_tool_measures(args, expect):
+    """``tools/overhead.py`` (the figures of the docs' overhead section) runs and reports: the
+    host phases in order, and the forward + backward peak within the 1.5x target."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    res = subprocess.run(
+        [sys.executable, str(root / "tools" / "overhead.py"), *args],
+        capture_output=True, text=True, check=False, cwd=root, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert expect in res.stdout
+    if args[0] == "memory":
+        ratios = [float(r) for r in re.findall(r"([0-9.]+)x$", res.stdout, re.M)]
+        assert len(ratios) == 2 and all(1.0 < r <= 1.5 for r in ratios), res.stdout
