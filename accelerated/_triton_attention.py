@@ -19,7 +19,10 @@ Pass 1, its backward, and pass 2 of the all-Triton forward:
    boolean and additive masks are read tile by tile; grouped-query attention
    reads key head ``h // group`` for query head ``h`` (no repeated K).
    Differences :math:`x_j - m'` that overflow are clamped at the float
-   maximum (their weight is 0 either way), so finite logits never give NaN.
+   maximum (their weight is 0 either way), so finite logits never give NaN
+   while :math:`|x_{ij}| \log_2 e` is finite (:math:`|x_{ij}| < 2.36 \cdot
+   10^{38}` in float32); the callers' overflow guard sends logits beyond
+   :math:`2^{125}` to the overflow-safe torch path before any kernel runs.
 2. ``_entropy_bwd_dq_kernel`` and ``_entropy_bwd_dk_kernel`` (the backward of
    pass 1): from the row gradients :math:`\bar H_i, \bar L_i` and the stored
    :math:`(H, \mathrm{LSE})`, they recompute each logit tile and
@@ -31,6 +34,12 @@ Pass 1, its backward, and pass 2 of the all-Triton forward:
 3. ``_attention_kernel`` (pass 2 of ``backend="triton"``): a flash-attention
    pass on the logits :math:`\beta_i x_{ij}`, with the per-row β read from
    memory.
+
+Inside the kernels the logits are in base 2, :math:`x_{ij}\log_2 e` (the
+scale multiplied by :math:`\log_2 e` once per program), and every
+exponential is an ``exp2``: the hardware's exponential is base 2, and ``exp``
+would multiply each argument by :math:`\log_2 e` again. The stored
+statistics are in natural units.
 
 Statistics are float32 whatever the input dtype (float64 for float64 inputs,
 which only the tests send); fp32 inputs use IEEE fp32 products (no TF32).
@@ -68,6 +77,8 @@ MASK_ADD = 2
 _MASK_BOOL = tl.constexpr(MASK_BOOL)
 _MASK_ADD = tl.constexpr(MASK_ADD)
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
+_LOG2E = tl.constexpr(1.4426950408889634)
+_LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -104,19 +115,22 @@ def _tile(
     stride_mask_k,
     L,
     S,
-    scale,
+    qk_scale,
     MASK_KIND: tl.constexpr,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     ACC: tl.constexpr,
     EDGE: tl.constexpr,
 ):
-    """Logits of the (BLOCK_M, BLOCK_N) tile of loaded `q` and `k`, and which take part.
+    r"""Base-2 logits of the (BLOCK_M, BLOCK_N) tile of loaded `q` and `k`, and which take part.
 
-    ``EDGE=False``: the caller knows the tile lies inside the keys and, when
-    causal, wholly on or below the diagonal, so only a mask can exclude entries.
+    The tile is :math:`x_{ij} \log_2 e` with ``qk_scale`` :math:`= \mathrm{scale}\,\log_2 e`
+    (an additive mask is scaled by :math:`\log_2 e` too), so that the kernels' exponentials
+    are ``exp2`` of differences: one multiply per entry fewer than ``exp``, which scales
+    its argument itself. ``EDGE=False``: the caller knows the tile lies inside the keys
+    and, when causal, wholly on or below the diagonal, so only a mask can exclude entries.
     """
-    x = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC) * scale
+    x = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC) * qk_scale
     valid = (cols[None, :] >= 0) & (offs_m[:, None] >= 0)
     if EDGE:
         valid = valid & (cols[None, :] < S)
@@ -136,7 +150,7 @@ def _tile(
         else:
             add = tl.load(m_ptrs, mask=m_ok, other=0.0).to(ACC)
             valid = valid & (add != float("-inf"))
-            x = x + tl.where(valid, add, 0.0)
+            x = x + tl.where(valid, add * _LOG2E, 0.0)
     return x, valid
 
 
@@ -158,7 +172,7 @@ def _logits(
     L,
     S,
     D,
-    scale,
+    qk_scale,
     MASK_KIND: tl.constexpr,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -166,14 +180,14 @@ def _logits(
     ACC: tl.constexpr,
     EDGE: tl.constexpr,
 ):
-    """Load the key block at `start_n`; the tile's logits, which take part, and the keys."""
+    """Load the key block at `start_n`; the tile's base-2 logits, which take part, and the keys."""
     cols = start_n + offs_n
     k = _load_block(K, k_base, cols, offs_d, stride_k_seq, stride_k_dim, S, D)
     if UPCAST:
         q = q.to(tl.float32)
         k = k.to(tl.float32)
     x, valid = _tile(
-        q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, scale,
+        q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, qk_scale,
         MASK_KIND, CAUSAL, PRECISION, ACC, EDGE,
     )  # fmt: skip
     return x, valid, k
@@ -181,8 +195,10 @@ def _logits(
 
 @triton.jit
 def _entropy_step(m_i, s_i, t_i, x, valid, MASKED: tl.constexpr):
-    """Merge one tile of logits into the rows' T7 states ``(m, s, t)``.
+    r"""Merge one tile of base-2 logits into the rows' T7 states ``(m, s, t)``.
 
+    The state is in base 2 (``m`` and ``t`` are :math:`\log_2 e` times the
+    natural ones, ``s`` is the same), so each entry costs one ``exp2``.
     ``MASKED=False``: every entry of the tile takes part (an interior tile
     without a mask), so no entry needs a ``where``.
     """
@@ -190,9 +206,9 @@ def _entropy_step(m_i, s_i, t_i, x, valid, MASKED: tl.constexpr):
         x = tl.where(valid, x, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(x, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m_i - m_safe)
+    alpha = tl.exp2(m_i - m_safe)
     z = tl.maximum(x - m_safe[:, None], -_FLT_MAX)
-    e = tl.exp(z)
+    e = tl.exp2(z)
     if MASKED:
         z = tl.where(valid, z, 0.0)
         e = tl.where(valid, e, 0.0)
@@ -237,7 +253,7 @@ def _entropy_kernel(
     BLOCK_D: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
-    scale = tl.load(Scale)
+    qk_scale = tl.load(Scale) * _LOG2E
     pid_bh = tl.program_id(1)
     batch = (pid_bh // num_heads).to(tl.int64)
     head = (pid_bh % num_heads).to(tl.int64)
@@ -262,21 +278,22 @@ def _entropy_kernel(
         x, valid, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False,
+            L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False,
         )  # fmt: skip
         m_i, s_i, t_i = _entropy_step(m_i, s_i, t_i, x, valid, MASK_KIND != 0)
     for start_n in range(inner, hi, BLOCK_N):
         x, valid, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True,
+            L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True,
         )  # fmt: skip
         m_i, s_i, t_i = _entropy_step(m_i, s_i, t_i, x, valid, True)
+    # back to natural units: LSE = ln 2 (m + log2 s), H = ln 2 (log2 s - t / s)
     has = s_i > 0.0
     s_safe = tl.where(has, s_i, 1.0)
-    log_s = tl.log(s_safe)
-    lse = tl.where(has, m_i + log_s, float("-inf"))
-    entropy = tl.where(has, tl.maximum(log_s - t_i / s_safe, 0.0), 0.0)
+    log2_s = tl.log2(s_safe)
+    lse = tl.where(has, (m_i + log2_s) * _LN2, float("-inf"))
+    entropy = tl.where(has, tl.maximum(log2_s - t_i / s_safe, 0.0) * _LN2, 0.0)
     row = pid_bh.to(tl.int64) * L + offs_m
     tl.store(OutLse + row, lse, mask=offs_m < L)
     tl.store(OutEntropy + row, entropy, mask=offs_m < L)
@@ -290,20 +307,26 @@ def _grad_logits(x, valid, lse, ent, d_ent, d_lse, MASKED: tl.constexpr):
     :math:`\partial H_i/\partial x_{ij} = -p_{ij}(\log p_{ij} + H_i)` with
     :math:`\log p_{ij} = x_{ij} - \mathrm{LSE}_i`, so
     :math:`\bar x_{ij} = p_{ij}\,(\bar L_i - \bar H_i\,(x_{ij} - \mathrm{LSE}_i + H_i))`.
+    `x` holds base-2 logits (:func:`_tile`): with
+    :math:`z_{ij} = \log_2 p_{ij} = x_{ij}\log_2 e - \mathrm{LSE}_i \log_2 e`,
+    :math:`\bar x_{ij} = 2^{z_{ij}}\,(a_i - b_i z_{ij})` where
+    :math:`a_i = \bar L_i - \bar H_i H_i` and :math:`b_i = \bar H_i \ln 2` are
+    formed once per row: an ``exp2``, a fused multiply-add and a multiply per entry.
     ``MASKED=False``: every entry of the tile takes part (an interior tile
     without a mask); only the rows are selected.
     """
     # rows no loss reaches (a NaN row's where() sends them 0) contribute nothing, not 0 * NaN
     live = ((d_ent != 0.0) | (d_lse != 0.0))[:, None]
-    lse_safe = tl.where(lse == float("-inf"), 0.0, lse)
+    lse2 = tl.where(lse == float("-inf"), 0.0, lse * _LOG2E)
+    a = (d_lse - d_ent * ent)[:, None]
+    b = (d_ent * _LN2)[:, None]
     if MASKED:
         valid = valid & live
-        z = tl.where(valid, tl.maximum(x - lse_safe[:, None], -_FLT_MAX), 0.0)
-        p = tl.where(valid, tl.exp(z), 0.0)
-        return tl.where(valid, p * (d_lse[:, None] - d_ent[:, None] * (z + ent[:, None])), 0.0)
-    z = tl.maximum(x - lse_safe[:, None], -_FLT_MAX)
-    dx = tl.exp(z) * (d_lse[:, None] - d_ent[:, None] * (z + ent[:, None]))
-    return tl.where(live, dx, 0.0)
+        z = tl.where(valid, tl.maximum(x - lse2[:, None], -_FLT_MAX), 0.0)
+        p = tl.where(valid, tl.exp2(z), 0.0)
+        return tl.where(valid, p * (a - b * z), 0.0)
+    z = tl.maximum(x - lse2[:, None], -_FLT_MAX)
+    return tl.where(live, tl.exp2(z) * (a - b * z), 0.0)
 
 
 @triton.jit
@@ -346,6 +369,7 @@ def _entropy_bwd_dq_kernel(
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     scale = tl.load(Scale)
+    qk_scale = scale * _LOG2E
     batch = (pid_bh // num_heads).to(tl.int64)
     head = (pid_bh % num_heads).to(tl.int64)
     kv_head = head // group
@@ -368,7 +392,7 @@ def _entropy_bwd_dq_kernel(
         x, valid, k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False,
+            L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False,
         )  # fmt: skip
         dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse, MASK_KIND != 0)
         acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
@@ -376,7 +400,7 @@ def _entropy_bwd_dq_kernel(
         x, valid, k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True,
+            L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True,
         )  # fmt: skip
         dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse, True)
         acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
@@ -407,7 +431,7 @@ def _dk_tile(
     L,
     S,
     D,
-    scale,
+    qk_scale,
     MASK_KIND: tl.constexpr,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -424,7 +448,7 @@ def _dk_tile(
     # rows past L load zero gradients: dead rows, whatever the tile
     lse, ent, d_ent, d_lse = _row_stats(Lse, Ent, DEnt, DLse, row_base + offs_m, offs_m < L)
     x, valid = _tile(
-        q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, scale,
+        q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, qk_scale,
         MASK_KIND, CAUSAL, PRECISION, ACC, EDGE,
     )  # fmt: skip
     if EDGE:
@@ -473,6 +497,7 @@ def _entropy_bwd_dk_kernel(
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)  # over batch * key heads
     scale = tl.load(Scale)
+    qk_scale = scale * _LOG2E
     kv_heads = num_heads // group
     batch = (pid_bh // kv_heads).to(tl.int64)
     kv_head = (pid_bh % kv_heads).to(tl.int64)
@@ -500,13 +525,13 @@ def _entropy_bwd_dk_kernel(
             acc += _dk_tile(
                 Q, Mask, Lse, Ent, DEnt, DLse, k, cols, offs_d, start_m, q_base, mask_base,
                 row_base, stride_q_seq, stride_q_dim, stride_mask_q, stride_mask_k, L, S, D,
-                scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, True,
+                qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, True,
             )  # fmt: skip
         for start_m in range(inner, L, BLOCK_M):
             acc += _dk_tile(
                 Q, Mask, Lse, Ent, DEnt, DLse, k, cols, offs_d, start_m, q_base, mask_base,
                 row_base, stride_q_seq, stride_q_dim, stride_mask_q, stride_mask_k, L, S, D,
-                scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, False,
+                qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, False,
             )  # fmt: skip
     dk_ptrs = DK + pid_bh.to(tl.int64) * S * D + cols[:, None].to(tl.int64) * D + offs_d[None, :]
     dk = (acc * scale).to(DK.dtype.element_ty)  # the input dtype: rounded once, here
@@ -558,6 +583,7 @@ def _attention_kernel(
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
+    qk_scale = scale * _LOG2E
     batch = (pid_bh // num_heads).to(tl.int64)
     head = (pid_bh % num_heads).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -581,13 +607,13 @@ def _attention_kernel(
         x, valid, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, tl.float32, True,
+            L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, tl.float32, True,
         )  # fmt: skip
-        y = tl.where(valid, beta[:, None] * x, float("-inf"))
+        y = tl.where(valid, beta[:, None] * x, float("-inf"))  # base 2, as m_i
         m_new = tl.maximum(m_i, tl.max(y, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.where(valid, tl.exp(y - m_safe[:, None]), 0.0)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.where(valid, tl.exp2(y - m_safe[:, None]), 0.0)
         l_i = alpha * l_i + tl.sum(p, 1)
         v = _load_block(V, v_base, start_n + offs_n, offs_dv, stride_v_seq, stride_v_dim, S, DV)
         pv = p.to(v.dtype)
@@ -650,14 +676,17 @@ def triton_entropy(
     is_causal: bool,
     scale: float,
     group: int = 1,
+    candidates: dict[str, list[dict]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass 1: ``(entropy, lse)`` of every query row, shape (B, H, L).
 
     float32 (float64 for float64 inputs, which only the interpreter's tests
     send). `q` is (B, H, L, D), `k` (B, H // group, S, D) (expanded views
     allowed); `mask` is (B, H, L, S) (bool or the dtype of `q`, expanded views
-    allowed) or None. Raises :class:`~._triton_config.NoConfig` when no launch
-    configuration fits the device.
+    allowed) or None. `candidates` maps ``"_entropy_kernel"`` to the launch
+    configurations to try instead of :func:`~._triton_config.configs`' (the
+    benchmark's tile sweep). Raises :class:`~._triton_config.NoConfig` when no
+    launch configuration fits the device.
     """
     B, H, L, D = q.shape
     S = k.shape[-2]
@@ -666,8 +695,10 @@ def triton_entropy(
     entropy = torch.empty_like(lse)
     scale_t = torch.full((1,), scale, dtype=acc, device=q.device)
     m_arg, m_strides = _mask_args(mask, mask_kind, q)
-    cands = configs(q.device, D, 0, q.dtype, _mask_elem(mask, mask_kind),
-                    kernel="entropy_kernel", causal=bool(is_causal))  # fmt: skip
+    cands = (candidates or {}).get("_entropy_kernel") or configs(
+        q.device, D, 0, q.dtype, _mask_elem(mask, mask_kind), kernel="entropy_kernel",
+        causal=bool(is_causal),
+    )  # fmt: skip
     args = (
         q, k, m_arg, lse, entropy, *q.stride(), *k.stride(), *m_strides,
         H, group, L, S, D, scale_t,
@@ -697,6 +728,7 @@ def triton_entropy_backward(
     lse: torch.Tensor,
     grad_entropy: torch.Tensor,
     grad_lse: torch.Tensor,
+    candidates: dict[str, list[dict]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""The backward of pass 1: ``(dq, dk)`` from the row gradients of ``(H, LSE)``.
 
@@ -718,8 +750,11 @@ def triton_entropy_backward(
     float32 (float64 for float64 inputs) and stored in the dtype of `q`, shapes
     of `q` and `k`: for 16-bit inputs no float32 gradient the size of `q` and
     `k` is allocated, and the one rounding is the kernel's (bfloat16 under
-    Triton's interpreter, which truncates: float32, rounded by the caller). Raises
-    :class:`~._triton_config.NoConfig` when no launch configuration fits.
+    Triton's interpreter, which truncates: float32, rounded by the caller).
+    `candidates` maps ``"_entropy_bwd_dq_kernel"`` or ``"_entropy_bwd_dk_kernel"``
+    to the launch configurations to try for that kernel (the benchmark's tile
+    sweep). Raises :class:`~._triton_config.NoConfig` when no launch
+    configuration fits.
     """
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
@@ -734,8 +769,10 @@ def triton_entropy_backward(
     scale_t = torch.full((1,), scale, dtype=acc, device=q.device)
     m_arg, m_strides = _mask_args(mask, mask_kind, q)
     elem = _mask_elem(mask, mask_kind)
+    causal = bool(is_causal)
     cands_dq, cands_dk = (
-        configs(q.device, D, 0, q.dtype, elem, backward=True, kernel=name, causal=bool(is_causal))
+        (candidates or {}).get(f"_{name}")
+        or configs(q.device, D, 0, q.dtype, elem, backward=True, kernel=name, causal=causal)
         for name in ("entropy_bwd_dq_kernel", "entropy_bwd_dk_kernel")
     )
     constexprs = {

@@ -95,7 +95,7 @@ def configs(
     causal: bool = False,
     tuned: bool = True,
 ) -> list[dict[str, int]]:
-    """Candidate configurations, largest first (a measured spill-free one first, if any).
+    """Candidate configurations, largest first (a recorded one first where it spills less).
 
     Parameters
     ----------
@@ -121,10 +121,11 @@ def configs(
     causal : bool, default False
         Whether the launch is causal.
     tuned : bool, default True
-        Put the recorded spill-free configuration first: where the largest
-        candidate spills registers when compiled for sm_90 by the installed
-        Triton release, the first one that does not (``tools/triton_spills.py``;
-        16-bit dtypes share the bfloat16 entries). False, or a release the
+        Put the recorded configuration first: where the largest candidate
+        spills heavily (128 bytes of stack or more) when compiled for sm_90 by
+        the installed Triton release, the first one that spills less
+        (``tools/triton_spills.py``; 16-bit dtypes share the bfloat16 entries,
+        of which there are none under Triton 3.6 and 3.9). False, or a release the
         table does not hold, gives the plain order.
 
     Returns
@@ -174,7 +175,7 @@ def configs(
 def _spill_free(
     kernel: str, dtype: torch.dtype, bd: int, mask_elem: int, causal: bool
 ) -> tuple[int, int, int, int] | None:
-    """The recorded spill-free configuration of a case (None: the first candidate is)."""
+    """The recorded configuration of a case (None: the first candidate spills little)."""
     from ._triton_spill_free import SPILL_FREE
 
     table = SPILL_FREE.get(triton_release(), {})

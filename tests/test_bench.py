@@ -153,3 +153,123 @@ def test_save_json_replaces_the_file_whole(tmp_path) -> None:
     bench.save_json({"rows": [1, 2], "complete": True}, str(path))
     assert json.loads(path.read_text()) == {"rows": [1, 2], "complete": True}
     assert sorted(f.name for f in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_tile_candidates_start_with_the_launched_configuration() -> None:
+    """The sweep's configurations per kernel: the one ``configs`` launches first, the rest of
+    its ladder, then the wider tiles and warp counts of ``EXTRA`` that fit, none twice."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from softmaxtheory.accelerated._triton_config import configs, smem_estimate
+    from softmaxtheory.bench import tiles
+
+    h200 = 232448
+    for kernel, backward in tiles.KERNELS.items():
+        cands = tiles.candidates(kernel, 64, torch.bfloat16, h200)
+        ladder = configs(torch.device("cuda"), 64, 0, torch.bfloat16, 0, h200,
+                         backward=backward, kernel=kernel)  # fmt: skip
+        assert cands[: len(ladder)] == ladder
+        keys = [tuple(c[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
+                for c in cands]  # fmt: skip
+        assert len(set(keys)) == len(keys)
+        assert set(tiles.EXTRA[kernel]) <= set(keys)  # all fit at D = 64
+        for c in cands:
+            est = smem_estimate(c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], 64, 0, 2, 0)
+            assert est <= h200 and c["BLOCK_D"] == 64
+    # a small budget leaves out the extras that do not fit
+    small = tiles.candidates("_entropy_kernel", 256, torch.bfloat16, 64 * 1024)
+    assert all(smem_estimate(c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], 256, 0, 2, 0)
+               <= 64 * 1024 for c in small[1:])  # fmt: skip
+
+
+def test_tile_sweep_times_each_configuration_and_notes_refusals() -> None:
+    """``sweep`` times every configuration through the launcher it is given, records a
+    configuration Triton refuses, reports after each kernel; ``summarize`` names the
+    fastest and how far the launched one trails."""
+    pytest.importorskip("triton")
+    from softmaxtheory.accelerated._triton_config import NoConfig
+    from softmaxtheory.bench import tiles
+
+    def cfg(bm, bn):
+        return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": 64, "num_warps": 4, "num_stages": 2}
+
+    cost = {(128, 64): 2e-3, (64, 64): 1e-3, (32, 32): None}
+    ran = []
+
+    def run(c):
+        ran.append((c["BLOCK_M"], c["BLOCK_N"]))
+        if cost[ran[-1]] is None:
+            raise NoConfig("too much shared memory")
+        return cost[ran[-1]]
+
+    reports = []
+    rows = tiles.sweep(
+        lambda fn: fn(), {"_entropy_kernel": ((1, 2, 3, 4, 64), run)},
+        {"_entropy_kernel": [cfg(128, 64), cfg(64, 64), cfg(32, 32)]},
+        on_kernel=lambda r: reports.append(len(r)),
+    )  # fmt: skip
+    assert ran == [(128, 64), (64, 64), (32, 32)] and reports == [3]
+    assert [r.get("seconds") for r in rows] == [2e-3, 1e-3, None]
+    assert [r["first"] for r in rows] == [True, False, False]
+    assert rows[2]["error"].startswith("refused") and rows[0]["config"] == [128, 64, 4, 2]
+    assert rows[0]["kernel"] == "entropy_kernel" and rows[0]["shape"] == [1, 2, 3, 4, 64]
+    (line,) = tiles.summarize(rows)
+    assert "fastest (64, 64, 4, 2) 1.000 ms of 2" in line and "(2.00x)" in line
+
+
+def test_tile_sweep_launchers_run_the_kernels_in_the_given_tile() -> None:
+    """The sweep's launchers on CPU tensors under ``TRITON_INTERPRET=1`` (a child process):
+    each configuration reaches the kernel (a tile that does not divide the lengths still
+    gives the default tile's statistics and gradients)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import json, torch
+from softmaxtheory.bench import tiles
+from softmaxtheory.accelerated import _triton_attention as tri
+seen = []
+real = tri.launch
+def spy(kernel, grid, args, constexprs, cands):
+    seen.append((kernel.__name__, [c["BLOCK_M"] for c in cands]))
+    return real(kernel, grid, args, constexprs, cands)
+tri.launch = spy
+launch = tiles._launchers(torch, "cpu", (1, 2, 40, 24, 16), (1, 2, 24, 40, 16))
+del seen[:]
+cfgs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": 16, "num_warps": 4, "num_stages": 1}
+        for bm, bn in ((16, 16), (32, 16))]
+out = {}
+for name, (shape, run) in launch.items():
+    first, second = (run(c) for c in cfgs)
+    out[name] = max(float((a - b).abs().max()) for a, b in zip(first, second))
+rows = tiles.sweep(lambda fn: (fn(), 1.0)[1], launch, {k: cfgs for k in launch})
+out["rows"] = len(rows)
+out["seen"] = seen
+# the benchmark's step: the sweep of every kernel, saved after each
+from softmaxtheory.bench import torch as bt
+bt.SHAPES, bt.BACKWARD_SHAPES = ((1, 2, 40, 24, 16),), ((1, 2, 24, 40, 16),)
+tiles.candidates = lambda kernel, d, dtype: cfgs
+bt._time = lambda fn, repeat, torch: (fn(), 0.5, 0, 0.5, 0.1)[1:]
+found, saves = {}, []
+bt._tile_sweep(torch, "cpu", True, found, lambda: saves.append(len(found.get("rows", []))))
+out["step"] = [found["repeat"], [r["seconds"] for r in found["rows"]], saves]
+print(json.dumps(out))
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out.pop("rows") == 6
+    assert out.pop("step") == [10, [0.5] * 6, [2, 4, 6, 6]]
+    # each kernel got the swept tile alone; in the backward, the other kernel its default
+    seen = [(name, tuple(blocks)) for name, blocks in out.pop("seen")]
+    assert seen[:2] == [("_entropy_kernel", (16,)), ("_entropy_kernel", (32,))]
+    assert ("_entropy_bwd_dq_kernel", (32,)) in seen and ("_entropy_bwd_dk_kernel", (32,)) in seen
+    assert ("_entropy_bwd_dk_kernel", (16,)) in seen  # dk's CPU default while dq is swept
+    assert set(out) == set(__import__("softmaxtheory.bench.tiles").bench.tiles.KERNELS)
+    for name, diff in out.items():
+        assert diff <= 1e-5, name

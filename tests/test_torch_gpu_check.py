@@ -50,7 +50,7 @@ def test_plan_covers_item_seven_within_the_budget(gpu_check, tmp_path, capsys):
         for dtype in ("float16", "bfloat16", "float32"):
             assert f"torch:{kernel} " in plan and f"--device cuda --dtype {dtype}" in plan
     assert sum("softmaxtheory check" in line for line in plan.splitlines()) == 6
-    assert f"bench --device cuda --output {tmp_path / 'bench_cuda.json'}" in plan
+    assert f"bench --device cuda --tiles --output {tmp_path / 'bench_cuda.json'}" in plan
     assert "docs/performance/bench_cuda_h200.json" in plan
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
 

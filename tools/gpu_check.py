@@ -12,15 +12,17 @@ Steps, in this order, each with its own time limit (the limits add up to the bud
 ``env``
     ``nvidia-smi`` and the versions of torch, Triton and CUDA.
 ``bench``
-    ``softmaxtheory bench --device cuda --output OUT/bench_cuda.json``: forward (``auto``,
+    ``softmaxtheory bench --device cuda --tiles --output OUT/bench_cuda.json``: forward (``auto``,
     composition, Triton, ``attention_entropy``, each against SDPA's forward) at (B, H, L,
     S, D) = (8, 16, 4096, 4096, 64), (4, 16, 8192, 8192, 128), (2, 16, 16384, 16384, 64),
     and forward + backward (``auto`` with beta attached and with ``detach_beta=True``,
     against SDPA's) at (4, 16, 4096, 4096, 64), causal and not, bfloat16; median of 50
     timed calls after a warm-up call, peak memory and host time of one call, and the
-    kernels of one profiled call of ``auto``. First, because the table is what the
+    kernels of one profiled call of ``auto``; then the tile sweep, every launch
+    configuration of the pass-1 kernels and its backward timed once (median of 10), for
+    choosing their order from a measurement. First, because the table is what the
     session is for; the JSON is rewritten after every case, so a stop at the limit keeps
-    the cases measured (the first shape and its backward come first).
+    the cases measured (the first shape and its backward come first, the sweep last).
 ``tests``
     ``pytest -m cuda tests`` (the CUDA tests; collection works without the docs extra),
     in up to 8 processes with pytest-xdist, which compile the Triton kernels at once:
@@ -120,7 +122,9 @@ def build_steps(out: Path, write_docs: bool) -> list[Step]:
             )  # fmt: skip
     bench_json = out / "bench_cuda.json"
     bench = Step(
-        "bench", 150, [_softmaxtheory("bench", "--device", "cuda", "--output", str(bench_json))]
+        "bench",
+        150,
+        [_softmaxtheory("bench", "--device", "cuda", "--tiles", "--output", str(bench_json))],
     )
     # the measured table first: it is what the session is for, and the JSON it rewrites
     # after every case survives a stop at the limit

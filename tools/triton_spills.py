@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Find, for each Triton kernel, the first launch configuration that compiles without spills.
+"""Find, for each Triton kernel, the first launch configuration that compiles without heavy spills.
 
 Usage::
 
@@ -11,12 +11,14 @@ release (major.minor); ``--write`` replaces the running release's entry and keep
 
 No GPU is needed: Triton's Linux wheel carries NVIDIA's ``ptxas`` and ``cuobjdump``, so each
 candidate of :func:`softmaxtheory.accelerated._triton_config.configs` (H200 shared memory,
-in its order) is compiled for sm_90 and its cubin's stack usage read. For each kernel, head-dim
-block, mask kind and causal flag whose *first* candidate spills at least ``MIN_STACK`` bytes
-(a heavy spill; a few bytes may cost less than a smaller tile), the first candidate that
-does not spill is recorded; ``configs`` then tries that one first. bfloat16 stands for both 16-bit
-dtypes; float32 is probed with a boolean mask. Two processes compile at once (a few minutes
-per kernel on two cores).
+in its order) is compiled for sm_90 and its cubin's stack usage read. Each is compiled as
+Triton's JIT specializes it for contiguous tensors whose sizes are multiples of 16
+(:data:`MODEL`): unit strides as constants, the other integers marked as multiples of 16.
+For each kernel, head-dim block, mask kind and causal flag whose *first* candidate spills
+at least ``MIN_STACK`` bytes (a heavy spill; a few bytes may cost less than a smaller tile),
+the first candidate that spills less is recorded; ``configs`` then tries that one first.
+bfloat16 stands for both 16-bit dtypes; float32 is probed with a boolean mask. Two
+processes compile at once (about a second per compilation).
 """
 
 from __future__ import annotations
@@ -44,62 +46,160 @@ H200_SMEM = 232448
 MIN_STACK = 128
 
 
-def _signature(kernel, constexprs: dict, mask_kind: int, dtype: str) -> dict[str, str]:
+#: The launch the compiled variants model: contiguous (B, H, L, D) tensors and a (B, H, L, S)
+#: mask, every size a multiple of 16, MHA (the benchmark's shapes; the batch size only
+#: scales strides the kernels do not see).
+MODEL = {"H": 16, "L": 4096, "S": 4096}
+
+
+def _model_ints(kernel, d: int, dv: int, mask_kind: int) -> dict[str, int]:
+    """The integer arguments of `kernel` at the :data:`MODEL` launch with head dim `d`."""
+    H, L, S = MODEL["H"], MODEL["L"], MODEL["S"]
+    dv = dv or d
+    values = {"num_heads": H, "group": 1, "L": L, "S": S, "D": d, "DV": dv}
+    shapes = {"q": (H, L, d), "k": (H, S, d), "v": (H, S, dv), "o": (H, L, dv),
+              "mask": (H, L, S) if mask_kind else (0, 0, 0)}  # fmt: skip
+    for t, (h, n, e) in shapes.items():
+        values |= {f"stride_{t}_batch": h * n * e, f"stride_{t}_head": n * e}
+        seq, last = (f"stride_{t}_q", f"stride_{t}_k") if t == "mask" else (
+            f"stride_{t}_seq", f"stride_{t}_dim")  # fmt: skip
+        values |= {seq: e, last: 1 if mask_kind or t != "mask" else 0}
+    return {name: values[name] for name in kernel.arg_names if name in values}
+
+
+def _signature(
+    kernel, constexprs: dict, mask_kind: int, dtype: str, d: int, dv: int = 0
+) -> tuple[dict[str, str], dict]:
+    """Argument types and attributes as Triton's JIT specializes the :data:`MODEL` launch.
+
+    The JIT compiles an integer argument equal to 1 (a unit stride) as the constant 1,
+    and marks integers that are multiples of 16, and 16-byte aligned pointers, as such
+    (``tt.divisibility``): that is what lets the tile loads be vectorized and pipelined
+    (``cp.async``). Compiling without these (every integer a plain ``i32``) gives another
+    kernel: scalar loads and, at D = 64, 184 registers for pass 1 where the launched one
+    has 124. Adds the unit strides to `constexprs`; returns the signature and attributes.
+    """
     elem = "*fp32" if dtype == "float32" else "*bf16"
-    sig = {}
-    for name in kernel.arg_names:
+    ints = _model_ints(kernel, d, dv, mask_kind)
+    sig, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
         if name in constexprs:
             sig[name] = "constexpr"
-        elif name == "Mask":
+            continue
+        if name in ints and ints[name] == 1:
+            sig[name], constexprs[name] = "constexpr", 1
+            continue
+        if name == "Mask":
             sig[name] = "*u8" if mask_kind == 1 else elem
         elif name in ("Q", "K", "V", "Out", "DQ", "DK"):
             sig[name] = elem
         elif name[0].isupper() and name not in ("L", "S", "D", "DV"):
             sig[name] = "*fp32"
+        elif name == "scale":
+            sig[name] = "fp32"
+            continue
         else:
-            sig[name] = "i64" if name.startswith("stride") else "i32"
-    return sig
+            sig[name] = "i32"
+            if ints[name] % 16:
+                continue
+        attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
 
 
-def resource_usage(name: str, cfg: dict, mask_kind: int, causal: bool, dtype: str) -> dict:
-    """Compile one kernel configuration for sm_90 and read its cubin's resource usage.
-
-    Returns ``regs``, ``stack``, ``local`` and ``shared`` (bytes, from ``cuobjdump
-    -res-usage``) and ``launch_shared`` (the shared memory Triton reserves at launch).
-    """
+def _compile(name: str, cfg: dict, mask_kind: int, causal: bool, dtype: str, module=None):
+    """Compile kernel `name` of `module` (the package's kernels by default) for sm_90."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from softmaxtheory.accelerated import _triton_attention as T  # noqa: N812
+    if module is None:
+        from softmaxtheory.accelerated import _triton_attention as module
 
-    kernel = getattr(T, name)
+    kernel = getattr(module, name)
     consts = {"MASK_KIND": mask_kind, "CAUSAL": causal, "UPCAST": False,
               "PRECISION": "ieee" if dtype == "float32" else "tf32",
               **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}}  # fmt: skip
     if "ACC" in kernel.arg_names:
         consts["ACC"] = triton.language.float32
+    sig, attrs = _signature(kernel, consts, mask_kind, dtype, cfg["BLOCK_D"],
+                            cfg.get("BLOCK_DV", 0))  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Triton's notices about its own defaults
-        compiled = triton.compile(
-            ASTSource(kernel, _signature(kernel, consts, mask_kind, dtype), constexprs=consts),
+        return triton.compile(
+            ASTSource(kernel, sig, constexprs=consts, attrs=attrs),
             target=GPUTarget("cuda", 90, 32),
             options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
         )
+
+
+def _cuobjdump(compiled, flag: str) -> str:
+    """``cuobjdump <flag>`` of a compiled kernel's cubin."""
     fd, path = tempfile.mkstemp(suffix=".cubin")
     try:
         os.write(fd, compiled.asm["cubin"])
         os.close(fd)
-        usage = subprocess.run([str(toolchain() / "cuobjdump"), "-res-usage", path],
-                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        return subprocess.run([str(toolchain() / "cuobjdump"), flag, path],
+                              capture_output=True, text=True, check=True).stdout  # fmt: skip
     finally:
         os.unlink(path)
+
+
+def resource_usage(name: str, cfg: dict, mask_kind: int, causal: bool, dtype: str) -> dict:
+    """Compile one kernel configuration for sm_90 and read its cubin's resource usage.
+
+    The variant compiled is the one the JIT launches for the :data:`MODEL` shapes
+    (:func:`_signature`). Returns ``regs``, ``stack``, ``local`` and ``shared`` (bytes,
+    from ``cuobjdump -res-usage``) and ``launch_shared`` (the shared memory Triton
+    reserves at launch).
+    """
+    compiled = _compile(name, cfg, mask_kind, causal, dtype)
+    usage = _cuobjdump(compiled, "-res-usage")
     found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
     if found is None:
         raise RuntimeError(f"no resource usage in cuobjdump's output: {usage}")
     regs, stack, shared, local = map(int, found.groups())
     return {"regs": regs, "stack": stack, "local": local, "shared": shared,
             "launch_shared": compiled.metadata.shared}  # fmt: skip
+
+
+#: SASS opcodes of float32 arithmetic (the census' ``fp32`` count).
+FP32_OPS = ("FADD", "FFMA", "FMUL", "FMNMX", "FSEL", "FSETP")
+
+
+def sass_census(name: str, cfg: dict, mask_kind: int = 0, causal: bool = False,
+                dtype: str = "bfloat16", module=None) -> dict[str, int]:  # fmt: skip
+    """Instruction counts of one compiled kernel's SASS, by opcode (static, not executed).
+
+    Adds ``total`` (every instruction) and ``fp32`` (the :data:`FP32_OPS`). `module`
+    holds the kernel (another revision of ``_triton_attention.py``, say).
+    """
+    sass = _cuobjdump(_compile(name, cfg, mask_kind, causal, dtype, module), "-sass")
+    counts: dict[str, int] = {}
+    for line in sass.splitlines():
+        found = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if found:
+            counts[found.group(1)] = counts.get(found.group(1), 0) + 1
+    counts["total"] = sum(counts.values())
+    counts["fp32"] = sum(counts.get(op, 0) for op in FP32_OPS)
+    return counts
+
+
+def census(module=None) -> dict[str, dict[str, int]]:
+    """:func:`sass_census` of each kernel at the benchmark's case.
+
+    D = 64, bfloat16, no mask, not causal, in the configuration ``configs`` puts first.
+    """
+    import torch
+
+    from softmaxtheory.accelerated._triton_config import configs
+
+    out = {}
+    for name in KERNELS:
+        dv = 64 if name == "_attention_kernel" else 0
+        cfg = configs(torch.device("cuda"), 64, dv, torch.bfloat16, 0, H200_SMEM,
+                      backward="bwd" in name, kernel=name)[0]  # fmt: skip
+        out[name] = sass_census(name, cfg, module=module)
+    return out
 
 
 def toolchain() -> Path:
@@ -110,7 +210,7 @@ def toolchain() -> Path:
 
 
 def probe(job: tuple) -> tuple:
-    """The first spill-free candidate of one case; None when the first one spills little."""
+    """The first candidate of one case without a heavy spill; None when that is the first."""
     import torch
 
     from softmaxtheory.accelerated._triton_config import configs
@@ -122,10 +222,8 @@ def probe(job: tuple) -> tuple:
                     mask_elem, H200_SMEM, backward="bwd" in name, tuned=False)  # fmt: skip
     for i, cfg in enumerate(cands):
         stack = resource_usage(name, cfg, mask_kind, causal, dtype)["stack"]
-        if i == 0 and stack < MIN_STACK:
-            return job, None
-        if stack == 0:
-            return job, cfg
+        if stack < MIN_STACK:
+            return job, (None if i == 0 else cfg)
     return job, None
 
 
@@ -137,7 +235,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="probe only these kernels (not with --write)")  # fmt: skip
     parser.add_argument("--head-dims", nargs="+", type=int, default=list(HEAD_DIMS),
                         help="probe only these head dims (not with --write)")  # fmt: skip
+    parser.add_argument("--sass", nargs="?", const="", metavar="FILE",
+                        help="print each kernel's SASS instruction counts at D = 64 (bfloat16, "
+                        "no mask) instead; with FILE, also those of the kernels in FILE "
+                        "(another revision of accelerated/_triton_attention.py)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.sass is not None:
+        sys.path.insert(0, str(ROOT))
+        _print_census(args.sass)
+        return 0
     partial = args.kernels != list(KERNELS) or args.head_dims != list(HEAD_DIMS)
     if args.write and partial:
         parser.error("--write needs every kernel and head dim")
@@ -156,6 +262,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _print_census(other: str) -> None:
+    columns = {"this tree": census()}
+    if other:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "softmaxtheory.accelerated._triton_attention_other", other
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        columns = {other: census(module), **columns}
+    ops = ("total", "fp32", "MUFU", "HGMMA", "LDGSTS")
+    for name in KERNELS:
+        print(name)
+        for label, table in columns.items():
+            print(f"  {label:<40}" + "  ".join(f"{op} {table[name].get(op, 0):>5}" for op in ops))
+
+
 def write_table(table: dict) -> Path:
     """Store `table` as the running Triton release's entry of the package's table.
 
@@ -168,12 +292,13 @@ def write_table(table: dict) -> Path:
     tables = dict(runpy.run_path(str(path))["SPILL_FREE"]) if path.exists() else {}
     tables[triton_release()] = table
     lines = [
-        '"""First spill-free launch configurations (generated by ``tools/triton_spills.py``).',
+        '"""Launch configurations without heavy spills (generated by ``tools/triton_spills.py``).',
         "",
         "One table per Triton release (major.minor), each compiled for sm_90 with that",
-        "release (H200 shared memory). Key: (kernel, dtype, head-dim block, mask kind,",
-        "causal); value: (BLOCK_M, BLOCK_N, num_warps, num_stages). Only cases whose first",
-        f"candidate spills {MIN_STACK} bytes or more are listed.",
+        "release (H200 shared memory), as the JIT specializes contiguous tensors. Key:",
+        "(kernel, dtype, head-dim block, mask kind, causal); value: (BLOCK_M, BLOCK_N,",
+        f"num_warps, num_stages), the first candidate under {MIN_STACK} bytes of stack. Only",
+        f"cases whose first candidate spills {MIN_STACK} bytes or more are listed.",
         '"""',
         "",
         '__all__ = ["SPILL_FREE"]',

@@ -12,7 +12,8 @@ call for the peak memory (``torch.cuda.max_memory_allocated`` growth), then
 returns (queueing its kernels, and any wait for a value read back): where it
 exceeds the device time, the GPU idles. For the adaptive path (``auto``, and
 ``auto_fwd_bwd``) one profiled call gives ``breakdown``, its kernels by
-device time.
+device time. With ``--tiles``, :mod:`softmaxtheory.bench.tiles` then times every
+launch configuration of the pass-1 kernels (``tiles``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ BACKWARD_SHAPES: tuple[tuple[int, int, int, int, int], ...] = ((4, 16, 4096, 409
 
 #: Default number of timed calls per case on a device.
 DEFAULT_REPEAT = 50
+
+#: Timed calls per configuration of the tile sweep.
+TILE_REPEAT = 10
 
 
 def _time(fn: Any, repeat: int, torch: Any) -> tuple[float, int, float, float]:
@@ -191,6 +195,7 @@ def run_device(args: Any) -> int:
     except ImportError:
         have_triton = False
     rows: list[dict[str, Any]] = []
+    tiles: dict[str, Any] = {}
     output = getattr(args, "output", None)
 
     def document(complete: bool) -> dict[str, Any]:
@@ -200,6 +205,7 @@ def run_device(args: Any) -> int:
             "statistic": "median", "date": _utc_now(), "complete": complete,
             "rows": [r for r in rows if r["pass"] == "forward"],
             "backward_rows": [r for r in rows if r["pass"] != "forward"],
+            **({"tiles": tiles} if tiles else {}),
         }  # fmt: skip
 
     for item in plan_cases(getattr(args, "shapes", None) or SHAPES):
@@ -245,6 +251,9 @@ def run_device(args: Any) -> int:
         torch.cuda.empty_cache()
         if output:  # what is measured so far survives a run stopped at a time limit
             save_json(document(False), output)
+    if getattr(args, "tiles", False):
+        _tile_sweep(torch, device, have_triton, tiles, lambda: output and save_json(
+            document(False), output))  # fmt: skip
     doc = document(True)
     if output:
         save_json(doc, output)
@@ -272,4 +281,33 @@ def run_device(args: Any) -> int:
             if "entries" in b:
                 top = ", ".join(f"{n[:40]} {us:.0f} us" for n, us, _ in b["entries"][:4])
                 print(f"{'':<24} {name} kernels: {b['total_us']:.0f} us in all; {top}")
+    if tiles:
+        from .tiles import summarize
+
+        print(f"tile sweep (median of {TILE_REPEAT}):")
+        print("\n".join(f"  {line}" for line in summarize(tiles.get("rows", []))
+                        ) or f"  {tiles.get('error')}")  # fmt: skip
     return 0
+
+
+def _tile_sweep(torch: Any, device: str, have_triton: bool, tiles: dict, save: Any) -> None:
+    """Fill `tiles` with the sweep's ``rows`` (or an ``error``), calling `save` as it goes."""
+    if not have_triton:
+        tiles["error"] = "Triton is not installed"
+        return
+    from .tiles import KERNELS, _launchers, candidates, sweep
+
+    print("tile sweep: every launch configuration of the pass-1 kernels ...", file=sys.stderr)
+    try:
+        cands = {k: candidates(k, SHAPES[0][-1], torch.bfloat16) for k in KERNELS}
+        launchers = _launchers(torch, device, SHAPES[0], BACKWARD_SHAPES[0])
+
+        def progress(rows: list[dict]) -> None:
+            tiles["rows"] = list(rows)
+            save()
+
+        tiles["repeat"] = TILE_REPEAT
+        sweep(lambda fn: _time(fn, TILE_REPEAT, torch)[0], launchers, cands, progress)
+    except Exception as exc:  # the sweep is the last step: note a failure, keep the rest
+        tiles["error"] = f"{type(exc).__name__}: {exc}"
+    save()

@@ -44,6 +44,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, default=None, help="Numba and torch threads")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument(
+        "--tiles",
+        action="store_true",
+        help="--device cuda: then time every launch configuration of the pass-1 Triton "
+        "kernels at the first shape (about a minute)",
+    )
+    bench.add_argument(
         "--output",
         metavar="PATH",
         default=None,
