@@ -31,7 +31,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-__all__ = ["NoConfig", "configs", "launch", "triton_release"]
+__all__ = ["NoConfig", "configs", "launch", "smem_budget", "triton_release"]
 
 #: Shared memory per block assumed when the device does not report it (bytes).
 DEFAULT_SMEM = 99 * 1024
@@ -69,7 +69,8 @@ class NoConfig(RuntimeError):
     """No launch configuration of a Triton kernel fits this device (use the composition)."""
 
 
-def _smem_budget(device: torch.device) -> int:
+def smem_budget(device: torch.device) -> int:
+    """Shared memory one block may use on `device` (bytes; :data:`DEFAULT_SMEM` if unknown)."""
     props = torch.cuda.get_device_properties(device)
     return int(getattr(props, "shared_memory_per_block_optin", 0) or DEFAULT_SMEM)
 
@@ -143,7 +144,7 @@ def configs(
     if device.type != "cuda":
         return [{"BLOCK_M": 16, "BLOCK_N": 16, **dims}]
     if budget is None:
-        budget = _smem_budget(device)
+        budget = smem_budget(device)
     elem = torch.finfo(dtype).bits // 8
     out = []
     for block_m, block_n, stages in _CUDA_BWD_TILES if backward else _CUDA_TILES:

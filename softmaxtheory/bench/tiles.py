@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["EXTRA", "KERNELS", "candidates", "summarize", "sweep"]
+__all__ = ["EXTRA", "KERNELS", "candidates", "launchers", "summarize", "sweep"]
 
 #: The kernels swept, with whether they take the backward ladder.
 KERNELS: dict[str, bool] = {
@@ -45,19 +45,34 @@ def _tile(cfg: dict[str, int]) -> tuple[int, ...]:
 def candidates(kernel: str, head_dim: int, dtype: Any, budget: int | None = None) -> list[dict]:
     """The configurations swept for `kernel` on CUDA: the ladder, then :data:`EXTRA`.
 
-    The first is the one :func:`~softmaxtheory.accelerated._triton_config.configs`
-    launches; extras already on the ladder, or whose estimated shared memory exceeds
-    `budget` (the device's, by default), are left out.
+    Parameters
+    ----------
+    kernel : str
+        A key of :data:`KERNELS`.
+    head_dim : int
+        The head dim of the queries and keys.
+    dtype : torch.dtype
+        The inputs' dtype.
+    budget : int, optional
+        Shared memory per block (bytes); the current CUDA device's by default.
+
+    Returns
+    -------
+    list of dict
+        Launch keyword arguments. The first is the one
+        :func:`~softmaxtheory.accelerated._triton_config.configs` launches; extras
+        already on the ladder, or whose estimated shared memory exceeds `budget`,
+        are left out.
     """
     import torch
 
-    from softmaxtheory.accelerated._triton_config import _smem_budget, configs, smem_estimate
+    from softmaxtheory.accelerated._triton_config import configs, smem_budget, smem_estimate
 
     device = torch.device("cuda")
     out = configs(device, head_dim, 0, dtype, 0, budget, backward=KERNELS[kernel],
                   kernel=kernel)  # fmt: skip
     if budget is None:
-        budget = _smem_budget(device)
+        budget = smem_budget(device)
     seen = {_tile(c) for c in out}
     elem = torch.finfo(dtype).bits // 8
     dims = {k: v for k, v in out[0].items() if k.startswith("BLOCK_D")}
@@ -71,8 +86,24 @@ def candidates(kernel: str, head_dim: int, dtype: Any, budget: int | None = None
     return out
 
 
-def _launchers(torch: Any, device: str, shape: tuple, backward_shape: tuple) -> dict:
-    """For each kernel: (its shape, a function of one configuration that runs it once)."""
+def launchers(torch: Any, device: str, shape: tuple, backward_shape: tuple) -> dict:
+    """For each kernel of :data:`KERNELS`: its shape, and a function that runs it once.
+
+    Parameters
+    ----------
+    torch : module
+        The torch module.
+    device : str
+        Where the operands live (``"cuda"``; ``"cpu"`` under ``TRITON_INTERPRET=1``).
+    shape, backward_shape : tuple of int
+        (B, H, L, S, D) of pass 1 and of its backward; bfloat16 normal operands.
+
+    Returns
+    -------
+    dict
+        Kernel name to ``(shape, run)``, where ``run(cfg)`` launches the kernel once in
+        configuration `cfg` (the backward's other kernel in its first candidate).
+    """
     from softmaxtheory.accelerated import _triton_attention as tri
 
     def operands(shape: tuple, seed: int) -> tuple:

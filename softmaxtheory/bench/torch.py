@@ -295,19 +295,19 @@ def _tile_sweep(torch: Any, device: str, have_triton: bool, tiles: dict, save: A
     if not have_triton:
         tiles["error"] = "Triton is not installed"
         return
-    from .tiles import KERNELS, _launchers, candidates, sweep
+    from .tiles import KERNELS, candidates, launchers, sweep
 
     print("tile sweep: every launch configuration of the pass-1 kernels ...", file=sys.stderr)
     try:
         cands = {k: candidates(k, SHAPES[0][-1], torch.bfloat16) for k in KERNELS}
-        launchers = _launchers(torch, device, SHAPES[0], BACKWARD_SHAPES[0])
+        runs = launchers(torch, device, SHAPES[0], BACKWARD_SHAPES[0])
 
         def progress(rows: list[dict]) -> None:
             tiles["rows"] = list(rows)
             save()
 
         tiles["repeat"] = TILE_REPEAT
-        sweep(lambda fn: _time(fn, TILE_REPEAT, torch)[0], launchers, cands, progress)
+        sweep(lambda fn: _time(fn, TILE_REPEAT, torch)[0], runs, cands, progress)
     except Exception as exc:  # the sweep is the last step: note a failure, keep the rest
         tiles["error"] = f"{type(exc).__name__}: {exc}"
     save()
