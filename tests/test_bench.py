@@ -65,6 +65,9 @@ def test_usage_errors(capsys) -> None:
         with pytest.raises(SystemExit):
             main(argv)
     assert "must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--tiles"])  # the sweep times GPU kernels: not on the CPU
+    assert "--tiles times the Triton kernels: it needs --device cuda" in capsys.readouterr().err
 
 
 def test_device_timer_reports_device_and_host_time() -> None:

@@ -111,6 +111,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return run_device(args)
     from .. import bench
 
+    if args.tiles:
+        parser.error("--tiles times the Triton kernels: it needs --device cuda")
     if args.n is not None and args.n < 1:
         parser.error("--n must be >= 1")
     if args.repeat is not None and args.repeat < 1:
