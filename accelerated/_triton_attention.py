@@ -18,11 +18,11 @@ Pass 1, its backward, and pass 2 of the all-Triton forward:
    attention. A causal query block stops at the last key block it can see;
    boolean and additive masks are read tile by tile; grouped-query attention
    reads key head ``h // group`` for query head ``h`` (no repeated K).
-   Differences :math:`x_j - m'` that overflow are clamped at the float
-   maximum (their weight is 0 either way), so finite logits never give NaN
-   while :math:`|x_{ij}| \log_2 e` is finite (:math:`|x_{ij}| < 2.36 \cdot
-   10^{38}` in float32); the callers' overflow guard sends logits beyond
-   :math:`2^{125}` to the overflow-safe torch path before any kernel runs.
+   The kernels take logits within the callers' overflow guard,
+   :math:`|x_{ij}| \le 2^{125}` (beyond it the overflow-safe torch path
+   runs instead): there no base-2 logit :math:`x_{ij}\log_2 e` and no
+   difference :math:`x_j - m'` overflows, so the kernels spend no
+   instruction per entry on clamps.
 2. ``_entropy_bwd_dq_kernel`` and ``_entropy_bwd_dk_kernel`` (the backward of
    pass 1): from the row gradients :math:`\bar H_i, \bar L_i` and the stored
    :math:`(H, \mathrm{LSE})`, they recompute each logit tile and
@@ -194,20 +194,29 @@ def _logits(
 
 
 @triton.jit
-def _entropy_step(m_i, s_i, t_i, x, valid, MASKED: tl.constexpr):
+def _entropy_step(m_i, s_i, t_i, x, valid, c, MASKED: tl.constexpr, RAW: tl.constexpr):
     r"""Merge one tile of base-2 logits into the rows' T7 states ``(m, s, t)``.
 
     The state is in base 2 (``m`` and ``t`` are :math:`\log_2 e` times the
     natural ones, ``s`` is the same), so each entry costs one ``exp2``.
     ``MASKED=False``: every entry of the tile takes part (an interior tile
-    without a mask), so no entry needs a ``where``.
+    without a mask), so no entry needs a ``where``. The differences
+    :math:`x_j - m'` are not clamped: within the callers' overflow guard
+    (:math:`|x| \le 2^{125}`, so :math:`|x \log_2 e - m'| < 2^{127}`) none
+    overflows, and a clamp would cost an instruction per entry.
+
+    ``RAW=True``: `x` holds the products :math:`q_i \cdot k_j` themselves and
+    `c` :math:`= \mathrm{scale}\log_2 e > 0` (no additive mask). Then
+    :math:`\max_j c\,x_j = c \max_j x_j`, so the row maximum is taken on the
+    products and each difference is one fused multiply-add,
+    :math:`c\,x_j - m'`, where scaling first costs a multiply per entry more.
     """
     if MASKED:
         x = tl.where(valid, x, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(x, 1))
+    m_new = tl.maximum(m_i, c * tl.max(x, 1) if RAW else tl.max(x, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
-    z = tl.maximum(x - m_safe[:, None], -_FLT_MAX)
+    z = tl.fma(x, c, -m_safe[:, None]) if RAW else x - m_safe[:, None]
     e = tl.exp2(z)
     if MASKED:
         z = tl.where(valid, z, 0.0)
@@ -251,9 +260,12 @@ def _entropy_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    RAW: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     qk_scale = tl.load(Scale) * _LOG2E
+    # RAW (scale > 0, no additive mask): the steps scale the products themselves
+    tile_scale = 1.0 if RAW else qk_scale
     pid_bh = tl.program_id(1)
     batch = (pid_bh // num_heads).to(tl.int64)
     head = (pid_bh % num_heads).to(tl.int64)
@@ -278,16 +290,16 @@ def _entropy_kernel(
         x, valid, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False,
+            L, S, D, tile_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False,
         )  # fmt: skip
-        m_i, s_i, t_i = _entropy_step(m_i, s_i, t_i, x, valid, MASK_KIND != 0)
+        m_i, s_i, t_i = _entropy_step(m_i, s_i, t_i, x, valid, qk_scale, MASK_KIND != 0, RAW)
     for start_n in range(inner, hi, BLOCK_N):
         x, valid, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True,
+            L, S, D, tile_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True,
         )  # fmt: skip
-        m_i, s_i, t_i = _entropy_step(m_i, s_i, t_i, x, valid, True)
+        m_i, s_i, t_i = _entropy_step(m_i, s_i, t_i, x, valid, qk_scale, True, RAW)
     # back to natural units: LSE = ln 2 (m + log2 s), H = ln 2 (log2 s - t / s)
     has = s_i > 0.0
     s_safe = tl.where(has, s_i, 1.0)
@@ -322,10 +334,10 @@ def _grad_logits(x, valid, lse, ent, d_ent, d_lse, MASKED: tl.constexpr):
     b = (d_ent * _LN2)[:, None]
     if MASKED:
         valid = valid & live
-        z = tl.where(valid, tl.maximum(x - lse2[:, None], -_FLT_MAX), 0.0)
+        z = tl.where(valid, x - lse2[:, None], 0.0)
         p = tl.where(valid, tl.exp2(z), 0.0)
         return tl.where(valid, p * (a - b * z), 0.0)
-    z = tl.maximum(x - lse2[:, None], -_FLT_MAX)
+    z = x - lse2[:, None]  # no clamp: within the overflow guard, as in _entropy_step
     return tl.where(live, tl.exp2(z) * (a - b * z), 0.0)
 
 
@@ -704,7 +716,8 @@ def triton_entropy(
         H, group, L, S, D, scale_t,
     )  # fmt: skip
     constexprs = {
-        "MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), "ACC": acc_tl, **_precision(q)
+        "MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), "ACC": acc_tl, **_precision(q),
+        "RAW": scale > 0 and mask_kind != MASK_ADD,
     }  # fmt: skip
     launch(
         _entropy_kernel,

@@ -145,6 +145,8 @@ nitpick_ignore = [
     ("py:class", "numpy.ndarray"),
     ("py:class", "numpy.float64"),
     ("py:class", "torch.Tensor"),
+    ("py:class", "torch.dtype"),
+    ("py:class", "module"),
     ("py:func", "torch.nn.functional.scaled_dot_product_attention"),
     ("py:class", "numpy.dtype"),
     ("py:class", "np.ndarray"),

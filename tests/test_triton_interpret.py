@@ -221,11 +221,11 @@ def _child(out_dir: Path) -> None:
     _child_sweep(out_dir)
     _child_gradcheck(out_dir)
     _child_memory(out_dir)
-    # the kernel itself on a finite row whose spread overflows float32 (not the guard); its
-    # base-2 logits (x log2 e, 2.9e38) are finite, as the guard's 2**125 bound keeps them
+    # the kernel itself at the edge of the callers' overflow guard (|x| <= 2**125): a row
+    # whose base-2 spread, 2**126.5, is near the float maximum (no clamp in the kernels)
     q = torch.ones(1, 1, 1, 16)
     k = torch.zeros(1, 1, 3, 16)
-    k[0, 0, :, 0] = torch.tensor([2e38, -2e38, 2e38])
+    k[0, 0, :, 0] = torch.tensor([2.0**125, -(2.0**125), 2.0**125])
     h, lse = tri.triton_entropy(q, k, None, tri.MASK_NONE, False, 1.0)
     np.save(out_dir / "overflow.npy", torch.stack([h, lse]).double().numpy())
     # causal block skipping with L != S (a query block past the last key, one before it)
@@ -234,6 +234,28 @@ def _child(out_dir: Path) -> None:
     h, lse = A.triton_entropy_lse(p)
     h2, lse2 = A.entropy_lse(p)
     np.save(out_dir / "causal-short.npy", torch.stack([h, lse, h2, lse2]).double().numpy())
+    # the scale's sign: a positive scale takes the row maximum on the raw products (RAW);
+    # zero and negative scales, and additive masks, scale every product first
+    g = torch.Generator().manual_seed(5)
+    # large logits (spreads of hundreds): a row maximum taken with the wrong sign overflows
+    q, k = (torch.randn(1, 2, n, 24, generator=g) * 6 for n in (37, 29))  # odd lengths
+    keep = torch.rand(1, 2, 37, 29, generator=g) < 0.7
+    keep[..., 0] = True
+    out = []
+    for scale in (0.37, -0.37, 0.0):
+        x = scale * torch.einsum("bhld,bhsd->bhls", q.double(), k.double())
+        for kind, m, causal in ((tri.MASK_NONE, None, False), (tri.MASK_BOOL, keep, False),
+                                (tri.MASK_NONE, None, True)):  # fmt: skip
+            h, lse = tri.triton_entropy(q, k, m, kind, causal, scale)
+            ok = torch.ones_like(x, dtype=torch.bool) if m is None else m.clone()
+            if causal:
+                ok &= torch.ones(37, 29, dtype=torch.bool).tril()
+            xm = torch.where(ok, x, -torch.inf)
+            lse2 = torch.logsumexp(xm, -1)
+            p2 = torch.exp(xm - lse2[..., None])
+            h2 = -(torch.where(ok, p2 * (xm - lse2[..., None]), 0.0)).sum(-1)
+            out.append(torch.stack([h.double(), lse.double(), h2, lse2]))
+    np.save(out_dir / "scale-sign.npy", torch.stack(out).numpy())
 
 
 def _child_sweep(out_dir: Path) -> None:
@@ -277,6 +299,8 @@ def _child_gradcheck(out_dir: Path) -> None:
     """float64 gradchecks through the Triton pass 1 and its backward (fast mode)."""
     import json
 
+    from torch.autograd.gradcheck import GradcheckError
+
     from softmaxtheory.accelerated.torch import adaptive_attention, attention_entropy
 
     results = {}
@@ -299,7 +323,7 @@ def _child_gradcheck(out_dir: Path) -> None:
         try:
             ok = torch.autograd.gradcheck(f, args, fast_mode=True)
             results[name] = "ok" if ok else "gradcheck returned False"
-        except torch.autograd.gradcheck.GradcheckError as exc:
+        except GradcheckError as exc:  # (torch.autograd.gradcheck names the function)
             results[name] = str(exc)[:2000]
     (out_dir / "gradcheck.json").write_text(json.dumps(results))
 
@@ -477,11 +501,20 @@ def test_pass_one_backward_kernels_match_the_torch_twin(child_outputs, case):
 
 
 def test_pass_one_kernel_overflowing_spread(child_outputs):
-    """A finite float32 row [2e38, -2e38, 2e38] (spread beyond the float maximum): H = log 2."""
+    """A float32 row [2**125, -2**125, 2**125], at the edge of the callers' overflow guard
+    (its natural spread, 2**126, is a quarter of the float maximum): H = log 2."""
     h, lse = np.load(child_outputs / "overflow.npy")
     assert np.isfinite(h).all() and np.isfinite(lse).all()
     np.testing.assert_allclose(h, math.log(2), rtol=1e-6)
-    np.testing.assert_allclose(lse, 2e38, rtol=1e-6)
+    np.testing.assert_allclose(lse, 2.0**125, rtol=1e-6)
+
+
+def test_pass_one_kernel_every_scale_sign(child_outputs):
+    """Positive, negative and zero scales (the first takes the row maximum on the raw
+    products), without a mask, with a boolean one and causal: float64 logsumexp's values."""
+    for h, lse, h2, lse2 in np.load(child_outputs / "scale-sign.npy"):
+        np.testing.assert_allclose(lse, lse2, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(h, h2, rtol=1e-4, atol=1e-5)
 
 
 def test_pass_one_causal_skip_matches_torch(child_outputs):

@@ -121,6 +121,8 @@ def _compile(name: str, cfg: dict, mask_kind: int, causal: bool, dtype: str, mod
               **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}}  # fmt: skip
     if "ACC" in kernel.arg_names:
         consts["ACC"] = triton.language.float32
+    if "RAW" in kernel.arg_names:  # as launched with a positive scale
+        consts["RAW"] = mask_kind != 2
     sig, attrs = _signature(kernel, consts, mask_kind, dtype, cfg["BLOCK_D"],
                             cfg.get("BLOCK_DV", 0))  # fmt: skip
     with warnings.catch_warnings():

@@ -2,7 +2,7 @@
 
 ``softmaxtheory bench --device cuda --tiles`` times the Triton kernels of pass 1 and
 of its backward once per candidate configuration: the ladder
-:func:`~softmaxtheory.accelerated._triton_config.configs` tries in order (largest
+``configs`` (``accelerated/_triton_config.py``) tries in order (largest
 tile first), and a few wider tiles and warp counts it does not try (:data:`EXTRA`).
 The ladder's order is a prior, set without a GPU from shared memory and register
 spills (``tools/triton_spills.py``); one sweep on the device says which tile is
@@ -27,8 +27,9 @@ KERNELS: dict[str, bool] = {
     "_entropy_bwd_dk_kernel": True,
 }
 
-#: Configurations beyond the ladder, as (BLOCK_M, BLOCK_N, num_warps, num_stages): wider
-#: key tiles and eight warps, which the ladder leaves out for their register use.
+#: Configurations swept beyond the ladder, each a tuple of ``BLOCK_M``, ``BLOCK_N``,
+#: ``num_warps`` and ``num_stages``. Wider key tiles and eight warps, which the ladder
+#: leaves out for their register use.
 EXTRA: dict[str, tuple[tuple[int, int, int, int], ...]] = {
     "_entropy_kernel": ((128, 128, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (256, 64, 8, 3)),
     "_entropy_bwd_dq_kernel": ((64, 64, 8, 2), (128, 64, 8, 2)),
@@ -60,7 +61,7 @@ def candidates(kernel: str, head_dim: int, dtype: Any, budget: int | None = None
     -------
     list of dict
         Launch keyword arguments. The first is the one
-        :func:`~softmaxtheory.accelerated._triton_config.configs` launches; extras
+        ``configs`` (``accelerated/_triton_config.py``) launches; extras
         already on the ladder, or whose estimated shared memory exceeds `budget`,
         are left out.
     """
