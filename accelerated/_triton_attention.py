@@ -127,8 +127,10 @@ def _tile(
     The tile is :math:`x_{ij} \log_2 e` with ``qk_scale`` :math:`= \mathrm{scale}\,\log_2 e`
     (an additive mask is scaled by :math:`\log_2 e` too), so that the kernels' exponentials
     are ``exp2`` of differences: one multiply per entry fewer than ``exp``, which scales
-    its argument itself. ``EDGE=False``: the caller knows the tile lies inside the keys
-    and, when causal, wholly on or below the diagonal, so only a mask can exclude entries.
+    its argument itself (pass 1 with a positive scale passes ``qk_scale=1.0``, which
+    folds away, and scales the raw products itself: ``RAW`` in :func:`_entropy_step`).
+    ``EDGE=False``: the caller knows the tile lies inside the keys and, when causal,
+    wholly on or below the diagonal, so only a mask can exclude entries.
     """
     x = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC) * qk_scale
     valid = (cols[None, :] >= 0) & (offs_m[:, None] >= 0)
