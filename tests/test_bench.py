@@ -70,16 +70,16 @@ def test_usage_errors(capsys) -> None:
     assert "--tiles times the Triton kernels: it needs --device cuda" in capsys.readouterr().err
 
 
-def test_device_timer_reports_device_and_host_time() -> None:
+def test_device_timer_reports_device_and_host_time(monkeypatch) -> None:
     """The GPU benchmark's timer, driven by a stand-in for ``torch.cuda`` (no GPU here): one
     warm-up and one memory call, then `repeat` timed calls, each timed by its events (device
     time, median and best) and on the host until the call returns."""
-    import time
     from types import SimpleNamespace
 
     from softmaxtheory.bench import torch as bench_torch
 
-    clock = {"device": 0.0}
+    clock = {"device": 0.0, "host": 0.0}
+    monkeypatch.setattr(bench_torch, "time", SimpleNamespace(perf_counter=lambda: clock["host"]))
 
     class Event:
         def __init__(self, enable_timing: bool) -> None:
@@ -103,7 +103,7 @@ def test_device_timer_reports_device_and_host_time() -> None:
     def call() -> None:
         clock["device"] += next(durations)
         memory["peak"] = max(memory["peak"], memory["now"] + 64)
-        time.sleep(0.002)  # the host's part
+        clock["host"] += 0.002  # the host's part
 
     seconds, peak, best, host = bench_torch._time(call, 3, SimpleNamespace(cuda=cuda))
     assert seconds == pytest.approx(0.002) and best == pytest.approx(0.001)

@@ -343,8 +343,7 @@ def _child_memory(out_dir: Path) -> None:
     import json
 
     from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
-    from softmaxtheory.accelerated.torch import adaptive_attention
-    from tests.support.live_bytes import OpLedger
+    from tests.support.live_bytes import attention_fwd_bwd
 
     B_, H_, L_, D_ = MEMORY_SHAPE
     A.CHUNK_ELEMENTS = B_ * H_ * L_ * D_ // 8
@@ -355,15 +354,7 @@ def _child_memory(out_dir: Path) -> None:
         grad = torch.randn(B_, H_, L_, D_, generator=g).half()
         peaks = {}
         for name in ("sdpa", "hybrid"):
-            qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-            with OpLedger() as ledger:
-                if name == "sdpa":
-                    out = torch.nn.functional.scaled_dot_product_attention(
-                        qg, kg, vg, is_causal=causal
-                    )
-                else:
-                    out = adaptive_attention(qg, kg, vg, is_causal=causal, backend="hybrid")
-                out.backward(grad)
+            ledger = attention_fwd_bwd(name, q, k, v, grad, causal)
             peaks[name] = ledger.peak
             peaks[f"{name}-float32-full"] = [
                 op for op, dtype, shape in ledger.outputs

@@ -87,8 +87,7 @@ def memory() -> dict[str, int]:
     import torch
 
     from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
-    from softmaxtheory.accelerated.torch import adaptive_attention
-    from tests.support.live_bytes import OpLedger
+    from tests.support.live_bytes import attention_fwd_bwd
 
     B, H, L, D = 8, 2, 64, 32
     A.CHUNK_ELEMENTS = B * H * L * D // 8
@@ -97,15 +96,7 @@ def memory() -> dict[str, int]:
     for causal in (False, True):
         q, k, v, grad = (torch.randn(B, H, L, D, generator=g).half() for _ in range(4))
         for name in ("sdpa", "hybrid"):
-            qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-            with OpLedger() as ledger:
-                if name == "sdpa":
-                    out = torch.nn.functional.scaled_dot_product_attention(
-                        qg, kg, vg, is_causal=causal
-                    )
-                else:
-                    out = adaptive_attention(qg, kg, vg, is_causal=causal, backend="hybrid")
-                out.backward(grad)
+            ledger = attention_fwd_bwd(name, q, k, v, grad, causal)
             peaks[f"{name}{' causal' if causal else ''}"] = ledger.peak
     return peaks
 

@@ -66,3 +66,23 @@ class OpLedger(TorchDispatchMode):
     def largest(self, dtype: torch.dtype) -> int:
         """The most elements of any op output of `dtype` (0 if none)."""
         return max((math.prod(shape) for _, d, shape in self.outputs if d == dtype), default=0)
+
+
+def attention_fwd_bwd(
+    name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, causal: bool
+) -> OpLedger:
+    """The ledger of one forward + backward: SDPA (``"sdpa"``) or the hybrid (``"hybrid"``).
+
+    Runs on fresh leaf copies of `q`, `k`, `v` that require grad and back-propagates
+    `grad` from the output.
+    """
+    from softmaxtheory.accelerated.torch import adaptive_attention
+
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    with OpLedger() as ledger:
+        if name == "sdpa":
+            out = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+        else:
+            out = adaptive_attention(qg, kg, vg, is_causal=causal, backend=name)
+        out.backward(grad)
+    return ledger
