@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from ..spec import Schedule
+from ..spec import Polynomial, Schedule
 from ._torch_common import (
     HALF_DTYPES,
     as_flag,
@@ -741,9 +741,9 @@ def entropy_lse_backward(
     (:func:`~._triton_attention.triton_entropy_backward`): blocks of queries
     against every key recompute the logits and
     :math:`p_{ij} = e^{x_{ij} - \mathrm{LSE}_i}` from the stored log-sum-exp,
-    then :math:`ar x_{ij} = p_{ij}(ar L_i - ar H_i (x_{ij} - \mathrm{LSE}_i + H_i))`,
-    :math:`ar q_i = \mathrm{scale}\sum_j ar x_{ij} k_j` and
-    :math:`ar k_j = \mathrm{scale}\sum_i ar x_{ij} q_i` (summed over the
+    then :math:`\bar x_{ij} = p_{ij}(\bar L_i - \bar H_i (x_{ij} - \mathrm{LSE}_i + H_i))`,
+    :math:`\bar q_i = \mathrm{scale}\sum_j \bar x_{ij} k_j` and
+    :math:`\bar k_j = \mathrm{scale}\sum_i \bar x_{ij} q_i` (summed over the
     query heads of a group). Memory :math:`O(\mathrm{block}\cdot S)`; nothing is
     kept from the forward but ``(H, LSE)``. Results in the statistics dtype,
     shapes of ``p.q`` and ``p.k``.
@@ -890,6 +890,34 @@ def _sdpa_pass2(
     )
 
 
+def _rows_beta(
+    p: Prepared,
+    schedule: Schedule,
+    entropy: torch.Tensor | None,
+    detach_beta: bool,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """β of each row in `dtype`, detached if `detach_beta` (shape of the rows).
+
+    The polynomial schedule's β in one Triton kernel where no gradient flows
+    through it and Triton runs (:func:`~._triton_beta.triton_polynomial_beta`,
+    equal bit for bit); otherwise the torch evaluation, differentiable.
+    """
+    grad = torch.is_grad_enabled() and entropy is not None and entropy.requires_grad
+    if (
+        isinstance(schedule, Polynomial)
+        and entropy is not None
+        and (detach_beta or not grad)
+        and _pass1_triton_takes(p.q)
+    ):
+        from ._triton_beta import triton_polynomial_beta
+
+        beta = triton_polynomial_beta(schedule, entropy, dtype)
+        return torch.broadcast_to(beta, broadcast_shapes(beta.shape, p.n_eff.shape))
+    beta = beta_from_entropy(schedule, entropy, p.n_eff).to(dtype)
+    return beta.detach() if detach_beta else beta
+
+
 def _hybrid(
     p: Prepared, schedule: Schedule, detach_beta: bool, entropy: torch.Tensor | None
 ) -> torch.Tensor | None:
@@ -913,9 +941,7 @@ def _hybrid(
     overflow-safe chunked path).
     """
     sd = stats_dtype(p.q.dtype)
-    beta = beta_from_entropy(schedule, entropy, p.n_eff).to(sd)
-    if detach_beta:
-        beta = beta.detach()
+    beta = _rows_beta(p, schedule, entropy, detach_beta, sd)
     if not _beta_fits(p, schedule, beta):
         return None
     mask = None
@@ -1032,7 +1058,7 @@ def _triton(p: Prepared, schedule: Schedule) -> torch.Tensor | None:
     kind, mask = _triton_mask(p)
     try:
         entropy = triton_entropy_lse(p)[0] if schedule.needs_entropy else None
-        beta = beta_from_entropy(schedule, entropy, p.n_eff).to(torch.float32)
+        beta = _rows_beta(p, schedule, entropy, True, torch.float32)
         if not _beta_fits(p, schedule, beta):
             return None
         beta = beta.expand(*p.q.shape[:2], p.q.shape[-2])

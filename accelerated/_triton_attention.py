@@ -82,25 +82,84 @@ _LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _load_block(Base, base, rows, cols, stride_row, stride_col, n_rows, n_cols):
-    """The (rows, cols) block at ``Base + base`` (int64 offsets), zero outside n_rows × n_cols."""
-    ptrs = (
-        Base
-        + base
-        + rows[:, None].to(tl.int64) * stride_row
-        + cols[None, :].to(tl.int64) * stride_col
-    )
+def _load_block(
+    Base,
+    base,
+    start,
+    offs,
+    cols,
+    stride_row,
+    stride_col,
+    n_rows,
+    n_cols,
+    ROWS_IN: tl.constexpr = False,
+    SCALAR_START: tl.constexpr = True,
+):
+    """The block of rows ``start + offs`` and `cols` at ``Base + base`` (int64 offsets).
+
+    Zero outside ``n_rows × n_cols``. ``SCALAR_START=True``: the row offset is the
+    scalar ``start * stride_row`` plus the loop-invariant ``offs * stride_row``, so
+    that in a loop over blocks each address costs one add (LLVM does not find that
+    form itself in pass 1's pipelined loop). ``False``: the offsets of the rows
+    ``start + offs``, for the dq kernel, where LLVM reduces them to increments itself
+    and ptxas serializes the loop's wgmma (C7515) on the scalar form. ``ROWS_IN=True``:
+    the caller knows every row is below `n_rows` (an interior block), so only the
+    columns are masked: no compare and select per row.
+    """
+    rows = start + offs
+    if SCALAR_START:
+        ptrs = (
+            Base
+            + (base + tl.cast(start, tl.int64) * stride_row)
+            + offs[:, None].to(tl.int64) * stride_row
+            + cols[None, :].to(tl.int64) * stride_col
+        )
+    else:
+        ptrs = (
+            Base
+            + base
+            + rows[:, None].to(tl.int64) * stride_row
+            + cols[None, :].to(tl.int64) * stride_col
+        )
+    if ROWS_IN:
+        return tl.load(ptrs, mask=cols[None, :] < n_cols, other=0.0)
     return tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
 
 
 @triton.jit
-def _row_stats(Lse, Ent, DEnt, DLse, row, in_rows):
-    """Pass 1's log-sum-exp and entropy of the rows, and their incoming gradients."""
-    lse = tl.load(Lse + row, mask=in_rows, other=0.0)
-    ent = tl.load(Ent + row, mask=in_rows, other=0.0)
-    d_ent = tl.load(DEnt + row, mask=in_rows, other=0.0)
-    d_lse = tl.load(DLse + row, mask=in_rows, other=0.0)
-    return lse, ent, d_ent, d_lse
+def _row_coefficients(
+    Lse, Ent, DEnt, DLse, row, in_rows, ACC: tl.constexpr, ROWS_IN: tl.constexpr = False
+):
+    r"""Per row of pass 1's backward: ``(lse2, a, b)`` of :func:`_grad_logits`.
+
+    ``lse2`` :math:`= \mathrm{LSE}_i \log_2 e` (0 for a fully masked row),
+    :math:`a_i = \bar L_i - \bar H_i H_i` and :math:`b_i = \bar H_i \ln 2`, from
+    pass 1's statistics and their incoming gradients. A row no loss reaches
+    (:math:`\bar H_i = \bar L_i = 0`; a NaN row's ``where`` sends it 0) must add
+    nothing, not :math:`0 \cdot \mathrm{NaN}`: it gets :math:`a_i = b_i = 0` and
+    ``lse2`` far above every base-2 logit (:math:`2^{127}`, :math:`2^{1023}` in
+    float64; within the callers' overflow guard :math:`|x \log_2 e| < 2^{126}`,
+    or :math:`2^{1022}`), so its :math:`2^{z_{ij}}` is exactly 0 and its
+    :math:`z_{ij}` finite. That costs a few operations per row instead of a select
+    per entry (a select after the 16-bit rounding of the tile, as compiled).
+    Rows outside `in_rows` load zeros (dead rows); ``ROWS_IN=True``: every row is in.
+    """
+    if ROWS_IN:
+        lse = tl.load(Lse + row)
+        ent = tl.load(Ent + row)
+        d_ent = tl.load(DEnt + row)
+        d_lse = tl.load(DLse + row)
+    else:
+        lse = tl.load(Lse + row, mask=in_rows, other=0.0)
+        ent = tl.load(Ent + row, mask=in_rows, other=0.0)
+        d_ent = tl.load(DEnt + row, mask=in_rows, other=0.0)
+        d_lse = tl.load(DLse + row, mask=in_rows, other=0.0)
+    live = (d_ent != 0.0) | (d_lse != 0.0)
+    far = 2.0**1023 if ACC == tl.float64 else 2.0**127
+    lse2 = tl.where(live, tl.where(lse == float("-inf"), 0.0, lse * _LOG2E), far)
+    a = tl.where(live, d_lse - d_ent * ent, 0.0)
+    b = tl.where(live, d_ent * _LN2, 0.0)
+    return lse2, a, b
 
 
 @triton.jit
@@ -121,6 +180,7 @@ def _tile(
     PRECISION: tl.constexpr,
     ACC: tl.constexpr,
     EDGE: tl.constexpr,
+    KT: tl.constexpr = False,
 ):
     r"""Base-2 logits of the (BLOCK_M, BLOCK_N) tile of loaded `q` and `k`, and which take part.
 
@@ -130,9 +190,11 @@ def _tile(
     its argument itself (pass 1 with a positive scale passes ``qk_scale=1.0``, which
     folds away, and scales the raw products itself: ``RAW`` in :func:`_entropy_step`).
     ``EDGE=False``: the caller knows the tile lies inside the keys and, when causal,
-    wholly on or below the diagonal, so only a mask can exclude entries.
+    wholly on or below the diagonal, so only a mask can exclude entries. ``KT=True``:
+    `k` is passed transposed, (BLOCK_D, BLOCK_N) (the dk kernel transposes its fixed key
+    block once, where Triton would store the transpose to shared memory per tile).
     """
-    x = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC) * qk_scale
+    x = tl.dot(q, k if KT else tl.trans(k), input_precision=PRECISION, out_dtype=ACC) * qk_scale
     valid = (cols[None, :] >= 0) & (offs_m[:, None] >= 0)
     if EDGE:
         valid = valid & (cols[None, :] < S)
@@ -181,10 +243,17 @@ def _logits(
     UPCAST: tl.constexpr,
     ACC: tl.constexpr,
     EDGE: tl.constexpr,
+    SCALAR_START: tl.constexpr = True,
 ):
-    """Load the key block at `start_n`; the tile's base-2 logits, which take part, and the keys."""
+    """Load the key block at `start_n`; the tile's base-2 logits, which take part, and the keys.
+
+    `SCALAR_START`: the address form of the key loads (see :func:`_load_block`).
+    """
     cols = start_n + offs_n
-    k = _load_block(K, k_base, cols, offs_d, stride_k_seq, stride_k_dim, S, D)
+    k = _load_block(
+        K, k_base, start_n, offs_n, offs_d, stride_k_seq, stride_k_dim, S, D, not EDGE,
+        SCALAR_START,
+    )  # fmt: skip
     if UPCAST:
         q = q.to(tl.float32)
         k = k.to(tl.float32)
@@ -276,7 +345,8 @@ def _entropy_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     q_base = batch * stride_q_batch + head * stride_q_head
-    q = _load_block(Q, q_base, offs_m, offs_d, stride_q_seq, stride_q_dim, L, D)
+    rows = tl.arange(0, BLOCK_M)
+    q = _load_block(Q, q_base, pid_m * BLOCK_M, rows, offs_d, stride_q_seq, stride_q_dim, L, D)
     k_base = batch * stride_k_batch + kv_head * stride_k_head
     mask_base = batch * stride_mask_batch + head * stride_mask_head
     m_i = tl.full([BLOCK_M], float("-inf"), ACC)
@@ -314,7 +384,7 @@ def _entropy_kernel(
 
 
 @triton.jit
-def _grad_logits(x, valid, lse, ent, d_ent, d_lse, MASKED: tl.constexpr):
+def _grad_logits(x, valid, lse2, a, b, MASKED: tl.constexpr):
     r"""The gradient of a loss with respect to the tile's logits (masked entries 0).
 
     :math:`\partial \mathrm{LSE}_i/\partial x_{ij} = p_{ij}` and
@@ -325,22 +395,17 @@ def _grad_logits(x, valid, lse, ent, d_ent, d_lse, MASKED: tl.constexpr):
     :math:`z_{ij} = \log_2 p_{ij} = x_{ij}\log_2 e - \mathrm{LSE}_i \log_2 e`,
     :math:`\bar x_{ij} = 2^{z_{ij}}\,(a_i - b_i z_{ij})` where
     :math:`a_i = \bar L_i - \bar H_i H_i` and :math:`b_i = \bar H_i \ln 2` are
-    formed once per row: an ``exp2``, a fused multiply-add and a multiply per entry.
-    ``MASKED=False``: every entry of the tile takes part (an interior tile
-    without a mask); only the rows are selected.
+    formed once per row (:func:`_row_coefficients`, which also makes the rows no
+    loss reaches add exactly 0): an ``exp2``, a fused multiply-add and a multiply
+    per entry. ``MASKED=False``: every entry of the tile takes part (an interior
+    tile without a mask), so no entry needs a ``where``.
     """
-    # rows no loss reaches (a NaN row's where() sends them 0) contribute nothing, not 0 * NaN
-    live = ((d_ent != 0.0) | (d_lse != 0.0))[:, None]
-    lse2 = tl.where(lse == float("-inf"), 0.0, lse * _LOG2E)
-    a = (d_lse - d_ent * ent)[:, None]
-    b = (d_ent * _LN2)[:, None]
     if MASKED:
-        valid = valid & live
         z = tl.where(valid, x - lse2[:, None], 0.0)
         p = tl.where(valid, tl.exp2(z), 0.0)
-        return tl.where(valid, p * (a - b * z), 0.0)
+        return tl.where(valid, p * (a[:, None] - b[:, None] * z), 0.0)
     z = x - lse2[:, None]  # no clamp: within the overflow guard, as in _entropy_step
-    return tl.where(live, tl.exp2(z) * (a - b * z), 0.0)
+    return tl.exp2(z) * (a[:, None] - b[:, None] * z)
 
 
 @triton.jit
@@ -391,9 +456,10 @@ def _entropy_bwd_dq_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     q_base = batch * stride_q_batch + head * stride_q_head
-    q = _load_block(Q, q_base, offs_m, offs_d, stride_q_seq, stride_q_dim, L, D)
+    rows = tl.arange(0, BLOCK_M)
+    q = _load_block(Q, q_base, pid_m * BLOCK_M, rows, offs_d, stride_q_seq, stride_q_dim, L, D)
     row = pid_bh.to(tl.int64) * L + offs_m
-    lse, ent, d_ent, d_lse = _row_stats(Lse, Ent, DEnt, DLse, row, offs_m < L)
+    lse2, a, b = _row_coefficients(Lse, Ent, DEnt, DLse, row, offs_m < L, ACC)
     k_base = batch * stride_k_batch + kv_head * stride_k_head
     mask_base = batch * stride_mask_batch + head * stride_mask_head
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
@@ -406,17 +472,17 @@ def _entropy_bwd_dq_kernel(
         x, valid, k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False,
+            L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False, False,
         )  # fmt: skip
-        dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse, MASK_KIND != 0)
+        dx = _grad_logits(x, valid, lse2, a, b, MASK_KIND != 0)
         acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
     for start_n in range(inner, hi, BLOCK_N):
         x, valid, k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True,
+            L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True, False,
         )  # fmt: skip
-        dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse, True)
+        dx = _grad_logits(x, valid, lse2, a, b, True)
         acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
     dq_ptrs = DQ + pid_bh.to(tl.int64) * L * D + offs_m[:, None].to(tl.int64) * D + offs_d[None, :]
     dq = (acc * scale).to(DQ.dtype.element_ty)  # the input dtype: rounded once, here
@@ -453,21 +519,29 @@ def _dk_tile(
     ACC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     EDGE: tl.constexpr,
+    ROWS_IN: tl.constexpr,
 ):
-    r"""One query block's contribution :math:`\bar X^\top Q` to a key block's gradient."""
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    q = _load_block(Q, q_base, offs_m, offs_d, stride_q_seq, stride_q_dim, L, D)
+    r"""One query block's contribution :math:`\bar X^\top Q` to a key block's gradient.
+
+    ``EDGE=False``: every key of the block takes part for every row (see :func:`_tile`);
+    ``ROWS_IN=True``: every row of the block is below `L`, so no load is masked by rows.
+    """
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = start_m + rows
+    q = _load_block(Q, q_base, start_m, rows, offs_d, stride_q_seq, stride_q_dim, L, D, ROWS_IN)
     if UPCAST:
         q = q.to(tl.float32)
     # rows past L load zero gradients: dead rows, whatever the tile
-    lse, ent, d_ent, d_lse = _row_stats(Lse, Ent, DEnt, DLse, row_base + offs_m, offs_m < L)
+    lse2, a, b = _row_coefficients(
+        Lse, Ent, DEnt, DLse, row_base + offs_m, offs_m < L, ACC, ROWS_IN
+    )
     x, valid = _tile(
         q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, qk_scale,
-        MASK_KIND, CAUSAL, PRECISION, ACC, EDGE,
+        MASK_KIND, CAUSAL, PRECISION, ACC, EDGE, True,
     )  # fmt: skip
     if EDGE:
         valid = valid & (offs_m[:, None] < L)
-    dx = _grad_logits(x, valid, lse, ent, d_ent, d_lse, EDGE or MASK_KIND != 0)
+    dx = _grad_logits(x, valid, lse2, a, b, EDGE or MASK_KIND != 0)
     return tl.dot(tl.trans(dx.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC)
 
 
@@ -518,9 +592,12 @@ def _entropy_bwd_dk_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     k_base = batch * stride_k_batch + kv_head * stride_k_head
-    k = _load_block(K, k_base, cols, offs_d, stride_k_seq, stride_k_dim, S, D)
+    k = _load_block(
+        K, k_base, pid_n * BLOCK_N, tl.arange(0, BLOCK_N), offs_d, stride_k_seq, stride_k_dim, S, D
+    )
     if UPCAST:
         k = k.to(tl.float32)
+    k = tl.trans(k)  # once: the tiles take it transposed
     acc = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     lo = 0
     inner = lo  # query blocks from here on see every key of this block (rows past L are dead)
@@ -530,6 +607,7 @@ def _entropy_bwd_dk_kernel(
     if (pid_n + 1) * BLOCK_N > S:
         inner = L  # the last key block is partly outside S: every tile is an edge tile
     inner = tl.minimum(inner, L)
+    full = tl.maximum(inner, L // BLOCK_M * BLOCK_M)  # the query blocks from here are partial
     for g in range(0, group):
         head = kv_head * group + g
         q_base = batch * stride_q_batch + head * stride_q_head
@@ -539,13 +617,19 @@ def _entropy_bwd_dk_kernel(
             acc += _dk_tile(
                 Q, Mask, Lse, Ent, DEnt, DLse, k, cols, offs_d, start_m, q_base, mask_base,
                 row_base, stride_q_seq, stride_q_dim, stride_mask_q, stride_mask_k, L, S, D,
-                qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, True,
+                qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, True, False,
             )  # fmt: skip
-        for start_m in range(inner, L, BLOCK_M):
+        for start_m in range(inner, full, BLOCK_M):
             acc += _dk_tile(
                 Q, Mask, Lse, Ent, DEnt, DLse, k, cols, offs_d, start_m, q_base, mask_base,
                 row_base, stride_q_seq, stride_q_dim, stride_mask_q, stride_mask_k, L, S, D,
-                qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, False,
+                qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, False, True,
+            )  # fmt: skip
+        for start_m in range(full, L, BLOCK_M):  # the last, partial query block
+            acc += _dk_tile(
+                Q, Mask, Lse, Ent, DEnt, DLse, k, cols, offs_d, start_m, q_base, mask_base,
+                row_base, stride_q_seq, stride_q_dim, stride_mask_q, stride_mask_k, L, S, D,
+                qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, False, False,
             )  # fmt: skip
     dk_ptrs = DK + pid_bh.to(tl.int64) * S * D + cols[:, None].to(tl.int64) * D + offs_d[None, :]
     dk = (acc * scale).to(DK.dtype.element_ty)  # the input dtype: rounded once, here
@@ -606,7 +690,8 @@ def _attention_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     rows64 = offs_m[:, None].to(tl.int64)
     q_base = batch * stride_q_batch + head * stride_q_head
-    q = _load_block(Q, q_base, offs_m, offs_d, stride_q_seq, stride_q_dim, L, D)
+    rows = tl.arange(0, BLOCK_M)
+    q = _load_block(Q, q_base, pid_m * BLOCK_M, rows, offs_d, stride_q_seq, stride_q_dim, L, D)
     beta = tl.load(Beta + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=1.0)
     k_base = batch * stride_k_batch + head * stride_k_head
     mask_base = batch * stride_mask_batch + head * stride_mask_head
@@ -629,7 +714,7 @@ def _attention_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.where(valid, tl.exp2(y - m_safe[:, None]), 0.0)
         l_i = alpha * l_i + tl.sum(p, 1)
-        v = _load_block(V, v_base, start_n + offs_n, offs_dv, stride_v_seq, stride_v_dim, S, DV)
+        v = _load_block(V, v_base, start_n, offs_n, offs_dv, stride_v_seq, stride_v_dim, S, DV)
         pv = p.to(v.dtype)
         if UPCAST:
             pv = pv.to(tl.float32)

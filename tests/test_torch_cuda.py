@@ -270,3 +270,34 @@ def test_cuda_gradcheck_float64_through_the_kernels(mask_name, monkeypatch):
 
     assert torch.autograd.gradcheck(entropy, args[:2], fast_mode=True)
     assert torch.autograd.gradcheck(attention, args, fast_mode=True)
+
+
+def test_cuda_beta_kernel_equals_torch():
+    """On the device, the polynomial schedule's β kernel (compiled without multiply-add
+    contraction) equals torch's elementwise float64 Horner steps bit for bit; so the hybrid
+    without a gradient (the kernel's β) equals the hybrid with one (torch's)."""
+    from softmaxtheory.accelerated._torch_attention import triton_available
+    from softmaxtheory.accelerated._torch_common import beta_from_entropy
+    from softmaxtheory.spec import Polynomial, _paper_schedule
+
+    device = torch.device(DEVICE)
+    if not triton_available(device):
+        pytest.skip("the Triton kernels do not run on this device here")
+    from softmaxtheory.accelerated._triton_beta import triton_polynomial_beta
+
+    g = torch.Generator().manual_seed(3)
+    h = (torch.rand(8, 16, 2048, generator=g, dtype=torch.float64) * 9).to(device)
+    one = torch.ones((), device=device)
+    for schedule in (_paper_schedule(), Polynomial(("0.3", "0.9"), threshold="0.2")):
+        for dtype in (torch.float32, torch.float64):
+            ref = beta_from_entropy(schedule, h.to(dtype), one).to(dtype)
+            assert torch.equal(triton_polynomial_beta(schedule, h.to(dtype), dtype), ref)
+    for mask_name in ("bias", "causal"):
+        q, k, v, mask = _inputs(torch.bfloat16, mask_name=mask_name)
+        q, k, v = (t.to(device) for t in (q, k, v))
+        mask = None if mask is None else mask.to(device)
+        causal = mask_name == "causal"
+        with torch.no_grad():
+            plain = adaptive_attention(q, k, v, mask, is_causal=causal)
+        graded = adaptive_attention(q.clone().requires_grad_(), k, v, mask, is_causal=causal)
+        assert torch.equal(plain, graded.detach()), mask_name

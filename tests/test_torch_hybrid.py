@@ -216,8 +216,11 @@ def test_dispatch_falls_back_when_no_configuration_runs(monkeypatch):
     def refuse(p):
         raise triton_config.NoConfig("no launch configuration fits (simulated)")
 
+    from tests.support.triton_stand_ins import torch_beta_kernel
+
     monkeypatch.setattr(A, "triton_available", lambda device: True)
     monkeypatch.setattr(A, "triton_entropy_lse", refuse)
+    torch_beta_kernel(monkeypatch)
     q, k, v, mask = _case(torch.float32, "bool")
     with torch.no_grad():
         auto = adaptive_attention(q, k, v, mask)

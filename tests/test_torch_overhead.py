@@ -25,6 +25,7 @@ from softmaxtheory.accelerated import _torch_common as C  # noqa: E402, N812
 from softmaxtheory.accelerated.torch import adaptive_attention  # noqa: E402
 from softmaxtheory.spec import Constant, LogLength, PaperPolynomial, Polynomial  # noqa: E402
 from tests.support.live_bytes import OpLedger  # noqa: E402
+from tests.support.triton_stand_ins import torch_beta_kernel  # noqa: E402
 
 B, H, L, S, D = 8, 2, 48, 64, 32  # L != S: the queries' and keys' shapes differ
 
@@ -359,6 +360,7 @@ class _Recorder:
         monkeypatch.setattr(A, "triton_available", lambda device: True)
         monkeypatch.setattr(A, "_start_read", later)
         monkeypatch.setattr(A, "triton_entropy_lse", pass1)
+        torch_beta_kernel(monkeypatch)
 
 
 @pytest.mark.parametrize(

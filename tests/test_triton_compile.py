@@ -115,6 +115,52 @@ def test_sass_census_counts_the_exponentials():
     assert counts["total"] > counts["fp32"] >= counts["FFMA"] > 0
 
 
+@pytest.mark.parametrize("name", spills.KERNELS)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mask_kind", [T.MASK_NONE, T.MASK_BOOL])
+def test_wgmma_is_pipelined(name, d, mask_kind):
+    """ptxas overlaps each loop's tensor-core products (one wait per loop and dot), instead
+    of waiting after every wgmma: it serializes them (C7515, "non wgmma instructions
+    defining accumulator registers") on some address forms, as it did in the dq kernel with
+    the scalar start of :func:`_load_block`. Each innermost loop holds an exponential per
+    entry of its tile, the edge and interior alike."""
+    cfg = _first(name, d, mask_kind)
+    counts = spills.sass_census(name, cfg, mask_kind)
+    loops = counts["loops"]
+    dots = 1 if name == "_entropy_kernel" else 2
+    assert counts["wgmma waits"] <= dots * len(loops) < counts["HGMMA"], counts
+    per_thread = cfg["BLOCK_M"] * cfg["BLOCK_N"] // (32 * cfg["num_warps"])
+    assert all(mufu >= per_thread for _, mufu in loops), (loops, cfg)
+
+
+def test_beta_kernel_rounds_each_horner_step():
+    """The β kernel is launched without multiply-add contraction: each float64 Horner step
+    rounds its product and its sum, as torch's one kernel per step does (so the two agree
+    bit for bit on a GPU). Compiled with the default options, the steps would fuse."""
+    import warnings
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from softmaxtheory.accelerated import _triton_beta as TB  # noqa: N812
+
+    kernel = TB._polynomial_beta_kernel
+    sig = {"Ent": "*fp32", "Coeffs": "*fp64", "Beta": "*fp32", "n": "i32",
+           "N_COEFFS": "constexpr", "BLOCK": "constexpr"}  # fmt: skip
+
+    def ptx(options):
+        source = ASTSource(kernel, sig, constexprs={"N_COEFFS": 5, "BLOCK": TB.BLOCK})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+        return compiled.asm["ptx"]
+
+    assert "fma.rn.f64" in ptx({})
+    launched = ptx(dict(TB.LAUNCH_OPTIONS))
+    assert "fma.rn.f64" not in launched
+    assert launched.count("mul.rn.f64") >= 4 and launched.count("add.rn.f64") >= 4
+
+
 def test_spill_free_table_holds_candidates_that_fit():
     """Every recorded configuration, of every Triton release, is one of the kernel's own
     candidate tiles and fits an H200's shared memory; those of the installed release are

@@ -178,6 +178,80 @@ def _entropy_inputs(name: str):
     return q, k, mask, mask_name == "causal"
 
 
+#: Pass-1 cases whose backward gets rows no loss reaches (dead rows): interior tiles without
+#: a mask, causal, and a boolean mask (every tile an edge tile).
+DEAD_ROW_CASES = ("wide-none-f16", "wide-causal-bf16", "odd-f32")
+
+
+def _child_dead_rows(out_dir: Path) -> None:
+    """The pass-1 backward with every third row dead (zero incoming gradients), its
+    statistics as pass 1 gave them and NaN, in the input dtype and in float64."""
+    from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
+    from softmaxtheory.accelerated import _triton_attention as tri
+
+    for name in DEAD_ROW_CASES:
+        q, k, mask, causal = _entropy_inputs(name)
+        for dtype in (q.dtype, torch.float64):
+            p = A.prepare(q.to(dtype), k.to(dtype), None, mask, causal, None, enable_gqa=True)
+            h, lse = A.triton_entropy_lse(p)
+            g = torch.Generator().manual_seed(11)
+            gh, gl = (torch.randn(h.shape, generator=g, dtype=h.dtype) for _ in range(2))
+            gl = torch.where(torch.isfinite(lse), gl, torch.zeros_like(gl))
+            dead = torch.zeros(h.shape, dtype=torch.bool)
+            dead[..., ::3] = True
+            gh, gl = gh.masked_fill(dead, 0.0), gl.masked_fill(dead, 0.0)
+            kind, tmask = A._triton_mask(p)
+            grads = {}
+            nan = (h.masked_fill(dead, math.nan), lse.masked_fill(dead, math.nan))
+            for label, (hh, ll) in {"stats": (h, lse), "nan": nan}.items():
+                dq, dk = tri.triton_entropy_backward(
+                    p.q, p.k, tmask, kind, causal, p.scale, p.group, hh, ll, gh, gl
+                )
+                grads[f"dq-{label}"], grads[f"dk-{label}"] = dq, dk
+            np.savez(
+                out_dir / f"dead-{name}-{str(dtype)[6:]}.npz",
+                **{n: t.double().numpy() for n, t in grads.items()},
+            )
+
+
+#: Polynomial schedules of the β kernel's check: the paper's, degree 1 and 0, another threshold.
+BETA_SCHEDULES = {
+    "paper": None,
+    "linear": Polynomial(("0.3", "0.9")),
+    "constant": Polynomial(("1.7",)),
+    "quadratic": Polynomial(("0.1", "-0.2", "0.3"), threshold="0.3"),
+}
+
+
+def _child_beta(out_dir: Path) -> None:
+    """β of the polynomial schedules from the Triton kernel and from torch, and the hybrid
+    forward without a gradient (the kernel's β) and with one (torch's, differentiable)."""
+    from softmaxtheory.accelerated._torch_common import beta_from_entropy
+    from softmaxtheory.accelerated._triton_beta import triton_polynomial_beta
+    from softmaxtheory.accelerated.torch import adaptive_attention
+    from softmaxtheory.spec import _paper_schedule
+
+    g = torch.Generator().manual_seed(13)
+    # more rows than one program's block; NaN, 0, the thresholds themselves, large entropies
+    h = torch.rand(2, 3, 400, generator=g, dtype=torch.float64) * 12
+    h[0, 0, :6] = torch.tensor([math.nan, 0.0, 0.5, 0.3, 40.0, 0.5000001])
+    out = {}
+    for name, schedule in BETA_SCHEDULES.items():
+        schedule = schedule or _paper_schedule()
+        for dtype in (torch.float32, torch.float64):
+            hd = h.to(dtype)
+            out[f"{name}-{dtype}-kernel"] = triton_polynomial_beta(schedule, hd, dtype)
+            out[f"{name}-{dtype}-torch"] = beta_from_entropy(schedule, hd, torch.ones(())).to(dtype)
+    for dname, mask_name in (("float16", "bias"), ("bfloat16", "causal"), ("float32", "bool")):
+        q, k, v, mask = _inputs(DTYPES[dname], mask_name)
+        causal = mask_name == "causal"
+        with torch.no_grad():
+            out[f"hybrid-{dname}-nograd"] = adaptive_attention(q, k, v, mask, is_causal=causal)
+        qg = q.clone().requires_grad_()
+        out[f"hybrid-{dname}-grad"] = adaptive_attention(qg, k, v, mask, is_causal=causal).detach()
+    np.savez(out_dir / "beta.npz", **{n: t.double().numpy() for n, t in out.items()})
+
+
 def _child(out_dir: Path) -> None:
     """Run in the child process (TRITON_INTERPRET=1): compute and save every case."""
     from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
@@ -218,6 +292,8 @@ def _child(out_dir: Path) -> None:
                 for n, t in (("dq", dq), ("dk", dk), ("dq2", dq2), ("dk2", dk2))
             },
         )
+    _child_dead_rows(out_dir)
+    _child_beta(out_dir)
     _child_sweep(out_dir)
     _child_gradcheck(out_dir)
     _child_memory(out_dir)
@@ -489,6 +565,41 @@ def test_pass_one_backward_kernels_match_the_torch_twin(child_outputs, case):
         scale = max(float(np.abs(r[ref]).max()), 1e-30)
         rtol = 1e-4 if case[1] == "float32" else 2e-2
         assert float(np.abs(r[got] - r[ref]).max()) <= rtol * scale, got
+
+
+@pytest.mark.parametrize("case", DEAD_ROW_CASES)
+@pytest.mark.parametrize("dtype", ["input", "float64"])
+def test_pass_one_backward_dead_rows_add_nothing(child_outputs, case, dtype):
+    """Rows no loss reaches add exactly nothing to dq and dk, even where their statistics
+    are NaN (a NaN row's ``where`` sends them a zero gradient): the kernels give them
+    a = b = 0 and a log-sum-exp far above their logits, not a select per entry."""
+    name = next(c for c in ENTROPY_CASES if c[0] == case)[1] if dtype == "input" else "float64"
+    r = np.load(child_outputs / f"dead-{case}-{name}.npz")
+    for grad in ("dq", "dk"):
+        assert np.isfinite(r[f"{grad}-nan"]).all(), grad
+        np.testing.assert_array_equal(r[f"{grad}-nan"], r[f"{grad}-stats"], err_msg=grad)
+        assert np.abs(r[f"{grad}-stats"]).max() > 0  # the live rows do contribute
+
+
+@pytest.mark.parametrize("schedule", list(BETA_SCHEDULES))
+@pytest.mark.parametrize("dtype", ["torch.float32", "torch.float64"])
+def test_beta_kernel_equals_torch(child_outputs, schedule, dtype):
+    """The polynomial schedule's β from its one Triton kernel equals torch's float64 Horner
+    evaluation, rounded to the statistics dtype, bit for bit (NaN rows NaN, β = 1 at and
+    below the threshold)."""
+    r = np.load(child_outputs / "beta.npz")
+    got, ref = r[f"{schedule}-{dtype}-kernel"], r[f"{schedule}-{dtype}-torch"]
+    np.testing.assert_array_equal(got, ref)
+    assert np.isnan(got[0, 0, 0]) and got[0, 0, 1] == 1.0
+    assert (got[np.isfinite(got)] >= 1.0).all()
+
+
+@pytest.mark.parametrize("dname", ["float16", "bfloat16", "float32"])
+def test_hybrid_without_gradient_equals_with(child_outputs, dname):
+    """Without a gradient the hybrid takes the β kernel, with one torch's differentiable β:
+    the same attention, bit for bit."""
+    r = np.load(child_outputs / "beta.npz")
+    np.testing.assert_array_equal(r[f"hybrid-{dname}-nograd"], r[f"hybrid-{dname}-grad"])
 
 
 def test_pass_one_kernel_overflowing_spread(child_outputs):

@@ -7,7 +7,8 @@ Usage::
     python tools/overhead.py memory    # peak bytes of forward + backward against SDPA's
 
 ``host``: tiny float16 tensors, so that the ops cost their dispatch only; the Triton pass 1
-is replaced by a stub that returns at once and the path is told Triton runs here, so the
+and β kernels are replaced by stubs that return at once (the launches' own host cost is not
+measured) and the path is told Triton runs here, so the
 order of the calls is the GPU path's (pass 1 queued before the scan is read). It prints
 the medians, best of ``--runs`` runs of ``--calls`` calls, of: the call's start to its first
 kernel (the scan's reductions), that kernel to pass 1's launch, pass 1's launch to pass 2's
@@ -37,6 +38,7 @@ def host(calls: int, runs: int) -> dict[str, float]:
 
     from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
     from softmaxtheory.accelerated import _triton_attention as tri
+    from softmaxtheory.accelerated import _triton_beta as TB  # noqa: N812
     from softmaxtheory.accelerated.torch import adaptive_attention
 
     torch.set_num_threads(1)
@@ -59,6 +61,8 @@ def host(calls: int, runs: int) -> dict[str, float]:
 
     A.triton_available = lambda device: True
     tri.triton_entropy = pass1
+    # the β kernel's launch, stubbed like pass 1's (its host cost on a GPU is not seen here)
+    TB.triton_polynomial_beta = lambda schedule, h, dtype: torch.ones(h.shape, dtype=dtype)
     torch.linalg.vector_norm = first_kernel
     A.F = type("F", (), {"scaled_dot_product_attention": staticmethod(pass2)})
     phases = ("call to first kernel", "first kernel to pass 1", "pass 1 to pass 2", "call")

@@ -169,20 +169,42 @@ FP32_OPS = ("FADD", "FFMA", "FMUL", "FMNMX", "FSEL", "FSETP")
 
 
 def sass_census(name: str, cfg: dict, mask_kind: int = 0, causal: bool = False,
-                dtype: str = "bfloat16", module=None) -> dict[str, int]:  # fmt: skip
+                dtype: str = "bfloat16", module=None) -> dict:  # fmt: skip
     """Instruction counts of one compiled kernel's SASS, by opcode (static, not executed).
 
-    Adds ``total`` (every instruction) and ``fp32`` (the :data:`FP32_OPS`). `module`
+    Adds ``total`` (every instruction), ``fp32`` (the :data:`FP32_OPS`), ``wgmma waits``
+    (``WARPGROUP.DEPBAR``: as many as ``HGMMA`` where ptxas serializes the products), and ``loops``:
+    for each innermost loop in code order (the edge and interior blocks; the interior
+    one is the kernels' steady state), its instruction count and how many of them are
+    exponentials (``MUFU``). `module`
     holds the kernel (another revision of ``_triton_attention.py``, say).
     """
     sass = _cuobjdump(_compile(name, cfg, mask_kind, causal, dtype, module), "-sass")
-    counts: dict[str, int] = {}
+    program = []  # (address, opcode, branch target or None)
     for line in sass.splitlines():
-        found = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        found = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)([^;]*)", line)
         if found:
-            counts[found.group(1)] = counts.get(found.group(1), 0) + 1
-    counts["total"] = sum(counts.values())
+            target = (
+                re.search(r"0x([0-9a-f]+)", found.group(3)) if found.group(2) == "BRA" else None
+            )
+            program.append((int(found.group(1), 16), found.group(2),
+                            int(target.group(1), 16) if target else None))  # fmt: skip
+    counts: dict[str, int] = {}
+    for _, op, _ in program:
+        counts[op] = counts.get(op, 0) + 1
+    counts["total"] = len(program)
+    # waits on the wgmma pipeline: one per loop and dot where ptxas overlaps the products,
+    # one per wgmma where it serializes them (its C7515 "Potential Performance Loss")
+    counts["wgmma waits"] = sass.count("WARPGROUP.DEPBAR")
     counts["fp32"] = sum(counts.get(op, 0) for op in FP32_OPS)
+    # innermost loops (a backward branch enclosing no other): key or query blocks
+    loops = [(target, address) for address, op, target in program
+             if op == "BRA" and target is not None and target < address]  # fmt: skip
+    for first, last in loops:
+        if any(first <= a < b < last or first < a < b <= last for a, b in loops):
+            continue
+        body = [op for address, op, _ in program if first <= address <= last]
+        counts.setdefault("loops", []).append((len(body), body.count("MUFU")))
     return counts
 
 
@@ -275,11 +297,13 @@ def _print_census(other: str) -> None:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         columns = {other: census(module), **columns}
-    ops = ("total", "fp32", "MUFU", "HGMMA", "LDGSTS")
+    ops = ("total", "fp32", "MUFU")
     for name in KERNELS:
         print(name)
         for label, table in columns.items():
-            print(f"  {label:<40}" + "  ".join(f"{op} {table[name].get(op, 0):>5}" for op in ops))
+            loops = ", ".join(f"{n} ({mufu})" for n, mufu in table[name].get("loops", []))
+            print(f"  {label:<40}" + "  ".join(f"{op} {table[name].get(op, 0):>5}" for op in ops)
+                  + f"  loops (MUFU) {loops}")  # fmt: skip
 
 
 def write_table(table: dict) -> Path:
