@@ -261,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="probe only these head dims (not with --write)")  # fmt: skip
     parser.add_argument("--sass", nargs="?", const="", metavar="FILE",
                         help="print each kernel's SASS instruction counts at D = 64 (bfloat16, "
-                        "no mask) instead; with FILE, also those of the kernels in FILE "
-                        "(another revision of accelerated/_triton_attention.py)")  # fmt: skip
+                        "no mask), and each loop's against its exponentials' cycles, instead; "
+                        "with FILE, also those of the kernels in FILE (another revision of "
+                        "accelerated/_triton_attention.py)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.sass is not None:
         sys.path.insert(0, str(ROOT))
@@ -301,9 +302,12 @@ def _print_census(other: str) -> None:
     for name in KERNELS:
         print(name)
         for label, table in columns.items():
-            loops = ", ".join(f"{n} ({mufu})" for n, mufu in table[name].get("loops", []))
+            # a loop body issues one instruction per cycle per warp, and each MUFU.EX2 keeps
+            # the exponential unit busy for 8: at least max(instructions, 8 * MUFU) cycles
+            loops = ", ".join(f"{n} ({mufu} MUFU: {8 * mufu} cycles)"
+                              for n, mufu in table[name].get("loops", []))  # fmt: skip
             print(f"  {label:<40}" + "  ".join(f"{op} {table[name].get(op, 0):>5}" for op in ops)
-                  + f"  loops (MUFU) {loops}")  # fmt: skip
+                  + f"  loops {loops}")  # fmt: skip
 
 
 def write_table(table: dict) -> Path:
