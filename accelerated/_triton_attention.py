@@ -341,11 +341,11 @@ def _entropy_kernel(
     batch = (pid_bh // num_heads).to(tl.int64)
     head = (pid_bh % num_heads).to(tl.int64)
     kv_head = head // group
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + rows
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     q_base = batch * stride_q_batch + head * stride_q_head
-    rows = tl.arange(0, BLOCK_M)
     q = _load_block(Q, q_base, pid_m * BLOCK_M, rows, offs_d, stride_q_seq, stride_q_dim, L, D)
     k_base = batch * stride_k_batch + kv_head * stride_k_head
     mask_base = batch * stride_mask_batch + head * stride_mask_head
@@ -452,11 +452,11 @@ def _entropy_bwd_dq_kernel(
     batch = (pid_bh // num_heads).to(tl.int64)
     head = (pid_bh % num_heads).to(tl.int64)
     kv_head = head // group
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + rows
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     q_base = batch * stride_q_batch + head * stride_q_head
-    rows = tl.arange(0, BLOCK_M)
     q = _load_block(Q, q_base, pid_m * BLOCK_M, rows, offs_d, stride_q_seq, stride_q_dim, L, D)
     row = pid_bh.to(tl.int64) * L + offs_m
     lse2, a, b = _row_coefficients(Lse, Ent, DEnt, DLse, row, offs_m < L, ACC)
@@ -684,13 +684,13 @@ def _attention_kernel(
     qk_scale = scale * _LOG2E
     batch = (pid_bh // num_heads).to(tl.int64)
     head = (pid_bh % num_heads).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + rows
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     rows64 = offs_m[:, None].to(tl.int64)
     q_base = batch * stride_q_batch + head * stride_q_head
-    rows = tl.arange(0, BLOCK_M)
     q = _load_block(Q, q_base, pid_m * BLOCK_M, rows, offs_d, stride_q_seq, stride_q_dim, L, D)
     beta = tl.load(Beta + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=1.0)
     k_base = batch * stride_k_batch + head * stride_k_head
