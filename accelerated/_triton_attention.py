@@ -43,9 +43,13 @@ statistics are in natural units.
 
 Statistics are float32 whatever the input dtype (float64 for float64 inputs,
 which only the tests send); fp32 inputs use IEEE fp32 products (no TF32).
-Masked keys (boolean ``False``, additive ``-inf``, causal) never enter an
-arithmetic operation; a query with no key gives zeros
-(pass 2), ``H = 0`` and ``LSE = -inf`` (pass 1). Pointer offsets are int64
+A masked key (boolean ``False``, additive ``-inf``, causal, past the
+sequence) has the logit ``-inf``, set once as its tile is formed, and so the
+weight exactly 0; the one product that would meet it,
+:math:`0 \cdot \infty`, takes an exponent raised to a floor first. The
+callers send finite queries and keys only, so no NaN enters through a masked
+key. A query with no key gives zeros (pass 2), ``H = 0`` and ``LSE = -inf``
+(pass 1). Pointer offsets are int64
 (a ``(B, H, L, S)`` mask may exceed :math:`2^{31}` elements). Launch
 configurations come from :mod:`._triton_config` (smaller tiles when the
 shared memory does not hold the largest). The kernels also run on CPU
@@ -127,39 +131,81 @@ def _load_block(
 
 
 @triton.jit
-def _row_coefficients(
-    Lse, Ent, DEnt, DLse, row, in_rows, ACC: tl.constexpr, ROWS_IN: tl.constexpr = False
-):
+def _far(ACC: tl.constexpr):
+    """A dead row's ``lse2``: above every base-2 logit the overflow guard admits."""
+    return 2.0**1023 if ACC == tl.float64 else 2.0**127
+
+
+@triton.jit
+def _row_coefficients(Lse, Ent, DEnt, DLse, row, in_rows, ACC: tl.constexpr):
     r"""Per row of pass 1's backward: ``(lse2, a, b)`` of :func:`_grad_logits`.
 
-    ``lse2`` :math:`= \mathrm{LSE}_i \log_2 e` (0 for a fully masked row),
-    :math:`a_i = \bar L_i - \bar H_i H_i` and :math:`b_i = \bar H_i \ln 2`, from
-    pass 1's statistics and their incoming gradients. A row no loss reaches
-    (:math:`\bar H_i = \bar L_i = 0`; a NaN row's ``where`` sends it 0) must add
-    nothing, not :math:`0 \cdot \mathrm{NaN}`: it gets :math:`a_i = b_i = 0` and
-    ``lse2`` far above every base-2 logit (:math:`2^{127}`, :math:`2^{1023}` in
-    float64; within the callers' overflow guard :math:`|x \log_2 e| < 2^{126}`,
-    or :math:`2^{1022}`), so its :math:`2^{z_{ij}}` is exactly 0 and its
-    :math:`z_{ij}` finite. That costs a few operations per row instead of a select
-    per entry (a select after the 16-bit rounding of the tile, as compiled).
-    Rows outside `in_rows` load zeros (dead rows); ``ROWS_IN=True``: every row is in.
+    From pass 1's statistics and their incoming gradients, with
+    :math:`\lambda_i = \mathrm{LSE}_i \log_2 e` (0 for a fully masked row),
+    :math:`a_i = \bar L_i - \bar H_i H_i` and :math:`b_i = \bar H_i \ln 2`, the
+    gradient of a base-2 logit is :math:`2^{z}(a_i - b_i z)`, :math:`z = x - \lambda_i`.
+    The row is first scaled by the power of two :math:`g_i = 2^{e_i} >
+    \max(1, |a_i|, |b_i|)`, folded into the exponent:
+    :math:`2^{z}(a_i - b_i z) = 2^{z'}(a'_i - b'_i z')` with :math:`z' = z + e_i`,
+    ``lse2`` :math:`= \lambda_i - e_i`, ``b`` :math:`= b_i / g_i` and ``a``
+    :math:`= a_i / g_i + b'_i e_i`. Then :math:`|b'_i| < 1` and :math:`|a'_i| < 1 + e_i`,
+    so within the callers' overflow guard (:math:`|z'| < 2^{127}`) the factor
+    :math:`a'_i - b'_i z'` is finite for every entry, also where :math:`2^{z'}`
+    underflows to 0 (unscaled, :math:`b_i z` overflows there for :math:`|b_i| > 2`
+    and the product is :math:`0 \cdot \infty`). It costs a few operations per row
+    and none per entry.
+
+    A row no loss reaches (:math:`\bar H_i = \bar L_i = 0`; a NaN row's ``where``
+    sends it 0) must add nothing, not :math:`0 \cdot \mathrm{NaN}`: it gets
+    :math:`a_i = b_i = 0` and ``lse2`` far above every base-2 logit
+    (:math:`2^{127}`, :math:`2^{1023}` in float64; within the guard
+    :math:`|x \log_2 e| < 2^{126}`, or :math:`2^{1022}`), so its :math:`2^{z'}` is
+    exactly 0 and its :math:`z'` finite: a few operations per row instead of a
+    select per entry (a select after the 16-bit rounding of the tile, as compiled).
+    Rows outside `in_rows` load zeros (dead rows).
     """
-    if ROWS_IN:
-        lse = tl.load(Lse + row)
-        ent = tl.load(Ent + row)
-        d_ent = tl.load(DEnt + row)
-        d_lse = tl.load(DLse + row)
-    else:
-        lse = tl.load(Lse + row, mask=in_rows, other=0.0)
-        ent = tl.load(Ent + row, mask=in_rows, other=0.0)
-        d_ent = tl.load(DEnt + row, mask=in_rows, other=0.0)
-        d_lse = tl.load(DLse + row, mask=in_rows, other=0.0)
+    lse = tl.load(Lse + row, mask=in_rows, other=0.0)
+    ent = tl.load(Ent + row, mask=in_rows, other=0.0)
+    d_ent = tl.load(DEnt + row, mask=in_rows, other=0.0)
+    d_lse = tl.load(DLse + row, mask=in_rows, other=0.0)
     live = (d_ent != 0.0) | (d_lse != 0.0)
-    far = 2.0**1023 if ACC == tl.float64 else 2.0**127
-    lse2 = tl.where(live, tl.where(lse == float("-inf"), 0.0, lse * _LOG2E), far)
     a = tl.where(live, d_lse - d_ent * ent, 0.0)
     b = tl.where(live, d_ent * _LN2, 0.0)
+    # e = floor(log2 max(1, |a|, |b|)) + 1 from the exponent bits, at most 126 (so that
+    # 2^-e is a normal number); g = 2^e and its inverse are exact
+    big = tl.maximum(tl.maximum(tl.abs(a), tl.abs(b)), 1.0)
+    if ACC == tl.float64:
+        e = tl.minimum((big.to(tl.int64, bitcast=True) >> 52) - 1022, 1022)
+        inv_g = ((1023 - e) << 52).to(tl.float64, bitcast=True)
+    else:
+        e = tl.minimum((big.to(tl.int32, bitcast=True) >> 23) - 126, 126)
+        inv_g = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    e = e.to(ACC)
+    b = b * inv_g
+    a = a * inv_g + b * e
+    lse2 = tl.where(live, tl.where(lse == float("-inf"), 0.0, lse * _LOG2E) - e, _far(ACC))
     return lse2, a, b
+
+
+@triton.jit
+def _z_floor(dtype: tl.constexpr):
+    r"""The floor of the kernels' base-2 exponents :math:`z`: :math:`2^z` is 0 below it.
+
+    -256 in float32 (:math:`2^{-256}` is below the least subnormal, :math:`2^{-149}`),
+    -2048 in float64 (below :math:`2^{-1074}`). Raising ``-inf`` or any lower exponent
+    to it leaves :math:`2^z = 0` and makes :math:`z` finite, so that a product
+    :math:`2^z \cdot c\,z` is 0, not NaN, for every coefficient :math:`|c| < 10^{36}`.
+    """
+    return -2048.0 if dtype == tl.float64 else -256.0
+
+
+@triton.jit
+def _inside(offs_m, cols, S, CAUSAL: tl.constexpr):
+    """Which entries of an edge tile exist: keys below `S` and, when causal, not after the row."""
+    inside = (cols[None, :] < S) & (offs_m[:, None] >= 0)
+    if CAUSAL:
+        inside = inside & (cols[None, :] <= offs_m[:, None])
+    return inside
 
 
 @triton.jit
@@ -182,24 +228,25 @@ def _tile(
     EDGE: tl.constexpr,
     KT: tl.constexpr = False,
 ):
-    r"""Base-2 logits of the (BLOCK_M, BLOCK_N) tile of loaded `q` and `k`, and which take part.
+    r"""Base-2 logits of the (BLOCK_M, BLOCK_N) tile of loaded `q` and `k`; ``-inf`` where masked.
 
     The tile is :math:`x_{ij} \log_2 e` with ``qk_scale`` :math:`= \mathrm{scale}\,\log_2 e`
     (an additive mask is scaled by :math:`\log_2 e` too), so that the kernels' exponentials
     are ``exp2`` of differences: one multiply per entry fewer than ``exp``, which scales
     its argument itself (pass 1 with a positive scale passes ``qk_scale=1.0``, which
     folds away, and scales the raw products itself: ``RAW`` in :func:`_entropy_step`).
-    ``EDGE=False``: the caller knows the tile lies inside the keys and, when causal,
-    wholly on or below the diagonal, so only a mask can exclude entries. ``KT=True``:
-    `k` is passed transposed, (BLOCK_D, BLOCK_N) (the dk kernel transposes its fixed key
-    block once, where Triton would store the transpose to shared memory per tile).
+    An entry that takes no part (a masked key, a key past `S`, a causal key after the
+    row) is ``-inf``, set once as the tile is formed (a boolean mask adds 0 or ``-inf``,
+    an additive one is added, an edge takes a select); the callers then need no
+    per-entry predicate (which the compiler keeps as packed bits, unpacked at each use):
+    their exponentials give exactly 0 there, and they clamp the one difference that
+    would meet a 0 in a product. ``EDGE=False``: the caller knows the tile lies inside
+    the keys and, when causal, wholly on or below the diagonal, so only a mask can
+    exclude entries. ``KT=True``: `k` is passed transposed, (BLOCK_D, BLOCK_N) (the dk
+    kernel transposes its fixed key block once, where Triton would store the transpose
+    to shared memory per tile).
     """
     x = tl.dot(q, k if KT else tl.trans(k), input_precision=PRECISION, out_dtype=ACC) * qk_scale
-    valid = (cols[None, :] >= 0) & (offs_m[:, None] >= 0)
-    if EDGE:
-        valid = valid & (cols[None, :] < S)
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= offs_m[:, None])
     if MASK_KIND != 0:
         m_ptrs = (
             Mask
@@ -209,13 +256,24 @@ def _tile(
         )
         m_ok = (offs_m[:, None] < L) & (cols[None, :] < S)
         if MASK_KIND == _MASK_BOOL:
-            keep = tl.load(m_ptrs, mask=m_ok, other=0)
-            valid = valid & (keep != 0)
+            # a key past S loads False (and a row past L: no caller reads its logits); in
+            # an edge tile the keys are also checked against S: redundant, but without it
+            # ptxas serializes pass 2's wgmma at D = 128
+            keep = tl.load(m_ptrs, mask=m_ok, other=0) != 0
+            if EDGE:
+                keep = keep & _inside(offs_m, cols, S, CAUSAL)
+            # an add of 0 or -inf, not a select of x (130 instructions fewer in pass 1's loop)
+            x = x + tl.where(keep, 0.0, float("-inf"))
         else:
-            add = tl.load(m_ptrs, mask=m_ok, other=0.0).to(ACC)
-            valid = valid & (add != float("-inf"))
-            x = x + tl.where(valid, add * _LOG2E, 0.0)
-    return x, valid
+            # an additive -inf (or a key past S, which loads -inf) makes the logit -inf
+            # itself: x is finite (the callers' overflow guard) and the mask holds no NaN
+            # or +inf
+            x = x + tl.load(m_ptrs, mask=m_ok, other=float("-inf")).to(ACC) * _LOG2E
+            if EDGE and CAUSAL:
+                x = tl.where(_inside(offs_m, cols, S, CAUSAL), x, float("-inf"))
+    elif EDGE:
+        x = tl.where(_inside(offs_m, cols, S, CAUSAL), x, float("-inf"))
+    return x
 
 
 @triton.jit
@@ -245,7 +303,7 @@ def _logits(
     EDGE: tl.constexpr,
     SCALAR_START: tl.constexpr = True,
 ):
-    """Load the key block at `start_n`; the tile's base-2 logits, which take part, and the keys.
+    """Load the key block at `start_n`; the tile's base-2 logits (:func:`_tile`) and the keys.
 
     `SCALAR_START`: the address form of the key loads (see :func:`_load_block`).
     """
@@ -257,24 +315,26 @@ def _logits(
     if UPCAST:
         q = q.to(tl.float32)
         k = k.to(tl.float32)
-    x, valid = _tile(
+    x = _tile(
         q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, qk_scale,
         MASK_KIND, CAUSAL, PRECISION, ACC, EDGE,
     )  # fmt: skip
-    return x, valid, k
+    return x, k
 
 
 @triton.jit
-def _entropy_step(m_i, s_i, t_i, x, valid, c, MASKED: tl.constexpr, RAW: tl.constexpr):
+def _entropy_step(m_i, s_i, t_i, x, c, MASKED: tl.constexpr, RAW: tl.constexpr):
     r"""Merge one tile of base-2 logits into the rows' T7 states ``(m, s, t)``.
 
     The state is in base 2 (``m`` and ``t`` are :math:`\log_2 e` times the
     natural ones, ``s`` is the same), so each entry costs one ``exp2``.
-    ``MASKED=False``: every entry of the tile takes part (an interior tile
-    without a mask), so no entry needs a ``where``. The differences
-    :math:`x_j - m'` are not clamped: within the callers' overflow guard
-    (:math:`|x| \le 2^{125}`, so :math:`|x \log_2 e - m'| < 2^{127}`) none
-    overflows, and a clamp would cost an instruction per entry.
+    Within the callers' overflow guard (:math:`|x| \le 2^{125}`, so
+    :math:`|x \log_2 e - m'| < 2^{127}`) no difference :math:`x_j - m'`
+    overflows. ``MASKED=True``: the tile may hold ``-inf`` (:func:`_tile`), whose
+    difference is ``-inf``: it is raised to :func:`_z_floor` (one ``max`` per
+    entry, no predicate), where its exponential is still exactly 0 and its product
+    with it 0, not :math:`0 \cdot \infty`. A difference that low in a live entry
+    has an exponential that rounds to 0 as well, so nothing else changes.
 
     ``RAW=True``: `x` holds the products :math:`q_i \cdot k_j` themselves and
     `c` :math:`= \mathrm{scale}\log_2 e > 0` (no additive mask). Then
@@ -282,16 +342,13 @@ def _entropy_step(m_i, s_i, t_i, x, valid, c, MASKED: tl.constexpr, RAW: tl.cons
     products and each difference is one fused multiply-add,
     :math:`c\,x_j - m'`, where scaling first costs a multiply per entry more.
     """
-    if MASKED:
-        x = tl.where(valid, x, float("-inf"))
     m_new = tl.maximum(m_i, c * tl.max(x, 1) if RAW else tl.max(x, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
     z = tl.fma(x, c, -m_safe[:, None]) if RAW else x - m_safe[:, None]
-    e = tl.exp2(z)
     if MASKED:
-        z = tl.where(valid, z, 0.0)
-        e = tl.where(valid, e, 0.0)
+        z = tl.maximum(z, _z_floor(z.dtype))
+    e = tl.exp2(z)
     dm = tl.where(m_i == float("-inf"), 0.0, tl.maximum(m_i - m_safe, -_FLT_MAX))
     t_i = tl.where(alpha > 0.0, alpha * (t_i + s_i * dm), 0.0) + tl.sum(e * z, 1)
     s_i = alpha * s_i + tl.sum(e, 1)
@@ -359,19 +416,19 @@ def _entropy_kernel(
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M)  # later key blocks are fully masked
         inner = tl.minimum(inner, (pid_m * BLOCK_M + 1) // BLOCK_N * BLOCK_N)
     for start_n in range(0, inner, BLOCK_N):
-        x, valid, _k = _logits(
+        x, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
             L, S, D, tile_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False,
         )  # fmt: skip
-        m_i, s_i, t_i = _entropy_step(m_i, s_i, t_i, x, valid, qk_scale, MASK_KIND != 0, RAW)
+        m_i, s_i, t_i = _entropy_step(m_i, s_i, t_i, x, qk_scale, MASK_KIND != 0, RAW)
     for start_n in range(inner, hi, BLOCK_N):
-        x, valid, _k = _logits(
+        x, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
             L, S, D, tile_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True,
         )  # fmt: skip
-        m_i, s_i, t_i = _entropy_step(m_i, s_i, t_i, x, valid, qk_scale, True, RAW)
+        m_i, s_i, t_i = _entropy_step(m_i, s_i, t_i, x, qk_scale, True, RAW)
     # back to natural units: LSE = ln 2 (m + log2 s), H = ln 2 (log2 s - t / s)
     has = s_i > 0.0
     s_safe = tl.where(has, s_i, 1.0)
@@ -384,7 +441,7 @@ def _entropy_kernel(
 
 
 @triton.jit
-def _grad_logits(x, valid, lse2, a, b, MASKED: tl.constexpr):
+def _grad_logits(x, lse2, a, b, MASKED: tl.constexpr):
     r"""The gradient of a loss with respect to the tile's logits (masked entries 0).
 
     :math:`\partial \mathrm{LSE}_i/\partial x_{ij} = p_{ij}` and
@@ -395,16 +452,15 @@ def _grad_logits(x, valid, lse2, a, b, MASKED: tl.constexpr):
     :math:`z_{ij} = \log_2 p_{ij} = x_{ij}\log_2 e - \mathrm{LSE}_i \log_2 e`,
     :math:`\bar x_{ij} = 2^{z_{ij}}\,(a_i - b_i z_{ij})` where
     :math:`a_i = \bar L_i - \bar H_i H_i` and :math:`b_i = \bar H_i \ln 2` are
-    formed once per row (:func:`_row_coefficients`, which also makes the rows no
-    loss reaches add exactly 0): an ``exp2``, a fused multiply-add and a multiply
-    per entry. ``MASKED=False``: every entry of the tile takes part (an interior
-    tile without a mask), so no entry needs a ``where``.
+    formed once per row, scaled so that no product overflows
+    (:func:`_row_coefficients`, which also makes the rows no loss reaches add exactly
+    0): an ``exp2``, a fused multiply-add and a multiply per entry. ``MASKED=True``:
+    the tile may hold ``-inf``; its exponent is raised to :func:`_z_floor` (one ``max``
+    per entry), where :math:`2^z` is still 0 and the factor finite.
     """
+    z = x - lse2[:, None]
     if MASKED:
-        z = tl.where(valid, x - lse2[:, None], 0.0)
-        p = tl.where(valid, tl.exp2(z), 0.0)
-        return tl.where(valid, p * (a[:, None] - b[:, None] * z), 0.0)
-    z = x - lse2[:, None]  # no clamp: within the overflow guard, as in _entropy_step
+        z = tl.maximum(z, _z_floor(z.dtype))
     return tl.exp2(z) * (a[:, None] - b[:, None] * z)
 
 
@@ -419,6 +475,9 @@ def _entropy_bwd_dq_kernel(
     DEnt,
     DLse,
     DQ,
+    CoefLse2,
+    CoefA,
+    CoefB,
     stride_q_batch,
     stride_q_head,
     stride_q_seq,
@@ -460,6 +519,10 @@ def _entropy_bwd_dq_kernel(
     q = _load_block(Q, q_base, pid_m * BLOCK_M, rows, offs_d, stride_q_seq, stride_q_dim, L, D)
     row = pid_bh.to(tl.int64) * L + offs_m
     lse2, a, b = _row_coefficients(Lse, Ent, DEnt, DLse, row, offs_m < L, ACC)
+    # for the dk kernel, which needs them once per query block it visits
+    tl.store(CoefLse2 + row, lse2, mask=offs_m < L)
+    tl.store(CoefA + row, a, mask=offs_m < L)
+    tl.store(CoefB + row, b, mask=offs_m < L)
     k_base = batch * stride_k_batch + kv_head * stride_k_head
     mask_base = batch * stride_mask_batch + head * stride_mask_head
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
@@ -469,20 +532,20 @@ def _entropy_bwd_dq_kernel(
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M)
         inner = tl.minimum(inner, (pid_m * BLOCK_M + 1) // BLOCK_N * BLOCK_N)
     for start_n in range(0, inner, BLOCK_N):
-        x, valid, k = _logits(
+        x, k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
             L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False, False,
         )  # fmt: skip
-        dx = _grad_logits(x, valid, lse2, a, b, MASK_KIND != 0)
+        dx = _grad_logits(x, lse2, a, b, MASK_KIND != 0)
         acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
     for start_n in range(inner, hi, BLOCK_N):
-        x, valid, k = _logits(
+        x, k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
             L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True, False,
         )  # fmt: skip
-        dx = _grad_logits(x, valid, lse2, a, b, True)
+        dx = _grad_logits(x, lse2, a, b, True)
         acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
     dq_ptrs = DQ + pid_bh.to(tl.int64) * L * D + offs_m[:, None].to(tl.int64) * D + offs_d[None, :]
     dq = (acc * scale).to(DQ.dtype.element_ty)  # the input dtype: rounded once, here
@@ -490,13 +553,29 @@ def _entropy_bwd_dq_kernel(
 
 
 @triton.jit
+def _stored_coefficients(
+    CoefLse2, CoefA, CoefB, row, in_rows, ACC: tl.constexpr, ROWS_IN: tl.constexpr
+):
+    """The rows' ``(lse2, a, b)`` as the dq kernel stored them (:func:`_row_coefficients`).
+
+    A row outside `in_rows` (past `L`) loads a dead row's: ``lse2`` far above every
+    logit and :math:`a = b = 0`, so it adds exactly 0 whatever its tile holds.
+    """
+    if ROWS_IN:
+        return tl.load(CoefLse2 + row), tl.load(CoefA + row), tl.load(CoefB + row)
+    lse2 = tl.load(CoefLse2 + row, mask=in_rows, other=_far(ACC))
+    a = tl.load(CoefA + row, mask=in_rows, other=0.0)
+    b = tl.load(CoefB + row, mask=in_rows, other=0.0)
+    return lse2, a, b
+
+
+@triton.jit
 def _dk_tile(
     Q,
     Mask,
-    Lse,
-    Ent,
-    DEnt,
-    DLse,
+    CoefLse2,
+    CoefA,
+    CoefB,
     k,
     cols,
     offs_d,
@@ -531,17 +610,14 @@ def _dk_tile(
     q = _load_block(Q, q_base, start_m, rows, offs_d, stride_q_seq, stride_q_dim, L, D, ROWS_IN)
     if UPCAST:
         q = q.to(tl.float32)
-    # rows past L load zero gradients: dead rows, whatever the tile
-    lse2, a, b = _row_coefficients(
-        Lse, Ent, DEnt, DLse, row_base + offs_m, offs_m < L, ACC, ROWS_IN
+    lse2, a, b = _stored_coefficients(
+        CoefLse2, CoefA, CoefB, row_base + offs_m, offs_m < L, ACC, ROWS_IN
     )
-    x, valid = _tile(
+    x = _tile(
         q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, qk_scale,
         MASK_KIND, CAUSAL, PRECISION, ACC, EDGE, True,
     )  # fmt: skip
-    if EDGE:
-        valid = valid & (offs_m[:, None] < L)
-    dx = _grad_logits(x, valid, lse2, a, b, EDGE or MASK_KIND != 0)
+    dx = _grad_logits(x, lse2, a, b, EDGE or MASK_KIND != 0)
     return tl.dot(tl.trans(dx.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC)
 
 
@@ -551,10 +627,9 @@ def _entropy_bwd_dk_kernel(
     K,
     Mask,
     Scale,
-    Lse,
-    Ent,
-    DEnt,
-    DLse,
+    CoefLse2,
+    CoefA,
+    CoefB,
     DK,
     stride_q_batch,
     stride_q_head,
@@ -615,19 +690,19 @@ def _entropy_bwd_dk_kernel(
         row_base = (batch * num_heads + head) * L
         for start_m in range(lo, inner, BLOCK_M):
             acc += _dk_tile(
-                Q, Mask, Lse, Ent, DEnt, DLse, k, cols, offs_d, start_m, q_base, mask_base,
+                Q, Mask, CoefLse2, CoefA, CoefB, k, cols, offs_d, start_m, q_base, mask_base,
                 row_base, stride_q_seq, stride_q_dim, stride_mask_q, stride_mask_k, L, S, D,
                 qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, True, False,
             )  # fmt: skip
         for start_m in range(inner, full, BLOCK_M):
             acc += _dk_tile(
-                Q, Mask, Lse, Ent, DEnt, DLse, k, cols, offs_d, start_m, q_base, mask_base,
+                Q, Mask, CoefLse2, CoefA, CoefB, k, cols, offs_d, start_m, q_base, mask_base,
                 row_base, stride_q_seq, stride_q_dim, stride_mask_q, stride_mask_k, L, S, D,
                 qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, False, True,
             )  # fmt: skip
         for start_m in range(full, L, BLOCK_M):  # the last, partial query block
             acc += _dk_tile(
-                Q, Mask, Lse, Ent, DEnt, DLse, k, cols, offs_d, start_m, q_base, mask_base,
+                Q, Mask, CoefLse2, CoefA, CoefB, k, cols, offs_d, start_m, q_base, mask_base,
                 row_base, stride_q_seq, stride_q_dim, stride_mask_q, stride_mask_k, L, S, D,
                 qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, False, False,
             )  # fmt: skip
@@ -702,17 +777,21 @@ def _attention_kernel(
     hi = S
     if CAUSAL:
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M)
+    # beta scales the products with qk_scale, before any entry is set to -inf (whatever
+    # beta's sign); an additive mask is scaled by beta too, so there it scales the sum
+    tile_scale = qk_scale if MASK_KIND == _MASK_ADD else qk_scale * beta[:, None]
     for start_n in range(0, hi, BLOCK_N):
-        x, valid, _k = _logits(
+        y, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, tl.float32, True,
+            L, S, D, tile_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, tl.float32, True,
         )  # fmt: skip
-        y = tl.where(valid, beta[:, None] * x, float("-inf"))  # base 2, as m_i
+        if MASK_KIND == _MASK_ADD:
+            y = tl.where(y == float("-inf"), y, beta[:, None] * y)  # base 2, as m_i
         m_new = tl.maximum(m_i, tl.max(y, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
-        p = tl.where(valid, tl.exp2(y - m_safe[:, None]), 0.0)
+        p = tl.exp2(y - m_safe[:, None])  # 0 where masked: m_safe is finite
         l_i = alpha * l_i + tl.sum(p, 1)
         v = _load_block(V, v_base, start_n, offs_n, offs_dv, stride_v_seq, stride_v_dim, S, DV)
         pv = p.to(v.dtype)
@@ -879,17 +958,19 @@ def triton_entropy_backward(
         "MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), "ACC": acc_tl, **_precision(q)
     }  # fmt: skip
     common = (*q.stride(), *k.stride(), *m_strides, H, group, L, S, D)
+    # the rows' coefficients, formed by the dq kernel and read by the dk kernel after it
+    coef = torch.empty((3, B * H * L), dtype=acc, device=q.device)
     launch(
         _entropy_bwd_dq_kernel,
         lambda cfg: (triton.cdiv(L, cfg["BLOCK_M"]), B * H),
-        (q, k, m_arg, scale_t, *stats, dq, *common),
+        (q, k, m_arg, scale_t, *stats, dq, *coef, *common),
         constexprs,
         cands_dq,
     )
     launch(
         _entropy_bwd_dk_kernel,
         lambda cfg: (triton.cdiv(S, cfg["BLOCK_N"]), B * Hkv),
-        (q, k, m_arg, scale_t, *stats, dk, *common),
+        (q, k, m_arg, scale_t, *coef, dk, *common),
         constexprs,
         cands_dk,
     )

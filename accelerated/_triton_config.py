@@ -96,7 +96,7 @@ def configs(
     causal: bool = False,
     tuned: bool = True,
 ) -> list[dict[str, int]]:
-    """Candidate configurations, largest first (a recorded one first where it spills less).
+    """Candidate configurations, largest first (a recorded one first where it compiles better).
 
     Parameters
     ----------
@@ -123,11 +123,11 @@ def configs(
         Whether the launch is causal.
     tuned : bool, default True
         Put the recorded configuration first: where the largest candidate
-        spills heavily (128 bytes of stack or more) when compiled for sm_90 by
-        the installed Triton release, the first one that spills less
-        (``tools/triton_spills.py``; 16-bit dtypes share the bfloat16 entries,
-        of which there are none under Triton 3.6 and 3.9). False, or a release the
-        table does not hold, gives the plain order.
+        spills heavily (128 bytes of stack or more), or has its ``wgmma``
+        serialized, when compiled for sm_90 by the installed Triton release, the
+        first one that does neither (``tools/triton_spills.py``; 16-bit dtypes
+        share the bfloat16 entries). False, or a release the table does not
+        hold, gives the plain order.
 
     Returns
     -------
@@ -176,7 +176,7 @@ def configs(
 def _spill_free(
     kernel: str, dtype: torch.dtype, bd: int, mask_elem: int, causal: bool
 ) -> tuple[int, int, int, int] | None:
-    """The recorded configuration of a case (None: the first candidate spills little)."""
+    """The recorded configuration of a case (None: the first candidate compiles well)."""
     from ._triton_spill_free import SPILL_FREE
 
     table = SPILL_FREE.get(triton_release(), {})

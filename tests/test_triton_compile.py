@@ -127,10 +127,20 @@ def test_wgmma_is_pipelined(name, d, mask_kind):
     cfg = _first(name, d, mask_kind)
     counts = spills.sass_census(name, cfg, mask_kind)
     loops = counts["loops"]
-    dots = 1 if name == "_entropy_kernel" else 2
-    assert counts["wgmma waits"] <= dots * len(loops) < counts["HGMMA"], counts
+    assert counts["HGMMA"] > len(loops) and spills.pipelined(name, counts), counts
     per_thread = cfg["BLOCK_M"] * cfg["BLOCK_N"] // (32 * cfg["num_warps"])
     assert all(mufu >= per_thread for _, mufu in loops), (loops, cfg)
+
+
+def test_pipelined_counts_one_wait_per_loop_and_dot():
+    """The probe's test: pass 1 has one product per tile, the other kernels two; a kernel
+    without wgmma (float32 products) has nothing to serialize."""
+    two_loops = {"HGMMA": 16, "loops": [(540, 68), (693, 68)]}
+    assert spills.pipelined("_entropy_kernel", {**two_loops, "wgmma waits": 2})
+    assert not spills.pipelined("_entropy_kernel", {**two_loops, "wgmma waits": 3})
+    assert spills.pipelined("_entropy_bwd_dq_kernel", {**two_loops, "wgmma waits": 4})
+    assert not spills.pipelined("_attention_kernel", {**two_loops, "wgmma waits": 16})
+    assert spills.pipelined("_attention_kernel", {"loops": [(900, 68)], "wgmma waits": 0})
 
 
 def test_beta_kernel_rounds_each_horner_step():
@@ -211,20 +221,19 @@ def test_spill_free_table_follows_the_triton_release(monkeypatch):
     assert _triton_config.triton_release("3.6.0") == "3.6"
     assert _triton_config.triton_release("3.10.1+git1234") == "3.10"
 
-    def first(version):
+    def first(version, tuned=True):
         monkeypatch.setattr(_triton_config.triton, "__version__", version)
-        cfg = configs(torch.device("cuda"), 256, 0, torch.float32, 1, H200_SMEM,
-                      kernel="_entropy_kernel")[0]  # fmt: skip
+        cfg = configs(torch.device("cuda"), 128, 128, torch.bfloat16, 1, H200_SMEM,
+                      kernel="_attention_kernel", tuned=tuned)[0]  # fmt: skip
         return cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]
 
-    key = ("entropy_kernel", "float32", 256, 1, False)  # float32 pass 1, a boolean mask
-    plain = configs(torch.device("cuda"), 256, 0, torch.float32, 1, H200_SMEM, tuned=False)[0]
-    plain = plain["BLOCK_M"], plain["BLOCK_N"], plain["num_warps"], plain["num_stages"]
+    key = ("attention_kernel", "bfloat16", 128, 1, False)  # pass 2, a boolean mask
+    plain = first("1.0.0", tuned=False)
     for release, table in SPILL_FREE.items():
         assert first(f"{release}.0") == table.get(key, plain), release
     assert first("1.0.0") == plain
-    # the releases disagree on this case: 3.6 keeps 64 x 32 tiles, 3.9 spills until 16 x 16
-    assert SPILL_FREE["3.6"][key] != SPILL_FREE["3.9"][key]
+    # the releases disagree on this case: 3.6 serializes the largest tile's wgmma, 3.9 not
+    assert SPILL_FREE["3.6"][key] != SPILL_FREE["3.9"].get(key, plain)
 
 
 def test_spills_tool_keeps_other_releases(monkeypatch, tmp_path):

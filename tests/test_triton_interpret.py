@@ -304,6 +304,15 @@ def _child(out_dir: Path) -> None:
     k[0, 0, :, 0] = torch.tensor([2.0**125, -(2.0**125), 2.0**125])
     h, lse = tri.triton_entropy(q, k, None, tri.MASK_NONE, False, 1.0)
     np.save(out_dir / "overflow.npy", torch.stack([h, lse]).double().numpy())
+    # its backward where a key's exponent is near -2**125.5 (its p is 0) and the entropy's
+    # gradient is large: the exponent times that gradient overflows unless rows are scaled
+    k = torch.zeros(1, 1, 3, 16)
+    k[0, 0, :, 0] = torch.tensor([1.0, 0.0, -(2.0**125)])
+    q = torch.ones(1, 1, 2, 16)
+    h, lse = tri.triton_entropy(q, k, None, tri.MASK_NONE, False, 1.0)
+    gh, gl = torch.tensor([[[-5.0, 9.0]]]), torch.tensor([[[0.7, -0.2]]])
+    dq, dk = tri.triton_entropy_backward(q, k, None, tri.MASK_NONE, False, 1.0, 1, h, lse, gh, gl)
+    np.savez(out_dir / "overflow-bwd.npz", dq=dq.double().numpy(), dk=dk.double().numpy())
     # causal block skipping with L != S (a query block past the last key, one before it)
     q, k, _, _ = _inputs(torch.float32, "none")
     p = A.prepare(q[..., :, :], k[..., :7, :], None, None, True, None)
@@ -609,6 +618,23 @@ def test_pass_one_kernel_overflowing_spread(child_outputs):
     assert np.isfinite(h).all() and np.isfinite(lse).all()
     np.testing.assert_allclose(h, math.log(2), rtol=1e-6)
     np.testing.assert_allclose(lse, 2.0**125, rtol=1e-6)
+
+
+def test_pass_one_backward_overflowing_exponent(child_outputs):
+    """Logits [1, 0, -2**125] (the last key's p is 0) and entropy gradients -5 and 9: for
+    9, the unscaled factor a - b z of that key overflows (b z is about 2**128.2), and
+    0 * inf made its row's dq and every dk NaN. The scaled factor gives the exact gradient
+    p_j (dL - dH (log p_j + H)), 0 for that key."""
+    r = np.load(child_outputs / "overflow-bwd.npz")
+    p = np.exp([1.0, 0.0]) / np.exp([1.0, 0.0]).sum()
+    h = -(p * np.log(p)).sum()
+    dx = np.array([p * (gl - gh * (np.log(p) + h)) for gh, gl in ((-5.0, 0.7), (9.0, -0.2))])
+    np.testing.assert_allclose(r["dq"][0, 0, :, 0], dx[:, 0], rtol=1e-5)  # k_j = (1, 0, ...)
+    np.testing.assert_array_equal(r["dq"][0, 0, :, 1:], 0.0)
+    # every dk column is the sum over both rows (q = 1); the far key's is exactly 0
+    np.testing.assert_allclose(r["dk"][0, 0, :2, :], np.repeat(dx.sum(0)[:, None], 16, 1),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    np.testing.assert_array_equal(r["dk"][0, 0, 2], 0.0)
 
 
 def test_pass_one_kernel_every_scale_sign(child_outputs):

@@ -1,5 +1,7 @@
 #!/usr/bin/env python
-"""Find, for each Triton kernel, the first launch configuration that compiles without heavy spills.
+"""Find, for each Triton kernel, the first launch configuration that compiles well.
+
+"Well": without heavy spills, and with the tensor-core products of each loop overlapped.
 
 Usage::
 
@@ -11,12 +13,14 @@ release (major.minor); ``--write`` replaces the running release's entry and keep
 
 No GPU is needed: Triton's Linux wheel carries NVIDIA's ``ptxas`` and ``cuobjdump``, so each
 candidate of :func:`softmaxtheory.accelerated._triton_config.configs` (H200 shared memory,
-in its order) is compiled for sm_90 and its cubin's stack usage read. Each is compiled as
+in its order) is compiled for sm_90 and its cubin's stack usage and SASS read. Each is
+compiled as
 Triton's JIT specializes it for contiguous tensors whose sizes are multiples of 16
 (:data:`MODEL`): unit strides as constants, the other integers marked as multiples of 16.
 For each kernel, head-dim block, mask kind and causal flag whose *first* candidate spills
-at least ``MIN_STACK`` bytes (a heavy spill; a few bytes may cost less than a smaller tile),
-the first candidate that spills less is recorded; ``configs`` then tries that one first.
+at least ``MIN_STACK`` bytes (a heavy spill; a few bytes may cost less than a smaller tile)
+or has its wgmma serialized (:func:`pipelined`), the first candidate that does neither is
+recorded; ``configs`` then tries that one first.
 bfloat16 stands for both 16-bit dtypes; float32 is probed with a boolean mask. Two
 processes compile at once (about a second per compilation).
 """
@@ -146,15 +150,18 @@ def _cuobjdump(compiled, flag: str) -> str:
         os.unlink(path)
 
 
-def resource_usage(name: str, cfg: dict, mask_kind: int, causal: bool, dtype: str) -> dict:
+def resource_usage(
+    name: str, cfg: dict, mask_kind: int, causal: bool, dtype: str, compiled=None
+) -> dict:
     """Compile one kernel configuration for sm_90 and read its cubin's resource usage.
 
     The variant compiled is the one the JIT launches for the :data:`MODEL` shapes
     (:func:`_signature`). Returns ``regs``, ``stack``, ``local`` and ``shared`` (bytes,
     from ``cuobjdump -res-usage``) and ``launch_shared`` (the shared memory Triton
-    reserves at launch).
+    reserves at launch). `compiled`: the kernel already compiled.
     """
-    compiled = _compile(name, cfg, mask_kind, causal, dtype)
+    if compiled is None:
+        compiled = _compile(name, cfg, mask_kind, causal, dtype)
     usage = _cuobjdump(compiled, "-res-usage")
     found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
     if found is None:
@@ -169,7 +176,7 @@ FP32_OPS = ("FADD", "FFMA", "FMUL", "FMNMX", "FSEL", "FSETP")
 
 
 def sass_census(name: str, cfg: dict, mask_kind: int = 0, causal: bool = False,
-                dtype: str = "bfloat16", module=None) -> dict:  # fmt: skip
+                dtype: str = "bfloat16", module=None, compiled=None) -> dict:  # fmt: skip
     """Instruction counts of one compiled kernel's SASS, by opcode (static, not executed).
 
     Adds ``total`` (every instruction), ``fp32`` (the :data:`FP32_OPS`), ``wgmma waits``
@@ -177,9 +184,12 @@ def sass_census(name: str, cfg: dict, mask_kind: int = 0, causal: bool = False,
     for each innermost loop in code order (the edge and interior blocks; the interior
     one is the kernels' steady state), its instruction count and how many of them are
     exponentials (``MUFU``). `module`
-    holds the kernel (another revision of ``_triton_attention.py``, say).
+    holds the kernel (another revision of ``_triton_attention.py``, say); `compiled`, the
+    kernel already compiled.
     """
-    sass = _cuobjdump(_compile(name, cfg, mask_kind, causal, dtype, module), "-sass")
+    if compiled is None:
+        compiled = _compile(name, cfg, mask_kind, causal, dtype, module)
+    sass = _cuobjdump(compiled, "-sass")
     program = []  # (address, opcode, branch target or None)
     for line in sass.splitlines():
         found = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)([^;]*)", line)
@@ -208,6 +218,19 @@ def sass_census(name: str, cfg: dict, mask_kind: int = 0, causal: bool = False,
     return counts
 
 
+def pipelined(name: str, counts: dict) -> bool:
+    """Whether ptxas overlaps the tensor-core products of each loop of kernel `name`.
+
+    From :func:`sass_census`' `counts`: at most one ``wgmma`` wait per loop and dot (pass 1
+    has one dot per tile, the other kernels two). Where ptxas serializes the products (its
+    C7515, "non wgmma instructions defining accumulator registers"), it waits after every
+    ``wgmma``. Which tiles it serializes changes with the kernel's code, the tile and the
+    release. Kernels without ``wgmma`` (float32 products) count as pipelined.
+    """
+    dots = 1 if name == "_entropy_kernel" else 2
+    return counts.get("HGMMA", 0) == 0 or counts["wgmma waits"] <= dots * len(counts["loops"])
+
+
 def census(module=None) -> dict[str, dict[str, int]]:
     """:func:`sass_census` of each kernel at the benchmark's case.
 
@@ -234,7 +257,12 @@ def toolchain() -> Path:
 
 
 def probe(job: tuple) -> tuple:
-    """The first candidate of one case without a heavy spill; None when that is the first."""
+    """The first candidate of one case that compiles well; None when that is the first.
+
+    Well: under :data:`MIN_STACK` bytes of stack, with its products pipelined
+    (:func:`pipelined`) and, for 16-bit inputs, on ``wgmma``. When no candidate is, the
+    first without a heavy spill.
+    """
     import torch
 
     from softmaxtheory.accelerated._triton_config import configs
@@ -244,11 +272,18 @@ def probe(job: tuple) -> tuple:
     mask_elem = {0: 0, 1: 1, 2: tdtype.itemsize}[mask_kind]
     cands = configs(torch.device("cuda"), d, d if name == "_attention_kernel" else 0, tdtype,
                     mask_elem, H200_SMEM, backward="bwd" in name, tuned=False)  # fmt: skip
+    spill_free = None  # index of the first candidate without a heavy spill
     for i, cfg in enumerate(cands):
-        stack = resource_usage(name, cfg, mask_kind, causal, dtype)["stack"]
-        if stack < MIN_STACK:
+        compiled = _compile(name, cfg, mask_kind, causal, dtype)
+        if resource_usage(name, cfg, mask_kind, causal, dtype, compiled)["stack"] >= MIN_STACK:
+            continue
+        if spill_free is None:
+            spill_free = i
+        counts = sass_census(name, cfg, mask_kind, causal, dtype, compiled=compiled)
+        # a tile too small for wgmma (mma.sync) is not the remedy for serialized wgmma
+        if pipelined(name, counts) and (dtype == "float32" or counts.get("HGMMA", 0)):
             return job, (None if i == 0 else cfg)
-    return job, None
+    return job, (None if not spill_free else cands[spill_free])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,13 +357,14 @@ def write_table(table: dict) -> Path:
     tables = dict(runpy.run_path(str(path))["SPILL_FREE"]) if path.exists() else {}
     tables[triton_release()] = table
     lines = [
-        '"""Launch configurations without heavy spills (generated by ``tools/triton_spills.py``).',
+        '"""Launch configurations that compile well (generated by ``tools/triton_spills.py``).',
         "",
         "One table per Triton release (major.minor), each compiled for sm_90 with that",
         "release (H200 shared memory), as the JIT specializes contiguous tensors. Key:",
         "(kernel, dtype, head-dim block, mask kind, causal); value: (BLOCK_M, BLOCK_N,",
-        f"num_warps, num_stages), the first candidate under {MIN_STACK} bytes of stack. Only",
-        f"cases whose first candidate spills {MIN_STACK} bytes or more are listed.",
+        f"num_warps, num_stages), the first candidate under {MIN_STACK} bytes of stack whose",
+        "wgmma ptxas does not serialize. Only cases whose first candidate spills",
+        f"{MIN_STACK} bytes or more, or has its wgmma serialized, are listed.",
         '"""',
         "",
         '__all__ = ["SPILL_FREE"]',
