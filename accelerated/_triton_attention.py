@@ -227,6 +227,7 @@ def _tile(
     ACC: tl.constexpr,
     EDGE: tl.constexpr,
     KT: tl.constexpr = False,
+    MASK_ROWS: tl.constexpr = True,
 ):
     r"""Base-2 logits of the (BLOCK_M, BLOCK_N) tile of loaded `q` and `k`; ``-inf`` where masked.
 
@@ -244,17 +245,25 @@ def _tile(
     the keys and, when causal, wholly on or below the diagonal, so only a mask can
     exclude entries. ``KT=True``: `k` is passed transposed, (BLOCK_D, BLOCK_N) (the dk
     kernel transposes its fixed key block once, where Triton would store the transpose
-    to shared memory per tile).
+    to shared memory per tile). ``MASK_ROWS=False``: the mask is the same for every
+    query (its query stride is 0, a key-padding mask broadcast from ``(B, 1, 1, S)``,
+    say), so one row of it is loaded, a value per key, and broadcast over the rows:
+    no two-dimensional byte tile to bring to the product's layout and unpack entry by
+    entry.
     """
     x = tl.dot(q, k if KT else tl.trans(k), input_precision=PRECISION, out_dtype=ACC) * qk_scale
     if MASK_KIND != 0:
-        m_ptrs = (
-            Mask
-            + mask_base
-            + offs_m[:, None].to(tl.int64) * stride_mask_q
-            + cols[None, :].to(tl.int64) * stride_mask_k
-        )
-        m_ok = (offs_m[:, None] < L) & (cols[None, :] < S)
+        if MASK_ROWS:
+            m_ptrs = (
+                Mask
+                + mask_base
+                + offs_m[:, None].to(tl.int64) * stride_mask_q
+                + cols[None, :].to(tl.int64) * stride_mask_k
+            )
+            m_ok = (offs_m[:, None] < L) & (cols[None, :] < S)
+        else:  # one value per key, the same for every row
+            m_ptrs = Mask + mask_base + cols[None, :].to(tl.int64) * stride_mask_k
+            m_ok = cols[None, :] < S
         if MASK_KIND == _MASK_BOOL:
             # a key past S loads False (and a row past L: no caller reads its logits); in
             # an edge tile the keys are also checked against S: redundant, but without it
@@ -262,8 +271,14 @@ def _tile(
             keep = tl.load(m_ptrs, mask=m_ok, other=0) != 0
             if EDGE:
                 keep = keep & _inside(offs_m, cols, S, CAUSAL)
-            # an add of 0 or -inf, not a select of x (130 instructions fewer in pass 1's loop)
-            x = x + tl.where(keep, 0.0, float("-inf"))
+            if MASK_ROWS:
+                # an add of 0 or -inf, not a select of x (130 instructions fewer in pass
+                # 1's loop)
+                x = x + tl.where(keep, 0.0, float("-inf"))
+            else:
+                # a select: with the add, ptxas waits between the two halves of pass 1's
+                # product (4 warps, 128 rows)
+                x = tl.where(keep, x, float("-inf"))
         else:
             # an additive -inf (or a key past S, which loads -inf) makes the logit -inf
             # itself: x is finite (the callers' overflow guard) and the mask holds no NaN
@@ -302,10 +317,12 @@ def _logits(
     ACC: tl.constexpr,
     EDGE: tl.constexpr,
     SCALAR_START: tl.constexpr = True,
+    MASK_ROWS: tl.constexpr = True,
 ):
     """Load the key block at `start_n`; the tile's base-2 logits (:func:`_tile`) and the keys.
 
-    `SCALAR_START`: the address form of the key loads (see :func:`_load_block`).
+    `SCALAR_START`: the address form of the key loads (see :func:`_load_block`);
+    `MASK_ROWS`: see :func:`_tile`.
     """
     cols = start_n + offs_n
     k = _load_block(
@@ -317,7 +334,7 @@ def _logits(
         k = k.to(tl.float32)
     x = _tile(
         q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, qk_scale,
-        MASK_KIND, CAUSAL, PRECISION, ACC, EDGE,
+        MASK_KIND, CAUSAL, PRECISION, ACC, EDGE, False, MASK_ROWS,
     )  # fmt: skip
     return x, k
 
@@ -389,6 +406,7 @@ def _entropy_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     RAW: tl.constexpr = False,
+    MASK_ROWS: tl.constexpr = True,
 ):
     pid_m = tl.program_id(0)
     qk_scale = tl.load(Scale) * _LOG2E
@@ -419,14 +437,16 @@ def _entropy_kernel(
         x, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, tile_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False,
+            L, S, D, tile_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False, True,
+            MASK_ROWS,
         )  # fmt: skip
         m_i, s_i, t_i = _entropy_step(m_i, s_i, t_i, x, qk_scale, MASK_KIND != 0, RAW)
     for start_n in range(inner, hi, BLOCK_N):
         x, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, tile_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True,
+            L, S, D, tile_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True, True,
+            MASK_ROWS,
         )  # fmt: skip
         m_i, s_i, t_i = _entropy_step(m_i, s_i, t_i, x, qk_scale, True, RAW)
     # back to natural units: LSE = ln 2 (m + log2 s), H = ln 2 (log2 s - t / s)
@@ -503,6 +523,7 @@ def _entropy_bwd_dq_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    MASK_ROWS: tl.constexpr = True,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -536,6 +557,7 @@ def _entropy_bwd_dq_kernel(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
             L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, False, False,
+            MASK_ROWS,
         )  # fmt: skip
         dx = _grad_logits(x, lse2, a, b, MASK_KIND != 0)
         acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
@@ -544,6 +566,7 @@ def _entropy_bwd_dq_kernel(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
             L, S, D, qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, True, False,
+            MASK_ROWS,
         )  # fmt: skip
         dx = _grad_logits(x, lse2, a, b, True)
         acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
@@ -599,6 +622,7 @@ def _dk_tile(
     BLOCK_M: tl.constexpr,
     EDGE: tl.constexpr,
     ROWS_IN: tl.constexpr,
+    MASK_ROWS: tl.constexpr,
 ):
     r"""One query block's contribution :math:`\bar X^\top Q` to a key block's gradient.
 
@@ -615,7 +639,7 @@ def _dk_tile(
     )
     x = _tile(
         q, k, Mask, offs_m, cols, mask_base, stride_mask_q, stride_mask_k, L, S, qk_scale,
-        MASK_KIND, CAUSAL, PRECISION, ACC, EDGE, True,
+        MASK_KIND, CAUSAL, PRECISION, ACC, EDGE, True, MASK_ROWS,
     )  # fmt: skip
     dx = _grad_logits(x, lse2, a, b, EDGE or MASK_KIND != 0)
     return tl.dot(tl.trans(dx.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC)
@@ -656,6 +680,7 @@ def _entropy_bwd_dk_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    MASK_ROWS: tl.constexpr = True,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)  # over batch * key heads
@@ -693,18 +718,21 @@ def _entropy_bwd_dk_kernel(
                 Q, Mask, CoefLse2, CoefA, CoefB, k, cols, offs_d, start_m, q_base, mask_base,
                 row_base, stride_q_seq, stride_q_dim, stride_mask_q, stride_mask_k, L, S, D,
                 qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, True, False,
+                MASK_ROWS,
             )  # fmt: skip
         for start_m in range(inner, full, BLOCK_M):
             acc += _dk_tile(
                 Q, Mask, CoefLse2, CoefA, CoefB, k, cols, offs_d, start_m, q_base, mask_base,
                 row_base, stride_q_seq, stride_q_dim, stride_mask_q, stride_mask_k, L, S, D,
                 qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, False, True,
+                MASK_ROWS,
             )  # fmt: skip
         for start_m in range(full, L, BLOCK_M):  # the last, partial query block
             acc += _dk_tile(
                 Q, Mask, CoefLse2, CoefA, CoefB, k, cols, offs_d, start_m, q_base, mask_base,
                 row_base, stride_q_seq, stride_q_dim, stride_mask_q, stride_mask_k, L, S, D,
                 qk_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, ACC, BLOCK_M, False, False,
+                MASK_ROWS,
             )  # fmt: skip
     dk_ptrs = DK + pid_bh.to(tl.int64) * S * D + cols[:, None].to(tl.int64) * D + offs_d[None, :]
     dk = (acc * scale).to(DK.dtype.element_ty)  # the input dtype: rounded once, here
@@ -753,6 +781,7 @@ def _attention_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    MASK_ROWS: tl.constexpr = True,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -784,7 +813,8 @@ def _attention_kernel(
         y, _k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
             stride_k_seq, stride_k_dim, stride_mask_q, stride_mask_k,
-            L, S, D, tile_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, tl.float32, True,
+            L, S, D, tile_scale, MASK_KIND, CAUSAL, PRECISION, UPCAST, tl.float32, True, True,
+            MASK_ROWS,
         )  # fmt: skip
         if MASK_KIND == _MASK_ADD:
             y = tl.where(y == float("-inf"), y, beta[:, None] * y)  # base 2, as m_i
@@ -821,6 +851,14 @@ def _mask_args(mask: torch.Tensor | None, kind: int, q: torch.Tensor) -> tuple:
     if kind == MASK_BOOL:
         mask = mask.view(torch.uint8)
     return mask, tuple(mask.stride())
+
+
+def _mask_rows(mask: torch.Tensor | None, kind: int) -> bool:
+    """False when the mask is one row per query head broadcast over the queries (stride 0).
+
+    The kernels then load one value per key (``MASK_ROWS`` of :func:`_tile`).
+    """
+    return not (kind != MASK_NONE and mask is not None and mask.stride(-2) == 0)
 
 
 def _mask_elem(mask: torch.Tensor | None, kind: int) -> int:
@@ -883,7 +921,7 @@ def triton_entropy(
     )  # fmt: skip
     constexprs = {
         "MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), "ACC": acc_tl, **_precision(q),
-        "RAW": scale > 0 and mask_kind != MASK_ADD,
+        "RAW": scale > 0 and mask_kind != MASK_ADD, "MASK_ROWS": _mask_rows(mask, mask_kind),
     }  # fmt: skip
     launch(
         _entropy_kernel,
@@ -955,7 +993,8 @@ def triton_entropy_backward(
         for name in ("entropy_bwd_dq_kernel", "entropy_bwd_dk_kernel")
     )
     constexprs = {
-        "MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), "ACC": acc_tl, **_precision(q)
+        "MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), "ACC": acc_tl, **_precision(q),
+        "MASK_ROWS": _mask_rows(mask, mask_kind),
     }  # fmt: skip
     common = (*q.stride(), *k.stride(), *m_strides, H, group, L, S, D)
     # the rows' coefficients, formed by the dq kernel and read by the dk kernel after it
@@ -1004,7 +1043,10 @@ def triton_attention(
         *q.stride(), *k.stride(), *v.stride(), *m_strides, *out.stride(),
         H, L, S, D, DV, float(scale),
     )  # fmt: skip
-    constexprs = {"MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), **_precision(q)}
+    constexprs = {
+        "MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), **_precision(q),
+        "MASK_ROWS": _mask_rows(mask, mask_kind),
+    }  # fmt: skip
     launch(
         _attention_kernel,
         lambda cfg: (triton.cdiv(L, cfg["BLOCK_M"]), B * H),

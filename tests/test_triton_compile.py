@@ -117,15 +117,18 @@ def test_sass_census_counts_the_exponentials():
 
 @pytest.mark.parametrize("name", spills.KERNELS)
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("mask_kind", [T.MASK_NONE, T.MASK_BOOL])
-def test_wgmma_is_pipelined(name, d, mask_kind):
+@pytest.mark.parametrize(
+    ("mask_kind", "mask_rows"), [(T.MASK_NONE, True), (T.MASK_BOOL, True), (T.MASK_BOOL, False)]
+)
+def test_wgmma_is_pipelined(name, d, mask_kind, mask_rows):
     """ptxas overlaps each loop's tensor-core products (one wait per loop and dot), instead
     of waiting after every wgmma: it serializes them (C7515, "non wgmma instructions
     defining accumulator registers") on some address forms, as it did in the dq kernel with
     the scalar start of :func:`_load_block`. Each innermost loop holds an exponential per
-    entry of its tile, the edge and interior alike."""
+    entry of its tile, the edge and interior alike. ``mask_rows=False``: a boolean mask per
+    key, one row broadcast over the queries (the kernels' ``MASK_ROWS`` variant)."""
     cfg = _first(name, d, mask_kind)
-    counts = spills.sass_census(name, cfg, mask_kind)
+    counts = spills.sass_census(name, cfg, mask_kind, mask_rows=mask_rows)
     loops = counts["loops"]
     assert counts["HGMMA"] > len(loops) and spills.pipelined(name, counts), counts
     per_thread = cfg["BLOCK_M"] * cfg["BLOCK_N"] // (32 * cfg["num_warps"])

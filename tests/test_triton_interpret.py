@@ -27,7 +27,9 @@ from softmaxtheory.spec import LogLength, Polynomial  # noqa: E402
 from tests.test_torch_tolerances import attention_tolerance  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-MASKS = ("none", "causal", "bool", "bias")
+#: "keys" and "key-bias": a mask per key, (1, 1, 1, S), broadcast over the queries (the
+#: kernels' one-row path, ``MASK_ROWS=False``)
+MASKS = ("none", "causal", "bool", "bias", "keys", "key-bias")
 SCHEDULES = {"paper": None, "loglength": LogLength("0.6"), "poly": Polynomial(("0.3", "0.9"))}
 L, S, D, DV = 20, 19, 5, 3  # not multiples of the 16-wide blocks; D not a power of two
 
@@ -40,13 +42,20 @@ def _inputs(dtype: torch.dtype, mask_name: str):
     keep = torch.rand(L, S, generator=g) > 0.5
     keep[4] = False  # a fully masked query
     keep[0, 0] = True
-    mask = None
-    if mask_name == "bool":
-        mask = keep
-    elif mask_name == "bias":
-        mask = torch.randn(L, S, generator=g, dtype=torch.float64).to(dtype)
+    return q, k, v, _mask(mask_name, keep, dtype, g)
+
+
+def _mask(mask_name: str, keep: torch.Tensor, dtype: torch.dtype, g: torch.Generator):
+    """The mask `mask_name` from the (L, S) pattern `keep` (its first row for key masks)."""
+    if mask_name in ("keys", "key-bias"):
+        keep = keep[:1].reshape(1, 1, 1, -1)
+    if mask_name in ("bool", "keys"):
+        return keep
+    if mask_name in ("bias", "key-bias"):
+        mask = torch.randn(keep.shape, generator=g, dtype=torch.float64).to(dtype)
         mask[~keep] = -math.inf
-    return q, k, v, mask
+        return mask
+    return None
 
 
 def _cases():
@@ -72,6 +81,9 @@ ENTROPY_CASES = [
     ("wide-none-f16", "float16", 2, 1, 9, 37, 8, "none"),
     ("wide-causal-bf16", "bfloat16", 2, 2, 40, 45, 8, "causal"),
     ("wide-causal-short-f32", "float32", 1, 1, 50, 33, 4, "causal"),
+    # masks per key (one row for every query): interior and edge blocks, GQA
+    ("keys-bf16", "bfloat16", 4, 2, 9, 37, 8, "keys"),
+    ("key-bias-f32", "float32", 2, 2, 33, 35, 16, "key-bias"),
 ]
 
 
@@ -169,13 +181,7 @@ def _entropy_inputs(name: str):
     keep = torch.rand(L_, S_, generator=g) > 0.5
     keep[L_ // 2] = False  # a fully masked query
     keep[0, 0] = True
-    mask = None
-    if mask_name == "bool":
-        mask = keep
-    elif mask_name == "bias":
-        mask = torch.randn(L_, S_, generator=g, dtype=torch.float64).to(dtype)
-        mask[~keep] = -math.inf
-    return q, k, mask, mask_name == "causal"
+    return q, k, _mask(mask_name, keep, dtype, g), mask_name == "causal"
 
 
 #: Pass-1 cases whose backward gets rows no loss reaches (dead rows): interior tiles without
@@ -252,6 +258,30 @@ def _child_beta(out_dir: Path) -> None:
     np.savez(out_dir / "beta.npz", **{n: t.double().numpy() for n, t in out.items()})
 
 
+def _check_key_mask(p, tmask, kind, causal, gh, gl) -> None:
+    """A key mask reaches the kernels as a stride-0 view (their one-row path) and gives the
+    bits of the same mask materialized (the two-dimensional path): pass 1, its backward,
+    and pass 2."""
+    from softmaxtheory.accelerated import _triton_attention as tri
+
+    assert tmask.stride(-2) == 0 and not tri._mask_rows(tmask, kind)
+    full = tmask.contiguous()
+    assert tri._mask_rows(full, kind)
+    v = torch.randn(p.k.shape, generator=torch.Generator().manual_seed(2), dtype=p.k.dtype)
+    beta = torch.rand(p.q.shape[:-1], generator=torch.Generator().manual_seed(4)) + 1.0
+    for m in (tmask, full):
+        h, lse = tri.triton_entropy(p.q, p.k, m, kind, causal, p.scale, p.group)
+        grads = tri.triton_entropy_backward(
+            p.q, p.k, m, kind, causal, p.scale, p.group, h, lse, gh, gl
+        )
+        k, vv = (t.repeat_interleave(p.group, 1) for t in (p.k, v))
+        out = tri.triton_attention(p.q, k, vv, beta, m, kind, causal, p.scale)
+        if m is tmask:
+            first = (h, lse, *grads, out)
+    for a, b in zip(first, (h, lse, *grads, out), strict=True):
+        assert torch.equal(a, b), "the one-row path must give the two-dimensional one's bits"
+
+
 def _child(out_dir: Path) -> None:
     """Run in the child process (TRITON_INTERPRET=1): compute and save every case."""
     from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
@@ -285,6 +315,8 @@ def _child(out_dir: Path) -> None:
             p.q, p.k, tmask, kind, causal, p.scale, p.group, h_tri, lse_tri, gh, gl
         )
         dq2, dk2 = A.entropy_lse_backward(p, h_tri, lse_tri, gh, gl)
+        if case[-1] in ("keys", "key-bias"):
+            _check_key_mask(p, tmask, kind, causal, gh, gl)
         np.savez(
             out_dir / f"entropy-bwd-{case[0]}.npz",
             **{
@@ -470,19 +502,24 @@ def test_parent_process_is_not_interpreting():
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 
 
+def _reference_masks(mask_name: str, mask: torch.Tensor | None):
+    """``(keep, add)`` of the reference: (L, S) arrays (a key mask repeated over the rows)."""
+    if mask_name == "causal":
+        return np.tril(np.ones((L, S), dtype=bool)), None
+    if mask is None:
+        return None, None
+    full = np.broadcast_to(mask.double().numpy() if mask.is_floating_point() else mask.numpy(),
+                           (1, 1, L, S))[0, 0]  # fmt: skip
+    return (full, None) if mask.dtype == torch.bool else (None, full)
+
+
 @pytest.mark.parametrize(("dname", "mask_name", "sname"), list(_cases()))
 def test_kernel_matches_reference(child_outputs, dname, mask_name, sname):
     dtype = DTYPES[dname]
     q, k, v, mask = _inputs(dtype, mask_name)
     out = np.load(child_outputs / f"{dname}-{mask_name}-{sname}.npy")
     qd, kd, vd = (t.double().numpy() for t in (q, k, v))
-    keep = add = None
-    if mask_name == "bool":
-        keep = mask.numpy()
-    elif mask_name == "bias":
-        add = mask.double().numpy()
-    elif mask_name == "causal":
-        keep = np.tril(np.ones((L, S), dtype=bool))
+    keep, add = _reference_masks(mask_name, mask)
     ref = R.adaptive_attention(
         qd, kd, vd, mask=keep if keep is not None and mask_name != "causal" else add,
         is_causal=mask_name == "causal", schedule=SCHEDULES[sname],
@@ -501,13 +538,7 @@ def test_hybrid_matches_reference(child_outputs, dname, mask_name, sname):
     q, k, v, mask = _inputs(dtype, mask_name)
     out = np.load(child_outputs / f"hybrid-{dname}-{mask_name}-{sname}.npy")
     qd, kd, vd = (t.double().numpy() for t in (q, k, v))
-    keep = add = None
-    if mask_name == "bool":
-        keep = mask.numpy()
-    elif mask_name == "bias":
-        add = mask.double().numpy()
-    elif mask_name == "causal":
-        keep = np.tril(np.ones((L, S), dtype=bool))
+    keep, add = _reference_masks(mask_name, mask)
     ref = R.adaptive_attention(
         qd, kd, vd, mask=keep if keep is not None and mask_name != "causal" else add,
         is_causal=mask_name == "causal", schedule=SCHEDULES[sname],
@@ -525,6 +556,8 @@ def _entropy_reference(q, k, mask, causal, group):
     a = scale * np.einsum("bhld,bhsd->bhls", np.abs(qd), np.abs(kd))
     L_, S_ = x.shape[-2:]
     keep = np.ones((L_, S_), dtype=bool)
+    if mask is not None:  # (L, S), a key mask repeated over the rows
+        mask = torch.as_tensor(np.broadcast_to(mask.numpy(), (1, 1, L_, S_))[0, 0].copy())
     if causal:
         keep = np.tril(keep)
     elif mask is not None and mask.dtype == torch.bool:

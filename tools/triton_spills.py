@@ -110,8 +110,12 @@ def _signature(
     return sig, attrs
 
 
-def _compile(name: str, cfg: dict, mask_kind: int, causal: bool, dtype: str, module=None):
-    """Compile kernel `name` of `module` (the package's kernels by default) for sm_90."""
+def _compile(name: str, cfg: dict, mask_kind: int, causal: bool, dtype: str, module=None,
+             mask_rows: bool = True):  # fmt: skip
+    """Compile kernel `name` of `module` (the package's kernels by default) for sm_90.
+
+    ``mask_rows=False``: the mask is one row broadcast over the queries (``MASK_ROWS``).
+    """
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -127,6 +131,8 @@ def _compile(name: str, cfg: dict, mask_kind: int, causal: bool, dtype: str, mod
         consts["ACC"] = triton.language.float32
     if "RAW" in kernel.arg_names:  # as launched with a positive scale
         consts["RAW"] = mask_kind != 2
+    if "MASK_ROWS" in kernel.arg_names:  # a constexpr with a default: the JIT fills it in
+        consts["MASK_ROWS"] = mask_rows
     sig, attrs = _signature(kernel, consts, mask_kind, dtype, cfg["BLOCK_D"],
                             cfg.get("BLOCK_DV", 0))  # fmt: skip
     with warnings.catch_warnings():
@@ -176,7 +182,8 @@ FP32_OPS = ("FADD", "FFMA", "FMUL", "FMNMX", "FSEL", "FSETP")
 
 
 def sass_census(name: str, cfg: dict, mask_kind: int = 0, causal: bool = False,
-                dtype: str = "bfloat16", module=None, compiled=None) -> dict:  # fmt: skip
+                dtype: str = "bfloat16", module=None, compiled=None,
+                mask_rows: bool = True) -> dict:  # fmt: skip
     """Instruction counts of one compiled kernel's SASS, by opcode (static, not executed).
 
     Adds ``total`` (every instruction), ``fp32`` (the :data:`FP32_OPS`), ``wgmma waits``
@@ -185,10 +192,11 @@ def sass_census(name: str, cfg: dict, mask_kind: int = 0, causal: bool = False,
     one is the kernels' steady state), its instruction count and how many of them are
     exponentials (``MUFU``). `module`
     holds the kernel (another revision of ``_triton_attention.py``, say); `compiled`, the
-    kernel already compiled.
+    kernel already compiled; ``mask_rows=False``, the variant for a mask broadcast over
+    the queries.
     """
     if compiled is None:
-        compiled = _compile(name, cfg, mask_kind, causal, dtype, module)
+        compiled = _compile(name, cfg, mask_kind, causal, dtype, module, mask_rows)
     sass = _cuobjdump(compiled, "-sass")
     program = []  # (address, opcode, branch target or None)
     for line in sass.splitlines():
