@@ -41,16 +41,22 @@ def _inputs(dtype, L=40, S=37, D=64, mask_name="none"):
     keep = torch.rand(L, S, generator=g) > 0.5
     keep[3] = False
     keep[0, 0] = True
-    mask = {"none": None, "causal": None, "bool": keep}.get(mask_name)
-    if mask_name == "bias":
-        mask = torch.randn(L, S, generator=g, dtype=torch.float64).to(dtype)
+    if mask_name in ("keys", "key-bias"):  # key padding: one row, query stride 0 (MASK_ROWS)
+        keep = keep[:1].reshape(1, 1, 1, S)
+    mask = {"none": None, "causal": None, "bool": keep, "keys": keep}.get(mask_name)
+    if mask_name in ("bias", "key-bias"):
+        mask = torch.randn(keep.shape, generator=g, dtype=torch.float64).to(dtype)
         mask[~keep] = -math.inf
     return q, k, v, mask
 
 
+#: The masks of the tests: none, causal, per entry, and per key (broadcast over the queries)
+MASKS = ["none", "causal", "bool", "bias", "keys", "key-bias"]
+
+
 @pytest.mark.parametrize("backend", ["auto", "hybrid", "triton", "composition", "chunked"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
+@pytest.mark.parametrize("mask_name", MASKS)
 def test_cuda_matches_reference(backend, dtype, mask_name):
     if backend == "triton":
         pytest.importorskip("triton")
@@ -62,14 +68,15 @@ def test_cuda_matches_reference(backend, dtype, mask_name):
     out = out.cpu().double().numpy()
     qd, kd, vd = (t.double().numpy() for t in (q, k, v))
     keep = add = None
-    if mask_name == "bool":
-        keep = mask.numpy()
-    elif mask_name == "bias":
-        add = mask.double().numpy()
+    shape = (*out.shape[-2:-1], k.shape[-2])  # (L, S): a key mask repeated over the rows
+    if mask_name in ("bool", "keys"):
+        keep = np.broadcast_to(mask.numpy(), (1, 1, *shape))[0, 0]
+    elif mask_name in ("bias", "key-bias"):
+        add = np.broadcast_to(mask.double().numpy(), (1, 1, *shape))[0, 0]
     elif causal:
-        keep = np.tril(np.ones((*out.shape[-2:-1], k.shape[-2]), dtype=bool))
+        keep = np.tril(np.ones(shape, dtype=bool))
     ref = R.adaptive_attention(
-        qd, kd, vd, mask=keep if mask_name == "bool" else add, is_causal=causal
+        qd, kd, vd, mask=keep if mask_name in ("bool", "keys") else add, is_causal=causal
     )
     tol = attention_tolerance(qd, kd, vd, ref, dtype, keep=keep, add=add)
     err = np.abs(out - ref)
@@ -149,7 +156,7 @@ def test_cuda_every_head_dim_runs(head_dim, dtype, mask_name, lengths, gqa):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
+@pytest.mark.parametrize("mask_name", MASKS)
 @pytest.mark.parametrize("gqa", [False, True], ids=["MHA", "GQA"])
 def test_cuda_attention_entropy(dtype, mask_name, gqa):
     """The Triton pass 1 on CUDA: entropy and LSE of the float64 logits (GQA: shared keys)."""
