@@ -269,16 +269,16 @@ def _check_key_mask(p, tmask, kind, causal, gh, gl) -> None:
     assert tri._mask_rows(full, kind)
     v = torch.randn(p.k.shape, generator=torch.Generator().manual_seed(2), dtype=p.k.dtype)
     beta = torch.rand(p.q.shape[:-1], generator=torch.Generator().manual_seed(4)) + 1.0
-    for m in (tmask, full):
+    k, vv = (t.repeat_interleave(p.group, 1) for t in (p.k, v))
+
+    def kernels(m):
         h, lse = tri.triton_entropy(p.q, p.k, m, kind, causal, p.scale, p.group)
         grads = tri.triton_entropy_backward(
             p.q, p.k, m, kind, causal, p.scale, p.group, h, lse, gh, gl
         )
-        k, vv = (t.repeat_interleave(p.group, 1) for t in (p.k, v))
-        out = tri.triton_attention(p.q, k, vv, beta, m, kind, causal, p.scale)
-        if m is tmask:
-            first = (h, lse, *grads, out)
-    for a, b in zip(first, (h, lse, *grads, out), strict=True):
+        return h, lse, *grads, tri.triton_attention(p.q, k, vv, beta, m, kind, causal, p.scale)
+
+    for a, b in zip(kernels(tmask), kernels(full), strict=True):
         assert torch.equal(a, b), "the one-row path must give the two-dimensional one's bits"
 
 

@@ -14,9 +14,9 @@ release (major.minor); ``--write`` replaces the running release's entry and keep
 No GPU is needed: Triton's Linux wheel carries NVIDIA's ``ptxas`` and ``cuobjdump``, so each
 candidate of :func:`softmaxtheory.accelerated._triton_config.configs` (H200 shared memory,
 in its order) is compiled for sm_90 and its cubin's stack usage and SASS read. Each is
-compiled as
-Triton's JIT specializes it for contiguous tensors whose sizes are multiples of 16
-(:data:`MODEL`): unit strides as constants, the other integers marked as multiples of 16.
+compiled as Triton's JIT specializes it for contiguous tensors whose sizes are multiples
+of 16 (:data:`MODEL`): unit strides as constants, the other integers marked as multiples
+of 16.
 For each kernel, head-dim block, mask kind and causal flag whose *first* candidate spills
 at least ``MIN_STACK`` bytes (a heavy spill; a few bytes may cost less than a smaller tile)
 or has its wgmma serialized (:func:`pipelined`), the first candidate that does neither is
