@@ -318,6 +318,8 @@ def prepare(
         lb = max(lb, _log2(_abs_max(add))) + 1.0
     if q4 is not early_q or k4 is not early_k:
         pass1 = None  # computed on operands the scan has since replaced
+    if pass1 is not None and _early_raw_void(scale, add, lb):
+        pass1 = None  # its variant assumed logits the bound now exceeds
     return Prepared(q4, k4, v4, lead, scale, is_causal, keep, add, bias, n_eff, bad,
                     group, False, lb, lq, all(map(math.isfinite, vmax)), pass1)  # fmt: skip
 
@@ -845,7 +847,7 @@ def entropy_lse_grad(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
     """
     if p.q.shape[-1] == 0 or not _fits(p):
         return entropy_lse(p)
-    return _Pass1.apply(p.q, p.k, p, _pass1_triton_ok(p))
+    return _Pass1.apply(p.q, p.k, p, _pass1_triton_ok(p, grad=True))
 
 
 # ---------------------------------------------------------------- hybrid path
@@ -1035,6 +1037,21 @@ def pass1_early(
     return launch
 
 
+def _early_raw_void(scale: float, add: torch.Tensor | None, log2_bound: float) -> bool:
+    """Whether an early pass 1 took the ``RAW`` variant that a bound of `log2_bound` excludes.
+
+    :func:`pass1_early` launches before the operands' bound is known
+    (``Prepared.log2_bound`` is ``-inf`` there), so it takes the variant of
+    small logits; :func:`prepare` drops its result when the bound says the
+    kernel would have scaled each product first.
+    """
+    from . import _triton_attention as tri
+
+    kind = tri.MASK_ADD if add is not None else tri.MASK_NONE
+    early = tri.raw_products(scale, kind, -math.inf)
+    return early and not tri.raw_products(scale, kind, log2_bound)
+
+
 def triton_entropy_lse(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass 1 with the Triton kernel: ``(entropy, lse)`` float32 (B, H, L), no gradient.
 
@@ -1045,7 +1062,9 @@ def triton_entropy_lse(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
 
     kind, mask = _triton_mask(p)
     with torch.no_grad():
-        h, lse = tri.triton_entropy(p.q, p.k, mask, kind, p.is_causal, p.scale, p.group)
+        h, lse = tri.triton_entropy(
+            p.q, p.k, mask, kind, p.is_causal, p.scale, p.group, log2_bound=p.log2_bound
+        )
         upper = torch.log(torch.clamp(compact(p.n_eff), min=1).to(h.dtype))
     return torch.minimum(h, upper), lse
 
@@ -1078,19 +1097,34 @@ def triton_available(device: torch.device) -> bool:
     return True
 
 
+#: Largest log2 of the logits' bound for which pass 1 with a gradient takes the Triton
+#: kernels (see :func:`_pass1_triton_ok`).
+TRITON_GRAD_LOG2_BOUND = 24.0
+
 #: Route float64 through the Triton pass 1 on CUDA too (the CUDA tests' float64 gradchecks of
 #: the kernels; off in normal use, where float64 takes the torch pass 1).
 _TRITON_FLOAT64 = False
 
 
-def _pass1_triton_ok(p: Prepared) -> bool:
-    """Whether the Triton pass 1 (and its backward) takes these inputs.
+def _pass1_triton_ok(p: Prepared, grad: bool = False) -> bool:
+    r"""Whether the Triton pass 1 (and, with `grad`, its backward) takes these inputs.
 
     float16, bfloat16 and float32 on CUDA; float64 too on CPU under
     ``TRITON_INTERPRET=1`` (the kernels' float64 gradient checks) or with
-    :data:`_TRITON_FLOAT64` set.
+    :data:`_TRITON_FLOAT64` set. With `grad`, only logits within
+    :math:`2^{24}` (:data:`TRITON_GRAD_LOG2_BOUND`). The backward kernels
+    recompute each exponent :math:`x_{ij}\log_2 e - \mathrm{LSE}_i\log_2 e` from
+    the products and the stored float32 log-sum-exp: the LSE's rounding, its
+    conversion to base 2 and the scaled logit's own (which the compiler may fuse
+    into the subtraction) each move it by up to about half an ulp of
+    :math:`|x|\log_2 e`, together at most 3.5 at :math:`2^{24}`, so no
+    recomputed :math:`p_{ij}` exceeds :math:`2^4` there; further out they grow
+    as :math:`2^{2^{b - 23}}` and overflow past :math:`b \approx 30`.
+    The torch pass 1 takes larger logits: its backward recomputes the logits
+    as its forward formed them, so :math:`p_{ij} \le 1`.
     """
-    return _pass1_triton_takes(p.q) and _fits(p)
+    ok = _pass1_triton_takes(p.q) and _fits(p)
+    return ok and (not grad or p.log2_bound <= TRITON_GRAD_LOG2_BOUND)
 
 
 def _pass1_triton_takes(q: torch.Tensor) -> bool:

@@ -58,6 +58,8 @@ tensors under ``TRITON_INTERPRET=1``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -68,6 +70,9 @@ __all__ = [
     "MASK_ADD",
     "MASK_BOOL",
     "MASK_NONE",
+    "RAW_LOG2_BOUND",
+    "logit_log2_bound",
+    "raw_products",
     "triton_attention",
     "triton_entropy",
     "triton_entropy_backward",
@@ -77,6 +82,15 @@ __all__ = [
 MASK_NONE = 0
 MASK_BOOL = 1
 MASK_ADD = 2
+
+#: Largest :math:`\log_2` of a bound on :math:`|x_{ij}|` for which pass 1 scales the raw
+#: products in its step (``RAW``, :func:`raw_products`).
+RAW_LOG2_BOUND = 29.0
+
+#: Arguments the JIT compiles as plain integers: the query heads per key head enter the
+#: pass-1 kernels only through one division per program, and a variant per group size
+#: (1, the JIT's constant, or more) would double their compilations for nothing.
+_GROUP = ["group"]
 
 _MASK_BOOL = tl.constexpr(MASK_BOOL)
 _MASK_ADD = tl.constexpr(MASK_ADD)
@@ -358,6 +372,13 @@ def _entropy_step(m_i, s_i, t_i, x, c, MASKED: tl.constexpr, RAW: tl.constexpr):
     :math:`\max_j c\,x_j = c \max_j x_j`, so the row maximum is taken on the
     products and each difference is one fused multiply-add,
     :math:`c\,x_j - m'`, where scaling first costs a multiply per entry more.
+    The maximum's own difference is then not 0 but the rounding error of
+    :math:`m' = \mathrm{fl}(c \max_j x_j)`, up to half an ulp of :math:`m'`, and
+    its exponential overflows once that reaches 128 (:math:`|m'| \ge 2^{31}` in
+    float32). The callers take ``RAW`` only for logits within
+    :math:`2^{29}` (:func:`raw_products`): there :math:`|m'| < 2^{30}`, every
+    difference is at most :math:`2^5` and each exponential at most
+    :math:`2^{32}`; the state stays exact, :math:`\sum_j 2^{c x_j} = 2^{m} s`.
     """
     m_new = tl.maximum(m_i, c * tl.max(x, 1) if RAW else tl.max(x, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -372,7 +393,7 @@ def _entropy_step(m_i, s_i, t_i, x, c, MASKED: tl.constexpr, RAW: tl.constexpr):
     return m_new, s_i, t_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_GROUP)
 def _entropy_kernel(
     Q,
     K,
@@ -484,7 +505,7 @@ def _grad_logits(x, lse2, a, b, MASKED: tl.constexpr):
     return tl.exp2(z) * (a[:, None] - b[:, None] * z)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_GROUP)
 def _entropy_bwd_dq_kernel(
     Q,
     K,
@@ -877,6 +898,31 @@ def _precision(q: torch.Tensor) -> dict[str, object]:
     return {"PRECISION": "ieee" if ieee else "tf32", "UPCAST": upcast}
 
 
+def raw_products(scale: float, mask_kind: int, log2_bound: float) -> bool:
+    r"""Whether pass 1 scales the raw products in its step (``RAW`` of :func:`_entropy_step`).
+
+    It does for a positive scale without an additive mask, where the row
+    maximum of :math:`c\,x_j` is :math:`c \max_j x_j`, and logits within
+    :math:`2^{\mathrm{RAW\_LOG2\_BOUND}}` (`log2_bound` bounds
+    :math:`\log_2 |x_{ij}|`): beyond it the rounding error of the scaled row
+    maximum, which the step's differences keep, could overflow an
+    exponential, and the kernel scales each product first.
+    """
+    return scale > 0 and mask_kind != MASK_ADD and log2_bound <= RAW_LOG2_BOUND
+
+
+def logit_log2_bound(q: torch.Tensor, k: torch.Tensor, scale: float) -> float:
+    r"""A bound on :math:`\log_2 |x_{ij}|`: that of :math:`|\mathrm{scale}| \max|q| \max|k|\, D`.
+
+    The maxima are read from the device (one host sync).
+    """
+    with torch.no_grad():
+        qmax = float(q.abs().amax()) if q.numel() else 0.0
+        kmax = float(k.abs().amax()) if k.numel() else 0.0
+    bound = abs(scale) * qmax * kmax * q.shape[-1]
+    return math.log2(bound) if bound > 0 else -math.inf
+
+
 def _acc(q: torch.Tensor) -> tuple[torch.dtype, object]:
     """The statistics dtype of pass 1: float64 for float64 inputs (interpreter), else float32."""
     if q.dtype == torch.float64:
@@ -893,20 +939,26 @@ def triton_entropy(
     scale: float,
     group: int = 1,
     candidates: dict[str, list[dict]] | None = None,
+    log2_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pass 1: ``(entropy, lse)`` of every query row, shape (B, H, L).
+    r"""Pass 1: ``(entropy, lse)`` of every query row, shape (B, H, L).
 
     float32 (float64 for float64 inputs, which only the interpreter's tests
     send). `q` is (B, H, L, D), `k` (B, H // group, S, D) (expanded views
     allowed); `mask` is (B, H, L, S) (bool or the dtype of `q`, expanded views
     allowed) or None. `candidates` maps ``"_entropy_kernel"`` to the launch
     configurations to try instead of :func:`~._triton_config.configs`' (the
-    benchmark's tile sweep). Raises :class:`~._triton_config.NoConfig` when no
-    launch configuration fits the device.
+    benchmark's tile sweep). `log2_bound` bounds :math:`\log_2` of the
+    logits' magnitude (plus any bias) and selects the kernel's variant
+    (:func:`raw_products`); None reads it from `q` and `k` (one host sync).
+    Raises :class:`~._triton_config.NoConfig` when no launch configuration
+    fits the device.
     """
     B, H, L, D = q.shape
     S = k.shape[-2]
     acc, acc_tl = _acc(q)
+    if log2_bound is None:
+        log2_bound = logit_log2_bound(q, k, scale)
     lse = torch.empty((B, H, L), dtype=acc, device=q.device)
     entropy = torch.empty_like(lse)
     scale_t = torch.full((1,), scale, dtype=acc, device=q.device)
@@ -921,7 +973,8 @@ def triton_entropy(
     )  # fmt: skip
     constexprs = {
         "MASK_KIND": mask_kind, "CAUSAL": bool(is_causal), "ACC": acc_tl, **_precision(q),
-        "RAW": scale > 0 and mask_kind != MASK_ADD, "MASK_ROWS": _mask_rows(mask, mask_kind),
+        "RAW": raw_products(scale, mask_kind, log2_bound),
+        "MASK_ROWS": _mask_rows(mask, mask_kind),
     }  # fmt: skip
     launch(
         _entropy_kernel,

@@ -193,6 +193,40 @@ def test_cuda_attention_entropy(dtype, mask_name, gqa):
     assert torch.all(lse.cpu()[~live] == -math.inf) and torch.all(h.cpu()[~live] == 0)
 
 
+#: Under the interpreter (SOFTMAXTHEORY_TEST_DEVICE=cpu) numpy warns where pass 1, queued
+#: before the scan shows the operands too large for its variant, overflows (its result is
+#: dropped); a GPU computes the same infinities silently.
+EARLY_PASS_ONE_WARNINGS = pytest.mark.filterwarnings(
+    "ignore:(overflow|invalid value) encountered:RuntimeWarning"
+)
+
+
+@EARLY_PASS_ONE_WARNINGS
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("e", [20, 33, 60])
+def test_cuda_pass_one_large_logits(dtype, e):
+    """Logits of magnitude 2**e (ties included) through attention_entropy, with its pass 1
+    queued before the scan and without: the log-sum-exp and entropy of float64 logits.
+    Past 2**29 the kernel scales each product before the row maximum (raw_products)."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, 33, 64, generator=g).to(dtype)
+    k = torch.randn(2, 3, 40, 64, generator=g)
+    k = (torch.cat([k, k[..., :8, :]], dim=-2) * 2.0**e).to(dtype)
+    x = (q.double() / 8) @ k.double().transpose(-1, -2)
+    z = x - x.amax(-1, keepdim=True)
+    s = z.exp().sum(-1)
+    ref_h, ref_lse = s.log() - (z.exp() * z).sum(-1) / s, s.log() + x.amax(-1)
+    tol = 2.0**-18 * 64 * x.abs().amax(-1)  # 64 products of relative error 2**-24 each
+    for grad in (False, True):
+        qd, kd = (t.to(DEVICE).requires_grad_(grad) for t in (q, k))
+        h, lse = attention_entropy(qd, kd)
+        assert torch.all((lse.detach().cpu().double() - ref_lse).abs() <= tol)
+        # rows are one-hot or tied at these sizes; near 2**20 the tie's neighbours count
+        h_tol = 1e-3 if e > 20 else 1e-2
+        assert torch.all((h.detach().cpu().double() - ref_h).abs() <= h_tol)
+
+
+@EARLY_PASS_ONE_WARNINGS
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_cuda_overflow_and_zero_sizes(dtype):
     """The reference's numbers on CUDA: overflowing spreads, and every zero-size dimension."""

@@ -56,12 +56,20 @@ def test_plan_covers_item_seven_within_the_budget(gpu_check, tmp_path, capsys):
 
 
 def test_cuda_tests_run_in_processes_by_cores(gpu_check, monkeypatch):
-    assert gpu_check._workers(16) == ["-n", "8"]
-    assert gpu_check._workers(64) == ["-n", "8"]
-    assert gpu_check._workers(6) == ["-n", "3"]
-    assert gpu_check._workers(2) == []  # too few cores to gain
-    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: None)
-    assert gpu_check._workers(16) == []  # no pytest-xdist: one process
+    assert gpu_check._workers(16, "3.6.1") == ["-n", "14", "--dist", "worksteal"]
+    assert gpu_check._workers(64, "3.2.0") == ["-n", "14", "--dist", "worksteal"]
+    assert gpu_check._workers(6, "3.10.0rc1") == ["-n", "4", "--dist", "worksteal"]
+    assert gpu_check._workers(16, "3.1.0") == ["-n", "14"]  # no work stealing before 3.2
+    assert gpu_check._workers(2, "3.6.1") == []  # too few cores to gain
+    assert gpu_check._workers(16, None) == []  # no pytest-xdist: one process
+    monkeypatch.setattr(gpu_check.importlib.metadata, "version", lambda name: "3.5.0")
+    assert gpu_check._workers(16) == ["-n", "14", "--dist", "worksteal"]
+
+    def absent(name):
+        raise gpu_check.importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(gpu_check.importlib.metadata, "version", absent)
+    assert gpu_check._workers(16) == []
 
 
 def test_cli_dry_run_in_a_subprocess():

@@ -97,6 +97,20 @@ def test_compiled_variant_is_the_jits():
         assert "ld.global.b16" not in ptx, name
 
 
+def test_group_size_is_not_specialized_in_pass_one():
+    """Pass 1 and its dq kernel use the query heads per key head in one division per
+    program, so the JIT compiles it as a plain integer (``do_not_specialize``): MHA and
+    GQA launches share one variant, which cut the CUDA tests' Triton variants from 261 to
+    189 (their bodies run under the interpreter, launches counted). The dk kernel loops
+    over a group's heads and keeps a group of 1 constant. The probe compiles the same."""
+    for name, plain in (("_entropy_kernel", True), ("_entropy_bwd_dq_kernel", True),
+                        ("_entropy_bwd_dk_kernel", False)):  # fmt: skip
+        kernel = getattr(T, name)
+        consts = {"BLOCK_D": 64}
+        sig, _ = spills._signature(kernel, consts, T.MASK_NONE, "bfloat16", 64)
+        assert (sig["group"] == "i32") is plain and ("group" in consts) is not plain, name
+
+
 def test_exponentials_are_bare_ex2():
     """The kernels hold base-2 logits, so every exponential is one ``ex2.approx.ftz.f32``;
     ``tl.exp`` of a float32 would compile to a multiply by log2 e and ``ex2.approx.f32``,

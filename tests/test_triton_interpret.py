@@ -66,6 +66,13 @@ def _cases():
         yield "float32", "causal", sname
 
 
+#: Exponents e of the logits' magnitude 2**e in the large-logit pass-1 checks (RAW up to 2**29)
+LARGE_LOGITS = [20, 28, 33, 60]
+
+#: The same with a gradient: bounds of about 2**(e + 4.7); 2**23.7 still takes the Triton
+#: backward (TRITON_GRAD_LOG2_BOUND = 24), the others the torch pass 1
+GRAD_LOGITS = [8, 19, 22, 60]
+
 #: Pass-1 cases: (name, dtype, H, H_kv, L, S, D, mask) at tiny lengths; odd lengths, every
 #: head dim of issue 13 (16..128 and 96), grouped-query heads.
 ENTROPY_CASES = [
@@ -345,6 +352,7 @@ def _child(out_dir: Path) -> None:
     gh, gl = torch.tensor([[[-5.0, 9.0]]]), torch.tensor([[[0.7, -0.2]]])
     dq, dk = tri.triton_entropy_backward(q, k, None, tri.MASK_NONE, False, 1.0, 1, h, lse, gh, gl)
     np.savez(out_dir / "overflow-bwd.npz", dq=dq.double().numpy(), dk=dk.double().numpy())
+    _child_large_logits(out_dir)
     # causal block skipping with L != S (a query block past the last key, one before it)
     q, k, _, _ = _inputs(torch.float32, "none")
     p = A.prepare(q[..., :, :], k[..., :7, :], None, None, True, None)
@@ -373,6 +381,49 @@ def _child(out_dir: Path) -> None:
             h2 = -(torch.where(ok, p2 * (xm - lse2[..., None]), 0.0)).sum(-1)
             out.append(torch.stack([h.double(), lse.double(), h2, lse2]))
     np.save(out_dir / "scale-sign.npy", torch.stack(out).numpy())
+
+
+def _child_large_logits(out_dir: Path) -> None:
+    """Pass 1 at logits from 2**20 to 2**60 (raw_products), and RAW at the edge of its range."""
+    from softmaxtheory.accelerated import _triton_attention as tri
+    from softmaxtheory.accelerated.torch import attention_entropy
+
+    g = torch.Generator().manual_seed(13)
+    q_big = torch.randn(1, 2, 9, 16, generator=g)
+    k0 = torch.randn(1, 2, 11, 16, generator=g)
+    k0 = torch.cat([k0, k0[..., :4, :]], dim=-2)  # four keys twice: tied maxima too
+    runs = []
+    for e in LARGE_LOGITS:
+        k = k0 * 2.0**e
+        with torch.no_grad():  # attention_entropy queues pass 1 before its scan
+            runs.append([*tri.triton_entropy(q_big, k, None, tri.MASK_NONE, False, 0.25),
+                         *attention_entropy(q_big, k, scale=0.25)])  # fmt: skip
+    grads = []
+    for e in GRAD_LOGITS:  # with a gradient: Triton up to a bound of 2**24, then torch
+        # distinct keys: a tie of logits this large is lost in the float32 LSE itself
+        qg, kg = q_big.clone().requires_grad_(), (k0[..., :11, :] * 2.0**e).requires_grad_()
+        h, lse = attention_entropy(qg, kg, scale=0.25)
+        (h.sum() + 0.3 * lse.sum()).backward()
+        grads.append([qg.grad.double().numpy(), kg.grad.double().numpy()])
+    # RAW with logits just under 2**29, its bound: the scaled row maximum (about 2**29.5)
+    # keeps a rounding error of up to 32 in each difference
+    k = torch.zeros(1, 1, 6, 16)
+    k[0, 0, :, 0] = torch.tensor([0.71, 0.99, 0.52, 0.99, 0.8, 0.71]) * 2.0**29
+    q = torch.ones(1, 1, 3, 16)
+    q[0, 0, 1] = -1.0  # row maximum -0.52 * 2**29
+    q[0, 0, 2] = 2.0**-20  # logits near 2**9: an ordinary row
+    edge = tri.triton_entropy(q, k, None, tri.MASK_NONE, False, 1.0, log2_bound=29.0)
+    np.savez(
+        out_dir / "large-logits.npz",
+        runs=np.array([[t.double().numpy() for t in r] for r in runs]),
+        dq=np.array([g_[0] for g_ in grads]), dk=np.array([g_[1] for g_ in grads]),
+        q=q_big.double().numpy(), k0=k0.double().numpy(),
+        edge=torch.stack(edge).double().numpy(),
+        edge_x=(q[0, 0].double() @ k[0, 0].double().T).numpy(),
+        raw=[tri.raw_products(0.25, tri.MASK_NONE, b) for b in (-math.inf, 29.0, 29.01)]
+        + [tri.raw_products(-0.25, tri.MASK_NONE, 0.0), tri.raw_products(0.25, tri.MASK_ADD, 0.0),
+           tri.raw_products(0.25, tri.MASK_BOOL, 0.0)],
+    )  # fmt: skip
 
 
 def _child_sweep(out_dir: Path) -> None:
@@ -668,6 +719,67 @@ def test_pass_one_backward_overflowing_exponent(child_outputs):
     np.testing.assert_allclose(r["dk"][0, 0, :2, :], np.repeat(dx.sum(0)[:, None], 16, 1),
                                rtol=1e-5, atol=1e-6)  # fmt: skip
     np.testing.assert_array_equal(r["dk"][0, 0, 2], 0.0)
+
+
+def _entropy_lse64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(H, LSE) of float64 rows from differences to the row maximum (exact at any size)."""
+    z = x - x.max(-1, keepdims=True)
+    e = np.exp(z)
+    s = e.sum(-1)
+    return np.log(s) - (e * z).sum(-1) / s, np.log(s) + x.max(-1)
+
+
+@pytest.mark.parametrize("e", LARGE_LOGITS)
+def test_pass_one_large_logits(child_outputs, e):
+    """Logits of magnitude 2**e, ties included, directly and through attention_entropy (whose
+    pass 1, queued before the operands' bound is read, takes the variant of small logits).
+    The scaled row maximum of the raw products keeps a rounding error of up to 2**(e - 24)
+    in every difference; from 2**31 on its exponential overflowed, the log-sum-exp was inf.
+    Beyond 2**29 (raw_products) the kernel scales each product first: float64's values."""
+    r = np.load(child_outputs / "large-logits.npz")
+    x = 0.25 * np.einsum("bhld,bhsd->bhls", r["q"], r["k0"] * 2.0**e)
+    h64, lse64 = _entropy_lse64(x)
+    # float32 logits: 16 products of relative error 2**-24 each, and the log-sum-exp's
+    tol = 2.0**-19 * np.abs(x).max(-1)
+    for h, lse in r["runs"][LARGE_LOGITS.index(e)].reshape(2, 2, *h64.shape):
+        assert np.isfinite(lse).all()
+        np.testing.assert_allclose(lse, lse64, rtol=0, atol=tol.max())
+        np.testing.assert_allclose(h, h64, rtol=0, atol=1e-6 if e <= 20 else 1e-3)
+
+
+@pytest.mark.parametrize("e", GRAD_LOGITS)
+def test_pass_one_gradient_large_logits(child_outputs, e):
+    """Gradients of H + 0.3 LSE through attention_entropy at logits of 2**e (distinct keys),
+    against float64 autograd. The Triton backward recomputes each p from the float32 LSE,
+    whose rounding moves the exponent by up to half an ulp of the logits: at 2**22 (a bound
+    of 2**26.7) it lost two thirds of the gradient, and further out p could overflow, so
+    bounds past 2**24 take the torch pass 1 (TRITON_GRAD_LOG2_BOUND)."""
+    r = np.load(child_outputs / "large-logits.npz")
+    q = torch.tensor(r["q"], requires_grad=True)
+    k = torch.tensor(r["k0"][..., :11, :] * 2.0**e, requires_grad=True)
+    x = 0.25 * q @ k.transpose(-1, -2)
+    m = x.amax(-1, keepdim=True).detach()  # a constant shift: neither H nor LSE moves
+    z = x - m
+    s = z.exp().sum(-1)
+    (s.log() - (z.exp() * z).sum(-1) / s + 0.3 * (s.log() + m[..., 0])).sum().backward()
+    i = GRAD_LOGITS.index(e)
+    for got, ref in ((r["dq"][i], q.grad.numpy()), (r["dk"][i], k.grad.numpy())):
+        assert np.isfinite(got).all()
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        assert err <= 1e-4, err
+
+
+def test_pass_one_raw_at_the_edge_of_its_range(child_outputs):
+    """RAW with |x| < 2**29 = 2**RAW_LOG2_BOUND: differences keep rounding errors of up to 32
+    and exponentials up to 2**32, and the state stays exact (ties: H = log 2); the bound's
+    predicate takes RAW only for a positive scale, no additive mask, logits within it."""
+    r = np.load(child_outputs / "large-logits.npz")
+    h64, lse64 = _entropy_lse64(r["edge_x"])
+    h, lse = r["edge"][:, 0, 0]
+    np.testing.assert_allclose(lse, lse64, rtol=2.0**-22)
+    np.testing.assert_allclose(h, h64, atol=1e-6)
+    np.testing.assert_allclose(h[:2], [math.log(2), 0.0], atol=1e-6)  # 0.99 twice; -0.52 once
+    assert list(r["raw"]) == [True, True, False, False, False, True]
 
 
 def test_pass_one_kernel_every_scale_sign(child_outputs):

@@ -25,7 +25,8 @@ Steps, in this order, each with its own time limit (the limits add up to the bud
     the cases measured (the first shape and its backward come first, the sweep last).
 ``tests``
     ``pytest -m cuda tests`` (the CUDA tests; collection works without the docs extra),
-    in up to 8 processes with pytest-xdist, which compile the Triton kernels at once:
+    in up to 14 processes with pytest-xdist, which compile the Triton kernels at once
+    (a line per test, so a stop at the limit still shows what ran):
     the crash matrix of issue 13 (``test_cuda_every_head_dim_runs``: head dims
     16, 32, 64, 128, 256 x float16, bfloat16, float32 x no mask, causal, boolean,
     additive x L = S, L != S x MHA, GQA, each against the reference), forward + backward
@@ -48,9 +49,10 @@ that exceeds its limit is stopped and counted as failed; later steps still run.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib.metadata
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -79,19 +81,33 @@ def _softmaxtheory(*args: str) -> list[str]:
     return [sys.executable, "-m", "softmaxtheory", *args]
 
 
-def _workers(cpus: int | None = None) -> list[str]:
-    """pytest-xdist options for the CUDA tests: one process per two CPU cores, at most 8.
+def _workers(cpus: int | None = None, xdist: str | None = "") -> list[str]:
+    """pytest-xdist options for the CUDA tests: one process per core but two, at most 14.
 
-    The crash matrix compiles a Triton kernel for each head dim, dtype, mask kind and
-    GQA group; compiling is CPU work, so it runs on several cores at once (the processes
-    share Triton's on-disk cache and the one GPU). Without pytest-xdist, or with fewer
-    than four cores, the tests run in one process.
+    The CUDA tests compile about 190 Triton variants (head dims, dtypes, mask kinds;
+    counted by running their bodies under the interpreter), about 1,000 s of one core
+    on the 2-core development machine by an estimate from timing each kind once
+    (float32 kernels take 5 to 22 s each).
+    Compiling is CPU work, so it runs on every core but two (the processes share
+    Triton's on-disk cache and the one GPU; each runs tiny shapes). With pytest-xdist
+    3.2 or later the processes steal work from each other (``--dist worksteal``), so
+    a process left with the slow float32 compilations does not hold up the step.
+    Without pytest-xdist, or with fewer than four cores, the tests run in one process.
+    `xdist` is the installed version (``""``: look it up; None: not installed).
     """
     if cpus is None:
         cpus = os.cpu_count() or 1
-    if importlib.util.find_spec("xdist") is None or cpus < 4:
+    if xdist == "":
+        try:
+            xdist = importlib.metadata.version("pytest-xdist")
+        except importlib.metadata.PackageNotFoundError:
+            xdist = None
+    if xdist is None or cpus < 4:
         return []
-    return ["-n", str(min(8, cpus // 2))]
+    release = re.match(r"(\d+)\.(\d+)", xdist)
+    new = release is not None and tuple(map(int, release.groups())) >= (3, 2)
+    steal = ["--dist", "worksteal"] if new else []
+    return ["-n", str(min(14, cpus - 2)), *steal]
 
 
 def build_steps(out: Path, write_docs: bool) -> list[Step]:
@@ -106,7 +122,7 @@ def build_steps(out: Path, write_docs: bool) -> list[Step]:
     tests = Step(
         "tests",
         170,
-        [[sys.executable, "-m", "pytest", "-m", "cuda", "tests", "-q",
+        [[sys.executable, "-m", "pytest", "-m", "cuda", "tests", "-v",
           "-p", "no:cacheprovider", "--durations=10", *_workers()]],
     )  # fmt: skip
     conformance = Step("conformance", 80, parallel=True)

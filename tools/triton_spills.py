@@ -76,8 +76,9 @@ def _signature(
 ) -> tuple[dict[str, str], dict]:
     """Argument types and attributes as Triton's JIT specializes the :data:`MODEL` launch.
 
-    The JIT compiles an integer argument equal to 1 (a unit stride) as the constant 1,
-    and marks integers that are multiples of 16, and 16-byte aligned pointers, as such
+    The JIT compiles an integer argument equal to 1 (a unit stride) as the constant 1
+    (unless the kernel lists it in ``do_not_specialize``), and marks integers that are
+    multiples of 16, and 16-byte aligned pointers, as such
     (``tt.divisibility``): that is what lets the tile loads be vectorized and pipelined
     (``cp.async``). Compiling without these (every integer a plain ``i32``) gives another
     kernel: scalar loads and, at D = 64, 184 registers for pass 1 where the launched one
@@ -86,9 +87,12 @@ def _signature(
     elem = "*fp32" if dtype == "float32" else "*bf16"
     ints = _model_ints(kernel, d, dv, mask_kind)
     sig, attrs = {}, {}
-    for i, name in enumerate(kernel.arg_names):
+    for i, (name, param) in enumerate(zip(kernel.arg_names, kernel.params, strict=True)):
         if name in constexprs:
             sig[name] = "constexpr"
+            continue
+        if param.do_not_specialize:  # launched as a plain i32, whatever its value
+            sig[name] = "i32"
             continue
         if name in ints and ints[name] == 1:
             sig[name], constexprs[name] = "constexpr", 1
