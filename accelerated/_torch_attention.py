@@ -56,6 +56,7 @@ __all__ = [
     "entropy_lse",
     "entropy_lse_backward",
     "entropy_lse_grad",
+    "logit_log2_bound",
     "pass1_early",
     "prepare",
     "triton_available",
@@ -120,6 +121,14 @@ def _finite_or_zero(t: torch.Tensor) -> torch.Tensor:
 
 def _log2(x: float) -> float:
     return math.log2(x) if x > 0 else -math.inf
+
+
+def logit_log2_bound(scale: float, qmax: float, kmax: float, d: int) -> float:
+    r"""A bound on :math:`\log_2 |x_{ij}|`: that of :math:`|\mathrm{scale}|\,\max|q|\,\max|k|\,D`.
+
+    A sum of logarithms, so no product overflows.
+    """
+    return _log2(abs(scale)) + _log2(qmax) + _log2(kmax) + _log2(d)
 
 
 def _scan(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -313,13 +322,13 @@ def prepare(
         kmax = _abs_max(k4)
         k4 = _finite_or_zero(k4)
     lq = _log2(qmax)
-    lb = _log2(abs(scale)) + lq + _log2(kmax) + _log2(D)
+    lb = logit_log2_bound(scale, qmax, kmax, D)
     if bias:
         lb = max(lb, _log2(_abs_max(add))) + 1.0
     if q4 is not early_q or k4 is not early_k:
         pass1 = None  # computed on operands the scan has since replaced
-    if pass1 is not None and _early_raw_void(scale, add, lb):
-        pass1 = None  # its variant assumed logits the bound now exceeds
+    if pass1 is not None and lb > _early_log2_bound():
+        pass1 = None  # queued as for small logits (RAW); larger ones take another variant
     return Prepared(q4, k4, v4, lead, scale, is_causal, keep, add, bias, n_eff, bad,
                     group, False, lb, lq, all(map(math.isfinite, vmax)), pass1)  # fmt: skip
 
@@ -1037,19 +1046,18 @@ def pass1_early(
     return launch
 
 
-def _early_raw_void(scale: float, add: torch.Tensor | None, log2_bound: float) -> bool:
-    """Whether an early pass 1 took the ``RAW`` variant that a bound of `log2_bound` excludes.
+def _early_log2_bound() -> float:
+    """The largest logit bound whose pass 1 :func:`pass1_early` may queue unseen.
 
-    :func:`pass1_early` launches before the operands' bound is known
-    (``Prepared.log2_bound`` is ``-inf`` there), so it takes the variant of
-    small logits; :func:`prepare` drops its result when the bound says the
-    kernel would have scaled each product first.
+    It launches before the operands' bound is known (``Prepared.log2_bound``
+    is ``-inf`` there), so the kernel takes the variant of small logits
+    (:func:`~._triton_attention.raw_products`); :func:`prepare` drops the
+    result when the bound is larger (recomputing it where that variant was not
+    in play gives the same values).
     """
     from . import _triton_attention as tri
 
-    kind = tri.MASK_ADD if add is not None else tri.MASK_NONE
-    early = tri.raw_products(scale, kind, -math.inf)
-    return early and not tri.raw_products(scale, kind, log2_bound)
+    return tri.RAW_LOG2_BOUND
 
 
 def triton_entropy_lse(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:

@@ -58,8 +58,6 @@ tensors under ``TRITON_INTERPRET=1``.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -71,7 +69,7 @@ __all__ = [
     "MASK_BOOL",
     "MASK_NONE",
     "RAW_LOG2_BOUND",
-    "logit_log2_bound",
+    "operands_log2_bound",
     "raw_products",
     "triton_attention",
     "triton_entropy",
@@ -911,16 +909,11 @@ def raw_products(scale: float, mask_kind: int, log2_bound: float) -> bool:
     return scale > 0 and mask_kind != MASK_ADD and log2_bound <= RAW_LOG2_BOUND
 
 
-def logit_log2_bound(q: torch.Tensor, k: torch.Tensor, scale: float) -> float:
-    r"""A bound on :math:`\log_2 |x_{ij}|`: that of :math:`|\mathrm{scale}| \max|q| \max|k|\, D`.
+def operands_log2_bound(q: torch.Tensor, k: torch.Tensor, scale: float) -> float:
+    """:func:`~._torch_attention.logit_log2_bound` of `q` and `k` (one device read each)."""
+    from ._torch_attention import _abs_max, logit_log2_bound
 
-    The maxima are read from the device (one host sync).
-    """
-    with torch.no_grad():
-        qmax = float(q.abs().amax()) if q.numel() else 0.0
-        kmax = float(k.abs().amax()) if k.numel() else 0.0
-    bound = abs(scale) * qmax * kmax * q.shape[-1]
-    return math.log2(bound) if bound > 0 else -math.inf
+    return logit_log2_bound(scale, _abs_max(q), _abs_max(k), q.shape[-1])
 
 
 def _acc(q: torch.Tensor) -> tuple[torch.dtype, object]:
@@ -958,7 +951,7 @@ def triton_entropy(
     S = k.shape[-2]
     acc, acc_tl = _acc(q)
     if log2_bound is None:
-        log2_bound = logit_log2_bound(q, k, scale)
+        log2_bound = operands_log2_bound(q, k, scale)
     lse = torch.empty((B, H, L), dtype=acc, device=q.device)
     entropy = torch.empty_like(lse)
     scale_t = torch.full((1,), scale, dtype=acc, device=q.device)
