@@ -57,6 +57,7 @@ __all__ = [
     "entropy_lse_backward",
     "entropy_lse_grad",
     "logit_log2_bound",
+    "operands_log2_bound",
     "pass1_early",
     "prepare",
     "triton_available",
@@ -129,6 +130,11 @@ def logit_log2_bound(scale: float, qmax: float, kmax: float, d: int) -> float:
     A sum of logarithms, so no product overflows.
     """
     return _log2(abs(scale)) + _log2(qmax) + _log2(kmax) + _log2(d)
+
+
+def operands_log2_bound(q: torch.Tensor, k: torch.Tensor, scale: float) -> float:
+    """:func:`logit_log2_bound` of the finite entries of `q` and `k` (one device read each)."""
+    return logit_log2_bound(scale, _abs_max(q), _abs_max(k), q.shape[-1])
 
 
 def _scan(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -69,7 +69,6 @@ __all__ = [
     "MASK_BOOL",
     "MASK_NONE",
     "RAW_LOG2_BOUND",
-    "operands_log2_bound",
     "raw_products",
     "triton_attention",
     "triton_entropy",
@@ -909,13 +908,6 @@ def raw_products(scale: float, mask_kind: int, log2_bound: float) -> bool:
     return scale > 0 and mask_kind != MASK_ADD and log2_bound <= RAW_LOG2_BOUND
 
 
-def operands_log2_bound(q: torch.Tensor, k: torch.Tensor, scale: float) -> float:
-    """:func:`~._torch_attention.logit_log2_bound` of `q` and `k` (one device read each)."""
-    from ._torch_attention import _abs_max, logit_log2_bound
-
-    return logit_log2_bound(scale, _abs_max(q), _abs_max(k), q.shape[-1])
-
-
 def _acc(q: torch.Tensor) -> tuple[torch.dtype, object]:
     """The statistics dtype of pass 1: float64 for float64 inputs (interpreter), else float32."""
     if q.dtype == torch.float64:
@@ -943,7 +935,8 @@ def triton_entropy(
     configurations to try instead of :func:`~._triton_config.configs`' (the
     benchmark's tile sweep). `log2_bound` bounds :math:`\log_2` of the
     logits' magnitude (plus any bias) and selects the kernel's variant
-    (:func:`raw_products`); None reads it from `q` and `k` (one host sync).
+    (:func:`raw_products`); None reads it from `q` and `k` (one host sync,
+    :func:`~._torch_attention.operands_log2_bound`).
     Raises :class:`~._triton_config.NoConfig` when no launch configuration
     fits the device.
     """
@@ -951,6 +944,8 @@ def triton_entropy(
     S = k.shape[-2]
     acc, acc_tl = _acc(q)
     if log2_bound is None:
+        from ._torch_attention import operands_log2_bound
+
         log2_bound = operands_log2_bound(q, k, scale)
     lse = torch.empty((B, H, L), dtype=acc, device=q.device)
     entropy = torch.empty_like(lse)
