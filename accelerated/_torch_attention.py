@@ -197,6 +197,7 @@ def prepare(
     device has work while the host waits; its result is kept as ``Prepared.pass1``
     only if the scan leaves the views as they were (all of `q` and `k` finite).
     """
+    given = [("q", q), ("k", k)] + ([("v", v)] if v is not None else [])
     q = as_float_tensor(q, "q")
     k = as_float_tensor(k, "k")
     named = [("q", q), ("k", k)]
@@ -209,8 +210,12 @@ def prepare(
                 f"{name} must have shape (..., length, features), got {tuple(t.shape)}"
             )
     if len({t.dtype for _, t in named}) != 1:
+        # the dtypes as given: an integer tensor's promotion to float64 is not the user's
+        promoted = any(t.dtype != u.dtype for (_, t), (_, u) in zip(given, named, strict=True))
         raise TypeError(
-            "q, k and v must share a dtype, got " + ", ".join(str(t.dtype) for _, t in named)
+            "q, k and v must share a dtype, got "
+            + ", ".join(str(t.dtype) for _, t in given)
+            + (" (integer tensors count as float64)" if promoted else "")
         )
     if len({t.device for _, t in named}) != 1:
         raise ValueError(

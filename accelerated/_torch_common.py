@@ -37,6 +37,7 @@ __all__ = [
     "beta_from_entropy",
     "broadcast_shapes",
     "compact",
+    "constant_under_compile",
     "entropy_from_stats",
     "mul_pow2",
     "poly_floats",
@@ -182,6 +183,22 @@ def entropy_from_stats(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return torch.clamp(h, min=0.0)
 
 
+def constant_under_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark `fn` as :func:`torch.compiler.assume_constant_result` does, without its import.
+
+    Under :func:`torch.compile`, a call of `fn` is made while tracing and its result
+    becomes a constant of the graph (the host-side functions of a schedule below, so
+    that their exact arithmetic is no graph break). torch's decorator imports
+    ``torch._dynamo`` to set one attribute on `fn`; that import took 3.0 s here, as
+    long as ``import torch`` itself (2.7 s), for every user of this module, most of
+    whom never compile. ``tests/test_torch_robust.py`` checks that torch's decorator
+    still sets exactly this attribute, and that this module's import leaves Dynamo
+    unloaded.
+    """
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
 def _memo(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Memoize a host-side function of a schedule (parsing its exact parameters is slow).
 
@@ -200,21 +217,21 @@ def _memo(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-@torch.compiler.assume_constant_result
+@constant_under_compile
 @_memo
 def poly_floats(schedule: Polynomial) -> tuple[tuple[float, ...], float]:
     """The polynomial's coefficients and threshold as floats (constants under ``torch.compile``)."""
     return tuple(float(c) for c in schedule.exact_coefficients), float(schedule.exact_threshold)
 
 
-@torch.compiler.assume_constant_result
+@constant_under_compile
 @_memo
 def _schedule_float(schedule: Schedule, name: str) -> float:
     """A float parameter of a schedule (a constant under ``torch.compile``)."""
     return float(getattr(schedule, name))
 
 
-@torch.compiler.assume_constant_result
+@constant_under_compile
 @_memo
 def beta_bound(schedule: Schedule, n_max: int) -> float | None:
     r"""An upper bound of β over all rows of at most `n_max` unmasked items, on the host.

@@ -68,6 +68,12 @@ def test_usage_errors(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["bench", "--tiles"])  # the sweep times GPU kernels: not on the CPU
     assert "--tiles times the Triton kernels: it needs --device cuda" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--device", "cuda", "--repeat", "0"])
+    assert "--repeat must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # CPU options are refused, not ignored, on a device
+        main(["bench", "--device", "cuda", "--dtype", "float32", "--threads", "2"])
+    assert "--dtype, --threads: CPU benchmark options" in capsys.readouterr().err
 
 
 def test_device_timer_reports_device_and_host_time(monkeypatch) -> None:
@@ -253,11 +259,11 @@ out["rows"] = len(rows)
 out["seen"] = seen
 # the benchmark's step: the sweep of every kernel, saved after each
 from softmaxtheory.bench import torch as bt
-bt.SHAPES, bt.BACKWARD_SHAPES = ((1, 2, 40, 24, 16),), ((1, 2, 24, 40, 16),)
 tiles.candidates = lambda kernel, d, dtype: cfgs
 bt._time = lambda fn, repeat, torch: (fn(), 0.5, 0, 0.5, 0.1)[1:]
 found, saves = {}, []
-bt._tile_sweep(torch, "cpu", True, found, lambda: saves.append(len(found.get("rows", []))))
+bt._tile_sweep(torch, "cpu", True, found, (1, 2, 40, 24, 16), (1, 2, 24, 40, 16),
+               lambda: saves.append(len(found.get("rows", []))))
 out["step"] = [found["repeat"], [r["seconds"] for r in found["rows"]], saves]
 print(json.dumps(out))
 """
@@ -276,3 +282,212 @@ print(json.dumps(out))
     assert set(out) == set(__import__("softmaxtheory.bench.tiles").bench.tiles.KERNELS)
     for name, diff in out.items():
         assert diff <= 1e-5, name
+
+
+def _stand_in_for_cuda(monkeypatch, torch) -> None:
+    """``torch.cuda``'s timing and memory calls, on the CPU: events read the host clock."""
+    import time
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.at = 0.0
+
+        def record(self) -> None:
+            self.at = time.perf_counter()
+
+        def elapsed_time(self, other: Event) -> float:  # milliseconds, as CUDA's events
+            return (other.at - self.at) * 1e3
+
+    for name, value in {
+        "Event": Event, "synchronize": lambda: None, "reset_peak_memory_stats": lambda: None,
+        "memory_allocated": lambda: 0, "max_memory_allocated": lambda: 0,
+        "get_device_name": lambda: "stand-in", "empty_cache": lambda: None,
+    }.items():  # fmt: skip
+        monkeypatch.setattr(torch.cuda, name, value)
+
+
+def test_device_run_records_every_case_and_each_failure_alone(monkeypatch, tmp_path) -> None:
+    """The GPU benchmark's whole run, on CPU tensors with a stand-in for ``torch.cuda``'s
+    timers: every forward case (``auto``, composition, ``attention_entropy`` against
+    SDPA) and every forward + backward case is timed at each shape, the JSON written to
+    `output` is the document returned, and a case that fails (here the Triton backend,
+    which refuses CPU tensors outside the interpreter) is recorded with its error while
+    the cases after it still run. The text report shows each ratio to SDPA and the error."""
+    torch = pytest.importorskip("torch")
+    from softmaxtheory.bench import torch as bench_torch
+
+    _stand_in_for_cuda(monkeypatch, torch)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(bench_torch, "_have_triton", lambda: True)  # the backend is tried
+    path = tmp_path / "run.json"
+    forward, backward = ((1, 2, 40, 24, 16),), ((1, 2, 24, 40, 16),)
+    doc = bench_torch.measure(torch, "cpu", forward, backward, 2, output=str(path))
+    assert json.loads(path.read_text()) == doc
+    assert doc["complete"] and doc["device"] == "stand-in" and doc["repeat"] == 2
+    assert [(r["shape"], r["causal"]) for r in doc["rows"]] == [
+        ([1, 2, 40, 24, 16], False), ([1, 2, 40, 24, 16], True)]  # fmt: skip
+    assert [(r["shape"], r["causal"]) for r in doc["backward_rows"]] == [
+        ([1, 2, 24, 40, 16], False), ([1, 2, 24, 40, 16], True)]  # fmt: skip
+    timed = ("seconds", "peak_bytes", "best_seconds", "host_seconds")
+    for row in doc["rows"]:
+        for name in ("sdpa", "auto", "composition", "attention_entropy"):
+            assert sorted(row[name]) == sorted(timed) and row[name]["seconds"] > 0, name
+        assert "TRITON_INTERPRET" in row["triton"]["error"]  # recorded, and the row went on
+        assert row["breakdown"]["auto"]["total_us"] > 0
+    for row in doc["backward_rows"]:
+        for name in ("sdpa_fwd_bwd", "auto_fwd_bwd", "auto_fwd_bwd_detached"):
+            assert row[name]["seconds"] > 0, name
+    lines = bench_torch.format_run(doc)
+    assert lines[0].startswith("device: stand-in, torch ") and "median of 2" in lines[0]
+    sdpa = [ln for ln in lines if " sdpa " in ln]
+    assert len(sdpa) == 2 and all(ln.split()[4] == "1.00" for ln in sdpa)  # SDPA against itself
+    assert sum("triton" in ln and "TRITON_INTERPRET" in ln for ln in lines) == 2
+    assert sum(" auto_fwd_bwd_detached " in ln for ln in lines) == 2
+    assert sum("auto kernels:" in ln for ln in lines) == 2
+
+
+def test_device_run_keeps_a_row_whose_inputs_fail(monkeypatch) -> None:
+    """A row whose tensors cannot be made (as out of memory would) holds its error; the
+    rows after it are measured, and the report prints the error in the row's place."""
+    torch = pytest.importorskip("torch")
+    from softmaxtheory.bench import torch as bench_torch
+
+    _stand_in_for_cuda(monkeypatch, torch)
+    real = torch.randn
+
+    def randn(*size, **kwargs):
+        if size[3] == 8:  # the first shape's D
+            raise torch.cuda.OutOfMemoryError("no room for D = 8")
+        return real(*size, **kwargs)
+
+    monkeypatch.setattr(torch, "randn", randn)
+    doc = bench_torch.measure(torch, "cpu", ((1, 1, 24, 8, 8), (1, 1, 8, 24, 16)), (), 1)
+    first, second = doc["rows"][:2], doc["rows"][2:]
+    assert all(r["error"] == "out of memory: no room for D = 8" for r in first)
+    assert all("error" not in r and r["auto"]["seconds"] > 0 for r in second)
+    lines = bench_torch.format_run(doc)
+    assert sum(ln.startswith("1,1,24,8,8") and ln.endswith("no room for D = 8")
+               for ln in lines) == 2  # fmt: skip
+
+
+def _gpu_report():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "_ext" / "gpu_report.py"
+    spec = importlib.util.spec_from_file_location("gpu_report", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rst_problems(text: str) -> list[str]:
+    """docutils' messages (warnings and errors) on `text`."""
+    import io
+
+    from docutils.core import publish_doctree
+
+    stream = io.StringIO()
+    publish_doctree(text, settings_overrides={"warning_stream": stream, "report_level": 2})
+    return [line for line in stream.getvalue().splitlines() if line.strip()]
+
+
+def test_docs_report_of_a_device_run(monkeypatch, tmp_path) -> None:
+    """The docs' section on the GPU run (``docs/_ext/gpu_report.py``) reads the JSON that
+    the benchmark writes: here a whole run on CPU tensors with a stand-in for CUDA's
+    timers. Its reST parses cleanly; the forward table has a row per measured row with
+    the ratios to SDPA computed from the JSON; the failed Triton case is named; each
+    target gives the worst ratio of its cases and whether it is met."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("docutils")
+    from softmaxtheory.bench import torch as bench_torch
+
+    gpu_report = _gpu_report()
+    _stand_in_for_cuda(monkeypatch, torch)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(bench_torch, "_have_triton", lambda: True)
+    path = tmp_path / "bench_cuda_h200.json"
+    doc = bench_torch.measure(torch, "cpu", ((1, 2, 40, 24, 16),), ((1, 2, 24, 40, 16),), 1,
+                              output=str(path))  # fmt: skip
+    # a real device's peak memory is never 0: give SDPA and auto a peak each
+    for row in doc["rows"]:
+        row["sdpa"]["peak_bytes"], row["auto"]["peak_bytes"] = 1000, 1200
+    for row in doc["backward_rows"]:
+        row["sdpa_fwd_bwd"]["peak_bytes"], row["auto_fwd_bwd"]["peak_bytes"] = 1000, 2000
+    path.write_text(json.dumps(doc))
+    text = gpu_report.report(path)
+    assert _rst_problems(text) == [], text
+    assert "stand-in, torch" in text and f"the median of {doc['repeat']} timed" in text
+    for row in doc["rows"]:
+        auto = row["auto"]["seconds"] / row["sdpa"]["seconds"]
+        assert f"     - {auto:.2f}×\n" in text
+    assert text.count("``triton``: ``ValueError: backend='triton' needs a CUDA tensor") == 2
+    assert "     - 1.20×\n" in text and "     - 2.00×\n" in text  # the peak ratios
+    worst = max(r["auto"]["seconds"] / r["sdpa"]["seconds"] for r in doc["rows"])
+    verdict = "met" if worst <= 1.6 else "not met"
+    assert f"at most 1.6× SDPA; worst {worst:.2f}× — {verdict}." in text
+    assert "at most 1.5× SDPA; worst 2.00× — not met." in text  # memory: 1.2 and 2.0
+    forward_only = gpu_report.report(path, ("forward",))
+    assert forward_only.startswith(".. list-table:: Forward") and "backward" not in forward_only
+    with pytest.raises(ValueError, match="unknown parts"):
+        gpu_report.report(path, ("forward", "plots"))
+
+
+def test_docs_report_without_a_run_says_so(tmp_path) -> None:
+    pytest.importorskip("docutils")
+    gpu_report = _gpu_report()
+    text = gpu_report.report(tmp_path / "bench_cuda_h200.json")
+    assert text.startswith("No GPU run of the current kernels is recorded yet.")
+    assert "python tools/gpu_check.py --write-docs" in text and _rst_problems(text) == []
+
+
+def test_docs_report_of_a_run_stopped_early(tmp_path) -> None:
+    """A run stopped at its time limit (``complete`` false, the backward rows and a forward
+    case missing): the report says it stopped, and the targets count what was measured."""
+    pytest.importorskip("docutils")
+    gpu_report = _gpu_report()
+
+    def case(ms: float, peak: int = 100) -> dict:
+        return {"seconds": ms / 1e3, "peak_bytes": peak, "best_seconds": ms / 1e3,
+                "host_seconds": 1e-4}  # fmt: skip
+
+    row = {"shape": [8, 16, 4096, 4096, 64], "dtype": "bfloat16", "pass": "forward"}
+    doc = {
+        "device": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0", "cuda": "13.0",
+        "repeat": 50, "statistic": "median", "date": "2026-12-01T10:00:00Z",
+        "complete": False, "backward_rows": [],
+        "rows": [
+            {**row, "causal": False, "sdpa": case(1.0), "auto": case(1.25, 120),
+             "composition": case(3.0), "attention_entropy": case(0.5), "triton": case(2.0)},
+            {**row, "causal": True, "sdpa": case(0.5), "auto": {"error": "OutOfResources: x"}},
+            {**row, "shape": [1, 1, 8, 8, 8], "causal": False,
+             "error": "RuntimeError: two\nlines with ``quotes``"},
+        ],
+        "tiles": {"repeat": 10, "rows": [
+            {"kernel": "entropy_kernel", "shape": [8, 16, 4096, 4096, 64], "first": True,
+             "config": [128, 64, 4, 2], "seconds": 2e-3},
+            {"kernel": "entropy_kernel", "shape": [8, 16, 4096, 4096, 64], "first": False,
+             "config": [64, 64, 4, 2], "seconds": 1e-3},
+            {"kernel": "entropy_bwd_dq_kernel", "shape": [4, 16, 4096, 4096, 64],
+             "first": True, "config": [64, 64, 4, 2], "error": "refused: too much"},
+        ]},
+    }  # fmt: skip
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(doc))
+    text = gpu_report.report(path)
+    assert _rst_problems(text) == [], text
+    assert "on 2026-12-01 (UTC): NVIDIA H200, torch 2.11.0, Triton 3.6.0, CUDA 13.0" in text
+    assert "The run stopped before its end" in text
+    assert "worst 1.25× — met over the 1 of 3 cases measured." in text
+    assert "- forward + backward, β attached: at most 2.2× SDPA; not measured." in text
+    assert "worst 0.50× — met over the 1 of 3 cases measured." in text  # attention_entropy
+    assert "(8, 16, 4096, 4096, 64), causal, ``auto``: ``OutOfResources: x``" in text
+    # the causal row: auto failed (time and peak), the cases after it were not timed;
+    # the last row failed whole (SDPA and five ratios)
+    assert text.count("     - failed\n") == 2 + 6 and text.count("     - –\n") == 3
+    # a whole row's error, on one line and without the double backquote of reST literals
+    assert "- (1, 1, 8, 8, 8), not causal: ``RuntimeError: two lines with 'quotes'``" in text
+    assert "the median of 10 calls of each launch configuration" in text
+    assert ("- ``entropy_kernel: fastest (64, 64, 4, 2) 1.000 ms of 2; launched (128, 64, 4, 2)"
+            " 2.000 ms (2.00x)`` at (8, 16, 4096, 4096, 64)") in text  # fmt: skip
+    assert "- ``entropy_bwd_dq_kernel: no configuration ran`` at (4, 16, 4096, 4096, 64)" in text

@@ -170,6 +170,17 @@ def test_input_errors(kwargs, exc, word):
         adaptive_attention(**args)
 
 
+def test_dtype_error_names_the_dtypes_given():
+    # an integer q counts as float64 (the spec); the error names int32, not float64
+    q, k, v = _qkv(torch.float32)
+    with pytest.raises(TypeError, match=r"got torch\.int32, torch\.float32, torch\.float32 \("):
+        adaptive_attention(q.to(torch.int32), k, v)
+    with pytest.raises(TypeError, match=r"got torch\.float64, torch\.float32, torch\.float32$"):
+        adaptive_attention(q.double(), k, v)
+    out = adaptive_attention(q.round().to(torch.int32), k.double(), v.double())
+    assert out.dtype == torch.float64
+
+
 def test_triton_backend_refuses_cpu_without_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     q, k, v = _qkv(torch.float32)

@@ -199,6 +199,47 @@ def test_module_compiles_in_one_graph(schedule):
     torch.testing.assert_close(compiled(x), module(x), rtol=0, atol=0)
 
 
+def test_constants_are_marked_as_torchs_decorator_marks_them():
+    """The schedule's host-side helpers are marked for ``torch.compile`` without importing
+    Dynamo; torch's own decorator must still mark a function by exactly that attribute
+    (if a torch release changes it, this fails before the compile tests do)."""
+    from softmaxtheory.accelerated import _torch_common
+
+    def theirs():
+        return 1
+
+    def ours():
+        return 1
+
+    torch.compiler.assume_constant_result(theirs)
+    _torch_common.constant_under_compile(ours)
+    assert vars(theirs) == vars(ours) == {"_dynamo_marked_constant": True}
+    for fn in (_torch_common.poly_floats, _torch_common.beta_bound):
+        assert fn._dynamo_marked_constant is True
+
+
+def test_import_and_first_calls_leave_dynamo_unloaded():
+    """``torch._dynamo`` takes as long to import as torch itself; the torch path neither
+    imports it nor Triton on CPU (a fresh process)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "import softmaxtheory.accelerated.torch as T\n"
+        "q = torch.randn(2, 3, 5, 4, requires_grad=True)\n"
+        "T.adaptive_attention(q, q, q).sum().backward()\n"
+        "T.attention_entropy(q, q)[0].sum().backward()\n"
+        "T.adaptive_softmax(q).sum().backward()\n"
+        "print(sorted(m for m in ('torch._dynamo', 'triton') if m in sys.modules))\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=env, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["[]"]
+
+
 def test_compiled_module_gradients():
     torch._dynamo.reset()
     module = AdaptiveSoftmax()

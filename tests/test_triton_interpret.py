@@ -2,10 +2,10 @@
 
 Triton reads ``TRITON_INTERPRET`` when a kernel is defined, and the torch path
 takes the Triton kernel for CPU tensors only while it is set; so that the rest
-of the suite is not affected, the kernels run in a child process (this file
-executed as a script, with the variable set before triton is imported), which
-saves inputs and outputs; the tests here compare them with the certified
-reference under the derived tolerances.
+of the suite is not affected, the kernels run in two child processes (this file
+executed as a script, with the variable set before triton is imported, one per
+half of the cases, once per test run), which save inputs and outputs; the tests
+here compare them with the certified reference under the derived tolerances.
 """
 
 from __future__ import annotations
@@ -289,8 +289,27 @@ def _check_key_mask(p, tmask, kind, causal, gh, gl) -> None:
         assert torch.equal(a, b), "the one-row path must give the two-dimensional one's bits"
 
 
-def _child(out_dir: Path) -> None:
-    """Run in the child process (TRITON_INTERPRET=1): compute and save every case."""
+def _child(out_dir: Path, part: str) -> None:
+    """Run in a child process (TRITON_INTERPRET=1): compute and save one part's cases.
+
+    The two parts take about the same time (38 s and 41 s, each process alone on the
+    2-core development machine), and run at once, in two processes: together 42 s.
+    """
+    if part == "kernels":
+        _child_kernels(out_dir)
+        _child_dead_rows(out_dir)
+    elif part == "rest":
+        _child_beta(out_dir)
+        _child_sweep(out_dir)
+        _child_gradcheck(out_dir)
+        _child_memory(out_dir)
+        _child_edges(out_dir)
+    else:
+        raise SystemExit(f"unknown part {part!r}")
+
+
+def _child_kernels(out_dir: Path) -> None:
+    """Every case of the forward kernels and of attention_entropy and its backward."""
     from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
     from softmaxtheory.accelerated import _triton_attention as tri
     from softmaxtheory.accelerated.torch import adaptive_attention, attention_entropy
@@ -331,11 +350,13 @@ def _child(out_dir: Path) -> None:
                 for n, t in (("dq", dq), ("dk", dk), ("dq2", dq2), ("dk2", dk2))
             },
         )
-    _child_dead_rows(out_dir)
-    _child_beta(out_dir)
-    _child_sweep(out_dir)
-    _child_gradcheck(out_dir)
-    _child_memory(out_dir)
+
+
+def _child_edges(out_dir: Path) -> None:
+    """Overflow, large logits, causal block skipping, and the scale's sign."""
+    from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
+    from softmaxtheory.accelerated import _triton_attention as tri
+
     # the kernel itself at the edge of the callers' overflow guard (|x| <= 2**125): a row
     # whose base-2 spread, 2**126.5, is near the float maximum (no clamp in the kernels)
     q = torch.ones(1, 1, 1, 16)
@@ -532,20 +553,61 @@ def _child_memory(out_dir: Path) -> None:
     (out_dir / "memory.json").write_text(json.dumps(results))
 
 
+def _run_children(out_dir: Path) -> str:
+    """Run the two parts of the child at once; return "" or their failures' output."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = Path(__file__).parent.parent  # the checkout, where ``tests`` is a package
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.test_triton_interpret", str(out_dir), part],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=root,
+        )
+        for part in ("kernels", "rest")
+    ]
+    failures = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        if proc.returncode != 0:
+            failures.append(f"$ {' '.join(proc.args[-2:])} (exit {proc.returncode})\n{out}")
+    return "\n".join(failures)
+
+
 @pytest.fixture(scope="module")
 def child_outputs(tmp_path_factory) -> Path:
-    out_dir = tmp_path_factory.mktemp("triton_interpret")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    res = subprocess.run(
-        [sys.executable, "-m", "tests.test_triton_interpret", str(out_dir)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        cwd=Path(__file__).parent.parent,  # the checkout, where ``tests`` is a package
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
+    """The children's outputs, computed once per test run.
+
+    Under pytest-xdist every worker that runs a test of this file asks for them; the
+    first computes them in the run's shared temporary folder while the others wait on
+    a file lock, instead of each worker running the children again (a minute of CPU
+    each). Without ``fcntl`` (Windows), each worker runs its own.
+    """
+    base = tmp_path_factory.getbasetemp()
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    if fcntl is None or not os.environ.get("PYTEST_XDIST_WORKER"):
+        out_dir = tmp_path_factory.mktemp("triton_interpret")
+        failure = _run_children(out_dir)
+        assert not failure, failure
+        return out_dir
+    out_dir = base.parent / "triton_interpret"  # the run's folder, shared by the workers
+    with open(base.parent / "triton_interpret.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        done, failed = out_dir / "done", out_dir / "failed"
+        if not (done.exists() or failed.exists()):
+            out_dir.mkdir(exist_ok=True)
+            failure = _run_children(out_dir)
+            (failed if failure else done).write_text(failure)
+    assert not failed.exists(), failed.read_text()
     return out_dir
 
 
@@ -885,7 +947,7 @@ def test_gradcheck_through_the_kernels(child_outputs, name):
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run with TRITON_INTERPRET=1")
-    _child(Path(sys.argv[1]))
+    _child(Path(sys.argv[1]), sys.argv[2])
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

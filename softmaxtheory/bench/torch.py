@@ -13,7 +13,9 @@ returns (queueing its kernels, and any wait for a value read back): where it
 exceeds the device time, the GPU idles. For the adaptive path (``auto``, and
 ``auto_fwd_bwd``) one profiled call gives ``breakdown``, its kernels by
 device time. With ``--tiles``, :mod:`softmaxtheory.bench.tiles` then times every
-launch configuration of the pass-1 kernels (``tiles``).
+launch configuration of the pass-1 kernels (``tiles``). ``--quick`` runs every case
+at one small shape (``QUICK_SHAPES``), a smoke run of the whole benchmark in
+seconds. A case that fails is recorded with its error and the run goes on.
 """
 
 from __future__ import annotations
@@ -26,7 +28,16 @@ from typing import Any
 
 from . import save_json
 
-__all__ = ["SHAPES", "breakdown", "plan_cases", "run_device"]
+__all__ = [
+    "BACKWARD_SHAPES",
+    "QUICK_SHAPES",
+    "SHAPES",
+    "breakdown",
+    "format_run",
+    "measure",
+    "plan_cases",
+    "run_device",
+]
 
 #: (B, H, L, S, D) cases, bfloat16 (D = 128 at 8192 included).
 SHAPES: tuple[tuple[int, int, int, int, int], ...] = (
@@ -38,7 +49,10 @@ SHAPES: tuple[tuple[int, int, int, int, int], ...] = (
 #: Forward + backward is timed at this shape.
 BACKWARD_SHAPES: tuple[tuple[int, int, int, int, int], ...] = ((4, 16, 4096, 4096, 64),)
 
-#: Default number of timed calls per case on a device.
+#: ``--quick``: every case, forward and forward + backward, at one small shape.
+QUICK_SHAPES: tuple[tuple[int, int, int, int, int], ...] = ((1, 2, 256, 256, 64),)
+
+#: Default number of timed calls per case on a device (``--quick``: 5).
 DEFAULT_REPEAT = 50
 
 #: Timed calls per configuration of the tile sweep.
@@ -142,21 +156,23 @@ def _backward_cases(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> dict:
     }
 
 
-def plan_cases(shapes: tuple[tuple[int, int, int, int, int], ...]) -> list[tuple]:
+def plan_cases(
+    shapes: tuple[tuple[int, int, int, int, int], ...],
+    backward_shapes: tuple[tuple[int, int, int, int, int], ...] = BACKWARD_SHAPES,
+) -> list[tuple]:
     """The order of the cases: most wanted first, so a run stopped early has them.
 
     Each shape forward, without and with the causal mask; forward + backward at
-    ``BACKWARD_SHAPES`` comes right after the first shape. Items are
+    `backward_shapes` comes right after the first shape. Items are
     ``(shape, causal)`` or ``(shape, causal, "backward")``.
     """
+    back = [(b, c, "backward") for b in backward_shapes for c in (False, True)]
     plan: list[tuple] = []
     for i, shape in enumerate(shapes):
         plan += [(shape, False), (shape, True)]
         if i == 0:
-            plan += [(b, c, "backward") for b in BACKWARD_SHAPES for c in (False, True)]
-    if not shapes:
-        plan += [(b, c, "backward") for b in BACKWARD_SHAPES for c in (False, True)]
-    return plan
+            plan += back
+    return plan if shapes else back
 
 
 def _version(name: str) -> str | None:
@@ -177,7 +193,11 @@ def _utc_now() -> str:
 def run_device(args: Any) -> int:
     """Run the GPU benchmark for ``args.device``; print a table (or JSON with ``args.json``)."""
     device = str(getattr(args, "device", "cuda"))
-    repeat = max(1, int(getattr(args, "repeat", None) or DEFAULT_REPEAT))
+    quick = bool(getattr(args, "quick", False))
+    repeat = int(getattr(args, "repeat", None) or (5 if quick else DEFAULT_REPEAT))
+    if repeat < 1:
+        print(f"error: --repeat must be >= 1, got {repeat}", file=sys.stderr)
+        return 2
     try:
         import torch
     except ImportError:
@@ -188,15 +208,72 @@ def run_device(args: Any) -> int:
         msg = f"error: --device {device}: no CUDA device is available here"
         print(f"{msg} (torch {torch.__version__}, cuda {torch.version.cuda})", file=sys.stderr)
         return 2
+    shapes = getattr(args, "shapes", None) or (QUICK_SHAPES if quick else SHAPES)
+    backward = getattr(args, "backward_shapes", None) or (
+        QUICK_SHAPES if quick else BACKWARD_SHAPES
+    )
+    doc = measure(
+        torch, device, shapes, backward, repeat,
+        tiles=bool(getattr(args, "tiles", False)), output=getattr(args, "output", None),
+    )  # fmt: skip
+    if getattr(args, "json", False):
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print("\n".join(format_run(doc)))
+    return 0
+
+
+def _have_triton() -> bool:
     try:
         import triton  # noqa: F401
-
-        have_triton = True
     except ImportError:
-        have_triton = False
+        return False
+    return True
+
+
+def measure(
+    torch: Any,
+    device: str,
+    shapes: tuple[tuple[int, int, int, int, int], ...],
+    backward_shapes: tuple[tuple[int, int, int, int, int], ...],
+    repeat: int,
+    *,
+    tiles: bool = False,
+    output: str | None = None,
+) -> dict[str, Any]:
+    """Time every case of :func:`plan_cases` on `device`; return the run's document.
+
+    Parameters
+    ----------
+    torch : module
+        The torch module (timing uses ``torch.cuda``'s events and memory counters).
+    device : str
+        Where the bfloat16 inputs are made (``"cuda"``, ``"cuda:1"``).
+    shapes, backward_shapes : tuple of tuple of int
+        The forward cases' shapes and the forward + backward cases' shapes, each
+        (B, H, L, S, D).
+    repeat : int
+        Timed calls per case, after one warm-up call and one call for the peak memory.
+    tiles : bool, optional
+        Then run the tile sweep at ``shapes[0]`` and ``backward_shapes[0]``.
+    output : str, optional
+        A path the document is written to after every row (``complete`` false until
+        the end), so that a run stopped early keeps what it measured.
+
+    Returns
+    -------
+    dict
+        The machine (``device``, ``torch``, ``triton``, ``cuda``), ``date``,
+        ``repeat``, ``statistic``, ``complete``, ``rows`` (forward),
+        ``backward_rows`` and, with `tiles`, ``tiles``. Each row holds its
+        ``shape``, ``dtype``, ``causal`` and ``pass`` and, per case, either
+        ``seconds``, ``peak_bytes``, ``best_seconds`` and ``host_seconds`` or an
+        ``error``; a row whose inputs could not be made holds only an ``error``.
+    """
+    have_triton = _have_triton()
     rows: list[dict[str, Any]] = []
-    tiles: dict[str, Any] = {}
-    output = getattr(args, "output", None)
+    sweep: dict[str, Any] = {}
 
     def document(complete: bool) -> dict[str, Any]:
         return {
@@ -205,92 +282,130 @@ def run_device(args: Any) -> int:
             "statistic": "median", "date": _utc_now(), "complete": complete,
             "rows": [r for r in rows if r["pass"] == "forward"],
             "backward_rows": [r for r in rows if r["pass"] != "forward"],
-            **({"tiles": tiles} if tiles else {}),
+            **({"tiles": sweep} if sweep else {}),
         }  # fmt: skip
 
-    for item in plan_cases(getattr(args, "shapes", None) or SHAPES):
+    for item in plan_cases(shapes, backward_shapes):
         (B, H, L, S, D), causal = item[0], item[1]
-        backward = len(item) == 3
-        g = torch.Generator(device=device).manual_seed(0)
-        q, k, v = (
-            torch.randn(B, H, n, D, device=device, dtype=torch.bfloat16, generator=g)
-            for n in (L, S, S)
-        )
+        is_backward = len(item) == 3
         res: dict[str, Any] = {
             "shape": [B, H, L, S, D], "dtype": "bfloat16", "causal": causal,
-            "pass": "forward+backward" if backward else "forward",
+            "pass": "forward+backward" if is_backward else "forward",
         }  # fmt: skip
         try:
-            if backward:
-                cases = _backward_cases(torch, q, k, v, causal)
-                ctx = torch.enable_grad()
-            else:
-                cases = _forward_cases(torch, q, k, v, causal, have_triton)
-                ctx = torch.no_grad()
-            with ctx:
-                for name, fn in cases.items():
-                    print(f"timing {name} at {(B, H, L, S, D)} causal={causal} ...",
-                          file=sys.stderr)  # fmt: skip
-                    res[name] = dict(
-                        zip(("seconds", "peak_bytes", "best_seconds", "host_seconds"),
-                            _time(fn, repeat, torch),
-                            strict=True)
-                    )  # fmt: skip
-                # the kernels of one call of the adaptive path, for tuning from one run
-                name = "auto_fwd_bwd" if backward else "auto"
-                try:
-                    res["breakdown"] = {name: breakdown(cases[name], torch)}
-                except Exception as exc:  # a profiler that cannot run here: note it, go on
-                    res["breakdown"] = {name: {"error": f"{type(exc).__name__}: {exc}"}}
+            _measure_row(torch, device, res, repeat, have_triton)
         except torch.cuda.OutOfMemoryError as exc:
             res["error"] = f"out of memory: {exc}"
-        except Exception as exc:  # one case failing must not cost the rest of a device run
+        except Exception as exc:  # one row failing must not cost the rest of a device run
             res["error"] = f"{type(exc).__name__}: {exc}"
         rows.append(res)
-        del q, k, v
         torch.cuda.empty_cache()
         if output:  # what is measured so far survives a run stopped at a time limit
             save_json(document(False), output)
-    if getattr(args, "tiles", False):
-        _tile_sweep(torch, device, have_triton, tiles, lambda: output and save_json(
-            document(False), output))  # fmt: skip
+    if tiles:
+        shape = (shapes or backward_shapes)[0]
+        _tile_sweep(torch, device, have_triton, sweep, shape, backward_shapes[0],
+                    lambda: output and save_json(document(False), output))  # fmt: skip
     doc = document(True)
     if output:
         save_json(doc, output)
-    if getattr(args, "json", False):
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return 0
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, "
-          f"median of {repeat}")  # fmt: skip
-    print(f"{'B,H,L,S,D':<24} {'causal':<7} {'case':<22} {'ms':>9} {'x SDPA':>8} {'peak MiB':>10} "
-          f"{'host ms':>8}")  # fmt: skip
-    for res in rows:
+    return doc
+
+
+def _measure_row(torch: Any, device: str, res: dict, repeat: int, have_triton: bool) -> None:
+    """Fill `res` with the times of its cases (each case's failure kept as its ``error``)."""
+    B, H, L, S, D = res["shape"]
+    causal, is_backward = res["causal"], res["pass"] != "forward"
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (
+        torch.randn(B, H, n, D, device=device, dtype=torch.bfloat16, generator=g) for n in (L, S, S)
+    )
+    if is_backward:
+        cases = _backward_cases(torch, q, k, v, causal)
+        ctx = torch.enable_grad()
+    else:
+        cases = _forward_cases(torch, q, k, v, causal, have_triton)
+        ctx = torch.no_grad()
+    with ctx:
+        for name, fn in cases.items():
+            print(f"timing {name} at {(B, H, L, S, D)} causal={causal} ...", file=sys.stderr)
+            try:
+                res[name] = dict(
+                    zip(("seconds", "peak_bytes", "best_seconds", "host_seconds"),
+                        _time(fn, repeat, torch), strict=True)
+                )  # fmt: skip
+            except torch.cuda.OutOfMemoryError as exc:
+                res[name] = {"error": f"out of memory: {exc}"}
+                torch.cuda.empty_cache()
+            except Exception as exc:  # e.g. a kernel the device refuses: the others go on
+                res[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        # the kernels of one call of the adaptive path, for tuning from one run
+        name = "auto_fwd_bwd" if is_backward else "auto"
+        if "seconds" in res[name]:
+            try:
+                kind = torch.device(device).type
+                res["breakdown"] = {name: breakdown(cases[name], torch, device_type=kind)}
+            except Exception as exc:  # a profiler that cannot run here: note it, go on
+                res["breakdown"] = {name: {"error": f"{type(exc).__name__}: {exc}"}}
+
+
+def format_run(doc: dict[str, Any]) -> list[str]:
+    """The lines of the text report of a run (:func:`measure`'s document).
+
+    Per row and case: device time (ms), the ratio to SDPA's time in the same row
+    (forward to ``sdpa``, forward + backward to ``sdpa_fwd_bwd``), peak memory (MiB)
+    and host time (ms); a case that failed shows its error. Then the kernels of the
+    profiled call and, with a sweep, its summary.
+    """
+    lines = [
+        f"device: {doc['device']}, torch {doc['torch']}, Triton {doc['triton']}, "
+        f"CUDA {doc['cuda']}, bfloat16, {doc['statistic']} of {doc['repeat']}",
+        f"{'B,H,L,S,D':<24} {'causal':<7} {'case':<22} {'ms':>9} {'x SDPA':>8} "
+        f"{'peak MiB':>10} {'host ms':>8}",
+    ]
+    for res in doc["rows"] + doc["backward_rows"]:
         shape = ",".join(map(str, res["shape"]))
         if "error" in res:
-            print(f"{shape:<24} {res['error']}")
+            lines.append(f"{shape:<24} {res['causal']!s:<7} {res['error']}")
             continue
-        base_name = "sdpa_fwd_bwd" if res["pass"] != "forward" else "sdpa"
-        base = res[base_name]["seconds"]
+        base = res["sdpa_fwd_bwd" if res["pass"] != "forward" else "sdpa"].get("seconds")
         for name, r in res.items():
-            if isinstance(r, dict) and name != "breakdown":
-                print(f"{shape:<24} {res['causal']!s:<7} {name:<22} {r['seconds'] * 1e3:>9.3f} "
-                      f"{r['seconds'] / base:>8.2f} {r['peak_bytes'] / 2**20:>10.1f} "
-                      f"{r['host_seconds'] * 1e3:>8.3f}")  # fmt: skip
+            if not isinstance(r, dict) or name == "breakdown":
+                continue
+            head = f"{shape:<24} {res['causal']!s:<7} {name:<22}"
+            if "error" in r:
+                lines.append(f"{head} {r['error']}")
+                continue
+            ratio = f"{r['seconds'] / base:>8.2f}" if base else f"{'-':>8}"
+            lines.append(
+                f"{head} {r['seconds'] * 1e3:>9.3f} {ratio} {r['peak_bytes'] / 2**20:>10.1f} "
+                f"{r['host_seconds'] * 1e3:>8.3f}"
+            )
         for name, b in res.get("breakdown", {}).items():
             if "entries" in b:
                 top = ", ".join(f"{n[:40]} {us:.0f} us" for n, us, _ in b["entries"][:4])
-                print(f"{'':<24} {name} kernels: {b['total_us']:.0f} us in all; {top}")
-    if tiles:
+                lines.append(f"{'':<24} {name} kernels: {b['total_us']:.0f} us in all; {top}")
+            else:
+                lines.append(f"{'':<24} {name} kernels: {b.get('error')}")
+    sweep = doc.get("tiles")
+    if sweep:
         from .tiles import summarize
 
-        print(f"tile sweep (median of {TILE_REPEAT}):")
-        print("\n".join(f"  {line}" for line in summarize(tiles.get("rows", []))
-                        ) or f"  {tiles.get('error')}")  # fmt: skip
-    return 0
+        lines.append(f"tile sweep (median of {sweep.get('repeat', TILE_REPEAT)}):")
+        body = [f"  {line}" for line in summarize(sweep.get("rows", []))]
+        lines += body or [f"  {sweep.get('error')}"]
+    return lines
 
 
-def _tile_sweep(torch: Any, device: str, have_triton: bool, tiles: dict, save: Any) -> None:
+def _tile_sweep(
+    torch: Any,
+    device: str,
+    have_triton: bool,
+    tiles: dict,
+    shape: tuple[int, int, int, int, int],
+    backward_shape: tuple[int, int, int, int, int],
+    save: Any,
+) -> None:
     """Fill `tiles` with the sweep's ``rows`` (or an ``error``), calling `save` as it goes."""
     if not have_triton:
         tiles["error"] = "Triton is not installed"
@@ -299,8 +414,8 @@ def _tile_sweep(torch: Any, device: str, have_triton: bool, tiles: dict, save: A
 
     print("tile sweep: every launch configuration of the pass-1 kernels ...", file=sys.stderr)
     try:
-        cands = {k: candidates(k, SHAPES[0][-1], torch.bfloat16) for k in KERNELS}
-        runs = launchers(torch, device, SHAPES[0], BACKWARD_SHAPES[0])
+        cands = {k: candidates(k, shape[-1], torch.bfloat16) for k in KERNELS}
+        runs = launchers(torch, device, shape, backward_shape)
 
         def progress(rows: list[dict]) -> None:
             tiles["rows"] = list(rows)

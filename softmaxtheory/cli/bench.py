@@ -39,7 +39,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--n", type=int, default=None, help="row length of the reference section (default 16384)"
     )
     bench.add_argument("--repeat", type=int, default=None, help="runs per case (best is kept)")
-    bench.add_argument("--quick", action="store_true", help="small shapes, few repeats")
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="small shapes, few repeats (--device cuda: every case at one small shape)",
+    )
     bench.add_argument("--dtype", action="append", choices=WORKING_DTYPES, help="kernel dtypes")
     bench.add_argument("--threads", type=int, default=None, help="Numba and torch threads")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -105,9 +109,18 @@ def _reference_speedup(args: argparse.Namespace, doc: dict[str, Any], say: Any) 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the benchmarks and print the results; return the exit status."""
+    if args.repeat is not None and args.repeat < 1:
+        parser.error("--repeat must be >= 1")
     if args.device != "cpu":
         from ..bench.torch import run_device
 
+        cpu_only = [f"--{name}" for name in ("section", "n", "dtype", "threads")
+                    if getattr(args, name) is not None]  # fmt: skip
+        if cpu_only:
+            parser.error(
+                f"{', '.join(cpu_only)}: CPU benchmark options; --device {args.device} times "
+                "adaptive attention in bfloat16 at fixed shapes (--quick: one small shape)"
+            )
         return run_device(args)
     from .. import bench
 
@@ -115,8 +128,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--tiles times the Triton kernels: it needs --device cuda")
     if args.n is not None and args.n < 1:
         parser.error("--n must be >= 1")
-    if args.repeat is not None and args.repeat < 1:
-        parser.error("--repeat must be >= 1")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
     if args.threads is not None:
