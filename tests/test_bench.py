@@ -427,6 +427,9 @@ def test_docs_report_of_a_device_run(monkeypatch, tmp_path) -> None:
     verdict = "met" if worst <= 1.6 else "not met"
     assert f"at most 1.6× SDPA; worst {worst:.2f}× — {verdict}." in text
     assert "at most 1.5× SDPA; worst 2.00× — not met." in text  # memory: 1.2 and 2.0
+    assert gpu_report.measured(path).startswith("Speed on a GPU was measured on 20")
+    assert gpu_report.measured(path).endswith(f"one stand-in (torch {torch.__version__}, "
+                                              f"Triton {doc['triton']}).")  # fmt: skip
     forward_only = gpu_report.report(path, ("forward",))
     assert forward_only.startswith(".. list-table:: Forward") and "backward" not in forward_only
     with pytest.raises(ValueError, match="unknown parts"):
@@ -439,6 +442,9 @@ def test_docs_report_without_a_run_says_so(tmp_path) -> None:
     text = gpu_report.report(tmp_path / "bench_cuda_h200.json")
     assert text.startswith("No GPU run of the current kernels is recorded yet.")
     assert "python tools/gpu_check.py --write-docs" in text and _rst_problems(text) == []
+    assert gpu_report.measured(tmp_path / "bench_cuda_h200.json").startswith(
+        "Speed on a GPU has not been measured for this design yet"
+    )
 
 
 def test_docs_report_of_a_run_stopped_early(tmp_path) -> None:

@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PARTS", "TARGETS", "load", "report"]
+__all__ = ["PARTS", "TARGETS", "load", "measured", "report"]
 
 #: The targets of the GPU issue (#13), each ``(key, what, limit)``: a measured ratio
 #: must be at most ``limit``; :func:`report` gives each one's worst case in the run.
@@ -200,6 +200,20 @@ def _run(doc: dict[str, Any]) -> list[str]:
         "peak memory is the growth of ``torch.cuda.max_memory_allocated`` during one call." + note,
         "",
     ]
+
+
+def measured(path: Path) -> str:
+    """One sentence: when and where the run at `path` measured the torch path, if it did."""
+    doc = load(path)
+    if doc is None:
+        return (
+            "Speed on a GPU has not been measured for this design yet: it was built and "
+            "tested without one."
+        )
+    return (
+        f"Speed on a GPU was measured on {doc['date'][:10]}, on one {doc['device']} "
+        f"(torch {doc['torch']}, Triton {doc['triton']})."
+    )
 
 
 def report(path: Path, parts: tuple[str, ...] = PARTS) -> str:
