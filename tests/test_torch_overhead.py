@@ -463,25 +463,42 @@ def test_cuda_read_waits_for_its_copy_only(monkeypatch):
     assert values[0] == 1.5 and values[1] == math.inf and math.isnan(values[2])
 
 
-@pytest.mark.parametrize(
-    ("args", "expect"),
-    [(["host", "--calls", "20", "--runs", "1"], "first kernel to pass 1"), (["memory"], "x\n")],
-)
-def test_overhead_tool_measures(args, expect):
-    """``tools/overhead.py`` (the figures of the docs' overhead section) runs and reports: the
-    host phases in order, and the forward + backward peak within the 1.5x target."""
-    import re
+def test_overhead_tool_measures_the_host_phases():
+    """``tools/overhead.py host`` (the figures of the docs' overhead section) runs and
+    reports the host phases in order."""
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).parent.parent
     res = subprocess.run(
-        [sys.executable, str(root / "tools" / "overhead.py"), *args],
+        [sys.executable, str(root / "tools" / "overhead.py"), "host", "--calls", "20",
+         "--runs", "1"],
         capture_output=True, text=True, check=False, cwd=root, timeout=600,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert expect in res.stdout
-    if args[0] == "memory":
-        ratios = [float(r) for r in re.findall(r"([0-9.]+)x$", res.stdout, re.M)]
-        assert len(ratios) == 2 and all(1.0 < r <= 1.5 for r in ratios), res.stdout
+    names = [line.rsplit(None, 2)[0] for line in res.stdout.splitlines()]
+    assert names == ["call to first kernel", "first kernel to pass 1", "pass 1 to pass 2",
+                     "call"], res.stdout  # fmt: skip
+
+
+def test_overhead_tool_prints_the_memory_report(capsys, monkeypatch):
+    """``tools/overhead.py memory`` prints the report of its ledgers (the ledgers
+    themselves, and the 1.5x target on them, are checked in
+    ``tests/test_triton_interpret.py``, whose child process computes them once)."""
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    path = Path(__file__).parent.parent / "tools" / "overhead.py"
+    spec = importlib.util.spec_from_file_location("overhead_tool", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    peaks = {"sdpa": 1000, "hybrid": 1400, "sdpa causal": 800, "hybrid causal": 1000}
+    monkeypatch.setattr(tool, "memory_ledgers",
+                        lambda: {k: SimpleNamespace(peak=v) for k, v in peaks.items()})  # fmt: skip
+    assert tool.main(["memory"]) == 0
+    assert capsys.readouterr().out == (
+        "forward + backward full: hybrid 1400 bytes, SDPA 1000 bytes, 1.40x\n"
+        "forward + backward causal: hybrid 1000 bytes, SDPA 800 bytes, 1.25x\n"
+    )

@@ -519,38 +519,46 @@ def _child_gradcheck(out_dir: Path) -> None:
 
 #: (B, H, L, D) of the memory cases: the queries and keys have one shape, as at the GPU
 #: benchmark's forward + backward shape (4, 16, 4096, 4096, 64)
-MEMORY_SHAPE = (8, 2, 64, 32)
+
+
+def _overhead_tool():
+    """``tools/overhead.py``, imported from its file."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "overhead.py"
+    spec = importlib.util.spec_from_file_location("overhead_tool", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _child_memory(out_dir: Path) -> None:
     """What forward + backward allocates (op by op, :class:`OpLedger`), float16, β attached.
 
-    The β gradient's row sums convert blocks of the queries to float32
-    (``CHUNK_ELEMENTS``); at the benchmark's shape a block is an eighth of the queries,
-    so here it is too.
+    The ledgers are those of ``python tools/overhead.py memory`` (the docs' figures),
+    whose report is saved too. The β gradient's row sums convert blocks of the queries
+    to float32 (``CHUNK_ELEMENTS``); at the benchmark's shape a block is an eighth of
+    the queries, so there it is too.
     """
     import json
 
-    from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
-    from tests.support.live_bytes import attention_fwd_bwd
-
-    B_, H_, L_, D_ = MEMORY_SHAPE
-    A.CHUNK_ELEMENTS = B_ * H_ * L_ * D_ // 8
-    g = torch.Generator().manual_seed(11)
+    tool = _overhead_tool()
+    ledgers = tool.memory_ledgers()
+    numel = math.prod(tool.MEMORY_SHAPE)
     results = {}
     for causal in (False, True):
-        q, k, v = (torch.randn(B_, H_, L_, D_, generator=g).half() for _ in range(3))
-        grad = torch.randn(B_, H_, L_, D_, generator=g).half()
         peaks = {}
         for name in ("sdpa", "hybrid"):
-            ledger = attention_fwd_bwd(name, q, k, v, grad, causal)
+            ledger = ledgers[f"{name}{' causal' if causal else ''}"]
             peaks[name] = ledger.peak
             peaks[f"{name}-float32-full"] = [
                 op for op, dtype, shape in ledger.outputs
-                if dtype == torch.float32 and math.prod(shape) >= q.numel()
+                if dtype == torch.float32 and math.prod(shape) >= numel
             ]  # fmt: skip
         results[str(causal)] = peaks
     (out_dir / "memory.json").write_text(json.dumps(results))
+    report = tool.memory_report({name: ledger.peak for name, ledger in ledgers.items()})
+    (out_dir / "overhead-memory.txt").write_text("\n".join(report) + "\n")
 
 
 def _run_children(out_dir: Path) -> str:
@@ -948,6 +956,17 @@ if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run with TRITON_INTERPRET=1")
     _child(Path(sys.argv[1]), sys.argv[2])
+
+
+def test_overhead_tool_memory_report(child_outputs):
+    """``python tools/overhead.py memory`` (the docs' figures) reports both masks, each
+    hybrid peak within the 1.5x target; its lines are made from the ledgers above."""
+    import re
+
+    text = (child_outputs / "overhead-memory.txt").read_text()
+    assert text.startswith("forward + backward full: hybrid ") and "backward causal:" in text
+    ratios = [float(r) for r in re.findall(r"([0-9.]+)x$", text, re.M)]
+    assert len(ratios) == 2 and all(1.0 < r <= 1.5 for r in ratios), text
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -31,6 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: (B, H, L, D) of ``memory``: the β gradient's row block is an eighth of the queries there.
+MEMORY_SHAPE = (8, 2, 64, 32)
+
 
 def host(calls: int, runs: int) -> dict[str, float]:
     """Median host microseconds of each phase of a hybrid call (best of `runs`)."""
@@ -84,8 +87,13 @@ def host(calls: int, runs: int) -> dict[str, float]:
     return best
 
 
-def memory() -> dict[str, int]:
-    """Peak bytes of forward + backward, SDPA and the hybrid, causal and not."""
+def memory_ledgers() -> dict[str, object]:
+    """The op ledgers of forward + backward, SDPA and the hybrid, causal and not.
+
+    Keys ``"sdpa"``, ``"hybrid"``, ``"sdpa causal"``, ``"hybrid causal"``; each an
+    ``OpLedger`` (its ``peak`` and ``outputs``). ``tests/test_triton_interpret.py``
+    reads these same ledgers for the memory target.
+    """
     os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, str(ROOT))
     import torch
@@ -93,16 +101,27 @@ def memory() -> dict[str, int]:
     from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
     from tests.support.live_bytes import attention_fwd_bwd
 
-    B, H, L, D = 8, 2, 64, 32
+    B, H, L, D = MEMORY_SHAPE
     A.CHUNK_ELEMENTS = B * H * L * D // 8
     g = torch.Generator().manual_seed(0)
-    peaks = {}
+    ledgers = {}
     for causal in (False, True):
         q, k, v, grad = (torch.randn(B, H, L, D, generator=g).half() for _ in range(4))
         for name in ("sdpa", "hybrid"):
-            ledger = attention_fwd_bwd(name, q, k, v, grad, causal)
-            peaks[f"{name}{' causal' if causal else ''}"] = ledger.peak
-    return peaks
+            ledgers[f"{name}{' causal' if causal else ''}"] = attention_fwd_bwd(
+                name, q, k, v, grad, causal
+            )
+    return ledgers
+
+
+def memory_report(peaks: dict[str, int]) -> list[str]:
+    """The lines ``memory`` prints: each mask's peaks and the hybrid's ratio to SDPA's."""
+    lines = []
+    for causal in ("", " causal"):
+        hybrid, sdpa = peaks[f"hybrid{causal}"], peaks[f"sdpa{causal}"]
+        lines.append(f"forward + backward{causal or ' full'}: hybrid {hybrid} bytes, "
+                     f"SDPA {sdpa} bytes, {hybrid / sdpa:.2f}x")  # fmt: skip
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,11 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, us in host(args.calls, args.runs).items():
             print(f"{name:<24} {us:8.0f} us")
     else:
-        peaks = memory()
-        for causal in ("", " causal"):
-            ratio = peaks[f"hybrid{causal}"] / peaks[f"sdpa{causal}"]
-            print(f"forward + backward{causal or ' full'}: hybrid {peaks[f'hybrid{causal}']} "
-                  f"bytes, SDPA {peaks[f'sdpa{causal}']} bytes, {ratio:.2f}x")  # fmt: skip
+        peaks = {name: ledger.peak for name, ledger in memory_ledgers().items()}
+        print("\n".join(memory_report(peaks)))
     return 0
 
 

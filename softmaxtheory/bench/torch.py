@@ -140,10 +140,11 @@ def _backward_cases(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> dict:
 
     def step(fn: Any) -> Any:
         def run() -> None:
-            out = fn()
-            torch.autograd.backward(out, grad)
-            for t in (qg, kg, vg):
-                t.grad = None
+            try:
+                torch.autograd.backward(fn(), grad)
+            finally:  # also after a failure: the next case starts with no gradients held
+                for t in (qg, kg, vg):
+                    t.grad = None
 
         return run
 
