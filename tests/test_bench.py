@@ -371,14 +371,9 @@ def test_device_run_keeps_a_row_whose_inputs_fail(monkeypatch) -> None:
 
 
 def _gpu_report():
-    import importlib.util
-    from pathlib import Path
+    from tests.support.scripts import load_script
 
-    path = Path(__file__).resolve().parent.parent / "docs" / "_ext" / "gpu_report.py"
-    spec = importlib.util.spec_from_file_location("gpu_report", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs/_ext/gpu_report.py", "gpu_report")
 
 
 def _rst_problems(text: str) -> list[str]:

@@ -486,14 +486,11 @@ def test_overhead_tool_prints_the_memory_report(capsys, monkeypatch):
     """``tools/overhead.py memory`` prints the report of its ledgers (the ledgers
     themselves, and the 1.5x target on them, are checked in
     ``tests/test_triton_interpret.py``, whose child process computes them once)."""
-    import importlib.util
-    from pathlib import Path
     from types import SimpleNamespace
 
-    path = Path(__file__).parent.parent / "tools" / "overhead.py"
-    spec = importlib.util.spec_from_file_location("overhead_tool", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    from tests.support.scripts import load_script
+
+    tool = load_script("tools/overhead.py", "overhead_tool")
     peaks = {"sdpa": 1000, "hybrid": 1400, "sdpa causal": 800, "hybrid causal": 1000}
     monkeypatch.setattr(tool, "memory_ledgers",
                         lambda: {k: SimpleNamespace(peak=v) for k, v in peaks.items()})  # fmt: skip

@@ -521,17 +521,6 @@ def _child_gradcheck(out_dir: Path) -> None:
 #: benchmark's forward + backward shape (4, 16, 4096, 4096, 64)
 
 
-def _overhead_tool():
-    """``tools/overhead.py``, imported from its file."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "tools" / "overhead.py"
-    spec = importlib.util.spec_from_file_location("overhead_tool", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _child_memory(out_dir: Path) -> None:
     """What forward + backward allocates (op by op, :class:`OpLedger`), float16, β attached.
 
@@ -542,7 +531,9 @@ def _child_memory(out_dir: Path) -> None:
     """
     import json
 
-    tool = _overhead_tool()
+    from tests.support.scripts import load_script
+
+    tool = load_script("tools/overhead.py", "overhead_tool")
     ledgers = tool.memory_ledgers()
     numel = math.prod(tool.MEMORY_SHAPE)
     results = {}

@@ -95,42 +95,36 @@ def _errors(rows: list[dict[str, Any]], names: tuple[str, ...]) -> list[str]:
     return [*out, ""] if out else []
 
 
-def _forward(doc: dict[str, Any]) -> list[str]:
-    rows = doc["rows"]
-    header = ["(B, H, L, S, D)", "causal", "SDPA ms"] + [f"{t} × SDPA" for _, t in _FORWARD]
-    header.append("peak, auto × SDPA")
+def _speed_table(
+    caption: str, rows: list[dict[str, Any]], base: str, cases: tuple[tuple[str, str], ...]
+) -> list[str]:
+    """A table of `rows`: `base`'s (SDPA's) ms, each case's time and ``cases[0]``'s peak
+    over `base`'s; then the failures."""
+    header = ["(B, H, L, S, D)", "causal", "SDPA ms"] + [f"{t} × SDPA" for _, t in cases]
+    header.append(f"peak, {cases[0][1]} × SDPA")
     body = []
     for row in rows:
-        sdpa = row.get("sdpa", {}).get("seconds")
+        sdpa = row.get(base, {}).get("seconds")
         body.append(
             [_shape(row), "yes" if row["causal"] else "no",
              "failed" if sdpa is None else f"{sdpa * 1e3:.3f}"]
-            + [_cell(row, name, "sdpa") for name, _ in _FORWARD]
-            + [_cell(row, "auto", "sdpa", "peak_bytes")]
+            + [_cell(row, name, base) for name, _ in cases]
+            + [_cell(row, cases[0][0], base, "peak_bytes")]
         )  # fmt: skip
-    names = ("sdpa", *(n for n, _ in _FORWARD))
-    return _table("Forward, bfloat16: time against SDPA's", header, body) + _errors(rows, names)
+    names = (base, *(n for n, _ in cases))
+    return _table(caption, header, body) + _errors(rows, names)
+
+
+def _forward(doc: dict[str, Any]) -> list[str]:
+    return _speed_table("Forward, bfloat16: time against SDPA's", doc["rows"], "sdpa", _FORWARD)
 
 
 def _backward(doc: dict[str, Any]) -> list[str]:
     rows = doc.get("backward_rows", [])
     if not rows:
         return []
-    header = ["(B, H, L, S, D)", "causal", "SDPA ms"] + [f"{t} × SDPA" for _, t in _BACKWARD]
-    header.append("peak, auto × SDPA")
-    body = []
-    for row in rows:
-        sdpa = row.get("sdpa_fwd_bwd", {}).get("seconds")
-        body.append(
-            [_shape(row), "yes" if row["causal"] else "no",
-             "failed" if sdpa is None else f"{sdpa * 1e3:.3f}"]
-            + [_cell(row, name, "sdpa_fwd_bwd") for name, _ in _BACKWARD]
-            + [_cell(row, "auto_fwd_bwd", "sdpa_fwd_bwd", "peak_bytes")]
-        )  # fmt: skip
-    names = ("sdpa_fwd_bwd", *(n for n, _ in _BACKWARD))
-    return _table("Forward + backward, bfloat16: time against SDPA's", header, body) + _errors(
-        rows, names
-    )
+    caption = "Forward + backward, bfloat16: time against SDPA's"
+    return _speed_table(caption, rows, "sdpa_fwd_bwd", _BACKWARD)
 
 
 def _worst(doc: dict[str, Any], key: str) -> tuple[float | None, int, int]:
