@@ -526,6 +526,37 @@ def _additive(p: Prepared) -> torch.Tensor | None:
     return torch.where(p.keep, zero, torch.full_like(zero, -torch.inf))
 
 
+def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    """`t`, copied to contiguous memory unless its last dimension has unit stride.
+
+    The fused kernels of :func:`_lse_primitive` read each row as a contiguous vector.
+    torch's CPU flash kernel does not check (torch 2.13): a view such as
+    ``x.transpose(-1, -2).contiguous().transpose(-1, -2)`` or ``x[..., ::2]`` gave
+    wrong numbers, NaN among them. A last dimension of size 1 is read at offset 0
+    whatever its stride.
+    """
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def _positive_scale(q: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
+    r"""Queries and scale for a fused kernel, with the same logits and a positive scale.
+
+    :math:`s\,(q \cdot k) = |s|\,((-q) \cdot k)` exactly (negation is exact), and
+    for :math:`s = 0` every logit of finite operands is 0, as it is for queries
+    :math:`0 \cdot q` and scale 1 (the gradient with respect to `q` stays 0). The fused
+    kernels assume :math:`s > 0`: torch's CPU flash kernel masks a causal entry after
+    scaling, so ``is_causal=True`` with :math:`s \le 0` gave NaN rows (torch 2.13,
+    through ``scaled_dot_product_attention`` too), and a flash kernel that takes the
+    row maximum of unscaled products exponentiates :math:`s\,(x - \max x) \ge 0`
+    when :math:`s < 0`.
+    """
+    if scale > 0.0:
+        return q, scale
+    if scale < 0.0:
+        return -q, -scale
+    return q * 0.0, 1.0
+
+
 #: False once cuDNN's attention refused a call in this process (then flash is used).
 _CUDNN_OK = True
 
@@ -546,6 +577,8 @@ def _lse_primitive(
     """
     global _CUDNN_OK
     aten = torch.ops.aten
+    q, k, v = (_unit_last_stride(t) for t in (q, k, v))
+    q, scale = _positive_scale(q, scale)
     if q.device.type == "cpu":
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, is_causal, attn_mask=add, scale=scale
@@ -907,8 +940,9 @@ def _sdpa_pass2(
 ) -> torch.Tensor:
     """SDPA on the β-scaled queries; shared key heads passed as such when `gqa`."""
     extra = {"enable_gqa": True} if gqa else {}
+    qb, scale = _positive_scale(qb, p.scale)
     return F.scaled_dot_product_attention(
-        qb, p.k, p.v, attn_mask=mask, is_causal=p.is_causal, scale=p.scale, **extra
+        qb, p.k, p.v, attn_mask=mask, is_causal=p.is_causal, scale=scale, **extra
     )
 
 

@@ -890,17 +890,37 @@ def test_torch_adaptive_softmax(x, dim, schedule, eps, detach, module) -> None:
     outcome("torch.adaptive_softmax", call, ["x", "dim", *kwargs], verify)
 
 
+#: D = Dv, so that the composition runs on torch's CPU flash kernel, which misread a q
+#: whose last dimension is not unit-stride (errors of 2 and more)
+SQUARE_HEADS = {
+    **ITEM3,
+    "q": np.array([[1.0, 0.5], [-1.0, 2.0], [0.25, -0.75]]),
+    "k": np.array([[1.0, 0.0], [0.0, 1.0]]),
+    "v": np.array([[1.0, -1.0], [2.0, 3.0]]),
+}
+
+
 @FEW
-@given(attention_calls(), st.sampled_from(["float64", "float32", "float16", "bfloat16"]))
-@example(ITEM3, "float64")
-@example(INT_MASK, "float64")
-@example(NEG_INF_VALUE, "float64")  # was NaN: 0 * -inf where the weight underflows
-@example(NEG_INF_VALUE, "float32")
-@example(ITEM4, "float64")  # logits overflow float64: was NaN
-@example(MASKED_INF_QUERY, "float64")  # a fully masked query holding inf: zeros, was NaN
-@example(NO_KEYS_INF_QUERY, "float32")  # no keys: zeros, was NaN
-def test_torch_attention(call, dtype) -> None:
-    """torch adaptive_attention: the certified attention, or a clear error."""
+@given(
+    attention_calls(),
+    st.sampled_from(["float64", "float32", "float16", "bfloat16"]),
+    st.sampled_from(["c", "c", "transposed"]),
+)
+@example(ITEM3, "float64", "c")
+@example(INT_MASK, "float64", "c")
+@example(NEG_INF_VALUE, "float64", "c")  # was NaN: 0 * -inf where the weight underflows
+@example(NEG_INF_VALUE, "float32", "c")
+@example(ITEM4, "float64", "c")  # logits overflow float64: was NaN
+@example(MASKED_INF_QUERY, "float64", "c")  # a fully masked query holding inf: zeros, was NaN
+@example(NO_KEYS_INF_QUERY, "float32", "c")  # no keys: zeros, was NaN
+@example(SQUARE_HEADS, "float32", "transposed")  # was wrong by 2: unit stride assumed
+@example({**SQUARE_HEADS, "is_causal": True, "scale": 0.0}, "float32", "c")  # was NaN
+@example({**SQUARE_HEADS, "is_causal": True, "scale": -2.0}, "float64", "c")  # was NaN
+def test_torch_attention(call, dtype, layout) -> None:
+    """torch adaptive_attention: the certified attention, or a clear error.
+
+    `layout` "transposed": q, k and v are views whose last dimension has stride n.
+    """
     CURRENT[0] = dict(locals())
     from softmaxtheory.accelerated import torch as ta
 
@@ -911,6 +931,13 @@ def test_torch_attention(call, dtype) -> None:
         return torch.from_numpy(np.array(a, copy=True)) if a.dtype == bool else a
 
     q, k, v = (as_t(call[n]) for n in "qkv")
+    if layout == "transposed":
+        q, k, v = (
+            t.transpose(-1, -2).contiguous().transpose(-1, -2)
+            if isinstance(t, torch.Tensor) and t.ndim >= 2
+            else t
+            for t in (q, k, v)
+        )
     mask = call["mask"]
     tmask = None if mask is None else torch.from_numpy(np.array(mask, copy=True))
     kwargs = {"attn_mask": tmask, "is_causal": call["is_causal"], "scale": call["scale"],

@@ -40,25 +40,43 @@ def _masks(L=5, S=7, seed=0):
     return {"none": None, "causal": "causal", "bool": keep, "bias": add, "zero_inf": zero_inf}
 
 
-def _run_and_check(dtype, mask_name, backend, schedule=None, entropy_eps=0.0):
-    q, k, v = _qkv(dtype)
+def _strided(t, layout):
+    """A view of `t` whose last dimension is not unit-stride (the same values)."""
+    if layout == "transposed":  # stride 1 along the rows, stride n along the last dim
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    wide = t.new_zeros(*t.shape[:-1], 2 * t.shape[-1])  # "stepped": every other entry
+    wide[..., ::2] = t
+    return wide[..., ::2]
+
+
+def _run_and_check(
+    dtype, mask_name, backend, schedule=None, entropy_eps=0.0, Dv=3, layout=None, operand=None,
+    scale=None,
+):  # fmt: skip
+    q, k, v = _qkv(dtype, Dv=Dv)
+    if layout is not None:
+        views = {"q": q, "k": k, "v": v}
+        views[operand] = _strided(views[operand], layout)
+        assert views[operand].stride(-1) != 1
+        q, k, v = views.values()
     mask = _masks()[mask_name]
     causal = mask == "causal"
     attn_mask = None if (mask is None or causal) else mask
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         attn_mask = attn_mask.to(dtype)
     out = adaptive_attention(
-        q, k, v, attn_mask, is_causal=causal, schedule=schedule,
+        q, k, v, attn_mask, is_causal=causal, scale=scale, schedule=schedule,
         entropy_eps=entropy_eps, backend=backend,
     )  # fmt: skip
-    assert out.dtype == dtype and out.shape == (2, 2, 5, 3)
+    assert out.dtype == dtype and out.shape == (2, 2, 5, Dv)
     qd, kd, vd = (t.double().numpy() for t in (q, k, v))
     np_mask = None if attn_mask is None else attn_mask.double().numpy()
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         np_mask = attn_mask.numpy()
     ref = R.adaptive_attention(
-        qd, kd, vd, mask=np_mask, is_causal=causal, schedule=schedule, entropy_eps=entropy_eps
-    )
+        qd, kd, vd, mask=np_mask, is_causal=causal, scale=scale, schedule=schedule,
+        entropy_eps=entropy_eps,
+    )  # fmt: skip
     keep = add = None
     if np_mask is not None and np_mask.dtype == bool:
         keep = np_mask
@@ -66,7 +84,9 @@ def _run_and_check(dtype, mask_name, backend, schedule=None, entropy_eps=0.0):
         add = np_mask
     elif causal:
         keep = np.tril(np.ones((5, 7), dtype=bool))
-    tol = attention_tolerance(qd, kd, vd, ref, dtype, keep=keep, add=add, schedule=schedule)
+    tol = attention_tolerance(
+        qd, kd, vd, ref, dtype, keep=keep, add=add, scale=scale, schedule=schedule
+    )
     err = np.abs(out.double().numpy() - ref)
     assert np.all(err <= tol), f"max err/tol {np.max(err / tol)}"
     return out
@@ -81,6 +101,36 @@ def test_matches_reference(dtype, mask_name, backend):
     out = _run_and_check(dtype, mask_name, backend)
     if mask_name == "bool":
         assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))  # fully masked
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("backend", ["auto", "hybrid", *BACKENDS])
+@pytest.mark.parametrize("layout", ["transposed", "stepped"])
+@pytest.mark.parametrize("operand", ["q", "k", "v"])
+def test_operands_whose_last_dimension_is_strided(dtype, backend, layout, operand):
+    """Views whose last dimension is not unit-stride give the reference's values.
+
+    With D = Dv the composition runs on torch's CPU flash kernel, which reads each row
+    as contiguous without checking: before the operands were copied, these views gave
+    errors up to 1e34 and NaN (torch 2.13).
+    """
+    _run_and_check(dtype, "none", backend, Dv=4, layout=layout, operand=operand)
+    _run_and_check(dtype, "bool", backend, Dv=4, layout=layout, operand=operand)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("backend", ["auto", "hybrid", *BACKENDS])
+@pytest.mark.parametrize("scale", [0.0, -0.0, -0.7])
+@pytest.mark.parametrize("mask_name", ["causal", "bool", "none"])
+def test_scale_that_is_not_positive(dtype, backend, scale, mask_name):
+    """A scale of 0 or below gives the reference's values with every mask.
+
+    With ``is_causal=True`` and such a scale, torch's CPU flash kernel (which the
+    composition and SDPA run) gave NaN rows (torch 2.13): it masks a causal entry
+    after scaling. The fused kernels now get the negated queries and :math:`|s|`
+    (or zero queries and scale 1).
+    """
+    _run_and_check(dtype, mask_name, backend, Dv=4, scale=scale)
 
 
 @pytest.mark.parametrize("schedule", [Constant("1.7"), LogLength("0.6")], ids=repr)

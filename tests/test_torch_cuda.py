@@ -83,6 +83,54 @@ def test_cuda_matches_reference(backend, dtype, mask_name):
     assert np.all(err <= tol), f"max err/tol {np.max(err / tol)}"
 
 
+def _strided_last(t):
+    """The same values in a view whose last dimension has stride 2."""
+    wide = t.new_zeros(*t.shape[:-1], 2 * t.shape[-1])
+    wide[..., ::2] = t
+    return wide[..., ::2]
+
+
+#: (case, operands made strided, scale, causal): the layouts and scales the fused kernels
+#: do not take as given (each is copied or folded into the queries first)
+ODD_CALLS = [
+    ("strided q", "q", None, False),
+    ("strided k v", "kv", None, True),
+    ("scale 0 causal", "", 0.0, True),
+    ("negative scale causal", "", -0.7, True),
+    ("negative scale", "", -0.7, False),
+]
+
+
+@pytest.mark.parametrize("backend", ["auto", "hybrid", "triton", "composition"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ODD_CALLS, ids=[c[0] for c in ODD_CALLS])
+def test_cuda_strided_operands_and_scales_that_are_not_positive(backend, dtype, case):
+    """Views whose last dimension is not unit-stride and scales of 0 or below: the reference.
+
+    D = Dv = 64, so that the composition and SDPA may pick flash or cuDNN, whose kernels
+    assume both a unit stride and a positive scale.
+    """
+    if backend == "triton":
+        pytest.importorskip("triton")
+    _, strided, scale, causal = case
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (
+        (torch.randn(2, 2, n, 64, generator=g, dtype=torch.float64) * 1.5).to(dtype)
+        for n in (40, 37, 37)
+    )
+    dev = [t.to(DEVICE) for t in (q, k, v)]
+    dev = [_strided_last(t) if name in strided else t for name, t in zip("qkv", dev, strict=True)]
+    with torch.no_grad():
+        out = adaptive_attention(*dev, is_causal=causal, scale=scale, backend=backend)
+    out = out.cpu().double().numpy()
+    qd, kd, vd = (t.double().numpy() for t in (q, k, v))
+    ref = R.adaptive_attention(qd, kd, vd, is_causal=causal, scale=scale)
+    keep = np.tril(np.ones((40, 37), dtype=bool)) if causal else None
+    tol = attention_tolerance(qd, kd, vd, ref, dtype, keep=keep, scale=scale)
+    err = np.abs(out - ref)
+    assert np.all(err <= tol), f"max err/tol {np.max(err / tol)}"
+
+
 def test_cuda_gradients_match_cpu():
     q, k, v, _ = _inputs(torch.float64, L=6, S=5, D=8)
     cpu_args = [t.clone().requires_grad_() for t in (q, k, v)]

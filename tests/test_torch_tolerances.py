@@ -111,7 +111,7 @@ def attention_tolerance(
     scale = 1.0 / np.sqrt(d) if scale is None else scale
     L = q.shape[-2]
     x = scale * np.einsum("...ld,...sd->...ls", q, k)
-    a = scale * np.einsum("...ld,...sd->...ls", np.abs(q), np.abs(k))
+    a = abs(scale) * np.einsum("...ld,...sd->...ls", np.abs(q), np.abs(k))
     mask_keep = np.ones(x.shape[-2:], dtype=bool) if keep is None else keep
     if add is not None:
         x = x + add
@@ -138,7 +138,7 @@ def attention_tolerance(
     xabs = np.max(np.abs(fm), -1)
     # pass 1: A = E_p[k] rounded to the input dtype, p rounded before the product
     ek = np.einsum("...ls,...sd->...ld", p, np.abs(k))
-    dh = 2.0 * u * scale * np.sum(np.abs(q) * ek, -1) + S * us * (2.0 + xabs)
+    dh = 2.0 * u * abs(scale) * np.sum(np.abs(q) * ek, -1) + S * us * (2.0 + xabs)
     dbeta = beta_slope(sched, h) * dh
     # |d out / d beta| = |Cov_pb(x, v)| <= sqrt(Var_pb(x) Var_pb(v)) (Cauchy-Schwarz)
     _, _, pb, _ = _row_stats(x, beta)
