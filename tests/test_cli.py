@@ -171,6 +171,8 @@ def truncated_file(tmp_path):
         (["bench", "--threads", "1000", "--quick"], "--threads must be between 1 and"),
         (["bounds", "--n", "0", "--spread", "1"], "unrecognized arguments: --n 0"),
         (["reference", "--lo=1,2"], "unrecognized arguments: --lo=1,2"),
+        (["reference", "1e308", "-1e308"], "numbers that start with '-' go after '--'"),
+        (["reference", "0", "-inf"], "numbers that start with '-' go after '--'"),
         (["reference", "--json", "--dtype", "int8", "1"], "invalid choice"),
         (["bounds", "--spread", "1", "--digits", "x"], "invalid int value"),
         (["nosuchcommand"], "invalid choice"),

@@ -75,6 +75,15 @@ def parse_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
 
 
+def _is_number(word: str) -> bool:
+    """Whether `word` reads as a float (``-1e308``, ``-inf``, ``-nan``)."""
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
 class _Parser(argparse.ArgumentParser):
     """The parser of every subcommand: no abbreviated options, one-line errors.
 
@@ -89,8 +98,17 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:  # type: ignore[override]
-        """Print one line on stderr and exit with status 2."""
+        """Print one line on stderr and exit with status 2.
+
+        argparse reads ``-1e308`` or ``-inf`` as an option (only plain negative
+        numbers such as ``-2`` pass as values); when an unrecognized argument is such
+        a number, the line says to put it after ``--``.
+        """
         text = " ".join(str(message).split())
+        if text.startswith("unrecognized arguments:") and any(
+            _is_number(word) for word in text.split(":", 1)[1].split()
+        ):
+            text += "; numbers that start with '-' go after '--', as in: reference -- -inf 0 1"
         self.exit(2, f"{self.prog}: error: {text} (see {self.prog} --help)\n")
 
 
