@@ -53,6 +53,7 @@ from ._formats import Format, format_named
 from .spec import PaperPolynomial
 
 __all__ = [
+    "ATTENTION_SCALES",
     "FAMILIES",
     "HALF_MAX_FRACTION",
     "attention_inputs",
@@ -585,13 +586,18 @@ def attention_inputs(
     batch: bool = True,
     masks: bool = False,
     causal: bool = False,
+    scales: bool = False,
 ) -> st.SearchStrategy[dict[str, Any]]:
-    """Inputs of attention: ``{"q", "k", "v", "mask", "is_causal"}``.
+    r"""Inputs of attention: ``{"q", "k", "v", "mask", "is_causal"}`` (and ``"scale"``).
 
     Shapes ``(..., L, d)``, ``(..., S, d)``, ``(..., S, dv)``; the logit scale
     varies (sharp and flat heads). With ``masks=True`` a boolean mask
     (``True`` attends, every query keeps one key) may be drawn; with
-    ``causal=True`` the causal flag may be set (``L == S`` then).
+    ``causal=True`` the causal flag may be set (``L == S`` then). With
+    ``scales=True`` the dict also holds ``"scale"``: ``None`` (the kernel's
+    default, :math:`1/\sqrt{d}`) or a scale of either sign or 0, which kernels
+    that assume a positive scale get wrong (a causal mask applied before the
+    scale gives :math:`0 \cdot (-\infty)` and :math:`-(-\infty)`).
 
     The arguments are checked when the strategy is built. Examples shrink
     towards smaller shapes and a smaller gain; the values come from a numpy
@@ -605,12 +611,24 @@ def attention_inputs(
         _check_bool(batch, "batch"),
         _check_bool(masks, "masks"),
         _check_bool(causal, "causal"),
+        _check_bool(scales, "scales"),
     )
+
+
+#: The scales ``attention_inputs(scales=True)`` draws (None: the kernel's default).
+ATTENTION_SCALES = (None, None, 0.25, 2.0, 0.0, -0.5, -3.0)
 
 
 @st.composite
 def _attention_inputs(
-    draw: Any, fmt: Format, max_len: int, max_d: int, batch: bool, masks: bool, causal: bool
+    draw: Any,
+    fmt: Format,
+    max_len: int,
+    max_d: int,
+    batch: bool,
+    masks: bool,
+    causal: bool,
+    scales: bool = False,
 ) -> dict[str, Any]:
     lead = draw(st.lists(st.integers(1, 2), max_size=2).map(tuple)) if batch else ()
     L = draw(st.integers(1, max_len))
@@ -631,4 +649,7 @@ def _attention_inputs(
         m = rng.random((L, S)) < draw(st.sampled_from([0.3, 0.7]))
         m[np.arange(L), rng.integers(0, S, L)] = True
         mask = m
-    return {"q": q, "k": k, "v": v, "mask": mask, "is_causal": is_causal}
+    out = {"q": q, "k": k, "v": v, "mask": mask, "is_causal": is_causal}
+    if scales:
+        out["scale"] = draw(st.sampled_from(ATTENTION_SCALES))
+    return out

@@ -800,7 +800,10 @@ def assert_attention_close(
     entropy_eps : float, default 0.0
         The kernel's entropy mode.
     dtype, mode, max_ulps, baseline_factor, floor_ulps, strict, repro
-        As in :func:`assert_softmax_close`.
+        As in :func:`assert_softmax_close`. The failure's snippet calls the kernel
+        with the keywords of this check, ``kernel(q, k, v, mask=mask,
+        is_causal=True, scale=...)`` (each only when set; ``kernel(x, v, ...)``
+        given logits), so `repro` defines a ``kernel`` that takes them.
 
     Returns
     -------
@@ -824,6 +827,7 @@ def assert_attention_close(
     m = None
     if mask is not None:
         m = to_numpy(mask, "mask")[0] if not _is_bool(mask) else _bool_numpy(mask)
+    given_mask, x = m, None
     if len(logits_or_qkv) == 2:
         if scale is not None:
             raise ValueError("scale applies to (q, k, v); given logits, leave scale=None")
@@ -850,7 +854,7 @@ def assert_attention_close(
         )
     case = _AttentionCheck(
         q, k, v, m, in_dtype, scale, is_causal, schedule, entropy_eps, repro,
-        given_logits=len(logits_or_qkv) == 2,
+        logits=x, given_mask=given_mask,
     )  # fmt: skip
     with np.errstate(all="ignore"):
         report = _attention_quiet(got, ref, fmt, case, tol)
@@ -871,14 +875,20 @@ class _AttentionCheck:
     schedule: Schedule
     entropy_eps: float
     repro: str | None
-    given_logits: bool  # the kernel was given its logits: they are exact inputs
+    logits: np.ndarray | None  # the kernel's given logits (exact inputs), or None for q, k, v
+    given_mask: np.ndarray | None  # the mask as the kernel was given it
+
+    @property
+    def given_logits(self) -> bool:
+        """The kernel was given its logits: they are exact inputs."""
+        return self.logits is not None
 
 
 def _attention_quiet(
     got: np.ndarray, ref: np.ndarray, fmt: Format, case: _AttentionCheck, tol: _Tolerance
 ) -> ErrorReport:
     __tracebackhide__ = True
-    q, k, v, m, in_dtype = case.q, case.k, case.v, case.mask, case.in_dtype
+    q, k, v, m = case.q, case.k, case.v, case.mask
     scale, is_causal, schedule, entropy_eps = (
         case.scale, case.is_causal, case.schedule, case.entropy_eps
     )  # fmt: skip
@@ -916,29 +926,63 @@ def _attention_quiet(
             f"query row: {int(cond.n_eff)} keys attended, H ~ {float(cond.H):.6g} nats, "
             f"beta ~ {float(b):.6g} ({schedule!r}; float64 estimates)"
         )
-        lines = [f"{n} = np.asarray(<your {n}>)" for n in "qkv"]
-        if max(q.size, k.size, v.size) <= 3 * REPRO_ITEMS:
-            lines = [
-                f"{n} = {_array_literal(a, in_dtype)}"
-                for n, a in zip("qkv", (q, k, v), strict=True)
-            ]
-        kw = f"scale={scale!r}, is_causal={is_causal!r}"
-        if m is not None:
-            kw += ", mask=mask"
-            lines.append("mask = <your mask>")
-        if not _is_paper(schedule):
-            kw += f", schedule=softmaxtheory.spec.{schedule!r}"
-            lines.insert(0, "import softmaxtheory.spec")
-        if entropy_eps:
-            kw += f", entropy_eps={entropy_eps!r}"
-        call = "\n".join(lines) + (
-            f"\nprint(kernel(q, k, v){list(idx)!r})  # {float(c.got[idx])!r}"
-            f"\nprint(reference.adaptive_attention(q, k, v, {kw}){list(idx)!r})"
-            f"  # {float(c.ref[idx])!r}"
-        )
+        call = _attention_repro(case, c.got[idx], c.ref[idx], idx)
         return _failure_text(report, c, "attention output", info, _repro_call(case.repro, call))
 
     return _summarise("attention", fmt, chk, describe, tol.contract, other)
+
+
+def _attention_repro(case: _AttentionCheck, got: float, ref: float, idx: tuple) -> str:
+    """The lines of an attention repro: the inputs, the kernel's call and the reference's.
+
+    The kernel is called as it was checked: ``kernel(q, k, v, ...)`` (``kernel(x, v,
+    ...)`` given logits) with ``mask=mask`` when a mask was given, ``is_causal=True``
+    and ``scale=`` when set. The arrays are written out when they are small.
+    """
+    arrays: list[tuple[str, np.ndarray]] = [("q", case.q), ("k", case.k), ("v", case.v)]
+    if case.logits is not None:
+        arrays = [("x", case.logits), ("v", case.v)]
+    if case.given_mask is not None:
+        arrays.append(("mask", case.given_mask))
+    small = max(a.size for _, a in arrays) <= 3 * REPRO_ITEMS
+    lines = []
+    for name, a in arrays:
+        if not small:
+            lines.append(f"{name} = np.asarray(<your {name}>)")
+        elif a.dtype == bool:
+            lines.append(f"{name} = np.array({np.asarray(a).tolist()!r})")
+        else:
+            dtype = case.in_dtype if name != "mask" else np.asarray(a).dtype.name
+            lines.append(f"{name} = {_array_literal(a, dtype)}")
+    kernel_kw = ", mask=mask" if case.given_mask is not None else ""
+    kernel_kw += ", is_causal=True" if case.is_causal else ""
+    if case.logits is None:
+        kernel_kw += "" if case.scale is None else f", scale={case.scale!r}"
+        args, ref_args = "q, k, v", "q, k, v"
+        ref_kw = f"scale={case.scale!r}, is_causal={case.is_causal!r}"
+        ref_kw += ", mask=mask" if case.given_mask is not None else ""
+    else:  # the reference takes the logits as q = x (0 where -inf) and k = I, scale 1
+        args = "x, v"
+        ref_args = "np.where(np.isneginf(x), 0.0, x), np.eye(x.shape[-1]), v"
+        ref_kw = f"scale=1.0, is_causal={case.is_causal!r}"
+        if case.mask is not None:
+            lines.append("keep = ~np.isneginf(x)")
+            if case.given_mask is None:
+                ref_kw += ", mask=keep"
+            elif case.given_mask.dtype == bool:
+                ref_kw += ", mask=keep & mask"
+            else:
+                ref_kw += ", mask=np.where(keep, mask, -np.inf)"
+    if not _is_paper(case.schedule):
+        ref_kw += f", schedule=softmaxtheory.spec.{case.schedule!r}"
+        lines.insert(0, "import softmaxtheory.spec")
+    if case.entropy_eps:
+        ref_kw += f", entropy_eps={case.entropy_eps!r}"
+    where = list(idx)
+    return "\n".join(lines) + (
+        f"\nprint(kernel({args}{kernel_kw}){where!r})  # {float(got)!r}"
+        f"\nprint(reference.adaptive_attention({ref_args}, {ref_kw}){where!r})  # {float(ref)!r}"
+    )
 
 
 def _array_literal(a: np.ndarray, dtype_name: str) -> str:

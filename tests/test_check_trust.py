@@ -6,6 +6,7 @@ temporary folder and runs ``python -m softmaxtheory check`` there as a child pro
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -233,7 +234,14 @@ def test_uninspectable_kernel_is_probed_by_calling():
     assert t.mask_keyword == "attn_mask" and t.takes_causal and not t.takes_schedule
 
 
-def test_sdpa_passed_directly_conforms_with_nothing_skipped():
+def test_sdpa_passed_directly_runs_every_property():
+    """SDPA's keywords are found by probing, so nothing is skipped; every property passes
+    but the causal one where torch's CPU flash kernel gives NaN rows.
+
+    ``is_causal=True`` with a scale of 0 or below (the suite draws them for a kernel that
+    takes ``scale=``) gives NaN rows in torch 2.13; the failure's repro shows such a call.
+    Should a release fix it, the property passes and so does this test.
+    """
     pytest.importorskip("torch")
     res = subprocess.run(
         [sys.executable, "-m", "softmaxtheory", "check",
@@ -241,12 +249,19 @@ def test_sdpa_passed_directly_conforms_with_nothing_skipped():
          "--framework", "torch", "--schedule", "constant:1", "--examples", "3"],
         capture_output=True, text=True, timeout=LIMIT, check=False,
     )  # fmt: skip
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "scaled_dot_product_attention: CONFORMS [" in res.stdout
+    assert res.returncode in (0, 1), res.stdout + res.stderr
     assert "SKIP" not in res.stdout
-    for name in ("attention_masks", "attention_causal"):  # found by probing, and run
-        line = next(ln for ln in res.stdout.splitlines() if f" {name} " in ln)
+    lines = res.stdout.splitlines()
+    for name in conf.properties_for("attention"):
+        line = next(ln for ln in lines if f" {name} " in ln)
+        if name == "attention_causal" and line.startswith("FAIL"):
+            call = next(ln for ln in lines if ln.startswith("print(kernel("))
+            assert "is_causal=True" in call and re.search(r"scale=(-|0\.0\b)", call), call
+            assert "# nan" in call, call
+            continue
         assert line.startswith("PASS") and int(line.split()[-2]) > 0, line
+    verdict = "CONFORMS [" if res.returncode == 0 else "DOES NOT CONFORM (1 property failed: "
+    assert f"scaled_dot_product_attention: {verdict}" in res.stdout
 
 
 def test_in_process_run_still_fails_a_kernel_that_calls_exit(folder, monkeypatch, capsys):

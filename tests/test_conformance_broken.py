@@ -103,6 +103,55 @@ def test_repro_snippet_reproduces_the_counterexample(case, framework, capsys):
     assert printed == promised
 
 
+@pytest.mark.parametrize(
+    "case",
+    ["attention ignoring is_causal", "attention ignoring the mask",
+     "attention reading views as contiguous memory",
+     "torch attention reading views as contiguous memory",
+     "causal mask applied before the scale"],
+)  # fmt: skip
+def test_attention_repro_calls_the_kernel_as_the_suite_did(case, capsys):
+    """The snippet calls the kernel with the mask, is_causal, scale and operand views it got.
+
+    It printed ``kernel(q, k, v)`` for every attention failure, so a causal, masked or
+    scaled counterexample printed a value other than the one the report promised.
+    """
+    kernel, opts, prop = bk.CATALOGUE[case]
+    _needs(opts)
+    target = conf.Target(kernel, f"tests.support.broken_kernels:{kernel.__name__}", **opts)
+    res = conf.run_property(prop, target)
+    assert res.status == "fail"
+    snippet = res.message.split("repro:\n", 1)[1].split("\n\n=== ", 1)[0]
+    exec(compile(snippet, "<repro>", "exec"), {})
+    printed = capsys.readouterr().out.split()
+    promised = [ln.split("# ", 1)[1].strip() for ln in snippet.splitlines() if "# " in ln
+                and ln.startswith("print(")]  # fmt: skip
+    assert printed == promised
+    assert len(promised) == 2 and promised[0] != promised[1]
+
+
+def test_attention_repro_of_given_logits_calls_kernel_with_them(capsys):
+    """``assert_attention_close((logits, v))``: the snippet calls ``kernel(x, v)``."""
+    from softmaxtheory import testing as tst
+
+    x = np.array([[0.5, -np.inf, 0.2, 0.1, 0.0], [0.3, 0.2, 0.1, 0.0, -0.1]])
+    v = np.array([[1.0], [2.0], [3.0], [4.0], [5.0]])
+
+    def kernel(x, v):  # plain softmax: the paper's beta dropped
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return (e / e.sum(-1, keepdims=True)) @ v
+
+    with pytest.raises(tst.KernelMismatch) as info:
+        tst.assert_attention_close(kernel(x, v), (x, v), repro="")
+    snippet = str(info.value).split("repro:\n", 1)[1]
+    assert "print(kernel(x, v)" in snippet
+    exec(compile(snippet, "<repro>", "exec"), {"kernel": kernel})
+    printed = capsys.readouterr().out.split()
+    promised = [ln.split("# ", 1)[1].strip() for ln in snippet.splitlines() if "# " in ln
+                and ln.startswith("print(")]  # fmt: skip
+    assert printed == promised
+
+
 def test_torch_repro_snippet_runs(capsys):
     torch = pytest.importorskip("torch")
 

@@ -340,23 +340,72 @@ def _p_schedules(t: Target, run: Run) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _attention_compare(run: Run, inputs: dict[str, Any], what: str) -> None:
+#: The operand views of ``attention_layouts``: label -> source for numpy and for torch,
+#: ``{x}`` standing for the operand. The same text runs in the suite and in the repro.
+VIEWS = {
+    "last axis of stride n": (
+        "np.swapaxes(np.ascontiguousarray(np.swapaxes({x}, -1, -2)), -1, -2)",
+        "{x}.transpose(-1, -2).contiguous().transpose(-1, -2)",
+    ),
+    "last axis of stride 2": (
+        "np.stack([{x}, np.zeros_like({x})], -1).reshape(*{x}.shape[:-1], -1)[..., ::2]",
+        "torch.stack([{x}, torch.zeros_like({x})], -1).flatten(-2)[..., ::2]",
+    ),
+    "head 0 broadcast (stride 0)": (
+        "np.broadcast_to({x}[..., :1, :, :], {x}.shape)",
+        "{x}[..., :1, :, :].expand({x}.shape)",
+    ),
+}
+
+
+def _view_source(t: Target, label: str) -> str:
+    """The :data:`VIEWS` text of view `label` for the target's framework."""
+    return VIEWS[label][0 if t.framework == "numpy" else 1]
+
+
+def _view(t: Target, label: str) -> Callable[[Any], Any]:
+    """The function of view `label` for the target's framework (its :data:`VIEWS` text)."""
+    names: dict[str, Any] = {"np": np}
+    if t.framework == "torch":
+        import torch
+
+        names["torch"] = torch
+    return eval("lambda x: " + _view_source(t, label).format(x="x"), names)
+
+
+def _attention_compare(
+    run: Run, inputs: dict[str, Any], what: str, views: dict[str, str] | None = None
+) -> None:
+    """Call the kernel on `inputs` and check its output against the reference.
+
+    ``inputs["scale"]`` is passed when present; `views` maps operands (``"q"``, ``"k"``,
+    ``"v"``) to a label of :data:`VIEWS`, applied once they are in the framework (the
+    repro applies them too).
+    """
     t = run.target
     q, k, v, mask, causal = (inputs[n] for n in ("q", "k", "v", "mask", "is_causal"))
+    scale = inputs.get("scale")
+    views = views or {}
+    repro = t.attention_repro({n: _view_source(t, lb) for n, lb in views.items()})
     try:
-        out = t.call_attention(q, k, v, mask, causal)
+        out = t.call_attention(
+            q, k, v, mask, causal, scale=scale,
+            views={n: _view(t, lb) for n, lb in views.items()},
+        )  # fmt: skip
     except Exception as exc:
         raise Failed(
             f"{what}: the kernel raised {type(exc).__name__}: {exc} (q {q.shape}, k {k.shape}, "
-            f"v {v.shape}, mask {None if mask is None else mask.shape}, is_causal {causal})"
+            f"v {v.shape}, mask {None if mask is None else mask.shape}, is_causal {causal}"
+            + ("" if scale is None else f", scale {scale!r}")
+            + ")"
         ) from exc
     got, got_dtype = run.output(out, what)
     if got_dtype != t.dtype:
         raise Failed(f"{what}: the kernel returned dtype {got_dtype} for {t.dtype} input")
     try:
         rep = tst.assert_attention_close(
-            got, (q, k, v), mask=mask, is_causal=causal, schedule=t.schedule,
-            entropy_eps=t.entropy_eps, dtype=t.dtype, repro=t.repro, strict=t.strict,
+            got, (q, k, v), mask=mask, is_causal=causal, scale=scale, schedule=t.schedule,
+            entropy_eps=t.entropy_eps, dtype=t.dtype, repro=repro, strict=t.strict,
         )  # fmt: skip
     except tst.KernelMismatch as exc:
         run.record(exc.report)
@@ -366,10 +415,14 @@ def _attention_compare(run: Run, inputs: dict[str, Any], what: str) -> None:
 
 
 def _p_attention_values(t: Target, run: Run) -> None:
-    """Random q, k, v (sharp and flat heads, batched) against the reference."""
+    """Random q, k, v (sharp and flat heads, batched) against the reference.
+
+    A kernel that takes ``scale=`` also gets drawn scales, of either sign and 0
+    (:data:`~softmaxtheory.strategies.ATTENTION_SCALES`).
+    """
     run_given(
         t,
-        strat.attention_inputs(t.dtype),
+        strat.attention_inputs(t.dtype, scales=t.takes_scale),
         t.budget(50),
         lambda inp: _attention_compare(run, inp, "attention values"),
     )
@@ -386,11 +439,45 @@ def _p_attention_masks(t: Target, run: Run) -> None:
 
 
 def _p_attention_causal(t: Target, run: Run) -> None:
-    """``is_causal=True`` (keys j > i masked)."""
+    r"""``is_causal=True`` (keys j > i masked); with drawn scales when the kernel takes them.
+
+    A causal mask applied before a scale of 0 or below gives :math:`0 \cdot (-\infty)`
+    (NaN) or :math:`+\infty` in the masked logits: torch's CPU flash kernel did (2.13).
+    """
     if not t.takes_causal:
         raise Skip("the kernel takes no is_causal= keyword")
-    strategy = strat.attention_inputs(t.dtype, causal=True).filter(lambda d: d["is_causal"])
+    strategy = strat.attention_inputs(t.dtype, causal=True, scales=t.takes_scale).filter(
+        lambda d: d["is_causal"]
+    )
     run_given(t, strategy, t.budget(25), lambda inp: _attention_compare(run, inp, "causal"))
+
+
+def _p_attention_layouts(t: Target, run: Run) -> None:
+    """Operands that are views: a last axis of stride n or 2, heads broadcast (stride 0).
+
+    The same values as contiguous operands, so the same outputs. With ``d = dv`` (the
+    case fused kernels take). A kernel that reads each row as contiguous memory without
+    checking gets these wrong: torch's CPU flash kernel did (2.13).
+    """
+    rng = np.random.default_rng(23)
+    cast = lambda a: strat.cast(a, t.dtype)  # noqa: E731
+    q = cast(rng.normal(0, 2, (2, 6, 8)))
+    k = cast(rng.normal(0, 1, (2, 7, 8)))
+    v = cast(rng.normal(0, 1, (2, 7, 8)))
+    base = {"q": q, "k": k, "v": v, "mask": None, "is_causal": False}
+    for label in ("last axis of stride n", "last axis of stride 2"):
+        for name in "qkv":
+            _attention_compare(run, base, f"{name} as a view, {label}", {name: label})
+        _attention_compare(run, base, f"q, k and v as views, {label}", dict.fromkeys("qkv", label))
+    # the values the view shows: head 0 in both heads
+    shared = {**base, "k": np.repeat(k[:1], 2, axis=0), "v": np.repeat(v[:1], 2, axis=0)}
+    label = "head 0 broadcast (stride 0)"
+    _attention_compare(run, shared, f"k and v as views, {label}", dict.fromkeys("kv", label))
+    if t.takes_causal:
+        label = "last axis of stride n"
+        sq = {**base, "q": cast(rng.normal(0, 2, (2, 7, 8))), "is_causal": True}
+        _attention_compare(run, sq, f"causal, q, k and v as views, {label}",
+                           dict.fromkeys("qkv", label))  # fmt: skip
 
 
 def _p_attention_batch(t: Target, run: Run) -> None:
@@ -426,6 +513,7 @@ PROPERTIES: dict[str, tuple[Callable[[Target, Run], None], tuple[Kind, ...]]] = 
     "attention_batch": (_p_attention_batch, ("attention",)),
     "attention_masks": (_p_attention_masks, ("attention",)),
     "attention_causal": (_p_attention_causal, ("attention",)),
+    "attention_layouts": (_p_attention_layouts, ("attention",)),
 }
 
 

@@ -244,6 +244,7 @@ class Target:
             "schedule": self.schedule,
             "entropy_eps": self.entropy_eps,
             "is_causal": False,
+            "scale": 0.5,
         }.get(name)
         if self.kind == "attention":
             q = np.array([[0.5, -1.0], [1.0, 0.25]])
@@ -283,6 +284,11 @@ class Target:
         """The kernel takes ``is_causal=``."""
         return self.takes("is_causal")
 
+    @property
+    def takes_scale(self) -> bool:
+        """The kernel takes ``scale=`` (the logit scale of attention)."""
+        return self.takes("scale")
+
     # -- calling -------------------------------------------------------------
 
     def _to_framework(self, a: np.ndarray | None) -> Any:
@@ -311,27 +317,54 @@ class Target:
         return self.kernel(arg, **self._kwargs(schedule))
 
     def call_attention(
-        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Any, is_causal: bool
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        mask: Any,
+        is_causal: bool,
+        *,
+        scale: float | None = None,
+        views: dict[str, Any] | None = None,
     ) -> Any:
-        """Call an attention kernel."""
+        """Call an attention kernel on numpy operands (converted to the framework).
+
+        `scale` is passed only when given; `views` maps ``"q"``, ``"k"`` or ``"v"`` to a
+        function applied to that operand once converted (a strided view, say).
+        """
         kw = self._kwargs(None)
         if mask is not None:
             kw[self.mask_keyword or "mask"] = self._to_framework(mask)
         if is_causal:
             kw["is_causal"] = True
-        return self.kernel(*(self._to_framework(a) for a in (q, k, v)), **kw)
+        if scale is not None:
+            kw["scale"] = scale
+        args = [self._to_framework(a) for a in (q, k, v)]
+        for i, name in enumerate("qkv"):
+            if views and name in views:
+                args[i] = views[name](args[i])
+        return self.kernel(*args, **kw)
 
-    @property
-    def repro(self) -> str:
-        """Lines that import the kernel and define ``kernel`` for repro snippets."""
+    def _repro_head(self) -> str | None:
+        """Lines that import the kernel as ``kernel`` (None without a ``module:function``)."""
         mod, _, attr = self.name.partition(":")
         if not attr:
-            return "kernel = ...  # your kernel"
+            return None
         head = attr.split(".")[0]
         lines = f"from {mod} import {head}\nkernel = {attr}"
         if self.kwargs:
             args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
             lines = f"import functools\n{lines}\nkernel = functools.partial(kernel, {args})"
+        return lines
+
+    @property
+    def repro(self) -> str:
+        """Lines that import the kernel and define ``kernel`` for repro snippets."""
+        lines = self._repro_head()
+        if lines is None:
+            return "kernel = ...  # your kernel"
+        if self.kind == "attention":
+            return lines + self._attention_wrapper(None)
         if self.framework == "torch":
             src = "np.float32" if self.dtype == "bfloat16" else f"np.{self.dtype}"
             lines = (
@@ -342,6 +375,54 @@ class Target:
                 f"    return _kernel(*ts).cpu().double().numpy()\n"
             )
         return lines
+
+    def attention_repro(self, views: dict[str, str] | None) -> str:
+        """:attr:`repro` for an attention call whose operands were views.
+
+        `views` maps ``"q"``, ``"k"`` or ``"v"`` to the source of the view the suite
+        applied to it (``{x}`` standing for the operand, once in the framework); the
+        ``kernel`` of the lines applies the same views.
+        """
+        head = self._repro_head()
+        if head is None:
+            return self.repro
+        return head + self._attention_wrapper(views)
+
+    def _attention_wrapper(self, views: dict[str, str] | None) -> str:
+        """Lines that make ``kernel`` take the repro's call as the suite made it.
+
+        The repro calls ``kernel(q, k, v, mask=..., is_causal=..., scale=...)`` on numpy
+        arrays; the lines pass the mask by the kernel's keyword, apply `views` (see
+        :meth:`attention_repro`) and, for torch, convert.
+        """
+        key = self.mask_keyword or "mask"
+        view_lines = "".join(
+            f"    {name} = {src.format(x=name)}  # as the suite passed it\n"
+            for name, src in (views or {}).items()
+        )
+        if self.framework == "numpy":
+            if key == "mask" and not view_lines:
+                return ""
+            return (
+                "\n_kernel = kernel\n\n\ndef kernel(q, k, v, mask=None, **kw):\n"
+                + view_lines
+                + f"    if mask is not None:\n        kw[{key!r}] = mask\n"
+                "    return _kernel(q, k, v, **kw)\n"
+            )
+        src = "np.float32" if self.dtype == "bfloat16" else f"np.{self.dtype}"
+        put = f".to({self.device!r})"
+        return (
+            "\nimport torch\n_kernel = kernel\n\n\n"
+            "def kernel(q, k, v, mask=None, **kw):  # numpy in, numpy out, via torch\n"
+            f"    q, k, v = (torch.from_numpy(np.asarray(a, dtype={src}))"
+            f".to(torch.{self.dtype}){put}\n               for a in (q, k, v))\n"
+            + view_lines
+            + "    if mask is not None:\n"
+            "        m = torch.from_numpy(np.asarray(mask))\n"
+            f"        m = m if m.dtype == torch.bool else m.to(torch.{self.dtype})\n"
+            f"        kw[{key!r}] = m{put}\n"
+            "    return _kernel(q, k, v, **kw).cpu().double().numpy()\n"
+        )
 
     def budget(self, default: int) -> int:
         """Number of Hypothesis examples for a property."""

@@ -430,6 +430,46 @@ def attention_ignores_mask(q, k, v, mask=None, is_causal=False):
     return attention(q, k, v, is_causal=is_causal)
 
 
+def attention_assuming_contiguous(q, k, v, mask=None, is_causal=False):
+    """Defect: reads each operand's memory as C-contiguous, as a kernel handed only a
+    pointer does (a view with other strides is read wrongly; the suite's views stay
+    within their buffers)."""
+    ops = []
+    for a in (q, k, v):
+        a = np.asarray(a)
+        step = np.cumprod((*a.shape[1:], 1)[::-1])[::-1] * a.itemsize
+        ops.append(np.lib.stride_tricks.as_strided(a, a.shape, tuple(int(s) for s in step)))
+    return attention(*ops, mask=mask, is_causal=is_causal)
+
+
+def torch_attention_assuming_contiguous(q, k, v, attn_mask=None, is_causal=False):
+    """Defect: the same in torch: each operand's storage read with C-contiguous strides."""
+    import torch
+
+    from softmaxtheory.accelerated.torch import adaptive_attention
+
+    ops = [torch.as_strided(a, a.shape, torch.empty(a.shape).stride(), a.storage_offset())
+           for a in (q, k, v)]  # fmt: skip
+    return adaptive_attention(*ops, attn_mask=attn_mask, is_causal=is_causal)
+
+
+def attention_masking_before_scale(q, k, v, mask=None, is_causal=False, scale=None):
+    """Defect: masks the products with -inf, then scales them (0 * -inf is NaN, and a
+    negative scale turns -inf into +inf), as a kernel assuming a positive scale does."""
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    dt = q.dtype
+    q, k, v = _work(q), _work(k), _work(v)
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    dots = q @ np.swapaxes(k, -1, -2)
+    L, S = dots.shape[-2:]
+    keep = np.tril(np.ones((L, S), bool)) if is_causal else np.ones((L, S), bool)
+    if mask is not None:
+        keep = keep & np.asarray(mask, bool)
+    with np.errstate(invalid="ignore"):
+        logits = np.where(keep, dots, -np.inf) * q.dtype.type(scale)
+    return (adaptive_softmax(logits) @ v).astype(dt)
+
+
 def unused_paper():  # pragma: no cover - keeps the import used for readers
     return PaperPolynomial()
 
@@ -493,6 +533,13 @@ CATALOGUE = {
                                     "attention_masks"),
     "plain attention checked as adaptive": (softmax_attention, {"kind": "attention"},
                                             "attention_values"),
+    "attention reading views as contiguous memory": (
+        attention_assuming_contiguous, {"kind": "attention"}, "attention_layouts"),
+    "torch attention reading views as contiguous memory": (
+        torch_attention_assuming_contiguous,
+        {"kind": "attention", "framework": "torch", "dtype": "float32"}, "attention_layouts"),
+    "causal mask applied before the scale": (
+        attention_masking_before_scale, {"kind": "attention"}, "attention_causal"),
 }  # fmt: skip
 
 
