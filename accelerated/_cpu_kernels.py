@@ -35,10 +35,11 @@ from typing import Any
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.extending import intrinsic, overload
 
 from .._formats import ROW_EMPTY, ROW_INVALID, ROW_MASKED, ROW_REGULAR
+from ._numba_cache import njit  # numba.njit with a cache safe between processes
 
 __all__: list[str] = []
 

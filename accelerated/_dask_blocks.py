@@ -28,11 +28,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from .._formats import ROW_INVALID, ROW_MASKED, ROW_REGULAR
 from ._cpu_kernels import chunk_state_arrays, entropy_from_state, long_row_state, merge_state
 from ._cpu_kernels import kernels as _k
+from ._numba_cache import njit  # numba.njit with a cache safe between processes
 
 __all__: list[str] = []
 

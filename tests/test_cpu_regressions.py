@@ -259,6 +259,7 @@ def test_merged_states_keep_the_pass_checks() -> None:
 _FORK_SCRIPT = textwrap.dedent(
     """
     import multiprocessing as mp
+    import sys
     import numpy as np
     from softmaxtheory.accelerated import cpu
     from softmaxtheory.accelerated import _cpu_kernels as kmod
@@ -288,6 +289,11 @@ _FORK_SCRIPT = textwrap.dedent(
         return results(seed), kmod.kernels.serial
 
     if __name__ == "__main__":
+        if sys.argv[1:] == ["warm"]:  # compile the kernels and their twins into the cache
+            results(0)
+            kmod.kernels.use_serial()
+            results(0)
+            sys.exit(0)
         results(0)                           # the parent has run every parallel kernel
         unsafe = kmod.fork_unsafe_layer_active()
         with mp.get_context("fork").Pool(2) as pool:
@@ -311,7 +317,17 @@ def test_fork_based_pool_after_a_kernel_call() -> None:
 
     With GNU OpenMP active in the parent (Numba's default without TBB) the children run
     the serial twins of the parallel kernels; their results must equal the parent's.
+    A first process puts the kernels and the twins in Numba's cache, so that parent and
+    children both load them: a kernel compiled in the process that runs it gave other
+    bits than the same kernel loaded from the cache (float32 rows, up to 3 ulps; see
+    ``docs/performance.rst``), and with the parent loading and the children compiling,
+    this test failed on a cold cache.
     """
+    warm = subprocess.run(
+        [sys.executable, "-c", _FORK_SCRIPT, "warm"], capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert warm.returncode == 0, warm.stderr
     proc = subprocess.run(
         [sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True, timeout=300
     )
@@ -411,3 +427,65 @@ def test_integer_attention_mask_is_refused(dtype) -> None:
     q = np.zeros((2, 3))
     with pytest.raises(TypeError, match="mask"):
         cpu.adaptive_attention(q, q, q, mask=np.zeros((2, 2), dtype=dtype))
+
+
+# ---------------------------------------------------------------------------
+# 8. Numba's on-disk cache shared by processes compiling at once
+# ---------------------------------------------------------------------------
+
+
+def _interleaved_saves(cls, folder) -> tuple:
+    """Two processes save signatures A and B of one function into one cache at once.
+
+    Both read the (empty) index before either writes it, and their writes interleave
+    as index A, index B, data B, data A, the order that paired B with A's machine code
+    in Numba's numbered files. Returns what a later process loads for A and for B.
+    """
+    files = [cls(str(folder), "f-1.py311", "stamp") for _ in range(2)]
+    key_a, key_b = (((sig,), ("magic",), ("code hash", "")) for sig in ("A", "B"))
+    deferred = []
+    for f in files:
+        f._load_index = dict  # the index each read before the other wrote
+    files[0]._save_data = lambda name, data: deferred.append((name, data))
+    files[0].save(key_a, "machine code of A")
+    files[1].save(key_b, "machine code of B")
+    for name, data in deferred:
+        cls._save_data(files[0], name, data)
+    later = cls(str(folder), "f-1.py311", "stamp")
+    return later.load(key_a), later.load(key_b)
+
+
+def test_interleaved_cache_saves_never_pair_a_signature_with_another_ones_code(tmp_path):
+    """With keyed data files the later process gets B's code for B, and A only as A's.
+
+    Numba's numbered files give A's code for B in this interleaving (checked by hand
+    with ``IndexDataCacheFile``): a signature then runs another's machine code,
+    computing other bits or failing to unbox. The forked children of
+    ``test_fork_based_pool_after_a_kernel_call`` differed from their parent so, twice,
+    on a cold cache.
+    """
+    from softmaxtheory.accelerated._numba_cache import KeyedIndexDataCacheFile
+
+    got_a, got_b = _interleaved_saves(KeyedIndexDataCacheFile, tmp_path)
+    assert got_b == "machine code of B"
+    assert got_a in (None, "machine code of A")  # a lost entry: compiled again later
+
+
+def test_every_cached_kernel_uses_keyed_data_files():
+    """The kernels, their serial twins and the dask block kernels all get the keyed files
+    (with another Numba whose internals differ, this says the guard no longer applies)."""
+    from numba.core.dispatcher import Dispatcher
+
+    from softmaxtheory.accelerated import _cpu_kernels as kmod
+    from softmaxtheory.accelerated import _dask_blocks
+    from softmaxtheory.accelerated._numba_cache import KeyedIndexDataCacheFile
+
+    found = [
+        obj
+        for mod in (kmod, _dask_blocks)
+        for obj in vars(mod).values()
+        if isinstance(obj, Dispatcher) and getattr(obj._cache, "_cache_file", None) is not None
+    ]
+    found += list(kmod.serial_twins().values())
+    assert len(found) > 60
+    assert all(type(d._cache._cache_file) is KeyedIndexDataCacheFile for d in found)

@@ -1,0 +1,75 @@
+r"""Numba's on-disk cache without its race between processes (private).
+
+Numba keeps one index file per function, mapping each compiled signature (its key) to
+a data file of machine code, and names a new entry's data file after the first number
+the index does not use (``f.1.nbc``, ``f.2.nbc``, ...). Two processes that compile
+different signatures of one function at once (a process pool, pytest-xdist, dask
+workers, the first time the kernels run) can both read the index before either writes
+it: both then take number 1, and when their writes interleave (index A, index B, data
+B, data A) the index pairs B's signature with A's machine code. Every later process
+runs that code for B's arguments, unchecked: with another array layout it computes
+other bits (reassociated sums vectorise differently), with another dtype it cannot
+unbox its arguments and raises ``TypeError``. Seen here as a test that compares forked
+children with their parent failing on a cold cache; reproduced by rewriting an index.
+
+:func:`njit` is ``numba.njit`` whose cached dispatchers name each data file after its
+key instead (:class:`KeyedIndexDataCacheFile`): two entries never share a file, so an
+index, however stale, never pairs a signature with another one's code; a lost entry
+(the last writer of the index wins) costs one compilation later, nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numba
+from numba.core.caching import IndexDataCacheFile
+from numba.core.dispatcher import Dispatcher
+
+__all__ = ["KeyedIndexDataCacheFile", "keyed_cache", "njit"]
+
+
+class KeyedIndexDataCacheFile(IndexDataCacheFile):
+    """Numba's index and data files, each data file named after its key."""
+
+    def keyed_name(self, key: Any) -> str:
+        """The data file of `key`: the index's base name and a hash of the key's text.
+
+        The key is ``(signature, codegen magic tuple, code hashes)``, whose ``repr`` is
+        the same in every process (Numba types print their parameters).
+        """
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:24]
+        return self._index_name[: -len(".nbi")] + f".{digest}.nbc"
+
+    def save(self, key: Any, data: Any) -> None:
+        """Write the data file of `key`, then (if it changed) the index entry.
+
+        Data first: a reader that finds the entry finds its file.
+        """
+        name = self.keyed_name(key)
+        self._save_data(name, data)
+        overloads = self._load_index()
+        if overloads.get(key) != name:
+            overloads[key] = name
+            self._save_index(overloads)
+
+
+def keyed_cache(dispatcher: Any) -> Any:
+    """Give a cached Numba `dispatcher` the keyed data files; return it.
+
+    A dispatcher without Numba's cache file (``cache=False``, or another Numba whose
+    internals differ) is returned as it is.
+    """
+    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    if type(cache_file) is IndexDataCacheFile:
+        cache_file.__class__ = KeyedIndexDataCacheFile
+    return dispatcher
+
+
+def njit(*args: Any, **kwargs: Any) -> Any:
+    """``numba.njit`` whose dispatchers use :func:`keyed_cache` (both decorator forms)."""
+    made = numba.njit(*args, **kwargs)
+    if isinstance(made, Dispatcher):
+        return keyed_cache(made)
+    return lambda func: keyed_cache(made(func))
