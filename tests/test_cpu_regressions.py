@@ -318,10 +318,10 @@ def test_fork_based_pool_after_a_kernel_call() -> None:
     With GNU OpenMP active in the parent (Numba's default without TBB) the children run
     the serial twins of the parallel kernels; their results must equal the parent's.
     A first process puts the kernels and the twins in Numba's cache, so that parent and
-    children both load them: a kernel compiled in the process that runs it gave other
-    bits than the same kernel loaded from the cache (float32 rows, up to 3 ulps; see
-    ``docs/performance.rst``), and with the parent loading and the children compiling,
-    this test failed on a cold cache.
+    children both load them: a kernel's bits depended on whether the running process had
+    compiled it or loaded it (float32 rows, up to 3 ulps; see ``docs/performance.rst``),
+    and with the parent loading and the children compiling, this test failed on a cold
+    cache.
     """
     warm = subprocess.run(
         [sys.executable, "-c", _FORK_SCRIPT, "warm"], capture_output=True, text=True,
