@@ -9,8 +9,8 @@ it: both then take number 1, and when their writes interleave (index A, index B,
 B, data A) the index pairs B's signature with A's machine code. Every later process
 runs that code for B's arguments, unchecked: with another array layout it computes
 other bits (reassociated sums vectorise differently), with another dtype it cannot
-unbox its arguments and raises ``TypeError``. Seen here as a test that compares forked
-children with their parent failing on a cold cache; reproduced by rewriting an index.
+unbox its arguments and raises ``TypeError`` (both seen here by rewriting an index into
+that state; ``tests/test_cpu_regressions.py`` replays the interleaving).
 
 :func:`njit` is ``numba.njit`` whose cached dispatchers name each data file after its
 key instead (:class:`KeyedIndexDataCacheFile`): two entries never share a file, so an
