@@ -85,6 +85,12 @@ def test_plain_attention_passes_as_plain_attention():
     assert conf.run_property("attention_values", target).status == "pass"
 
 
+def _promised(snippet):
+    """The values a repro snippet's ``print(...)  # value`` lines promise, in order."""
+    return [ln.split("# ", 1)[1].strip() for ln in snippet.splitlines()
+            if "# " in ln and ln.startswith("print(")]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("case", "framework"),
     [("coefficients in ascending powers", "numpy"), ("entropy in bits", "numpy"),
@@ -97,10 +103,8 @@ def test_repro_snippet_reproduces_the_counterexample(case, framework, capsys):
     res = conf.run_property(prop, target)
     snippet = res.message.split("repro:\n", 1)[1]
     exec(compile(snippet, "<repro>", "exec"), {})
-    printed = capsys.readouterr().out.split()
-    promised = [ln.split("# ", 1)[1].strip() for ln in snippet.splitlines() if "# " in ln
-                and ln.startswith("print(")]  # fmt: skip
-    assert printed == promised
+    promised = _promised(snippet)
+    assert capsys.readouterr().out.split() == promised
 
 
 @pytest.mark.parametrize(
@@ -123,10 +127,8 @@ def test_attention_repro_calls_the_kernel_as_the_suite_did(case, capsys):
     assert res.status == "fail"
     snippet = res.message.split("repro:\n", 1)[1].split("\n\n=== ", 1)[0]
     exec(compile(snippet, "<repro>", "exec"), {})
-    printed = capsys.readouterr().out.split()
-    promised = [ln.split("# ", 1)[1].strip() for ln in snippet.splitlines() if "# " in ln
-                and ln.startswith("print(")]  # fmt: skip
-    assert printed == promised
+    promised = _promised(snippet)
+    assert capsys.readouterr().out.split() == promised
     assert len(promised) == 2 and promised[0] != promised[1]
 
 
@@ -146,10 +148,8 @@ def test_attention_repro_of_given_logits_calls_kernel_with_them(capsys):
     snippet = str(info.value).split("repro:\n", 1)[1]
     assert "print(kernel(x, v)" in snippet
     exec(compile(snippet, "<repro>", "exec"), {"kernel": kernel})
-    printed = capsys.readouterr().out.split()
-    promised = [ln.split("# ", 1)[1].strip() for ln in snippet.splitlines() if "# " in ln
-                and ln.startswith("print(")]  # fmt: skip
-    assert printed == promised
+    promised = _promised(snippet)
+    assert capsys.readouterr().out.split() == promised
 
 
 def test_torch_repro_snippet_runs(capsys):

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from softmaxtheory import reference as R  # noqa: E402, N812
 from softmaxtheory.accelerated.torch import adaptive_attention  # noqa: E402
 from softmaxtheory.spec import Constant, LogLength  # noqa: E402
+from tests.support.layouts import view  # noqa: E402
 from tests.test_torch_tolerances import attention_tolerance  # noqa: E402
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
@@ -40,15 +41,6 @@ def _masks(L=5, S=7, seed=0):
     return {"none": None, "causal": "causal", "bool": keep, "bias": add, "zero_inf": zero_inf}
 
 
-def _strided(t, layout):
-    """A view of `t` whose last dimension is not unit-stride (the same values)."""
-    if layout == "transposed":  # stride 1 along the rows, stride n along the last dim
-        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
-    wide = t.new_zeros(*t.shape[:-1], 2 * t.shape[-1])  # "stepped": every other entry
-    wide[..., ::2] = t
-    return wide[..., ::2]
-
-
 def _run_and_check(
     dtype, mask_name, backend, schedule=None, entropy_eps=0.0, Dv=3, layout=None, operand=None,
     scale=None,
@@ -56,7 +48,7 @@ def _run_and_check(
     q, k, v = _qkv(dtype, Dv=Dv)
     if layout is not None:
         views = {"q": q, "k": k, "v": v}
-        views[operand] = _strided(views[operand], layout)
+        views[operand] = view(views[operand], layout)
         assert views[operand].stride(-1) != 1
         q, k, v = views.values()
     mask = _masks()[mask_name]

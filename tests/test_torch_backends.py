@@ -26,30 +26,12 @@ torch = pytest.importorskip("torch")
 
 from softmaxtheory import reference as R  # noqa: E402, N812
 from softmaxtheory.accelerated.torch import adaptive_attention, attention_entropy  # noqa: E402
+from tests.support.layouts import LAYOUTS, view  # noqa: E402
 from tests.test_torch_tolerances import attention_tolerance  # noqa: E402
 
-DTYPES = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
+DTYPES = {name: getattr(torch, name) for name in ("float64", "float32", "float16", "bfloat16")}
 BACKENDS = ("auto", "composition", "hybrid", "chunked")
-LAYOUTS = ("contiguous", "transposed", "stepped", "broadcast")
 MASKS = ("none", "causal", "bool", "keys", "zero-inf", "bias")
-
-
-def _layout(t: torch.Tensor, layout: str) -> torch.Tensor:
-    """The values of `t` in another memory layout (``broadcast``: row 0 repeated)."""
-    if layout == "transposed":  # the last dimension has stride n
-        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
-    if layout == "stepped":  # every other entry of a wider buffer
-        wide = t.new_zeros(*t.shape[:-1], 2 * t.shape[-1])
-        wide[..., ::2] = t
-        return wide[..., ::2]
-    if layout == "broadcast":  # stride 0 along the sequence
-        return t[..., :1, :].expand(t.shape)
-    return t
 
 
 @st.composite
@@ -96,7 +78,7 @@ def _tensors(c: dict) -> tuple:
 
 def _call(c: dict, q, k, v, mask, backend: str) -> torch.Tensor:
     dtype = DTYPES[c["dtype"]]
-    ops = [_layout(t.to(dtype), lay) for t, lay in zip((q, k, v), c["layouts"], strict=True)]
+    ops = [view(t.to(dtype), lay) for t, lay in zip((q, k, v), c["layouts"], strict=True)]
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(dtype)
     return adaptive_attention(
@@ -111,9 +93,7 @@ def _float64_operands(c: dict, q, k, v, mask) -> tuple:
     Rounded to the call's dtype, in their layouts, the key heads repeated for GQA.
     """
     dtype = DTYPES[c["dtype"]]
-    ops = [
-        _layout(t.to(dtype), lay).double() for t, lay in zip((q, k, v), c["layouts"], strict=True)
-    ]
+    ops = [view(t.to(dtype), lay).double() for t, lay in zip((q, k, v), c["layouts"], strict=True)]
     if c["group"] > 1:
         ops[1], ops[2] = (t.repeat_interleave(c["group"], dim=1) for t in ops[1:])
     qd, kd, vd = (t.numpy() for t in ops)
@@ -179,7 +159,7 @@ def test_attention_entropy_matches_the_reference(c):
     q, k, _, mask = _tensors(c)
     qd, kd, _, keep, add = _float64_operands(c, q, k, q[..., :1, :], mask)
     dtype = DTYPES[c["dtype"]]
-    ops = [_layout(t.to(dtype), lay) for t, lay in zip((q, k), c["layouts"][:2], strict=True)]
+    ops = [view(t.to(dtype), lay) for t, lay in zip((q, k), c["layouts"][:2], strict=True)]
     m = mask if mask is None or mask.dtype == torch.bool else mask.to(dtype)
     h, lse = attention_entropy(
         *ops, attn_mask=m, is_causal=c["mask"] == "causal", scale=c["scale"],

@@ -17,6 +17,7 @@ from softmaxtheory.accelerated.torch import (  # noqa: E402
     adaptive_softmax,
     attention_entropy,
 )
+from tests.support.layouts import view  # noqa: E402
 from tests.test_torch_tolerances import attention_tolerance  # noqa: E402
 
 #: The device of these tests (``SOFTMAXTHEORY_TEST_DEVICE=cpu`` runs their bodies on CPU, to
@@ -83,13 +84,6 @@ def test_cuda_matches_reference(backend, dtype, mask_name):
     assert np.all(err <= tol), f"max err/tol {np.max(err / tol)}"
 
 
-def _strided_last(t):
-    """The same values in a view whose last dimension has stride 2."""
-    wide = t.new_zeros(*t.shape[:-1], 2 * t.shape[-1])
-    wide[..., ::2] = t
-    return wide[..., ::2]
-
-
 #: (case, operands made strided, scale, causal): the layouts and scales the fused kernels
 #: do not take as given (each is copied or folded into the queries first)
 ODD_CALLS = [
@@ -119,7 +113,7 @@ def test_cuda_strided_operands_and_scales_that_are_not_positive(backend, dtype, 
         for n in (40, 37, 37)
     )
     dev = [t.to(DEVICE) for t in (q, k, v)]
-    dev = [_strided_last(t) if name in strided else t for name, t in zip("qkv", dev, strict=True)]
+    dev = [view(t, "stepped") if name in strided else t for name, t in zip("qkv", dev, strict=True)]
     with torch.no_grad():
         out = adaptive_attention(*dev, is_causal=causal, scale=scale, backend=backend)
     out = out.cpu().double().numpy()

@@ -22,6 +22,7 @@ import numpy as np
 from .. import strategies as strat
 from .._formats import DTYPES, FRAMEWORKS, KINDS, default_dtype
 from ..spec import PaperPolynomial, Schedule, resolve_schedule
+from .report import np_dtype_literal
 
 __all__ = [
     "ConformanceUsageError",
@@ -360,13 +361,13 @@ class Target:
     @property
     def repro(self) -> str:
         """Lines that import the kernel and define ``kernel`` for repro snippets."""
+        if self.kind == "attention":
+            return self.attention_repro(None)
         lines = self._repro_head()
         if lines is None:
             return "kernel = ...  # your kernel"
-        if self.kind == "attention":
-            return lines + self._attention_wrapper(None)
         if self.framework == "torch":
-            src = "np.float32" if self.dtype == "bfloat16" else f"np.{self.dtype}"
+            src = np_dtype_literal(self.dtype)
             lines = (
                 f"import torch\n{lines}\n"
                 f"_kernel = kernel\n\n\ndef kernel(*arrays):  # numpy in, numpy out, via torch\n"
@@ -385,7 +386,7 @@ class Target:
         """
         head = self._repro_head()
         if head is None:
-            return self.repro
+            return "kernel = ...  # your kernel"
         return head + self._attention_wrapper(views)
 
     def _attention_wrapper(self, views: dict[str, str] | None) -> str:
@@ -409,7 +410,7 @@ class Target:
                 + f"    if mask is not None:\n        kw[{key!r}] = mask\n"
                 "    return _kernel(q, k, v, **kw)\n"
             )
-        src = "np.float32" if self.dtype == "bfloat16" else f"np.{self.dtype}"
+        src = np_dtype_literal(self.dtype)
         put = f".to({self.device!r})"
         return (
             "\nimport torch\n_kernel = kernel\n\n\n"
