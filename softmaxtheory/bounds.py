@@ -301,8 +301,8 @@ def entropy_lower_bound(n: Any, spread: Any, beta: Any = 1.0) -> Any:
 def _check_exponent(exponent: float, what: str) -> None:
     if exponent > MAX_EXPONENT:
         raise ValueError(
-            f"{what} = {exponent!r} is too large: the size would have more than 630,000 digits "
-            f"(the limit is {MAX_EXPONENT!r})"
+            f"{what} = {exponent!r} is too large: it must be at most {MAX_EXPONENT:.3g}, "
+            "where the size has 630,000 digits"
         )
 
 

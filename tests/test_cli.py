@@ -188,6 +188,9 @@ def test_user_errors_are_one_line_and_exit_2(
     line = one_line_usage_error(capsys, argv)
     assert message in line
     assert line.startswith("softmaxtheory")
+    # the hint about '--' only where an unrecognized word is a number that starts with '-'
+    hinted = "-1e308" in argv or "-inf" in argv  # not "--n 0": 0 is no option
+    assert ("go after '--'" in line) == hinted, line
 
 
 def test_plot_path_is_checked_before_the_table(capsys):

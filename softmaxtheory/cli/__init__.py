@@ -106,7 +106,7 @@ class _Parser(argparse.ArgumentParser):
         """
         text = " ".join(str(message).split())
         if text.startswith("unrecognized arguments:") and any(
-            _is_number(word) for word in text.split(":", 1)[1].split()
+            word.startswith("-") and _is_number(word) for word in text.split(":", 1)[1].split()
         ):
             text += "; numbers that start with '-' go after '--', as in: reference -- -inf 0 1"
         self.exit(2, f"{self.prog}: error: {text} (see {self.prog} --help)\n")

@@ -220,8 +220,8 @@ def _check_range(spread: float, beta: float, parser: argparse.ArgumentParser) ->
 
     if spread * beta > MAX_EXPONENT:
         parser.error(
-            f"--beta times the spread = {beta!r} * {spread!r} is too large: the sizes would "
-            f"have more than 630,000 digits (the limit is {MAX_EXPONENT!r})"
+            f"--beta times the spread = {beta!r} * {spread!r} is too large: it must be at "
+            f"most {MAX_EXPONENT:.3g}, where the sizes have 630,000 digits"
         )
 
 
