@@ -18,6 +18,8 @@ last axis (shape ``(..., n)``, or ``(...)`` for kind ``entropy``); attention
 kernels take ``q, k, v``. Optional keywords are used when the kernel's
 signature has them: ``schedule=`` (then other schedules are tested too),
 ``entropy_eps=``, ``mask=`` or ``attn_mask=`` and ``is_causal=`` (attention).
+The kernel gets private copies of its operands and must leave them unchanged;
+what it returns must stay unchanged when it is called again (``fresh_results``).
 
 Every property compares the kernel with the certified reference through
 :mod:`softmaxtheory.testing` (the error model) and reports the largest error

@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from ._check import error_model as model
-from ._check.report import fmt_ulp, is_torch, np_dtype_literal, row_literal
+from ._check.report import array_literal, fmt_ulp, is_torch, row_literal
 from ._formats import DTYPES, Format, Kind, format_named
 from .spec import Constant, Polynomial, Schedule, check_entropy_eps, resolve_schedule
 
@@ -336,7 +336,7 @@ def _input_lines(
     row alone.
     """
     if x.size <= 4 * REPRO_ITEMS:
-        body = _array_literal(x, in_dtype)
+        body = array_literal(x, in_dtype)
         line, picked = f"{name} = {body}", index
     elif source is not None:
         line, picked = f"{name} = {source}", index
@@ -953,7 +953,7 @@ def _attention_repro(case: _AttentionCheck, got: float, ref: float, idx: tuple) 
             lines.append(f"{name} = np.array({np.asarray(a).tolist()!r})")
         else:
             dtype = case.in_dtype if name != "mask" else np.asarray(a).dtype.name
-            lines.append(f"{name} = {_array_literal(a, dtype)}")
+            lines.append(f"{name} = {array_literal(a, dtype)}")
     kernel_kw = ", mask=mask" if case.given_mask is not None else ""
     kernel_kw += ", is_causal=True" if case.is_causal else ""
     if case.logits is None:
@@ -983,14 +983,6 @@ def _attention_repro(case: _AttentionCheck, got: float, ref: float, idx: tuple) 
         f"\nprint(kernel({args}{kernel_kw}){where!r})  # {float(got)!r}"
         f"\nprint(reference.adaptive_attention({ref_args}, {ref_kw}){where!r})  # {float(ref)!r}"
     )
-
-
-def _array_literal(a: np.ndarray, dtype_name: str) -> str:
-    body = np.array2string(
-        np.asarray(a, dtype=np.float64), separator=", ", threshold=10**6, floatmode="unique"
-    )
-    body = body.replace("nan", "np.nan").replace("inf", "np.inf")
-    return f"np.array({body}, dtype={np_dtype_literal(dtype_name)})"
 
 
 def _is_bool(mask: Any) -> bool:

@@ -72,6 +72,8 @@ def test_guide_torch_defect_command():
         "softmaxtheory._check.target",
         "softmaxtheory._check.runner",
         "softmaxtheory._check.properties",
+        "softmaxtheory._check.errors",
+        "softmaxtheory._check.memory",
     ],
 )
 def test_docstring_examples_and_all(name):

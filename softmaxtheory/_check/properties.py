@@ -18,6 +18,7 @@ from .. import testing as tst
 from .._formats import FORMATS, ROWWISE_KINDS, Kind
 from ..spec import Constant, LogLength, Polynomial, Schedule
 from . import error_model as model
+from .memory import changed, snapshot
 from .report import row_literal
 from .runner import Failed, Run, Skip, run_given
 from .target import Target
@@ -172,6 +173,8 @@ def _p_special_values(t: Target, run: Run) -> None:
         x = strat.cast(x64, t.dtype)
         try:
             out = t.call(x)
+        except Failed:
+            raise
         except Exception as exc:
             if label.startswith("empty"):
                 run.notes.append(f"n = 0 refused with {type(exc).__name__}")
@@ -392,6 +395,8 @@ def _attention_compare(
             q, k, v, mask, causal, scale=scale,
             views={n: _view(t, lb) for n, lb in views.items()},
         )  # fmt: skip
+    except Failed as exc:
+        raise Failed(f"{what}: {exc}") from exc
     except Exception as exc:
         raise Failed(
             f"{what}: the kernel raised {type(exc).__name__}: {exc} (q {q.shape}, k {k.shape}, "
@@ -494,6 +499,93 @@ def _p_attention_batch(t: Target, run: Run) -> None:
         _attention_compare(run, one, f"head {i}, query 0 alone")
 
 
+def _fresh_sources(t: Target) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The operands of :func:`_p_fresh_results`' two calls: (name, numpy source text) each."""
+    shapes = {"x": (2, 5)} if t.kind != "attention" else {"q": (2, 3, 4), "k": (2, 5, 4),
+                                                          "v": (2, 5, 4)}  # fmt: skip
+    calls = []
+    for call in range(2):
+        calls.append([
+            (name, f"np.random.default_rng({31 + 3 * call + i}).normal(0.0, 3.0, {shape})")
+            for i, (name, shape) in enumerate(shapes.items())
+        ])  # fmt: skip
+    return calls[0], calls[1]
+
+
+def _fresh_repro(t: Target, first: list[tuple[str, str]], second: list[tuple[str, str]]) -> str:
+    """A snippet that keeps the first call's result and prints whether the second changed it."""
+    head = t._repro_head() or "kernel = ...  # your kernel"
+    if t.framework == "numpy":
+        lines = ["import numpy as np", head]
+        make = lambda src: _src_cast(src, t.dtype)  # noqa: E731
+        copy, equal = "kept = first.copy()", "np.array_equal(first, kept, equal_nan=True)"
+    else:
+        lines = ["import numpy as np", "import torch", head]
+        make = lambda src: (  # noqa: E731
+            f"torch.from_numpy({src}).to(torch.{t.dtype}).to({t.device!r})"
+        )
+        copy, equal = "kept = first.clone()", "torch.equal(first.view(-1), kept.view(-1))"
+    for tag, operands in (("1", first), ("2", second)):
+        lines += [f"{name}{tag} = {make(src)}" for name, src in operands]
+    names = [name for name, _ in first]
+    lines += [
+        f"first = kernel({', '.join(n + '1' for n in names)})",
+        copy,
+        f"kernel({', '.join(n + '2' for n in names)})",
+        "# the second call changed the first result:",
+        f"print({equal})  # False",
+    ]
+    return "\n".join(lines)
+
+
+def _p_fresh_results(t: Target, run: Run) -> None:
+    """A result the caller keeps does not change when the kernel is called again.
+
+    Two calls on inputs of one shape and dtype; the first result must keep its bits
+    through the second call. A kernel that returns a buffer it reuses (a workspace
+    cached between calls) passes every value check, yet a caller that keeps two
+    results holds the second one twice. (Every property also checks every call for
+    writes to the kernel's inputs.)
+    """
+    first, second = _fresh_sources(t)
+    arrays = [
+        {name: strat.cast(eval(src, {"np": np}), t.dtype) for name, src in operands}
+        for operands in (first, second)
+    ]
+
+    def call(inputs: dict[str, np.ndarray]) -> Any:
+        if t.kind == "attention":
+            return t.call_attention(inputs["q"], inputs["k"], inputs["v"], None, False)
+        return run.call(inputs["x"])
+
+    try:
+        out1 = call(arrays[0])
+        kept = snapshot(out1)
+        out2 = call(arrays[1])
+    except Failed:
+        raise
+    except Exception as exc:
+        raise Failed(f"the kernel raised {type(exc).__name__}: {exc}") from exc
+    change = changed(kept, snapshot(out1))
+    if change is not None:
+        raise Failed(
+            f"the result of a call changed when the kernel was called again: {change}. The "
+            "kernel returns memory that its next call overwrites (a reused buffer); a caller "
+            f"that keeps two results holds the second one twice.\nrepro:\n"
+            f"{_fresh_repro(t, first, second)}"
+        )
+    for out, inputs in zip((out1, out2), arrays, strict=True):
+        if t.kind == "attention":
+            got, _ = run.output(out, "fresh results")
+            rep = tst.assert_attention_close(
+                got, (inputs["q"], inputs["k"], inputs["v"]), schedule=t.schedule,
+                entropy_eps=t.entropy_eps, dtype=t.dtype, repro=t.repro, strict=t.strict,
+            )  # fmt: skip
+            run.record(rep)
+        else:
+            run.compare(out, inputs["x"], what="fresh results")
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -514,6 +606,7 @@ PROPERTIES: dict[str, tuple[Callable[[Target, Run], None], tuple[Kind, ...]]] = 
     "attention_masks": (_p_attention_masks, ("attention",)),
     "attention_causal": (_p_attention_causal, ("attention",)),
     "attention_layouts": (_p_attention_layouts, ("attention",)),
+    "fresh_results": (_p_fresh_results, (*ROWWISE_KINDS, "attention")),
 }
 
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "STOPPED",
+    "array_literal",
     "fmt_ulp",
     "is_torch",
     "mismatch_text",
@@ -56,6 +57,15 @@ def np_dtype_literal(dtype_name: str) -> str:
     numpy has no bfloat16: its values are exact in float32.
     """
     return "np.float32" if dtype_name == "bfloat16" else f"np.{dtype_name}"
+
+
+def array_literal(a: np.ndarray, dtype_name: str) -> str:
+    """Source text that rebuilds `a` exactly, its shape kept: ``np.array([[...]], dtype=...)``."""
+    body = np.array2string(
+        np.asarray(a, dtype=np.float64), separator=", ", threshold=10**6, floatmode="unique"
+    )
+    body = body.replace("nan", "np.nan").replace("inf", "np.inf")
+    return f"np.array({body}, dtype={np_dtype_literal(dtype_name)})"
 
 
 def row_literal(row: np.ndarray, dtype_name: str) -> str:

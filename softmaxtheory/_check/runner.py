@@ -31,6 +31,7 @@ from hypothesis.reporting import with_reporter
 
 from .. import testing as tst
 from ..spec import Schedule
+from .errors import Failed, Skip
 from .report import STOPPED, fmt_ulp, is_torch, mismatch_text, row_literal
 from .target import Target
 
@@ -83,14 +84,6 @@ class PropertyResult:
             tail = self.message.splitlines()[0][len(STOPPED) :]
         checks = f"{self.checks:>5} {'check' if self.checks == 1 else 'checks'}"
         return f"{self.status.upper():<5} {self.name:<20} {ulp:<22} {checks} {tail}".rstrip()
-
-
-class Failed(Exception):
-    """A counterexample found by a property: the message is the whole report, repro included."""
-
-
-class Skip(Exception):
-    """The property cannot run on this kernel; the message says why."""
 
 
 @dataclass

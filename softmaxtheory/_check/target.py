@@ -22,7 +22,9 @@ import numpy as np
 from .. import strategies as strat
 from .._formats import DTYPES, FRAMEWORKS, KINDS, default_dtype
 from ..spec import PaperPolynomial, Schedule, resolve_schedule
-from .report import np_dtype_literal
+from .errors import Failed
+from .memory import Change, changed, private_copy, snapshot
+from .report import array_literal, np_dtype_literal
 
 __all__ = [
     "ConformanceUsageError",
@@ -310,12 +312,66 @@ class Target:
             kw["entropy_eps"] = self.entropy_eps
         return kw
 
+    def _checked_call(
+        self, args: dict[str, Any], call: Callable[[], Any], literal: np.ndarray | None = None
+    ) -> Any:
+        """Run `call` (the kernel on `args`, private copies); fail if it wrote to one of them.
+
+        `literal`, when given, is the logits `x` of a plain call (no view, no keyword
+        but the target's own): a write to it is reported with a repro.
+
+        Raises
+        ------
+        Failed
+            If an element of one of `args` changed (bits compared: see
+            :mod:`~softmaxtheory._check.memory`).
+        """
+        before = {name: snapshot(a) for name, a in args.items()}
+        out = call()
+        for name, a in args.items():
+            change = changed(before[name], snapshot(a, copy=False))
+            if change is None:
+                continue
+            text = (
+                f"the kernel wrote to its input {name} (shape {tuple(a.shape)}): {change}. "
+                "A kernel must leave its inputs as it found them (its caller may use them again)"
+            )
+            if literal is not None and literal.size <= 64 and change.index:
+                text += f"\nrepro:\n{self._write_repro(literal, change)}"
+            raise Failed(text)
+        return out
+
+    def _write_repro(self, x: np.ndarray, change: Change) -> str:
+        """A snippet that calls the kernel on `x` and prints the element it overwrote."""
+        head = self._repro_head() or "kernel = ...  # your kernel"
+        if self.framework == "numpy":
+            lines = ["import numpy as np", head, f"x = {array_literal(x, self.dtype)}"]
+        else:
+            lines = ["import numpy as np", "import torch", head,
+                     f"x = torch.from_numpy({array_literal(x, 'float64')})"
+                     f".to(torch.{self.dtype}).to({self.device!r})"]  # fmt: skip
+        where = ", ".join(map(str, change.index))
+        lines += [
+            "kernel(x)",
+            f"# x[{where}] was {change.before!r} before the call; after it:",
+            f"print(x[{where}].item())  # {change.after!r}",
+        ]
+        return "\n".join(lines)
+
     def call(self, x: np.ndarray, schedule: Schedule | None = None, view: Any = None) -> Any:
-        """Call the kernel on logits `x` (numpy, converted to the framework); return its output."""
-        arg = self._to_framework(x)
-        if view is not None:
-            arg = view(arg)
-        return self.kernel(arg, **self._kwargs(schedule))
+        """Call the kernel on logits `x` (a private copy, in the framework); return its output.
+
+        `x` itself is never handed to the kernel; the call fails if the kernel writes to its
+        copy (``Failed``, with a repro when the call is plain and x is small).
+        """
+        arg = self._to_framework(private_copy(x))
+        viewed = arg if view is None else view(arg)
+        plain = view is None and schedule is None
+        return self._checked_call(
+            {"x": arg},
+            lambda: self.kernel(viewed, **self._kwargs(schedule)),
+            literal=x if plain else None,
+        )
 
     def call_attention(
         self,
@@ -334,17 +390,20 @@ class Target:
         function applied to that operand once converted (a strided view, say).
         """
         kw = self._kwargs(None)
+        operands = {
+            name: self._to_framework(private_copy(a))
+            for name, a in zip("qkv", (q, k, v), strict=True)
+        }
         if mask is not None:
-            kw[self.mask_keyword or "mask"] = self._to_framework(mask)
+            operands["mask"] = kw[self.mask_keyword or "mask"] = self._to_framework(
+                private_copy(np.asarray(mask))
+            )
         if is_causal:
             kw["is_causal"] = True
         if scale is not None:
             kw["scale"] = scale
-        args = [self._to_framework(a) for a in (q, k, v)]
-        for i, name in enumerate("qkv"):
-            if views and name in views:
-                args[i] = views[name](args[i])
-        return self.kernel(*args, **kw)
+        args = [views[n](operands[n]) if views and n in views else operands[n] for n in "qkv"]
+        return self._checked_call(operands, lambda: self.kernel(*args, **kw))
 
     def _repro_head(self) -> str | None:
         """Lines that import the kernel as ``kernel`` (None without a ``module:function``)."""

@@ -470,6 +470,46 @@ def attention_masking_before_scale(q, k, v, mask=None, is_causal=False, scale=No
     return (adaptive_softmax(logits) @ v).astype(dt)
 
 
+def softmax_in_place(x):
+    """Defect: the softmax written into the input array, which is returned (values right)."""
+    x = np.asarray(x)
+    x[...] = _softmax(_work(x)).astype(x.dtype)
+    return x
+
+
+#: The buffers of the kernels below that reuse one output buffer per shape and dtype.
+_BUFFERS = {}
+
+
+def _reused(key, result, copy_into):
+    buf = _BUFFERS.setdefault(key, result)
+    if buf is not result:
+        copy_into(buf, result)
+    return buf
+
+
+def reused_output_buffer(x):
+    """Defect: each result written into one buffer per shape and dtype, kept between calls
+    (its values right when it is returned; the next call of that shape overwrites it)."""
+    x = np.asarray(x)
+    r = _softmax(_work(x)).astype(x.dtype)
+    return _reused(("numpy", r.shape, r.dtype.str), r, np.copyto)
+
+
+def torch_reused_output_buffer(x):
+    """Defect: the same in torch (one result tensor per shape, dtype and device)."""
+    import torch
+
+    r = torch.softmax(x.double(), dim=-1).to(x.dtype)
+    return _reused(("torch", tuple(r.shape), r.dtype, r.device), r, torch.Tensor.copy_)
+
+
+def attention_reused_output_buffer(q, k, v, mask=None, is_causal=False):
+    """Defect: an adaptive attention whose result goes into a buffer kept between calls."""
+    r = attention(q, k, v, mask=mask, is_causal=is_causal)
+    return _reused(("attention", r.shape, r.dtype.str), r, np.copyto)
+
+
 def unused_paper():  # pragma: no cover - keeps the import used for readers
     return PaperPolynomial()
 
@@ -540,6 +580,13 @@ CATALOGUE = {
         {"kind": "attention", "framework": "torch", "dtype": "float32"}, "attention_layouts"),
     "causal mask applied before the scale": (
         attention_masking_before_scale, {"kind": "attention"}, "attention_causal"),
+    # kernels whose values are right but whose memory is not
+    "result written into the input": (softmax_in_place, {"dtype": "float32"}, "values"),
+    "output buffer reused between calls": (reused_output_buffer, {}, "fresh_results"),
+    "torch output buffer reused between calls": (
+        torch_reused_output_buffer, {"framework": "torch", "dtype": "float32"}, "fresh_results"),
+    "attention output buffer reused between calls": (
+        attention_reused_output_buffer, {"kind": "attention"}, "fresh_results"),
 }  # fmt: skip
 
 
