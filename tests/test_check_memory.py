@@ -176,3 +176,19 @@ def test_a_0d_result_keeps_its_shape(copy):
     a = np.full((), 1.5)
     assert snapshot(a, copy=copy).bits.shape == ()
     assert changed(snapshot(a), snapshot(a, copy=copy)) is None
+
+
+# -- the device of a torch result -------------------------------------------------------
+
+
+def test_a_result_on_another_device_fails():
+    """A kernel that moves its result (to the CPU, say, for CUDA input) fails by name."""
+
+    def elsewhere(x):
+        return torch.softmax(x, dim=-1).to("meta")
+
+    res = conf.run_property("dtype_shape", conf.Target(elsewhere, framework="torch"))
+    assert res.status == "fail"
+    assert "the kernel returned a tensor on meta for input on cpu (device not preserved" in (
+        res.message
+    )

@@ -112,6 +112,11 @@ class Run:
         t = self.target
         if t.framework == "torch" and not is_torch(out):
             raise Failed(f"the kernel returned {type(out).__name__}, not a torch tensor ({x_desc})")
+        if t.framework == "torch" and out.device.type != t.device.split(":")[0]:
+            raise Failed(
+                f"the kernel returned a tensor on {out.device} for input on {t.device} "
+                f"(device not preserved; {x_desc})"
+            )
         try:
             return tst.to_numpy(out, "output")
         except TypeError as exc:
