@@ -667,8 +667,8 @@ def _check_rowwise(case: _RowCheck, actual: Any, logits: Any, tol: _Tolerance) -
             pick = f"[{', '.join(map(str, full))}]" if full else ""
             call = (
                 lines
-                + f"\nprint(kernel(x){pick})  # {float(c.got[idx])!r}"
-                + f"\nprint(reference.{kind}(x{kw}){pick})  # {float(c.ref[idx])!r}"
+                + f"\nprint(float(kernel(x){pick}))  # {float(c.got[idx])!r}"
+                + f"\nprint(float(reference.{kind}(x{kw}){pick}))  # {float(c.ref[idx])!r}"
             )
             if "softmaxtheory.spec" in kw:
                 call = "import softmaxtheory.spec\n" + call
@@ -776,6 +776,7 @@ def assert_attention_close(
     floor_ulps: float = 2.0,
     strict: bool = False,
     repro: str | None = None,
+    source: dict[str, str] | None = None,
 ) -> ErrorReport:
     r"""Check attention :math:`\mathrm{out}_i = \sum_j \operatorname{softmax}(\beta_i x_i)_j v_j`.
 
@@ -804,6 +805,10 @@ def assert_attention_close(
         with the keywords of this check, ``kernel(q, k, v, mask=mask,
         is_causal=True, scale=...)`` (each only when set; ``kernel(x, v, ...)``
         given logits), so `repro` defines a ``kernel`` that takes them.
+    source : dict of str to str, optional
+        Source text that rebuilds an input, by name (``"q"``, ``"k"``, ``"v"``, ``"x"``,
+        ``"mask"``): the snippet uses it for inputs too large to write out (otherwise
+        ``<your q>``).
 
     Returns
     -------
@@ -821,6 +826,10 @@ def assert_attention_close(
     tol = _Tolerance(mode, max_ulps, baseline_factor, floor_ulps, strict)
     if not isinstance(logits_or_qkv, tuple | list) or len(logits_or_qkv) not in (2, 3):
         raise TypeError("logits_or_qkv must be a tuple (q, k, v) or (logits, v)")
+    if source is not None and not (
+        isinstance(source, dict) and all(isinstance(t, str) for t in source.values())
+    ):
+        raise TypeError("source must be a dict mapping input names to source text")
     schedule = resolve_schedule(schedule)
     entropy_eps = check_entropy_eps(entropy_eps)
     got, got_dtype = to_numpy(actual, "actual")
@@ -854,7 +863,7 @@ def assert_attention_close(
         )
     case = _AttentionCheck(
         q, k, v, m, in_dtype, scale, is_causal, schedule, entropy_eps, repro,
-        logits=x, given_mask=given_mask,
+        logits=x, given_mask=given_mask, source=source or {},
     )  # fmt: skip
     with np.errstate(all="ignore"):
         report = _attention_quiet(got, ref, fmt, case, tol)
@@ -877,6 +886,7 @@ class _AttentionCheck:
     repro: str | None
     logits: np.ndarray | None  # the kernel's given logits (exact inputs), or None for q, k, v
     given_mask: np.ndarray | None  # the mask as the kernel was given it
+    source: dict[str, str]  # source text that rebuilds an input, by name
 
     @property
     def given_logits(self) -> bool:
@@ -948,7 +958,7 @@ def _attention_repro(case: _AttentionCheck, got: float, ref: float, idx: tuple) 
     lines = []
     for name, a in arrays:
         if not small:
-            lines.append(f"{name} = np.asarray(<your {name}>)")
+            lines.append(f"{name} = {case.source.get(name, f'np.asarray(<your {name}>)')}")
         elif a.dtype == bool:
             lines.append(f"{name} = np.array({np.asarray(a).tolist()!r})")
         else:
@@ -980,7 +990,7 @@ def _attention_repro(case: _AttentionCheck, got: float, ref: float, idx: tuple) 
         ref_kw += f", entropy_eps={case.entropy_eps!r}"
     where = list(idx)
     return "\n".join(lines) + (
-        f"\nprint(kernel({args}{kernel_kw}){where!r})  # {float(got)!r}"
+        f"\nprint(float(kernel({args}{kernel_kw}){where!r}))  # {float(got)!r}"
         f"\nprint(reference.adaptive_attention({ref_args}, {ref_kw}){where!r})  # {float(ref)!r}"
     )
 

@@ -94,7 +94,9 @@ def _promised(snippet):
 @pytest.mark.parametrize(
     ("case", "framework"),
     [("coefficients in ascending powers", "numpy"), ("entropy in bits", "numpy"),
-     ("no max subtraction, float32", "numpy"), ("-inf replaced by -1e4", "numpy")],
+     ("no max subtraction, float32", "numpy"), ("-inf replaced by -1e4", "numpy"),
+     ("online softmax losing the scale of its last, partial block", "numpy"),
+     ("polynomial used as a clipped temperature", "numpy")],
 )  # fmt: skip
 def test_repro_snippet_reproduces_the_counterexample(case, framework, capsys):
     kernel, opts, prop = bk.CATALOGUE[case]
@@ -112,7 +114,8 @@ def test_repro_snippet_reproduces_the_counterexample(case, framework, capsys):
     ["attention ignoring is_causal", "attention ignoring the mask",
      "attention reading views as contiguous memory",
      "torch attention reading views as contiguous memory",
-     "causal mask applied before the scale"],
+     "causal mask applied before the scale",
+     "blocked attention losing the scale of its last, partial key block"],
 )  # fmt: skip
 def test_attention_repro_calls_the_kernel_as_the_suite_did(case, capsys):
     """The snippet calls the kernel with the mask, is_causal, scale and operand views it got.
@@ -146,7 +149,7 @@ def test_attention_repro_of_given_logits_calls_kernel_with_them(capsys):
     with pytest.raises(tst.KernelMismatch) as info:
         tst.assert_attention_close(kernel(x, v), (x, v), repro="")
     snippet = str(info.value).split("repro:\n", 1)[1]
-    assert "print(kernel(x, v)" in snippet
+    assert "print(float(kernel(x, v)" in snippet
     exec(compile(snippet, "<repro>", "exec"), {"kernel": kernel})
     promised = _promised(snippet)
     assert capsys.readouterr().out.split() == promised

@@ -230,6 +230,32 @@ def test_attention_close_accepts_given_logits():
         testing.assert_attention_close(kernel(logits, v), (logits,))
 
 
+def test_attention_repro_rebuilds_large_inputs_from_their_source(capsys):
+    """``source=``: inputs too large to write out are rebuilt from their text, not ``<your q>``."""
+    src = {
+        "q": "np.random.default_rng(1).normal(0.0, 2.0, (2, 3, 8))",
+        "k": "np.random.default_rng(2).normal(0.0, 1.0, (2, 300, 8))",
+        "v": "np.random.default_rng(3).normal(0.0, 1.0, (2, 300, 4))",
+    }
+    q, k, v = (eval(src[n], {"np": np}) for n in "qkv")
+    out = reference.adaptive_attention(q, k, v, dtype=np.float64)
+    out[1, 2, 3] += 1e-6
+    with pytest.raises(testing.KernelMismatch) as info:
+        testing.assert_attention_close(out, (q, k, v), repro="", source=src)
+    snippet = str(info.value).split("repro:\n", 1)[1]
+    assert "<your" not in snippet and src["k"] in snippet
+    namespace = {"kernel": lambda q, k, v: out}
+    exec(compile(snippet, "<repro>", "exec"), namespace)
+    printed = capsys.readouterr().out.split()
+    promised = [ln.rsplit("# ", 1)[1] for ln in snippet.splitlines() if ln.startswith("print")]
+    assert printed == promised
+    with pytest.raises(testing.KernelMismatch) as info:  # without source: placeholders
+        testing.assert_attention_close(out, (q, k, v), repro="")
+    assert "k = np.asarray(<your k>)" in str(info.value)
+    with pytest.raises(TypeError, match="source must be a dict"):
+        testing.assert_attention_close(out, (q, k, v), source="q = ...")
+
+
 # -- the 16-bit contract (issue 15, section 3) ------------------------------------------
 
 

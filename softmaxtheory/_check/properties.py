@@ -26,10 +26,12 @@ from .target import Target
 __all__ = ["PROPERTIES", "properties_for"]
 
 
-def _rng_row(seed: int, n: int, scale: float, dtype: str) -> tuple[np.ndarray, str]:
-    src = f"np.random.default_rng({seed}).normal(0.0, {scale}, {n})"
-    row = strat.cast(np.random.default_rng(seed).normal(0.0, scale, n), dtype)
-    return row, _src_cast(src, dtype)
+def _rng_array(
+    seed: int, shape: int | tuple[int, ...], scale: float, dtype: str
+) -> tuple[np.ndarray, str]:
+    """Normal numbers of `shape` from generator `seed` in `dtype`, and their source text."""
+    src = f"np.random.default_rng({seed}).normal(0.0, {scale}, {shape})"
+    return strat.cast(eval(src, {"np": np}), dtype), _src_cast(src, dtype)
 
 
 def _src_cast(src: str, dtype: str) -> str:
@@ -55,13 +57,23 @@ def _p_values(t: Target, run: Run) -> None:
     run_given(t, strategy, t.budget(100), body)
 
 
+#: An odd number of items added to a power of two: a row of such a length ends in a partial
+#: block for every power-of-two block size below it, where a blocked kernel's tail code runs.
+ODD_TAIL = 4099
+
+
 def _p_long_rows(t: Target, run: Run) -> None:
-    """Long rows (4096 and 16384 items): accumulation error against the bound."""
-    sizes = [(4096, 1.0), (4096, 4.0), (16384, 2.0)]
+    """Long rows (4096 to 16384 items): accumulation error against the bound.
+
+    Lengths that are powers of two and lengths that are not (``4096 + 3``,
+    ``16384 + 27``): a blocked kernel whose last, partial block is handled wrongly is
+    right on the first kind.
+    """
+    sizes = [(4096, 1.0), (4099, 4.0), (16384, 2.0), (16411, 1.0)]
     if t.thorough:
-        sizes += [(65536, 3.0), (16384, 8.0)]
+        sizes += [(65536, 3.0), (65536 + ODD_TAIL, 3.0), (16384, 8.0)]
     for seed, (n, scale) in enumerate(sizes):
-        x, src = _rng_row(seed, n, scale, t.dtype)
+        x, src = _rng_array(seed, n, scale, t.dtype)
         run.compare(run.call(x), x, source=src, what=f"long row, n = {n}")
     # a long row whose mass sits on ~e^H items (entropy in the adaptive window)
     x = strat.cast(strat.row_with_entropy(4.0, 8192, 3), t.dtype)
@@ -70,10 +82,15 @@ def _p_long_rows(t: Target, run: Run) -> None:
 
 
 def _p_million_row(t: Target, run: Run) -> None:
-    """One row of 2**20 items (2**24 with --thorough): accumulation over a million keys."""
-    n = 1 << (24 if t.thorough else 20)
-    x, src = _rng_row(20, n, 2.0, t.dtype)
-    run.compare(run.call(x), x, source=src, what=f"long row, n = 2**{n.bit_length() - 1}")
+    """One row of 2**20 + 4099 items (2**24 + 4099 with --thorough): a million keys.
+
+    The odd length (:data:`ODD_TAIL`) leaves a partial last block for every block size
+    up to 2**20, the largest blocks included.
+    """
+    k = 24 if t.thorough else 20
+    n = (1 << k) + ODD_TAIL
+    x, src = _rng_array(20, n, 2.0, t.dtype)
+    run.compare(run.call(x), x, source=src, what=f"long row, n = 2**{k} + {ODD_TAIL}")
 
 
 def _branch_entropies() -> list[float]:
@@ -305,7 +322,8 @@ def _p_temperature_cap(t: Target, run: Run) -> None:
                 f"temperature cap (T5) violated: the largest adaptive coefficient "
                 f"{float(top[i])!r} is below the largest softmax coefficient {float(top_sm[i])!r}, "
                 f"so beta < 1 on row {i}\nrepro:\nimport numpy as np\n{t.repro}\n"
-                f"x = {row_literal(xr[i], t.dtype)}\nprint(kernel(x).max())"
+                f"x = {row_literal(xr[i], t.dtype)}\n"
+                f"print(float(kernel(x).max()))  # {float(top[i])!r}"
             )
         run.compare(out, x, what="temperature cap")
 
@@ -377,19 +395,26 @@ def _view(t: Target, label: str) -> Callable[[Any], Any]:
 
 
 def _attention_compare(
-    run: Run, inputs: dict[str, Any], what: str, views: dict[str, str] | None = None
+    run: Run,
+    inputs: dict[str, Any],
+    what: str,
+    views: dict[str, str] | None = None,
+    source: dict[str, str] | None = None,
 ) -> None:
     """Call the kernel on `inputs` and check its output against the reference.
 
     ``inputs["scale"]`` is passed when present; `views` maps operands (``"q"``, ``"k"``,
     ``"v"``) to a label of :data:`VIEWS`, applied once they are in the framework (the
-    repro applies them too).
+    repro applies them too); `source` maps operands to source text that rebuilds them
+    (for the repro of operands too large to write out).
     """
     t = run.target
     q, k, v, mask, causal = (inputs[n] for n in ("q", "k", "v", "mask", "is_causal"))
     scale = inputs.get("scale")
     views = views or {}
     repro = t.attention_repro({n: _view_source(t, lb) for n, lb in views.items()})
+    if source and any("softmaxtheory.strategies" in text for text in source.values()):
+        repro = "import softmaxtheory.strategies\n" + repro
     try:
         out = t.call_attention(
             q, k, v, mask, causal, scale=scale,
@@ -411,6 +436,7 @@ def _attention_compare(
         rep = tst.assert_attention_close(
             got, (q, k, v), mask=mask, is_causal=causal, scale=scale, schedule=t.schedule,
             entropy_eps=t.entropy_eps, dtype=t.dtype, repro=repro, strict=t.strict,
+            source=source,
         )  # fmt: skip
     except tst.KernelMismatch as exc:
         run.record(exc.report)
@@ -486,17 +512,30 @@ def _p_attention_layouts(t: Target, run: Run) -> None:
 
 
 def _p_attention_batch(t: Target, run: Run) -> None:
-    """Each batch entry and query row is independent of the others; long key sequences."""
-    rng = np.random.default_rng(5)
-    cast = lambda a: strat.cast(a, t.dtype)  # noqa: E731
-    q = cast(rng.normal(0, 2, (3, 4, 8)))
-    k = cast(rng.normal(0, 1, (3, 256, 8)))
-    v = cast(rng.normal(0, 1, (3, 256, 4)))
+    """Each batch entry and query row is independent of the others; long key sequences.
+
+    256 keys, and 256 + 5: a kernel that loops over key blocks and handles its last,
+    partial block wrongly is right on whole blocks.
+    """
+    (q, q_src), (k, k_src), (v, v_src) = (
+        _rng_array(seed, shape, scale, t.dtype)
+        for seed, shape, scale in (
+            (5, (3, 4, 8), 2.0),
+            (6, (3, 261, 8), 1.0),
+            (7, (3, 261, 4), 1.0),
+        )
+    )
     base = {"mask": None, "is_causal": False}
-    _attention_compare(run, {"q": q, "k": k, "v": v, **base}, "batched (3 heads, 256 keys)")
+    for keys in (256, 261):
+        kv = {"q": q, "k": k[:, :keys], "v": v[:, :keys], **base}
+        cut = f"[:, :{keys}]"
+        source = {"q": q_src, "k": f"({k_src}){cut}", "v": f"({v_src}){cut}"}
+        _attention_compare(run, kv, f"batched (3 heads, {keys} keys)", source=source)
     for i in range(2):
         one = {"q": q[i : i + 1, :1], "k": k[i : i + 1], "v": v[i : i + 1], **base}
-        _attention_compare(run, one, f"head {i}, query 0 alone")
+        cut = f"[{i}:{i + 1}]"
+        source = {"q": f"({q_src}){cut}[:, :1]", "k": f"({k_src}){cut}", "v": f"({v_src}){cut}"}
+        _attention_compare(run, one, f"head {i}, query 0 alone", source=source)
 
 
 def _fresh_sources(t: Target) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:

@@ -470,6 +470,68 @@ def attention_masking_before_scale(q, k, v, mask=None, is_causal=False, scale=No
     return (adaptive_softmax(logits) @ v).astype(dt)
 
 
+#: The block of the blocked kernels below (items of a row, keys of attention).
+TAIL_BLOCK = 128
+
+
+def _blocked_state(w, lo_hi, tail_unscaled):
+    """The running (max, sum) of a 1-d row over blocks; the last, partial block's sum is
+    left at its own max when `tail_unscaled` (the defect)."""
+    m, s = -np.inf, 0.0
+    for lo, hi in lo_hi:
+        blk = w[lo:hi]
+        partial = hi - lo < TAIL_BLOCK
+        m_blk = blk.max()
+        if partial and tail_unscaled and m > -np.inf:
+            s = s + np.sum(np.exp(blk - m_blk))
+            continue
+        m2 = max(m, m_blk)
+        s = s * np.exp(m - m2) + np.sum(np.exp(blk - m2))
+        m = m2
+    return m, s
+
+
+def _blocks(n):
+    return [(lo, min(lo + TAIL_BLOCK, n)) for lo in range(0, n, TAIL_BLOCK)]
+
+
+def online_tail_unscaled(x):
+    """Defect: an online softmax in blocks of 128 items whose last, partial block is summed
+    against its own max, not rescaled to the running one (rows of whole blocks are right)."""
+    x = np.asarray(x)
+    w = _work(x)
+    flat = w.reshape(-1, w.shape[-1])
+    out = np.empty_like(flat)
+    for r, row in enumerate(flat):
+        if not np.all(np.isfinite(row)):
+            out[r] = _softmax(row)  # the special values as the correct kernel gives them
+            continue
+        m, s = _blocked_state(row, _blocks(row.size), tail_unscaled=True)
+        out[r] = np.exp(row - m) / s
+    return out.reshape(x.shape).astype(x.dtype)
+
+
+def attention_tail_unscaled(q, k, v, mask=None, is_causal=False):
+    """Defect: an adaptive attention over key blocks of 128 whose last, partial block's
+    normaliser is summed against its own max (the same slip, in the key loop)."""
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    dt = q.dtype
+    q, k, v = _work(q), _work(k), _work(v)
+    logits = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    S = logits.shape[-1]
+    if mask is not None or is_causal or S <= TAIL_BLOCK or not np.all(np.isfinite(logits)):
+        return attention(q, k, v, mask=mask, is_causal=is_causal).astype(dt)
+    flat = logits.reshape(-1, S)
+    probs = np.empty_like(flat)
+    for r, row in enumerate(flat):
+        H = _entropy(row[None, :])[0]
+        beta = float(_beta(np.array([H]), np.array([S]), resolve_schedule(None), np.float64)[0])
+        z = beta * row
+        m, s = _blocked_state(z, _blocks(S), tail_unscaled=True)
+        probs[r] = np.exp(z - m) / s
+    return (probs.reshape(logits.shape) @ v).astype(dt)
+
+
 def softmax_in_place(x):
     """Defect: the softmax written into the input array, which is returned (values right)."""
     x = np.asarray(x)
@@ -580,6 +642,10 @@ CATALOGUE = {
         {"kind": "attention", "framework": "torch", "dtype": "float32"}, "attention_layouts"),
     "causal mask applied before the scale": (
         attention_masking_before_scale, {"kind": "attention"}, "attention_causal"),
+    "online softmax losing the scale of its last, partial block": (
+        online_tail_unscaled, {"dtype": "float32"}, "long_rows"),
+    "blocked attention losing the scale of its last, partial key block": (
+        attention_tail_unscaled, {"kind": "attention"}, "attention_batch"),
     # kernels whose values are right but whose memory is not
     "result written into the input": (softmax_in_place, {"dtype": "float32"}, "values"),
     "output buffer reused between calls": (reused_output_buffer, {}, "fresh_results"),
