@@ -593,7 +593,10 @@ def attention_inputs(
     Shapes ``(..., L, d)``, ``(..., S, d)``, ``(..., S, dv)``; the logit scale
     varies (sharp and flat heads). With ``masks=True`` a boolean mask
     (``True`` attends, every query keeps one key) may be drawn; with
-    ``causal=True`` the causal flag may be set (``L == S`` then). With
+    ``causal=True`` the causal flag may be set, with ``L == S`` or not (the
+    mask is aligned to the top left, as in ``scaled_dot_product_attention``:
+    query :math:`i` attends keys :math:`j \le i`; a kernel that aligns it to
+    the bottom right, as FlashAttention does when ``L != S``, differs). With
     ``scales=True`` the dict also holds ``"scale"``: ``None`` (the kernel's
     default, :math:`1/\sqrt{d}`) or a scale of either sign or 0, which kernels
     that assume a positive scale get wrong (a causal mask applied before the
@@ -636,8 +639,8 @@ def _attention_inputs(
     d = draw(st.integers(1, max_d))
     dv = draw(st.integers(1, max_d))
     is_causal = causal and draw(st.booleans())
-    if is_causal:
-        S = L
+    if is_causal and draw(st.booleans()):
+        S = L  # else L != S is likely: the mask is aligned to the top left (keys j > i masked)
     gain = draw(st.sampled_from([0.1, 1.0, 3.0, 8.0]))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)

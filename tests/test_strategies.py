@@ -99,15 +99,19 @@ def test_chunkings_partition_the_row(args):
 
 
 def test_attention_inputs():
+    square = {True: 0, False: 0}
     for d in _examples(strat.attention_inputs("float32", masks=True, causal=True), 40):
         q, k, v = d["q"], d["k"], d["v"]
         assert q.dtype == k.dtype == v.dtype == np.float32
         assert q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2]
         if d["is_causal"]:
-            assert q.shape[-2] == k.shape[-2] and d["mask"] is None
+            assert d["mask"] is None
+            square[q.shape[-2] == k.shape[-2]] += 1
         if d["mask"] is not None:
             assert d["mask"].shape == (q.shape[-2], k.shape[-2])
             assert np.all(np.any(d["mask"], axis=-1))
+    # causal with L = S and with L != S (where the mask's alignment shows)
+    assert square[True] and square[False], square
 
 
 @pytest.mark.parametrize(

@@ -470,6 +470,19 @@ def attention_masking_before_scale(q, k, v, mask=None, is_causal=False, scale=No
     return (adaptive_softmax(logits) @ v).astype(dt)
 
 
+def attention_causal_bottom_right(q, k, v, mask=None, is_causal=False):
+    """Defect: the causal mask aligned to the bottom right when L != S (query i attends keys
+    j <= i + S - L, FlashAttention's convention) where the spec aligns it to the top left."""
+    q = np.asarray(q)
+    if not is_causal:
+        return attention(q, k, v, mask=mask)
+    L, S = q.shape[-2], np.asarray(k).shape[-2]
+    keep = np.tril(np.ones((L, S), bool), k=S - L)
+    if mask is not None:
+        keep = keep & np.asarray(mask, bool)
+    return attention(q, k, v, mask=keep)
+
+
 #: The block of the blocked kernels below (items of a row, keys of attention).
 TAIL_BLOCK = 128
 
@@ -642,6 +655,8 @@ CATALOGUE = {
         {"kind": "attention", "framework": "torch", "dtype": "float32"}, "attention_layouts"),
     "causal mask applied before the scale": (
         attention_masking_before_scale, {"kind": "attention"}, "attention_causal"),
+    "causal mask aligned to the bottom right": (
+        attention_causal_bottom_right, {"kind": "attention"}, "attention_causal"),
     "online softmax losing the scale of its last, partial block": (
         online_tail_unscaled, {"dtype": "float32"}, "long_rows"),
     "blocked attention losing the scale of its last, partial key block": (
