@@ -105,7 +105,9 @@ def broadcast_shapes(*shapes: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
     before any kernel starts). Raises RuntimeError, as torch does, when the
     shapes do not broadcast.
     """
-    ndim = max((len(s) for s in shapes), default=0)
+    ndim = 0
+    for shape in shapes:  # not max(..., default=0): torch.compile breaks its graph there
+        ndim = max(ndim, len(shape))
     out = [1] * ndim
     for shape in shapes:
         for i, n in enumerate(shape, ndim - len(shape)):

@@ -322,10 +322,10 @@ class LogLength(Schedule):
         return np.broadcast_to(np.where(n == 0, 1.0, beta), shape).copy()
 
 
-@functools.cache
-def _paper_schedule() -> PaperPolynomial:
-    """One shared instance (schedules are immutable): parsing the decimals costs microseconds."""
-    return PaperPolynomial()
+#: The default schedule, one shared instance (schedules are immutable), made at import:
+#: built inside a function traced by ``torch.compile``, its construction was traced too,
+#: and Dynamo failed on it (an AttributeError inside Dynamo).
+_PAPER_SCHEDULE = PaperPolynomial()
 
 
 def resolve_schedule(schedule: Schedule | None) -> Schedule:
@@ -337,7 +337,7 @@ def resolve_schedule(schedule: Schedule | None) -> Schedule:
         If `schedule` is not a :class:`Schedule`.
     """
     if schedule is None:
-        return _paper_schedule()
+        return _PAPER_SCHEDULE
     if not isinstance(schedule, Schedule):
         raise TypeError(
             "schedule must be a softmaxtheory.spec.Schedule (PaperPolynomial(), "

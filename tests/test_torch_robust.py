@@ -16,6 +16,7 @@ from softmaxtheory.accelerated.torch import (  # noqa: E402
     AdaptiveSoftmax,
     adaptive_attention,
     adaptive_softmax,
+    attention_entropy,
 )
 from softmaxtheory.spec import Constant, LogLength  # noqa: E402
 
@@ -197,6 +198,39 @@ def test_module_compiles_in_one_graph(schedule):
     x = torch.randn(3, 6, generator=torch.Generator().manual_seed(0))
     compiled = torch.compile(module, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), module(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("schedule", [None, LogLength("0.5"), Constant("2")], ids=repr)
+def test_function_compiles_in_one_graph(schedule):
+    """The function as well as the module: with the default schedule, torch.compile once
+    failed inside Dynamo (AttributeError), which traced the default's construction."""
+    torch._dynamo.reset()
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(2))
+    fn = lambda t: adaptive_softmax(t, dim=0, schedule=schedule)  # noqa: E731
+    compiled = torch.compile(fn, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["adaptive_attention", "attention_entropy"])
+def test_attention_compiles_with_one_kind_of_graph_break(name):
+    """Attention reads its operands' maxima on the host once (the overflow guard and the
+    NaN rows), where torch.compile breaks the graph; nothing else breaks it (a
+    ``max(..., default=0)`` did, with a logged warning in each frame), and the values
+    equal eager's."""
+    from torch._dynamo.utils import counters
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 9, 4, generator=g) for _ in range(3))
+    fn = {
+        "adaptive_attention": lambda q, k, v: adaptive_attention(q, k, v, is_causal=True),
+        "attention_entropy": lambda q, k, v: attention_entropy(q, k)[0],
+    }[name]
+    torch._dynamo.reset()
+    counters.clear()
+    got = torch.compile(fn, backend="eager")(q, k, v)
+    reasons = list(counters["graph_break"])
+    assert reasons and all(r.startswith("Tensor.tolist()") for r in reasons), reasons
+    torch.testing.assert_close(got, fn(q, k, v), rtol=0, atol=0)
 
 
 def test_constants_are_marked_as_torchs_decorator_marks_them():
