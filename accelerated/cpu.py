@@ -2,7 +2,8 @@ r"""Numba CPU kernels: softmax, entropy, adaptive softmax and attention, streami
 
 The functions compute the specification of :mod:`softmaxtheory.spec` in
 floating point along any axis of float32 or float64 arrays (integers are
-promoted to float64; float16 is computed in float32 and returned as float16).
+promoted to float64; float16 is computed in float32 and returned as float16;
+a big-endian array is read in the machine's byte order, and so is the result).
 Every special value of the spec's table is handled: ``-inf`` entries are
 masked, a fully masked row gives zeros (entropy 0, β = 1), a row with NaN or
 ``+inf`` gives NaN, an empty row gives an empty result (entropy 0, β = 1).
@@ -496,6 +497,8 @@ def _attn_array(a: Any, name: str) -> np.ndarray:
         arr = arr.astype(np.float64)
     elif arr.dtype.name not in NUMPY_DTYPES:
         raise TypeError(f"{name} must be a real floating or integer array, got dtype {arr.dtype}")
+    if not arr.dtype.isnative:  # big-endian, say: the same values in native order
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     if arr.ndim < 2:
         raise ValueError(f"{name} must have shape (..., length, features), got {arr.shape}")
     return arr
@@ -518,6 +521,8 @@ def _attn_mask(
         )
     if marr.dtype != bool and marr.dtype.name not in NUMPY_DTYPES:
         raise TypeError(f"mask must be boolean or floating, got dtype {marr.dtype}")
+    if not marr.dtype.isnative:
+        marr = marr.astype(marr.dtype.newbyteorder("="))
     shape = (*lead, L, S)
     try:
         target = np.broadcast_shapes(marr.shape, shape)

@@ -107,6 +107,8 @@ def _prepare(x: Any, axis: Any) -> tuple[da.Array, np.dtype, np.dtype, int]:
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis {axis} is out of range for x of shape {x.shape}")
     axis = int(axis) % x.ndim
+    if not x.dtype.isnative:  # a big-endian store, say: the same values in native order
+        x = x.astype(in_dtype)
     work = np.dtype(np.float32) if in_dtype == np.float16 else in_dtype
     xm = x if axis == x.ndim - 1 else da.moveaxis(x, axis, -1)
     if any(math.isnan(c) for c in xm.shape):

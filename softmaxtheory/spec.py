@@ -374,7 +374,8 @@ def as_logits(x: Any, name: str = "x") -> np.ndarray:
     """Validate and convert logits to a floating array with a last axis.
 
     Integer input is promoted to float64; float16, float32 and float64 are
-    kept. Anything else (bool, complex, object, strings, 0-d) is refused.
+    kept, in the machine's byte order (a big-endian array is converted,
+    exactly). Anything else (bool, complex, object, strings, 0-d) is refused.
 
     Parameters
     ----------
@@ -403,6 +404,8 @@ def as_logits(x: Any, name: str = "x") -> np.ndarray:
         arr = arr.astype(np.float64)
     elif arr.dtype.type not in _FLOAT_KINDS:
         raise TypeError(f"{name} must be a real floating or integer array, got dtype {arr.dtype}")
+    if not arr.dtype.isnative:  # a big-endian file, say: the same values in native order
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     if arr.ndim == 0:
         raise ValueError(f"{name} must have at least one axis (shape (..., n)), got a 0-d array")
     return arr

@@ -489,3 +489,41 @@ def test_every_cached_kernel_uses_keyed_data_files():
     found += list(kmod.serial_twins().values())
     assert len(found) > 60
     assert all(type(d._cache._cache_file) is KeyedIndexDataCacheFile for d in found)
+
+
+# ---------------------------------------------------------------- 9. byte order
+
+
+@pytest.mark.parametrize("dtype", [">f8", ">f4", ">f2", ">i4"])
+def test_big_endian_input_gives_the_native_result(dtype) -> None:
+    """A big-endian array (a .npy written on such a machine, a FITS or network buffer) is
+    the same values: every backend gives the native input's bits, in native order.
+
+    The Numba kernels and the dask backend raised a TypingError ("non-precise type
+    pyobject") on such input; numpy, scipy and the reference take it.
+    """
+    import dask.array as da
+
+    from softmaxtheory.accelerated import dask as D  # noqa: N812
+
+    def same(got, want, what):
+        assert got.dtype.isnative and got.dtype == want.dtype, what
+        assert got.tobytes() == want.tobytes(), what
+
+    x = np.random.default_rng(4).normal(0, 2, (3, 70)).astype(dtype)
+    native = x.astype(np.dtype(dtype).newbyteorder("="))
+    for func in (cpu.softmax, cpu.entropy, cpu.beta, cpu.adaptive_softmax,
+                 reference.softmax, reference.adaptive_softmax):  # fmt: skip
+        same(func(x), func(native), func)
+    for func in (D.softmax, D.entropy, D.beta, D.adaptive_softmax):
+        chunked = [da.from_array(a, chunks=(2, 32)) for a in (x, native)]
+        same(*(func(c).compute() for c in chunked), func)
+    q, qn = x[None, :, :8], native[None, :, :8]
+    m = x[:, :3].astype(">f8")  # an additive mask, big-endian too
+    for mask, mask_native in ((None, None), (m, m.astype("=f8"))):
+        got = cpu.adaptive_attention(q, q[:, :3], q[:, :3], mask=mask)
+        same(got, cpu.adaptive_attention(qn, qn[:, :3], qn[:, :3], mask=mask_native), mask)
+    stream, stream_native = cpu.StreamingSoftmax(), cpu.StreamingSoftmax()
+    stream.update(x[0])
+    stream_native.update(native[0])
+    assert stream.entropy() == stream_native.entropy()
