@@ -87,7 +87,7 @@ class Prepared:
     n_eff: torch.Tensor  # (B, H, L) int64: unmasked keys per query
     bad: torch.Tensor | None  # (B, H, L) bool: rows whose answer is NaN
     group: int = 1  # query heads per key head (grouped-query attention)
-    empty: bool = False  # B*H, L or S is zero: nothing is computed
+    empty: bool = False  # B*H, L or S is zero, or meta tensors: nothing is computed
     log2_bound: float = -math.inf  # log2 of a bound on |logit| (finite entries)
     log2_qmax: float = -math.inf  # log2 of the largest finite |q|
     values_finite: bool = True  # every entry of v is finite (known from the scan)
@@ -290,7 +290,9 @@ def prepare(
     v4 = None if v is None else _to4(v, lead, kv_heads)
     keep = add = None
     bias = False
-    empty = q4.shape[0] * q4.shape[1] == 0 or L == 0 or S == 0
+    # meta tensors (shape inference, a model built on the meta device) have no values to
+    # read: like an empty problem, they get results of the right shape, computed from none
+    empty = q4.shape[0] * q4.shape[1] == 0 or L == 0 or S == 0 or q.device.type == "meta"
     if empty:
         n_eff = torch.zeros((*q4.shape[:2], L), dtype=torch.int64, device=q.device)
         return Prepared(q4, k4, v4, lead, scale, is_causal, None, None, False, n_eff, None,

@@ -433,3 +433,37 @@ def test_beta_above_the_float_maximum_is_not_nan(schedule):
     for backend in BACKENDS:
         out = adaptive_attention(q, k, v, schedule=schedule, backend=backend)
         np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- meta tensors
+
+
+@pytest.mark.parametrize(
+    ("shapes", "kwargs"),
+    [
+        (((2, 8, 5, 4), (2, 2, 7, 4), (2, 2, 7, 3)), {"enable_gqa": True}),
+        (((5, 4), (7, 4), (7, 6)), {"is_causal": True}),
+        (((3, 5, 4), (1, 7, 4), (1, 7, 4)), {"attn_mask": (5, 1)}),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_meta_tensors_give_the_shapes_and_dtypes_of_real_ones(shapes, kwargs, dtype):
+    """Shape inference on the meta device (a model built there): attention raised
+    ``Cannot copy out of meta tensor`` at its host read; it now answers with the shapes,
+    dtypes and gradients a real call has, computed from no values."""
+    g = torch.Generator().manual_seed(5)
+
+    def make(device):
+        ts = [torch.randn(s, generator=g).to(dtype).to(device).requires_grad_() for s in shapes]
+        kw = dict(kwargs)
+        if "attn_mask" in kw:
+            kw["attn_mask"] = torch.ones(kw["attn_mask"], dtype=torch.bool, device=device)
+        return ts, kw
+
+    (meta, kw_meta), (real, kw_real) = make("meta"), make("cpu")
+    for fn in (adaptive_attention, lambda q, k, v, **kw: attention_entropy(q, k, **kw)[1]):
+        got, want = fn(*meta, **kw_meta), fn(*real, **kw_real)
+        assert got.device.type == "meta"
+        assert (got.shape, got.dtype, got.requires_grad) == (want.shape, want.dtype, True)
+        got.sum().backward()
+        assert meta[0].grad.shape == meta[0].shape and meta[0].grad.device.type == "meta"
