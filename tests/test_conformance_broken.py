@@ -115,7 +115,8 @@ def test_repro_snippet_reproduces_the_counterexample(case, framework, capsys):
      "attention reading views as contiguous memory",
      "torch attention reading views as contiguous memory",
      "causal mask applied before the scale",
-     "blocked attention losing the scale of its last, partial key block"],
+     "blocked attention losing the scale of its last, partial key block",
+     "batched mask read at its first entry"],
 )  # fmt: skip
 def test_attention_repro_calls_the_kernel_as_the_suite_did(case, capsys):
     """The snippet calls the kernel with the mask, is_causal, scale and operand views it got.

@@ -460,13 +460,31 @@ def _p_attention_values(t: Target, run: Run) -> None:
 
 
 def _p_attention_masks(t: Target, run: Run) -> None:
-    """Boolean masks (True attends)."""
+    """Boolean masks (True attends); masks with batch dimensions, as key-padding masks have.
+
+    A mask of shape ``(B, 1, S)`` (each sequence its own padding) broadcasts over the
+    queries, and one of shape ``(B, L, S)`` gives each batch entry its own mask: a
+    kernel that reads the first entry's mask for every entry is right on 2-d masks.
+    """
     if t.mask_keyword is None:
         raise Skip("the kernel takes no mask= or attn_mask= keyword")
     strategy = strat.attention_inputs(t.dtype, masks=True, batch=False).filter(
         lambda d: d["mask"] is not None
     )
     run_given(t, strategy, t.budget(25), lambda inp: _attention_compare(run, inp, "masked"))
+    (q, q_src), (k, k_src), (v, v_src) = (
+        _rng_array(seed, shape, 1.0, t.dtype)
+        for seed, shape in ((8, (3, 5, 4)), (9, (3, 7, 4)), (10, (3, 7, 2)))
+    )
+    source = {"q": q_src, "k": k_src, "v": v_src}
+    lengths = np.array([7, 4, 2])  # keys kept per sequence: a key-padding mask
+    padding = np.arange(7)[None, None, :] < lengths[:, None, None]  # (3, 1, 7)
+    per_entry = np.random.default_rng(11).random((3, 5, 7)) < 0.6  # (3, 5, 7)
+    per_entry[:, :, 0] = True  # every query keeps a key
+    for label, mask in (("key padding, shape (3, 1, 7)", padding),
+                        ("a mask per batch entry, shape (3, 5, 7)", per_entry)):  # fmt: skip
+        inputs = {"q": q, "k": k, "v": v, "mask": mask, "is_causal": False}
+        _attention_compare(run, inputs, f"masked, {label}", source=source)
 
 
 def _p_attention_causal(t: Target, run: Run) -> None:

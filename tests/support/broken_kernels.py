@@ -483,6 +483,15 @@ def attention_causal_bottom_right(q, k, v, mask=None, is_causal=False):
     return attention(q, k, v, mask=keep)
 
 
+def attention_first_mask_for_every_entry(q, k, v, mask=None, is_causal=False):
+    """Defect: a mask with batch dimensions read at batch entry 0 for every entry (right for
+    a 2-d mask, wrong for a key-padding mask of shape (B, 1, S))."""
+    if mask is not None:
+        mask = np.asarray(mask)
+        mask = mask.reshape(-1, *mask.shape[-2:])[0]
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
 #: The block of the blocked kernels below (items of a row, keys of attention).
 TAIL_BLOCK = 128
 
@@ -655,6 +664,8 @@ CATALOGUE = {
         {"kind": "attention", "framework": "torch", "dtype": "float32"}, "attention_layouts"),
     "causal mask applied before the scale": (
         attention_masking_before_scale, {"kind": "attention"}, "attention_causal"),
+    "batched mask read at its first entry": (
+        attention_first_mask_for_every_entry, {"kind": "attention"}, "attention_masks"),
     "causal mask aligned to the bottom right": (
         attention_causal_bottom_right, {"kind": "attention"}, "attention_causal"),
     "online softmax losing the scale of its last, partial block": (
