@@ -85,6 +85,21 @@ def test_plain_attention_passes_as_plain_attention():
     assert conf.run_property("attention_values", target).status == "pass"
 
 
+def test_a_kernel_that_refuses_float_masks_passes_with_a_note():
+    """Boolean masks only is a kernel's choice: the additive cases are noted, not failed."""
+
+    def boolean_only(q, k, v, mask=None, is_causal=False):
+        if mask is not None and np.asarray(mask).dtype != bool:
+            raise TypeError("mask must be boolean")
+        return bk.attention(q, k, v, mask=mask, is_causal=is_causal)
+
+    res = conf.run_property("attention_masks", conf.Target(boolean_only, kind="attention"))
+    assert res.status == "pass", res.message
+    assert res.notes == ["float (additive) masks refused with TypeError"]
+    full = conf.run_property("attention_masks", conf.Target(bk.attention, kind="attention"))
+    assert full.status == "pass" and full.checks == res.checks + 2 and not full.notes
+
+
 def _promised(snippet):
     """The values a repro snippet's ``print(...)  # value`` lines promise, in order."""
     return [ln.split("# ", 1)[1].strip() for ln in snippet.splitlines()
@@ -116,7 +131,7 @@ def test_repro_snippet_reproduces_the_counterexample(case, framework, capsys):
      "torch attention reading views as contiguous memory",
      "causal mask applied before the scale",
      "blocked attention losing the scale of its last, partial key block",
-     "batched mask read at its first entry"],
+     "batched mask read at its first entry", "additive mask read as a boolean one"],
 )  # fmt: skip
 def test_attention_repro_calls_the_kernel_as_the_suite_did(case, capsys):
     """The snippet calls the kernel with the mask, is_causal, scale and operand views it got.

@@ -485,6 +485,35 @@ def _p_attention_masks(t: Target, run: Run) -> None:
                         ("a mask per batch entry, shape (3, 5, 7)", per_entry)):  # fmt: skip
         inputs = {"q": q, "k": k, "v": v, "mask": mask, "is_causal": False}
         _attention_compare(run, inputs, f"masked, {label}", source=source)
+    _additive_masks(t, run, {"q": q, "k": k, "v": v, "is_causal": False}, source)
+
+
+def _additive_masks(t: Target, run: Run, base: dict[str, Any], source: dict[str, str]) -> None:
+    """Float masks, added to the logits (``-inf`` removes a key), when the kernel takes them.
+
+    A kernel that refuses a float mask (an exception) is noted as taking boolean masks
+    only; one that takes it must add it: reading it as a boolean (nonzero attends) or
+    multiplying by it gives other values.
+    """
+    rng = np.random.default_rng(12)
+    bias = rng.normal(0.0, 2.0, (5, 7))
+    bias[rng.random((5, 7)) < 0.3] = -np.inf
+    bias[:, 1] = 0.0  # every query keeps a key, and some entries are exactly 0
+    padding = np.where(np.arange(7)[None, None, :] < np.array([7, 4, 2])[:, None, None], 0.0,
+                       -np.inf)  # (3, 1, 7): key padding as an additive mask  # fmt: skip
+    cases = [("additive mask, shape (5, 7)", strat.cast(bias, t.dtype)),
+             ("additive key padding, shape (3, 1, 7)", strat.cast(padding, t.dtype))]  # fmt: skip
+    q, k, v = base["q"], base["k"], base["v"]
+    try:
+        with np.errstate(all="ignore"):
+            t.call_attention(q, k, v, cases[0][1], False)
+    except Failed:
+        raise
+    except Exception as exc:
+        run.notes.append(f"float (additive) masks refused with {type(exc).__name__}")
+        return
+    for label, mask in cases:
+        _attention_compare(run, {**base, "mask": mask}, f"masked, {label}", source=source)
 
 
 def _p_attention_causal(t: Target, run: Run) -> None:

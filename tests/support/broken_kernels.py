@@ -93,20 +93,26 @@ def adaptive_softmax_listing(x):
     return _softmax(b[..., None] * w).astype(x.dtype)
 
 
+def _apply_mask(logits, mask, is_causal):
+    """The logits with a causal mask, a boolean mask (True attends) or an additive one."""
+    if is_causal:
+        logits = np.where(np.tril(np.ones(logits.shape[-2:], bool)), logits, -np.inf)
+    if mask is not None:
+        mask = np.asarray(mask)
+        if mask.dtype == bool:
+            logits = np.where(mask, logits, -np.inf)
+        else:
+            logits = logits + mask.astype(logits.dtype)
+    return logits
+
+
 def attention(q, k, v, mask=None, is_causal=False):
-    """A correct adaptive attention (paper schedule), numpy."""
+    """A correct adaptive attention (paper schedule), numpy; masks boolean or additive."""
     q, k, v = (np.asarray(a) for a in (q, k, v))
     dt = q.dtype
     q, k, v = _work(q), _work(k), _work(v)
     logits = (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(1 / np.sqrt(q.shape[-1]))
-    L, S = logits.shape[-2:]
-    keep = np.ones((L, S), bool)
-    if is_causal:
-        keep = np.tril(keep)
-    if mask is not None:
-        keep = keep & np.asarray(mask, bool)
-    logits = np.where(keep, logits, -np.inf)
-    a = adaptive_softmax(logits)
+    a = adaptive_softmax(_apply_mask(logits, mask, is_causal))
     return (a @ v).astype(dt)
 
 
@@ -114,11 +120,7 @@ def softmax_attention(q, k, v, mask=None, is_causal=False):
     """Plain attention (schedule constant:1)."""
     q, k, v = (np.asarray(a) for a in (q, k, v))
     logits = (q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1]).astype(q.dtype)
-    if is_causal:
-        logits = np.where(np.tril(np.ones(logits.shape[-2:], bool)), logits, -np.inf)
-    if mask is not None:
-        logits = np.where(np.asarray(mask, bool), logits, -np.inf)
-    return (softmax(logits) @ v).astype(q.dtype)
+    return (softmax(_apply_mask(logits, mask, is_causal)) @ v).astype(q.dtype)
 
 
 # -- broken kernels -------------------------------------------------------------
@@ -492,6 +494,14 @@ def attention_first_mask_for_every_entry(q, k, v, mask=None, is_causal=False):
     return attention(q, k, v, mask=mask, is_causal=is_causal)
 
 
+def attention_additive_mask_as_boolean(q, k, v, mask=None, is_causal=False):
+    """Defect: a float mask read as a boolean one (nonzero attends), where it is added to
+    the logits: its 0 entries remove keys and its -inf entries keep them."""
+    if mask is not None:
+        mask = np.asarray(mask).astype(bool)
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
 #: The block of the blocked kernels below (items of a row, keys of attention).
 TAIL_BLOCK = 128
 
@@ -664,6 +674,8 @@ CATALOGUE = {
         {"kind": "attention", "framework": "torch", "dtype": "float32"}, "attention_layouts"),
     "causal mask applied before the scale": (
         attention_masking_before_scale, {"kind": "attention"}, "attention_causal"),
+    "additive mask read as a boolean one": (
+        attention_additive_mask_as_boolean, {"kind": "attention"}, "attention_masks"),
     "batched mask read at its first entry": (
         attention_first_mask_for_every_entry, {"kind": "attention"}, "attention_masks"),
     "causal mask aligned to the bottom right": (
