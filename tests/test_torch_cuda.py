@@ -359,7 +359,7 @@ def test_cuda_beta_kernel_equals_torch():
     without a gradient (the kernel's β) equals the hybrid with one (torch's)."""
     from softmaxtheory.accelerated._torch_attention import triton_available
     from softmaxtheory.accelerated._torch_common import beta_from_entropy
-    from softmaxtheory.spec import Polynomial, _paper_schedule
+    from softmaxtheory.spec import PaperPolynomial, Polynomial
 
     device = torch.device(DEVICE)
     if not triton_available(device):
@@ -369,7 +369,7 @@ def test_cuda_beta_kernel_equals_torch():
     g = torch.Generator().manual_seed(3)
     h = (torch.rand(8, 16, 2048, generator=g, dtype=torch.float64) * 9).to(device)
     one = torch.ones((), device=device)
-    for schedule in (_paper_schedule(), Polynomial(("0.3", "0.9"), threshold="0.2")):
+    for schedule in (PaperPolynomial(), Polynomial(("0.3", "0.9"), threshold="0.2")):
         for dtype in (torch.float32, torch.float64):
             ref = beta_from_entropy(schedule, h.to(dtype), one).to(dtype)
             assert torch.equal(triton_polynomial_beta(schedule, h.to(dtype), dtype), ref)

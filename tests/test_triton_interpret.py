@@ -242,7 +242,7 @@ def _child_beta(out_dir: Path) -> None:
     from softmaxtheory.accelerated._torch_common import beta_from_entropy
     from softmaxtheory.accelerated._triton_beta import triton_polynomial_beta
     from softmaxtheory.accelerated.torch import adaptive_attention
-    from softmaxtheory.spec import _paper_schedule
+    from softmaxtheory.spec import PaperPolynomial
 
     g = torch.Generator().manual_seed(13)
     # more rows than one program's block; NaN, 0, the thresholds themselves, large entropies
@@ -250,7 +250,7 @@ def _child_beta(out_dir: Path) -> None:
     h[0, 0, :6] = torch.tensor([math.nan, 0.0, 0.5, 0.3, 40.0, 0.5000001])
     out = {}
     for name, schedule in BETA_SCHEDULES.items():
-        schedule = schedule or _paper_schedule()
+        schedule = schedule or PaperPolynomial()
         for dtype in (torch.float32, torch.float64):
             hd = h.to(dtype)
             out[f"{name}-{dtype}-kernel"] = triton_polynomial_beta(schedule, hd, dtype)
