@@ -70,6 +70,7 @@ __all__ = [
     "MASK_NONE",
     "RAW_LOG2_BOUND",
     "raw_products",
+    "tile_grid",
     "triton_attention",
     "triton_entropy",
     "triton_entropy_backward",
@@ -94,6 +95,24 @@ _MASK_ADD = tl.constexpr(MASK_ADD)
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 _LOG2E = tl.constexpr(1.4426950408889634)
 _LN2 = tl.constexpr(0.6931471805599453)
+
+
+def tile_grid(n_tiles: int, heads: int) -> tuple[int]:
+    """The launch grid of `n_tiles` tiles (of rows or of keys) for each of `heads` batch-heads.
+
+    One axis, tiles fastest (the order of a ``(n_tiles, heads)`` grid): CUDA's second and
+    third grid axes end at 65535, so a batch-head axis there could not launch B·H beyond
+    that (a batch of 4096 sequences with 16 heads); the first ends at :math:`2^{31} - 1`.
+    :func:`_tile_and_head` reads a program's place back.
+    """
+    return (n_tiles * heads,)
+
+
+@triton.jit
+def _tile_and_head(n_tiles):
+    """The tile and batch-head of the running program, in a :func:`tile_grid` of `n_tiles` tiles."""
+    pid = tl.program_id(0)
+    return pid % n_tiles, pid // n_tiles
 
 
 @triton.jit
@@ -426,11 +445,10 @@ def _entropy_kernel(
     RAW: tl.constexpr = False,
     MASK_ROWS: tl.constexpr = True,
 ):
-    pid_m = tl.program_id(0)
+    pid_m, pid_bh = _tile_and_head(tl.cdiv(L, BLOCK_M))
     qk_scale = tl.load(Scale) * _LOG2E
     # RAW (scale > 0, no additive mask): the steps scale the products themselves
     tile_scale = 1.0 if RAW else qk_scale
-    pid_bh = tl.program_id(1)
     batch = (pid_bh // num_heads).to(tl.int64)
     head = (pid_bh % num_heads).to(tl.int64)
     kv_head = head // group
@@ -543,8 +561,7 @@ def _entropy_bwd_dq_kernel(
     BLOCK_D: tl.constexpr,
     MASK_ROWS: tl.constexpr = True,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh = _tile_and_head(tl.cdiv(L, BLOCK_M))
     scale = tl.load(Scale)
     qk_scale = scale * _LOG2E
     batch = (pid_bh // num_heads).to(tl.int64)
@@ -700,8 +717,7 @@ def _entropy_bwd_dk_kernel(
     BLOCK_D: tl.constexpr,
     MASK_ROWS: tl.constexpr = True,
 ):
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)  # over batch * key heads
+    pid_n, pid_bh = _tile_and_head(tl.cdiv(S, BLOCK_N))  # over batch * key heads
     scale = tl.load(Scale)
     qk_scale = scale * _LOG2E
     kv_heads = num_heads // group
@@ -801,8 +817,7 @@ def _attention_kernel(
     BLOCK_DV: tl.constexpr,
     MASK_ROWS: tl.constexpr = True,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh = _tile_and_head(tl.cdiv(L, BLOCK_M))
     qk_scale = scale * _LOG2E
     batch = (pid_bh // num_heads).to(tl.int64)
     head = (pid_bh % num_heads).to(tl.int64)
@@ -966,7 +981,7 @@ def triton_entropy(
     }  # fmt: skip
     launch(
         _entropy_kernel,
-        lambda cfg: (triton.cdiv(L, cfg["BLOCK_M"]), B * H),
+        lambda cfg: tile_grid(triton.cdiv(L, cfg["BLOCK_M"]), B * H),
         args,
         constexprs,
         cands,
@@ -1042,14 +1057,14 @@ def triton_entropy_backward(
     coef = torch.empty((3, B * H * L), dtype=acc, device=q.device)
     launch(
         _entropy_bwd_dq_kernel,
-        lambda cfg: (triton.cdiv(L, cfg["BLOCK_M"]), B * H),
+        lambda cfg: tile_grid(triton.cdiv(L, cfg["BLOCK_M"]), B * H),
         (q, k, m_arg, scale_t, *stats, dq, *coef, *common),
         constexprs,
         cands_dq,
     )
     launch(
         _entropy_bwd_dk_kernel,
-        lambda cfg: (triton.cdiv(S, cfg["BLOCK_N"]), B * Hkv),
+        lambda cfg: tile_grid(triton.cdiv(S, cfg["BLOCK_N"]), B * Hkv),
         (q, k, m_arg, scale_t, *coef, dk, *common),
         constexprs,
         cands_dk,
@@ -1090,7 +1105,7 @@ def triton_attention(
     }  # fmt: skip
     launch(
         _attention_kernel,
-        lambda cfg: (triton.cdiv(L, cfg["BLOCK_M"]), B * H),
+        lambda cfg: tile_grid(triton.cdiv(L, cfg["BLOCK_M"]), B * H),
         args,
         constexprs,
         cands,

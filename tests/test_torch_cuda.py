@@ -382,3 +382,28 @@ def test_cuda_beta_kernel_equals_torch():
             plain = adaptive_attention(q, k, v, mask, is_causal=causal)
         graded = adaptive_attention(q.clone().requires_grad_(), k, v, mask, is_causal=causal)
         assert torch.equal(plain, graded.detach()), mask_name
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_cuda_more_batch_heads_than_a_grid_axis_holds(backend):
+    """B * H = 65552 batch-heads: the kernels once put them on the second grid axis, which
+    ends at 65535 on CUDA (a launch error); their grid is 1-d now. The values equal the
+    chunked torch path's; pass 1 and its backward run too. (Under the interpreter, the body
+    runs on 3 * 16 batch-heads.)"""
+    B = 4097 if DEVICE == "cuda" else 3
+    g = torch.Generator().manual_seed(23)
+    q, k, v = (torch.randn(B, 16, 9, 16, generator=g).to(torch.bfloat16).to(DEVICE)
+               for _ in range(3))  # fmt: skip
+    with torch.no_grad():
+        got = adaptive_attention(q, k, v, is_causal=True, backend=backend)
+        want = adaptive_attention(q, k, v, is_causal=True, backend="chunked")
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=2**-6)
+    qg, kg = q.float().requires_grad_(), k.float().requires_grad_()
+    h, _ = attention_entropy(qg, kg, is_causal=True)
+    h.sum().backward()
+    qc, kc = q.float().cpu().requires_grad_(), k.float().cpu().requires_grad_()
+    hc, _ = attention_entropy(qc, kc, is_causal=True)
+    hc.sum().backward()
+    torch.testing.assert_close(h.cpu(), hc, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(qg.grad.cpu(), qc.grad, rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(kg.grad.cpu(), kc.grad, rtol=1e-3, atol=1e-4)

@@ -972,3 +972,45 @@ def test_forward_backward_memory(child_outputs, causal):
     peaks = json.loads((child_outputs / "memory.json").read_text())[str(causal)]
     assert peaks["hybrid-float32-full"] == [], peaks
     assert peaks["sdpa"] > 0 and peaks["hybrid"] <= 1.5 * peaks["sdpa"], peaks
+
+
+_GRID_SCRIPT = """
+import json, torch
+from softmaxtheory.accelerated import _triton_attention as T
+from softmaxtheory.accelerated.torch import adaptive_attention, attention_entropy
+grids, real = [], T.launch
+def spy(kernel, grid, *args, **kwargs):
+    def recorded(cfg):
+        grids.append((kernel.__name__, grid(cfg)))
+        return grids[-1][1]
+    return real(kernel, recorded, *args, **kwargs)
+T.launch = spy
+g = torch.Generator().manual_seed(1)
+q, k, v = (torch.randn(3, 2, 37, 8, generator=g) for _ in range(3))
+adaptive_attention(q, k, v, backend="triton")
+qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+attention_entropy(qg, kg)[0].sum().backward()
+print(json.dumps(grids))
+"""
+
+
+def test_every_launch_has_one_grid_axis():
+    """CUDA's second and third grid axes end at 65535: a batch-head axis there could not
+    launch B*H beyond that (4096 sequences with 16 heads). Every kernel takes a 1-d grid,
+    tiles fastest, and reads its tile and batch-head back from it (the value tests above
+    run several tiles per head)."""
+    import json
+
+    from softmaxtheory.accelerated._triton_attention import tile_grid
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = Path(__file__).resolve().parent.parent
+    res = subprocess.run([sys.executable, "-c", _GRID_SCRIPT], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    grids = json.loads(res.stdout.splitlines()[-1])
+    names = {name for name, _ in grids}
+    assert names == {"_attention_kernel", "_entropy_kernel", "_entropy_bwd_dq_kernel",
+                     "_entropy_bwd_dk_kernel"}, names  # fmt: skip
+    assert all(len(grid) == 1 and grid[0] % 6 == 0 for _, grid in grids), grids  # 3 * 2 heads
+    assert tile_grid(3, 4096 * 16) == (3 * 65536,)
