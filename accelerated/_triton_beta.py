@@ -28,6 +28,7 @@ import triton.language as tl
 
 from ..spec import Polynomial
 from ._torch_common import poly_floats
+from ._triton_config import on_tensors_device
 
 __all__ = ["BLOCK", "LAUNCH_OPTIONS", "triton_polynomial_beta"]
 
@@ -91,7 +92,8 @@ def triton_polynomial_beta(
     beta = torch.empty(h.shape, dtype=dtype, device=h.device)
     n = h.numel()
     if n:
-        _polynomial_beta_kernel[(triton.cdiv(n, BLOCK),)](
-            h, table, beta, n, N_COEFFS=len(coeffs), BLOCK=BLOCK, **LAUNCH_OPTIONS
-        )
+        with on_tensors_device((h,)):
+            _polynomial_beta_kernel[(triton.cdiv(n, BLOCK),)](
+                h, table, beta, n, N_COEFFS=len(coeffs), BLOCK=BLOCK, **LAUNCH_OPTIONS
+            )
     return beta

@@ -24,6 +24,7 @@ This module defines no kernel, so importing it does not fix the
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-__all__ = ["NoConfig", "configs", "launch", "smem_budget", "triton_release"]
+__all__ = ["NoConfig", "configs", "launch", "on_tensors_device", "smem_budget", "triton_release"]
 
 #: Shared memory per block assumed when the device does not report it (bytes).
 DEFAULT_SMEM = 99 * 1024
@@ -197,6 +198,20 @@ def triton_release(version: str | None = None) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
+def on_tensors_device(args: Sequence[object]) -> contextlib.AbstractContextManager[Any]:
+    """A context in which the device of the first CUDA tensor of `args` is the current one.
+
+    Triton launches on the current CUDA device, whatever its tensors' device: given
+    tensors on ``cuda:1`` while ``cuda:0`` is current (a process that never called
+    ``torch.cuda.set_device``), a kernel would run on ``cuda:0`` with ``cuda:1``
+    addresses. No CUDA tensor (the interpreter, on CPU): a context that does nothing.
+    """
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.device.type == "cuda":
+            return torch.cuda.device(a.device)
+    return contextlib.nullcontext()
+
+
 def launch(
     kernel: Any,
     grid: Callable[[dict[str, int]], tuple[int, ...]],
@@ -205,6 +220,8 @@ def launch(
     candidates: Sequence[dict[str, int]],
 ) -> dict[str, int]:
     """Launch `kernel` with the first candidate configuration Triton accepts.
+
+    The launch runs on the device of its tensors (:func:`on_tensors_device`).
 
     Parameters
     ----------
@@ -236,7 +253,8 @@ def launch(
         if key in _REFUSED:
             continue
         try:
-            kernel[grid(cfg)](*args, **constexprs, **cfg)
+            with on_tensors_device(args):
+                kernel[grid(cfg)](*args, **constexprs, **cfg)
         except OutOfResources as exc:
             _REFUSED.add(key)
             last = exc

@@ -1014,3 +1014,39 @@ def test_every_launch_has_one_grid_axis():
                      "_entropy_bwd_dk_kernel"}, names  # fmt: skip
     assert all(len(grid) == 1 and grid[0] % 6 == 0 for _, grid in grids), grids  # 3 * 2 heads
     assert tile_grid(3, 4096 * 16) == (3 * 65536,)
+
+
+def test_launches_run_on_their_tensors_device(monkeypatch):
+    """Triton launches on the current CUDA device, whatever its tensors' device: given
+    tensors on cuda:1 while cuda:0 is current, a kernel would run on cuda:0 with cuda:1
+    addresses. Every launch is made with its tensors' device current (checked here with a
+    tensor that reports cuda:1 and a recording device context; the interpreter's CPU
+    tensors need none)."""
+    import contextlib
+
+    from softmaxtheory.accelerated import _triton_config as C  # noqa: N812
+
+    class OnCuda1(torch.Tensor):
+        @property
+        def device(self):
+            return torch.device("cuda", 1)
+
+    entered, calls = [], []
+
+    @contextlib.contextmanager
+    def recording(device):
+        entered.append(device)
+        yield
+        entered.append(None)
+
+    class Kernel:
+        __name__ = "stub"
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append(list(entered))
+
+    monkeypatch.setattr(torch.cuda, "device", recording)
+    t = torch.zeros(2).as_subclass(OnCuda1)
+    C.launch(Kernel(), lambda cfg: (1,), (3, t), {}, [{}])
+    assert calls == [[torch.device("cuda", 1)]] and entered[-1] is None
+    assert isinstance(C.on_tensors_device((torch.zeros(1), 2)), contextlib.nullcontext)
