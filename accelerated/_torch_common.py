@@ -33,6 +33,7 @@ __all__ = [
     "as_float_tensor",
     "as_index",
     "as_real",
+    "autocast_dtype",
     "beta_bound",
     "beta_from_entropy",
     "broadcast_shapes",
@@ -49,6 +50,31 @@ __all__ = [
 HALF_DTYPES = tuple(getattr(torch, n) for n in DTYPES if FORMATS[n].internal.name != n)
 
 _FLOAT_DTYPES = tuple(getattr(torch, n) for n in DTYPES)
+
+
+def autocast_dtype(t: object) -> torch.dtype | None:
+    """The dtype autocast casts float32 operands to on the device of tensor `t`; None if off.
+
+    ``scaled_dot_product_attention`` under ``torch.autocast`` computes in that dtype
+    (float32 operands cast to it, the output in it); the attention functions do the
+    same, then run with autocast off, so that their own products keep the precision
+    their error model assumes.
+    """
+    if not isinstance(t, torch.Tensor):
+        return None
+    kind = t.device.type
+    try:
+        on, dtype = torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
+    except (TypeError, AttributeError):  # torch < 2.4: one function per device type
+        if kind == "cuda":
+            on, dtype = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+        elif kind == "cpu":
+            on, dtype = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+        else:
+            return None
+    except RuntimeError:  # a device type autocast does not know (meta)
+        return None
+    return dtype if on else None
 
 
 def stats_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -36,7 +36,7 @@ from torch import nn
 
 from ..spec import Schedule, check_entropy_eps, resolve_schedule
 from . import _torch_attention as _attn
-from ._torch_common import as_flag, as_float_tensor, as_index, stats_dtype
+from ._torch_common import as_flag, as_float_tensor, as_index, autocast_dtype, stats_dtype
 from ._torch_softmax import adaptive_softmax_lastdim
 
 __all__ = ["AdaptiveSoftmax", "adaptive_attention", "adaptive_softmax", "attention_entropy"]
@@ -239,7 +239,8 @@ def adaptive_attention(
     Returns
     -------
     torch.Tensor, shape (..., L, Dv)
-        Outputs in the input dtype. A query with every key masked gives
+        Outputs in the input dtype (under ``torch.autocast``, float32 operands
+        are cast to its dtype first, as SDPA casts them). A query with every key masked gives
         zeros; a NaN or infinite query, unmasked key or mask entry (NaN /
         ``+inf``) gives a NaN row. Finite inputs never give NaN, however
         large. Zero-size inputs give zero-size outputs; ``S = 0`` (no keys)
@@ -263,6 +264,14 @@ def adaptive_attention(
     >>> adaptive_attention(q, k, v, scale=0.0)
     tensor([[0.]])
     """
+    low = autocast_dtype(q)
+    if low is not None:  # as SDPA under autocast: float32 operands in `low`, the rest as is
+        with torch.autocast(q.device.type, enabled=False):
+            return adaptive_attention(
+                *_autocast_operands((q, k, v, attn_mask), low), is_causal, scale, enable_gqa,
+                schedule=schedule, entropy_eps=entropy_eps, detach_beta=detach_beta,
+                backend=backend,
+            )  # fmt: skip
     schedule = resolve_schedule(schedule)
     eps = check_entropy_eps(entropy_eps)
     detach_beta = as_flag(detach_beta, "detach_beta")
@@ -364,6 +373,12 @@ def attention_entropy(
     >>> torch.allclose(h, torch.log(torch.tensor([4.0]))), torch.allclose(lse, h)
     (True, True)
     """
+    low = autocast_dtype(q)
+    if low is not None:  # as adaptive_attention under autocast
+        with torch.autocast(q.device.type, enabled=False):
+            return attention_entropy(
+                *_autocast_operands((q, k, attn_mask), low), is_causal, scale, enable_gqa
+            )
     early = _attn.pass1_early(q, k, None, None)
     prepared = _attn.prepare(
         q, k, None, attn_mask, is_causal, scale, enable_gqa=enable_gqa, early=early
@@ -371,3 +386,11 @@ def attention_entropy(
     h, lse = _attn.attention_entropy(prepared)
     shape = (*prepared.lead, prepared.q.shape[-2])
     return h.reshape(shape), lse.reshape(shape)
+
+
+def _autocast_operands(tensors: tuple, low: torch.dtype) -> list:
+    """`tensors` with each float32 tensor cast to `low`, as autocast casts SDPA's operands."""
+    return [
+        t.to(low) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t
+        for t in tensors
+    ]

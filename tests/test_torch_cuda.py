@@ -407,3 +407,21 @@ def test_cuda_more_batch_heads_than_a_grid_axis_holds(backend):
     torch.testing.assert_close(h.cpu(), hc, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(qg.grad.cpu(), qc.grad, rtol=1e-3, atol=1e-4)
     torch.testing.assert_close(kg.grad.cpu(), kc.grad, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["auto", "hybrid", "triton"])
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16], ids=str)
+def test_cuda_autocast_computes_as_sdpa_does(backend, low):
+    """Under ``torch.autocast``, float32 operands are cast to its dtype (SDPA's rule) and
+    the call equals the one on the cast operands; autocast is off inside."""
+    g = torch.Generator().manual_seed(29)
+    q, k, v = (torch.randn(2, 4, 33, 64, generator=g).to(DEVICE) for _ in range(3))
+    with torch.no_grad():
+        with torch.autocast(q.device.type, dtype=low):
+            out = adaptive_attention(q, k, v, is_causal=True, backend=backend)
+            h, _ = attention_entropy(q, k, is_causal=True)
+        want = adaptive_attention(q.to(low), k.to(low), v.to(low), is_causal=True,
+                                  backend=backend)  # fmt: skip
+        h_low, _ = attention_entropy(q.to(low), k.to(low), is_causal=True)
+    assert out.dtype == low and torch.equal(out, want)
+    assert torch.equal(h, h_low)

@@ -467,3 +467,36 @@ def test_meta_tensors_give_the_shapes_and_dtypes_of_real_ones(shapes, kwargs, dt
         assert (got.shape, got.dtype, got.requires_grad) == (want.shape, want.dtype, True)
         got.sum().backward()
         assert meta[0].grad.shape == meta[0].shape and meta[0].grad.device.type == "meta"
+
+
+# ---------------------------------------------------------------- autocast
+
+
+@pytest.mark.parametrize("backend", ["auto", "hybrid", "composition", "chunked"])
+@pytest.mark.parametrize("kind", ["none", "causal", "bool", "bias"])
+def test_autocast_computes_as_sdpa_does(backend, kind):
+    """Under ``torch.autocast``, SDPA casts float32 operands to the autocast dtype and
+    returns that dtype. The backends disagreed: the composition ignored autocast, while
+    autocast rounded the chunked path's and the hybrid's own products (errors of 2e-2
+    against float32). Now every backend equals its call on the cast operands, bit for
+    bit, with autocast off inside; gradients reach the float32 leaves."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, 3, 17, 8, generator=g).requires_grad_() for _ in range(3))
+    keep = torch.rand(17, 17, generator=g) > 0.3
+    keep[:, 0] = True
+    mask = {"bool": keep, "bias": torch.where(keep, torch.randn(17, 17, generator=g), -math.inf)}
+    kw = {"attn_mask": mask[kind]} if kind in mask else {"is_causal": kind == "causal"}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = adaptive_attention(q, k, v, backend=backend, **kw)
+        h, lse = attention_entropy(q, k, **kw)
+        assert torch.is_autocast_enabled("cpu")  # left as it was
+    low = {**kw, "attn_mask": kw["attn_mask"].bfloat16()} if kind == "bias" else kw
+    cast = [t.bfloat16() for t in (q, k, v)]
+    assert out.dtype == torch.bfloat16 and h.dtype == lse.dtype == torch.float32
+    assert torch.equal(out, adaptive_attention(*cast, backend=backend, **low))
+    h_low, lse_low = attention_entropy(*cast[:2], **low)
+    assert torch.equal(h, h_low) and torch.equal(lse, lse_low)
+    (out.float().sum() + h.sum()).backward()
+    assert all(t.grad is not None and t.grad.dtype == torch.float32 for t in (q, k, v))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # float64 is not autocast's to cast
+        assert adaptive_attention(*(t.double() for t in (q, k, v)), **kw).dtype == torch.float64
