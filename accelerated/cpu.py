@@ -491,14 +491,18 @@ def adaptive_softmax(
 # ---------------------------------------------------------------------------
 
 
+def _native(arr: np.ndarray) -> np.ndarray:
+    """`arr` in the machine's byte order (a big-endian file, say: the same values)."""
+    return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
+
+
 def _attn_array(a: Any, name: str) -> np.ndarray:
     arr = np.asarray(a)
     if arr.dtype.kind in "iu":
         arr = arr.astype(np.float64)
     elif arr.dtype.name not in NUMPY_DTYPES:
         raise TypeError(f"{name} must be a real floating or integer array, got dtype {arr.dtype}")
-    if not arr.dtype.isnative:  # big-endian, say: the same values in native order
-        arr = arr.astype(arr.dtype.newbyteorder("="))
+    arr = _native(arr)
     if arr.ndim < 2:
         raise ValueError(f"{name} must have shape (..., length, features), got {arr.shape}")
     return arr
@@ -521,8 +525,7 @@ def _attn_mask(
         )
     if marr.dtype != bool and marr.dtype.name not in NUMPY_DTYPES:
         raise TypeError(f"mask must be boolean or floating, got dtype {marr.dtype}")
-    if not marr.dtype.isnative:
-        marr = marr.astype(marr.dtype.newbyteorder("="))
+    marr = _native(marr)
     shape = (*lead, L, S)
     try:
         target = np.broadcast_shapes(marr.shape, shape)

@@ -5,8 +5,9 @@ its result into its input (a caller that uses the input again reads probabilitie
 logits), or it returns a buffer that its next call overwrites (a caller that keeps two
 results holds one result twice). Neither shows in the values of the call that did it.
 :class:`~softmaxtheory._check.target.Target` therefore gives the kernel private copies
-of its operands, takes a :func:`snapshot` of each before the call and of the previous
-result after it, and fails the property when :func:`changed` finds a difference.
+of its operands and compares a :func:`snapshot` of each, taken before the call, with
+their state after it; the property ``fresh_results`` compares a snapshot of a result
+with the same result after a second call. A difference (:func:`changed`) fails.
 
 Snapshots compare bits, not values: a NaN equals itself, and ``-0.0`` differs from
 ``0.0``.

@@ -412,9 +412,6 @@ def _attention_compare(
     q, k, v, mask, causal = (inputs[n] for n in ("q", "k", "v", "mask", "is_causal"))
     scale = inputs.get("scale")
     views = views or {}
-    repro = t.attention_repro({n: _view_source(t, lb) for n, lb in views.items()})
-    if source and any("softmaxtheory.strategies" in text for text in source.values()):
-        repro = "import softmaxtheory.strategies\n" + repro
     try:
         out = t.call_attention(
             q, k, v, mask, causal, scale=scale,
@@ -429,14 +426,31 @@ def _attention_compare(
             + ("" if scale is None else f", scale {scale!r}")
             + ")"
         ) from exc
+    _attention_check(run, out, inputs, what, views, source)
+
+
+def _attention_check(
+    run: Run,
+    out: Any,
+    inputs: dict[str, Any],
+    what: str,
+    views: dict[str, str] | None = None,
+    source: dict[str, str] | None = None,
+) -> None:
+    """Check the kernel's output `out` on `inputs` (see :func:`_attention_compare`)."""
+    t = run.target
+    q, k, v, mask, causal = (inputs[n] for n in ("q", "k", "v", "mask", "is_causal"))
+    repro = t.attention_repro({n: _view_source(t, lb) for n, lb in (views or {}).items()})
+    if source and any("softmaxtheory.strategies" in text for text in source.values()):
+        repro = "import softmaxtheory.strategies\n" + repro
     got, got_dtype = run.output(out, what)
     if got_dtype != t.dtype:
         raise Failed(f"{what}: the kernel returned dtype {got_dtype} for {t.dtype} input")
     try:
         rep = tst.assert_attention_close(
-            got, (q, k, v), mask=mask, is_causal=causal, scale=scale, schedule=t.schedule,
-            entropy_eps=t.entropy_eps, dtype=t.dtype, repro=repro, strict=t.strict,
-            source=source,
+            got, (q, k, v), mask=mask, is_causal=causal, scale=inputs.get("scale"),
+            schedule=t.schedule, entropy_eps=t.entropy_eps, dtype=t.dtype, repro=repro,
+            strict=t.strict, source=source,
         )  # fmt: skip
     except tst.KernelMismatch as exc:
         run.record(exc.report)
@@ -485,34 +499,39 @@ def _p_attention_masks(t: Target, run: Run) -> None:
                         ("a mask per batch entry, shape (3, 5, 7)", per_entry)):  # fmt: skip
         inputs = {"q": q, "k": k, "v": v, "mask": mask, "is_causal": False}
         _attention_compare(run, inputs, f"masked, {label}", source=source)
-    _additive_masks(t, run, {"q": q, "k": k, "v": v, "is_causal": False}, source)
+    _additive_masks(run, {"q": q, "k": k, "v": v, "is_causal": False}, padding, source)
 
 
-def _additive_masks(t: Target, run: Run, base: dict[str, Any], source: dict[str, str]) -> None:
+def _additive_masks(
+    run: Run, base: dict[str, Any], padding: np.ndarray, source: dict[str, str]
+) -> None:
     """Float masks, added to the logits (``-inf`` removes a key), when the kernel takes them.
 
     A kernel that refuses a float mask (an exception) is noted as taking boolean masks
     only; one that takes it must add it: reading it as a boolean (nonzero attends) or
-    multiplying by it gives other values.
+    multiplying by it gives other values. `padding` is the boolean key-padding mask,
+    given here as 0 and ``-inf``.
     """
+    t = run.target
     rng = np.random.default_rng(12)
     bias = rng.normal(0.0, 2.0, (5, 7))
     bias[rng.random((5, 7)) < 0.3] = -np.inf
     bias[:, 1] = 0.0  # every query keeps a key, and some entries are exactly 0
-    padding = np.where(np.arange(7)[None, None, :] < np.array([7, 4, 2])[:, None, None], 0.0,
-                       -np.inf)  # (3, 1, 7): key padding as an additive mask  # fmt: skip
     cases = [("additive mask, shape (5, 7)", strat.cast(bias, t.dtype)),
-             ("additive key padding, shape (3, 1, 7)", strat.cast(padding, t.dtype))]  # fmt: skip
-    q, k, v = base["q"], base["k"], base["v"]
+             ("additive key padding, shape (3, 1, 7)",
+              strat.cast(np.where(padding, 0.0, -np.inf), t.dtype))]  # fmt: skip
+    (label, mask), rest = cases[0], cases[1:]
+    first = {**base, "mask": mask}
     try:
         with np.errstate(all="ignore"):
-            t.call_attention(q, k, v, cases[0][1], False)
-    except Failed:
-        raise
+            out = t.call_attention(first["q"], first["k"], first["v"], mask, False)
+    except Failed as exc:
+        raise Failed(f"masked, {label}: {exc}") from exc
     except Exception as exc:
         run.notes.append(f"float (additive) masks refused with {type(exc).__name__}")
         return
-    for label, mask in cases:
+    _attention_check(run, out, first, f"masked, {label}", source=source)
+    for label, mask in rest:
         _attention_compare(run, {**base, "mask": mask}, f"masked, {label}", source=source)
 
 
@@ -662,12 +681,8 @@ def _p_fresh_results(t: Target, run: Run) -> None:
         )
     for out, inputs in zip((out1, out2), arrays, strict=True):
         if t.kind == "attention":
-            got, _ = run.output(out, "fresh results")
-            rep = tst.assert_attention_close(
-                got, (inputs["q"], inputs["k"], inputs["v"]), schedule=t.schedule,
-                entropy_eps=t.entropy_eps, dtype=t.dtype, repro=t.repro, strict=t.strict,
-            )  # fmt: skip
-            run.record(rep)
+            _attention_check(run, out, {**inputs, "mask": None, "is_causal": False},
+                             "fresh results")  # fmt: skip
         else:
             run.compare(out, inputs["x"], what="fresh results")
 

@@ -313,12 +313,19 @@ class Target:
         return kw
 
     def _checked_call(
-        self, args: dict[str, Any], call: Callable[[], Any], literal: np.ndarray | None = None
+        self,
+        args: dict[str, Any],
+        originals: dict[str, np.ndarray],
+        call: Callable[[], Any],
+        literal: np.ndarray | None = None,
     ) -> Any:
         """Run `call` (the kernel on `args`, private copies); fail if it wrote to one of them.
 
-        `literal`, when given, is the logits `x` of a plain call (no view, no keyword
-        but the target's own): a write to it is reported with a repro.
+        `originals` are the numpy arrays `args` were copied from, which the kernel never
+        sees: for a numpy kernel (same dtype, same bits) they are the state before the
+        call, so no further copy is made. `literal`, when given, is the logits `x` of a
+        plain call (no view, no keyword but the target's own): a write to it is reported
+        with a repro.
 
         Raises
         ------
@@ -326,7 +333,10 @@ class Target:
             If an element of one of `args` changed (bits compared: see
             :mod:`~softmaxtheory._check.memory`).
         """
-        before = {name: snapshot(a) for name, a in args.items()}
+        if self.framework == "numpy":
+            before = {name: snapshot(originals[name], copy=False) for name in args}
+        else:
+            before = {name: snapshot(a) for name, a in args.items()}
         out = call()
         for name, a in args.items():
             change = changed(before[name], snapshot(a, copy=False))
@@ -369,6 +379,7 @@ class Target:
         plain = view is None and schedule is None
         return self._checked_call(
             {"x": arg},
+            {"x": x},
             lambda: self.kernel(viewed, **self._kwargs(schedule)),
             literal=x if plain else None,
         )
@@ -390,20 +401,18 @@ class Target:
         function applied to that operand once converted (a strided view, say).
         """
         kw = self._kwargs(None)
-        operands = {
-            name: self._to_framework(private_copy(a))
-            for name, a in zip("qkv", (q, k, v), strict=True)
-        }
+        originals = {"q": q, "k": k, "v": v}
         if mask is not None:
-            operands["mask"] = kw[self.mask_keyword or "mask"] = self._to_framework(
-                private_copy(np.asarray(mask))
-            )
+            originals["mask"] = np.asarray(mask)
+        operands = {name: self._to_framework(private_copy(a)) for name, a in originals.items()}
+        if mask is not None:
+            kw[self.mask_keyword or "mask"] = operands["mask"]
         if is_causal:
             kw["is_causal"] = True
         if scale is not None:
             kw["scale"] = scale
         args = [views[n](operands[n]) if views and n in views else operands[n] for n in "qkv"]
-        return self._checked_call(operands, lambda: self.kernel(*args, **kw))
+        return self._checked_call(operands, originals, lambda: self.kernel(*args, **kw))
 
     def _repro_head(self) -> str | None:
         """Lines that import the kernel as ``kernel`` (None without a ``module:function``)."""
