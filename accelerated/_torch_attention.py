@@ -45,6 +45,8 @@ from ._torch_common import (
     mul_pow2,
     shifted_logits,
     stats_dtype,
+    transformed,
+    unwrapped,
 )
 from ._torch_softmax import adaptive_softmax_lastdim
 
@@ -93,6 +95,8 @@ class Prepared:
     values_finite: bool = True  # every entry of v is finite (known from the scan)
     # pass 1 queued before the scan was read (see pass1_early); None when not, or void
     pass1: tuple[torch.Tensor, torch.Tensor] | None = None
+    # a torch.func transform or forward AD is active (see transformed): torch's own ops only
+    transformed: bool = False
 
 
 def _to4(t: torch.Tensor, lead: tuple[int, ...], heads: int | None = None) -> torch.Tensor:
@@ -107,7 +111,8 @@ def _to4(t: torch.Tensor, lead: tuple[int, ...], heads: int | None = None) -> to
 
 
 def _abs_max(t: torch.Tensor) -> float:
-    """Largest finite magnitude of `t` (0.0 if none)."""
+    """Largest finite magnitude of `t` (0.0 if none; of every slice under ``vmap``)."""
+    t = unwrapped(t)
     if t.numel() == 0:
         return 0.0
     with torch.no_grad():
@@ -145,8 +150,10 @@ def _scan(tensors: list[torch.Tensor]) -> torch.Tensor:
     device-to-host copy (``.tolist()``) reads them all; the caller reads it
     as late as it can, so that its own host work overlaps the reductions.
     NaN where the tensor holds a NaN, ``inf`` where it holds an infinity and no
-    NaN, 0.0 for an empty tensor.
+    NaN, 0.0 for an empty tensor. Under ``vmap``, of all slices together
+    (:func:`~._torch_common.unwrapped`).
     """
+    tensors = [unwrapped(t) for t in tensors]
     with torch.no_grad():  # the tensors share a dtype, in which each maximum is exact
         norms = [
             torch.linalg.vector_norm(t, math.inf)
@@ -259,10 +266,9 @@ def prepare(
             raise ValueError("pass either attn_mask or is_causal=True, not both")
         if not isinstance(attn_mask, torch.Tensor):
             raise TypeError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
-        if attn_mask.layout != torch.strided:
-            raise TypeError(
-                f"attn_mask must be a dense (strided) tensor, got layout {attn_mask.layout}"
-            )
+        if attn_mask.layout != torch.strided or attn_mask.is_nested:
+            got = "a nested tensor" if attn_mask.is_nested else f"layout {attn_mask.layout}"
+            raise TypeError(f"attn_mask must be a dense (strided) tensor, got {got}")
         if attn_mask.device != q.device:
             raise ValueError(f"attn_mask must be on {q.device}, got {attn_mask.device}")
         if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
@@ -310,7 +316,7 @@ def prepare(
         else:
             add = m4
             finite = torch.isfinite(m4)
-            bias = bool(torch.any(finite & (m4 != 0)))
+            bias = bool(torch.any(unwrapped(finite & (m4 != 0))))
             keep = m4 != -torch.inf
         n_eff = keep.sum(-1).expand(*q4.shape[:2], L)
     early_q, early_k, pass1 = q4, k4, None
@@ -343,7 +349,8 @@ def prepare(
     if pass1 is not None and lb > _early_log2_bound():
         pass1 = None  # queued as for small logits (RAW); larger ones take another variant
     return Prepared(q4, k4, v4, lead, scale, is_causal, keep, add, bias, n_eff, bad,
-                    group, False, lb, lq, all(map(math.isfinite, vmax)), pass1)  # fmt: skip
+                    group, False, lb, lq, all(map(math.isfinite, vmax)), pass1,
+                    transformed(q, k, v, attn_mask))  # fmt: skip
 
 
 def _bad_rows(
@@ -365,12 +372,12 @@ def _bad_rows(
     mask is read.
     """
     with torch.no_grad():
-        mask_bad = add is not None and bool((torch.isnan(add) | (add == torch.inf)).any())
+        mask_bad = add is not None and bool(unwrapped(torch.isnan(add) | (add == torch.inf)).any())
         if qk_finite and not mask_bad:
             return None
         q_bad = ~torch.isfinite(q).all(-1)
         k_bad = ~torch.isfinite(k).all(-1)
-        if not mask_bad and not bool(q_bad.any()) and not bool(k_bad.any()):
+        if not mask_bad and not unwrapped(q_bad).any() and not unwrapped(k_bad).any():
             return None
         if group > 1:
             k_bad = k_bad.repeat_interleave(group, dim=1)
@@ -416,7 +423,8 @@ def _fits(p: Prepared, beta_max: float = 1.0) -> bool:
 
 def _beta_max(beta: torch.Tensor) -> float:
     with torch.no_grad():
-        b = torch.where(torch.isnan(beta), torch.ones_like(beta), beta)  # NaN rows: bad anyway
+        b = unwrapped(beta)
+        b = torch.where(torch.isnan(b), torch.ones_like(b), b)  # NaN rows: bad anyway
         return float(b.amax()) if b.numel() else 1.0
 
 
@@ -477,7 +485,9 @@ class _ScaleRows(torch.autograd.Function):
     the queries is made, and autograd keeps `q` (the caller's tensor) and
     β, not a converted copy. Backward: :math:`\bar q_i = \beta_i \bar y_i`
     (again one kernel into the dtype of `q`) and
-    :math:`\bar\beta_i = \sum_d \bar y_{id} q_{id}` in β's dtype.
+    :math:`\bar\beta_i = \sum_d \bar y_{id} q_{id}` in β's dtype. Under
+    ``create_graph=True`` both are recorded, so the gradient is differentiable
+    again (second derivatives, gradient penalties).
     """
 
     @staticmethod
@@ -488,14 +498,14 @@ class _ScaleRows(torch.autograd.Function):
         return _times_rows(q, beta)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         q, beta = ctx.saved_tensors
         dq = dbeta = None
         if ctx.needs_input_grad[0]:
-            dq = _times_rows(grad, beta)
+            # under create_graph the product is recorded (an ``out=`` kernel is not)
+            dq = (grad * beta).to(q.dtype) if torch.is_grad_enabled() else _times_rows(grad, beta)
         if ctx.needs_input_grad[1]:
             dbeta = _rowdot(grad, q, beta.dtype)
         return dq, dbeta
@@ -510,6 +520,8 @@ def scale_rows(q: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     host time before the kernel starts).
     """
     beta = beta.unsqueeze(-1)
+    if transformed(q, beta):
+        return (q * beta).to(q.dtype)  # recorded by the transform (vmap, jvp, ...)
     if torch.is_grad_enabled() and (q.requires_grad or beta.requires_grad):
         return _ScaleRows.apply(q, beta)
     return _times_rows(q, beta)
@@ -791,6 +803,7 @@ def entropy_lse_backward(
     lse: torch.Tensor,
     grad_entropy: torch.Tensor,
     grad_lse: torch.Tensor,
+    differentiable: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""The backward of pass 1 in torch: ``(dq, dk)`` from the row gradients of ``(H, LSE)``.
 
@@ -804,6 +817,13 @@ def entropy_lse_backward(
     query heads of a group). Memory :math:`O(\mathrm{block}\cdot S)`; nothing is
     kept from the forward but ``(H, LSE)``. Results in the statistics dtype,
     shapes of ``p.q`` and ``p.k``.
+
+    A row no loss reaches (both row gradients zero) adds nothing, so a NaN row
+    that no loss reads gives no NaN. ``differentiable=True`` (the backward
+    recorded for a second derivative) keeps such rows, skipping only rows
+    whose statistics are not finite: the result's derivative in the row
+    gradients is needed at zero too (the double-backward route to a
+    Jacobian-vector product starts there).
     """
     wd, qs, kt, block, _ = _scaled_operands(p, False)
     k = p.k.to(wd)
@@ -817,7 +837,10 @@ def entropy_lse_backward(
     for i0 in range(0, p.q.shape[-2], block):
         i1 = min(p.q.shape[-2], i0 + block)
         x = _tile_logits(p, i0, i1, qs, kt, 0)
-        live = (d_ent[..., i0:i1, :] != 0) | (d_lse[..., i0:i1, :] != 0)
+        if differentiable:
+            live = torch.isfinite(ent[..., i0:i1, :]) & torch.isfinite(lse[..., i0:i1, :])
+        else:
+            live = (d_ent[..., i0:i1, :] != 0) | (d_lse[..., i0:i1, :] != 0)
         valid = (x != -torch.inf) & live  # rows no loss reaches add nothing (not 0 * NaN)
         z = torch.clamp(torch.where(valid, x - lse[..., i0:i1, :], torch.zeros_like(x)), min=-big)
         e = torch.where(valid, torch.exp(z), torch.zeros_like(z))
@@ -851,7 +874,13 @@ def _pass1_forward(p: Prepared, use_triton: bool) -> tuple[torch.Tensor, torch.T
 
 
 class _Pass1(torch.autograd.Function):
-    """Pass 1 with its own backward (no tile is kept: p is recomputed from the log-sum-exp)."""
+    """Pass 1 with its own backward (no tile is kept: p is recomputed from the log-sum-exp).
+
+    The backward runs without a graph (the Triton kernel where the forward ran
+    there) unless autograd records it (``create_graph=True``): then the torch
+    backward's operations are recorded on the saved ``q``, ``k``, ``H`` and
+    LSE, so the gradient can be differentiated again.
+    """
 
     @staticmethod
     def forward(
@@ -864,18 +893,22 @@ class _Pass1(torch.autograd.Function):
         h, lse, ran = _pass1_forward(p, use_triton)
         ctx.prepared = p
         ctx.triton = ran
-        ctx.save_for_backward(h, lse)
+        ctx.save_for_backward(q, k, h, lse)
         return h, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_h: torch.Tensor, grad_lse: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
         p: Prepared = ctx.prepared
-        h, lse = ctx.saved_tensors
+        q, k, h, lse = ctx.saved_tensors
         dq = dk = None
-        if ctx.triton:
+        if torch.is_grad_enabled():
+            # create_graph=True: the saved tensors carry their history, so the
+            # recorded backward differentiates through q, k, H and LSE alike
+            p = replace(p, q=q, k=k)
+            dq, dk = entropy_lse_backward(p, h, lse, grad_h, grad_lse, differentiable=True)
+        elif ctx.triton:
             from . import _triton_attention as tri
             from ._triton_config import NoConfig
 
@@ -900,8 +933,8 @@ def entropy_lse_grad(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
     ones; logits that could overflow take the overflow-safe torch path with
     autograd through its tiles.
     """
-    if p.q.shape[-1] == 0 or not _fits(p):
-        return entropy_lse(p)
+    if p.q.shape[-1] == 0 or not _fits(p) or p.transformed:
+        return entropy_lse(p)  # autograd (or a torch.func transform) through its tiles
     return _Pass1.apply(p.q, p.k, p, _pass1_triton_ok(p, grad=True))
 
 
@@ -966,6 +999,7 @@ def _rows_beta(
         isinstance(schedule, Polynomial)
         and entropy is not None
         and (detach_beta or not grad)
+        and not p.transformed
         and _pass1_triton_takes(p.q)
     ):
         from ._triton_beta import triton_polynomial_beta
@@ -1018,7 +1052,8 @@ def _hybrid(
         p = _ungrouped(p)
     B, H, L, D = p.q.shape
     grad = torch.is_grad_enabled() and (beta.requires_grad or _want_grad(p.q, p.k, p.v))
-    if grad or p.q.element_size() * B * H * L * D <= PASS2_SPLIT_BYTES:
+    small = p.q.element_size() * B * H * L * D <= PASS2_SPLIT_BYTES
+    if grad or small or p.transformed:  # (a transform cannot write into the pieces' output)
         return _sdpa_pass2(p, scale_rows(p.q, beta), mask, gqa)
     out = p.q.new_empty((B, H, L, p.v.shape[-1]))
     for b, h in _pieces(B, H, p.group, PASS2_PIECES):
@@ -1072,6 +1107,8 @@ def pass1_early(
     """
     operands = [q, k] if v is None else [q, k, v]
     if not all(isinstance(t, torch.Tensor) for t in operands) or not _pass1_triton_takes(q):
+        return None
+    if transformed(*operands):
         return None  # prepare converts (or refuses) other inputs; pass 1 runs late then
     if _want_grad(*operands) and (schedule is None or not detach_beta):
         return None  # pass 1 runs with its own backward (entropy_lse_grad)
@@ -1178,12 +1215,14 @@ def _pass1_triton_ok(p: Prepared, grad: bool = False) -> bool:
     The torch pass 1 takes larger logits: its backward recomputes the logits
     as its forward formed them, so :math:`p_{ij} \le 1`.
     """
-    ok = _pass1_triton_takes(p.q) and _fits(p)
+    ok = not p.transformed and _pass1_triton_takes(p.q) and _fits(p)
     return ok and (not grad or p.log2_bound <= TRITON_GRAD_LOG2_BOUND)
 
 
 def _pass1_triton_takes(q: torch.Tensor) -> bool:
-    """Whether the Triton pass 1 runs on the device and in the dtype of `q`."""
+    """Whether the Triton pass 1 runs on the device and in the dtype of `q` (not transformed)."""
+    if transformed(q):
+        return False
     f64 = _TRITON_FLOAT64 or (q.device.type == "cpu" and _triton_interpreting())
     return (q.dtype != torch.float64 or f64) and triton_available(q.device)
 
@@ -1321,6 +1360,12 @@ def attention(
             raise ValueError(
                 "backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 for CPU tensors)"
             )
+        if p.transformed:
+            raise ValueError(
+                "backend='triton' cannot run under a torch.func transform (vmap, grad, jvp, "
+                "...) or forward-mode AD; use backend='auto', which takes torch's own operations "
+                "there"
+            )
     # the key heads stay shared (grouped-query attention) for pass 1 and SDPA's own
     # enable_gqa; the other paths repeat them (_ungrouped)
     v_orig = p.v
@@ -1334,7 +1379,11 @@ def attention(
         backend == "auto" and entropy_eps == 0.0 and _pass1_triton_ok(p) and not _bias_wider(p)
     ):
         out = _hybrid(p, schedule, detach_beta, _hybrid_entropy(p, schedule, beta_grad))
-    if out is None and not safe and backend != "chunked" and entropy_eps == 0.0 and not p.bias:
+    # under a torch.func transform "auto" takes the chunked path: its operations (matmul,
+    # exp, sums) have every batching rule and derivative formula; the fused primitives
+    # lack some (vmap falls back to a slow per-slice loop for the CPU one)
+    fused = backend != "chunked" and not (p.transformed and backend == "auto")
+    if out is None and not safe and fused and entropy_eps == 0.0 and not p.bias:
         out = _composition(_ungrouped(p), schedule, detach_beta)
     if out is None:
         out = _chunked(_ungrouped(p), schedule, entropy_eps, detach_beta, safe=safe)

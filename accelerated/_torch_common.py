@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.autograd import forward_ad
 
 from .._formats import DTYPES, FORMATS
 from ..spec import Constant, LogLength, Polynomial, Schedule
@@ -44,12 +45,53 @@ __all__ = [
     "poly_floats",
     "shifted_logits",
     "stats_dtype",
+    "transformed",
+    "unwrapped",
 ]
 
 #: Input dtypes whose statistics are kept in float32 (those whose working format is float32).
 HALF_DTYPES = tuple(getattr(torch, n) for n in DTYPES if FORMATS[n].internal.name != n)
 
 _FLOAT_DTYPES = tuple(getattr(torch, n) for n in DTYPES)
+
+
+#: torch.compiler.is_compiling (torch 2.3 and later)
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
+
+def transformed(*tensors: torch.Tensor | None) -> bool:
+    """Whether a ``torch.func`` transform wraps one of `tensors`, or forward AD gives it a tangent.
+
+    Under ``vmap``, ``grad``, ``jvp``, ``jacrev``, ``jacfwd`` (and their
+    compositions) and ``torch.autograd.forward_ad``, only operations with
+    autograd formulas and batching rules may touch the tensors: no Triton
+    launch, no ``out=`` kernel, no autograd Function of ours (the paths that
+    see this take torch's own operations instead). False while
+    :func:`torch.compile` traces (Dynamo cannot call the wrapper test, and
+    its graph holds no wrapped tensor).
+    """
+    if _is_compiling():
+        return False
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    dual = forward_ad._current_level >= 0
+    return any(
+        t is not None and (wrapped(t) or (dual and forward_ad.unpack_dual(t).tangent is not None))
+        for t in tensors
+    )
+
+
+def unwrapped(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor under every ``torch.func`` wrapper of `t` (`t` itself if none).
+
+    Under ``vmap`` it holds every mapped slice at once, so a maximum read from
+    it bounds each slice's: the host reads that choose a path (magnitudes,
+    "any NaN?") use it, since a mapped tensor has no single value to read.
+    """
+    if _is_compiling():
+        return t
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
 
 
 def autocast_dtype(t: object) -> torch.dtype | None:
@@ -93,6 +135,13 @@ def as_float_tensor(x: object, name: str) -> torch.Tensor:
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.is_nested:
+        # (a nested tensor of the strided layout passes the layout test below)
+        raise TypeError(
+            f"{name} must be a dense (strided) tensor, got a nested tensor; pad it "
+            "(torch.nested.to_padded_tensor(x, float('-inf')) for logits: -inf entries are "
+            "removed; for attention, pad q, k, v and mask the padded keys)"
+        )
     if x.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}")
     if x.dtype in _FLOAT_DTYPES:

@@ -234,7 +234,12 @@ def adaptive_attention(
         statistics dtype (or β times them) take an overflow-safe chunked path
         (float64 tiles, power-of-two units) on every backend; a Triton
         configuration that does not fit the device's shared memory falls
-        back to a smaller one, then to the composition.
+        back to a smaller one, then to the composition. Under a
+        ``torch.func`` transform (``vmap``, ``grad``, ``jvp``, ...) or
+        forward-mode AD, ``"auto"`` takes the chunked path. Second
+        derivatives (``create_graph=True``): every backend's own parts are
+        recorded; pass 2's is SDPA's, which torch lacks for some kernels,
+        so ``"chunked"`` is the backend that always has one.
 
     Returns
     -------
@@ -330,9 +335,10 @@ def attention_entropy(
     -------
     entropy, lse : torch.Tensor, shape (..., H, L)
         float32 (float64 for float64 inputs), differentiable with respect to
-        `q` and `k`. A query with every key masked (or ``S = 0``) has entropy
-        0 and log-sum-exp ``-inf``; a NaN or infinite query, unmasked key or
-        mask entry gives NaN. Entropies are clamped to
+        `q` and `k`, twice too (``create_graph=True``), and under the
+        ``torch.func`` transforms and forward-mode AD. A query with every key
+        masked (or ``S = 0``) has entropy 0 and log-sum-exp ``-inf``; a NaN or
+        infinite query, unmasked key or mask entry gives NaN. Entropies are clamped to
         :math:`[0, \log n_\mathrm{eff}]`.
 
     Notes

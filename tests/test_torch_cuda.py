@@ -326,10 +326,8 @@ def test_cuda_backward_matches_cpu_float64(head_dim, dtype, mask_name):
             assert err <= GRAD_RTOL[dtype] * scale, f"d{name} detach={detach}: {err} vs {scale}"
 
 
-@pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
-def test_cuda_gradcheck_float64_through_the_kernels(mask_name, monkeypatch):
-    """float64 gradcheck on CUDA of attention_entropy (GQA) and of adaptive attention with beta
-    attached, both through the Triton pass 1 and its backward (forced for float64)."""
+def _float64_through_the_kernels(mask_name, monkeypatch):
+    """(entropy, attention, args): float64 functions whose pass 1 runs in Triton (forced)."""
     from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
 
     monkeypatch.setattr(A, "_TRITON_FLOAT64", True)
@@ -349,8 +347,66 @@ def test_cuda_gradcheck_float64_through_the_kernels(mask_name, monkeypatch):
         b, c = (t.expand(-1, a.shape[1], -1, -1) for t in (b, c))
         return adaptive_attention(a, b, c, dev[3], causal)
 
+    return entropy, attention, args
+
+
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
+def test_cuda_gradcheck_float64_through_the_kernels(mask_name, monkeypatch):
+    """float64 gradcheck on CUDA of attention_entropy (GQA) and of adaptive attention with beta
+    attached, both through the Triton pass 1 and its backward (forced for float64)."""
+    entropy, attention, args = _float64_through_the_kernels(mask_name, monkeypatch)
     assert torch.autograd.gradcheck(entropy, args[:2], fast_mode=True)
     assert torch.autograd.gradcheck(attention, args, fast_mode=True)
+
+
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
+def test_cuda_second_derivatives_float64_through_the_kernels(mask_name, monkeypatch):
+    """gradgradcheck of the same: pass 1 forward in Triton, the backward recorded
+    (``create_graph=True``) in torch; the entropy's was silently zero before. Attention's pass 2
+    is SDPA's, which may lack a second derivative: then SDPA's own error, nothing else."""
+    entropy, attention, args = _float64_through_the_kernels(mask_name, monkeypatch)
+    assert torch.autograd.gradgradcheck(entropy, args[:2], fast_mode=True)
+    try:
+        assert torch.autograd.gradgradcheck(attention, args, fast_mode=True)
+    except RuntimeError as exc:
+        assert "not implemented" in str(exc) and "scaled_dot_product" in str(exc), exc
+
+
+@pytest.mark.parametrize("mask_name", ["none", "causal", "bool", "bias"])
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_cuda_transforms_take_torch_operations(mask_name):
+    """vmap, jvp and vmap(grad) on the device (float32, backend "auto"): the Triton kernels and
+    the out= kernel cannot take wrapped tensors, so the paths route around them; the results
+    equal the loop over slices and reverse mode."""
+    q, k, v, mask = _inputs(torch.float32, L=9, S=7, D=16, mask_name=mask_name)
+    q, k, v, mask = (t.to(DEVICE) if t is not None else None for t in (q, k, v, mask))
+    causal = mask_name == "causal"
+
+    def f(a, b, c):
+        return adaptive_attention(a, b, c, mask, causal)
+
+    def fe(a, b):
+        return attention_entropy(a, b, mask, causal)[0]
+
+    loop = torch.stack([f(q[i], k[i], v[i]) for i in range(q.shape[0])])
+    torch.testing.assert_close(torch.func.vmap(f)(q, k, v), loop, rtol=1e-5, atol=1e-6)
+    loop = torch.stack([fe(q[i], k[i]) for i in range(q.shape[0])])
+    torch.testing.assert_close(torch.func.vmap(fe)(q, k), loop, rtol=1e-5, atol=1e-5)
+    tangents = tuple(torch.randn_like(t) for t in (q, k, v))
+    out, jvp = torch.func.jvp(f, (q, k, v), tangents)
+    # the dot-product test: <w, J t> = <J^T w, t> (reverse mode on the normal path)
+    w = torch.randn_like(out)
+    args = tuple(t.clone().requires_grad_() for t in (q, k, v))
+    vjp = torch.autograd.grad(f(*args), args, w)
+    lhs = (w.double() * jvp.double()).sum()
+    rhs = sum((a.double() * t.double()).sum() for a, t in zip(vjp, tangents, strict=True))
+    assert abs(float(lhs - rhs)) <= 1e-4 * (1 + abs(float(rhs))), (float(lhs), float(rhs))
+    per_sample = torch.func.vmap(torch.func.grad(lambda a, b, c: f(a, b, c).square().sum()))
+    got = per_sample(q, k, v)
+    for i in range(q.shape[0]):
+        a = q[i].clone().requires_grad_()
+        (want,) = torch.autograd.grad(f(a, k[i], v[i]).square().sum(), a)
+        torch.testing.assert_close(got[i], want, rtol=1e-4, atol=1e-5)
 
 
 def test_cuda_beta_kernel_equals_torch():

@@ -173,8 +173,25 @@ SPARSE_CALLS = [
 ]
 
 
-@pytest.mark.parametrize(("call", "word"), SPARSE_CALLS)
+def _nested(*shapes, dtype=torch.float32):
+    return torch.nested.nested_tensor([torch.ones(s, dtype=dtype) for s in shapes])
+
+
+#: Nested tensors: the strided kind has the strided layout, and reached torch's "Internal
+#: error: NestedTensorImpl doesn't support sizes. Please file an issue."
+NESTED_CALLS = [
+    (lambda: adaptive_softmax(_nested(3, 5)), "x must be a dense.*nested tensor; pad"),
+    (lambda: AdaptiveSoftmax()(_nested(3, 5)), "x must be a dense.*nested"),
+    (lambda: adaptive_attention(_nested((2, 4), (3, 4)), torch.ones(3, 4), torch.ones(3, 4)),
+     "q must be a dense.*nested"),
+    (lambda: attention_entropy(torch.ones(2, 4), torch.ones(3, 4), _nested((2, 3), dtype=bool)),
+     "attn_mask must be a dense.*got a nested tensor"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("call", "word"), SPARSE_CALLS + NESTED_CALLS)
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 def test_sparse_tensors_are_refused_by_name(call, word):
     with pytest.raises(TypeError, match=word):
         call()

@@ -492,6 +492,7 @@ def _child_gradcheck(out_dir: Path) -> None:
 
     from softmaxtheory.accelerated.torch import adaptive_attention, attention_entropy
 
+    gradgrad = torch.autograd.gradgradcheck
     results = {}
     for case in GRADCHECK_CASES:
         name, fn = case[:2]
@@ -509,11 +510,21 @@ def _child_gradcheck(out_dir: Path) -> None:
                 b, c = (t.repeat_interleave(group, dim=1) for t in (b, c))
                 return adaptive_attention(a, b, c, mask, causal)
 
-        try:
-            ok = torch.autograd.gradcheck(f, args, fast_mode=True)
-            results[name] = "ok" if ok else "gradcheck returned False"
-        except GradcheckError as exc:  # (torch.autograd.gradcheck names the function)
-            results[name] = str(exc)[:2000]
+        checks = [(name, f, torch.autograd.gradcheck), (f"{name}-second", f, gradgrad)]
+        if fn == "attention":
+            # SDPA's own second derivative at these inputs (pass 2 runs on SDPA)
+            def sdpa(a, b, c, mask=mask, causal=causal, group=group):
+                b, c = (t.repeat_interleave(group, dim=1) for t in (b, c))
+                return torch.nn.functional.scaled_dot_product_attention(a, b, c, mask, 0.0, causal)
+
+            checks.append((f"{name}-sdpa-second", sdpa, gradgrad))
+        for key, fun, check in checks:
+            # the second: the first backward recorded (create_graph) after a Triton forward
+            try:
+                ok = check(fun, args, fast_mode=True)
+                results[key] = "ok" if ok else f"{check.__name__} returned False"
+            except (GradcheckError, RuntimeError) as exc:  # (gradcheck names the function)
+                results[key] = f"{type(exc).__name__}: {str(exc)[:2000]}"
     (out_dir / "gradcheck.json").write_text(json.dumps(results))
 
 
@@ -941,6 +952,24 @@ def test_gradcheck_through_the_kernels(child_outputs, name):
 
     results = json.loads((child_outputs / "gradcheck.json").read_text())
     assert results[name] == "ok", results[name]
+
+
+@pytest.mark.parametrize("name", [c[0] for c in GRADCHECK_CASES])
+def test_second_derivatives_through_the_kernels(child_outputs, name):
+    """float64 gradgradcheck of the same cases: the forward's pass 1 ran in Triton, the
+    recorded backward (``create_graph=True``) in torch. Before, the pass-1 backward was
+    ``once_differentiable`` and a gradient of the entropy came back without a graph: its
+    second derivative was silently zero.
+
+    Attention's pass 2 is SDPA's: where SDPA itself has no second derivative at these
+    inputs (torch's CPU flash kernel with a mask), its error is allowed, nothing else."""
+    import json
+
+    results = json.loads((child_outputs / "gradcheck.json").read_text())
+    got = results[f"{name}-second"]
+    sdpa = results.get(f"{name}-sdpa-second", "ok")
+    if got != "ok":
+        assert sdpa != "ok" and "not implemented" in sdpa and got == sdpa, (got, sdpa)
 
 
 if __name__ == "__main__":
