@@ -266,8 +266,13 @@ def prepare(
             raise ValueError("pass either attn_mask or is_causal=True, not both")
         if not isinstance(attn_mask, torch.Tensor):
             raise TypeError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
-        if attn_mask.layout != torch.strided or attn_mask.is_nested:
-            got = "a nested tensor" if attn_mask.is_nested else f"layout {attn_mask.layout}"
+        plain = not isinstance(attn_mask, torch.masked.MaskedTensor)
+        if attn_mask.layout != torch.strided or attn_mask.is_nested or not plain:
+            got = (
+                "a nested tensor" if attn_mask.is_nested
+                else f"layout {attn_mask.layout}" if plain
+                else "a MaskedTensor"
+            )  # fmt: skip
             raise TypeError(f"attn_mask must be a dense (strided) tensor, got {got}")
         if attn_mask.device != q.device:
             raise ValueError(f"attn_mask must be on {q.device}, got {attn_mask.device}")

@@ -135,6 +135,15 @@ def as_float_tensor(x: object, name: str) -> torch.Tensor:
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if isinstance(x, torch.masked.MaskedTensor):
+        # (its operators are masked-aware, ours are not: a permute already fails inside it)
+        remedy = (
+            f"pass {name}.get_data().masked_fill(~{name}.get_mask(), float('-inf')) (-inf "
+            "logits are removed)"
+            if name == "x"
+            else f"pass {name}.get_data() and exclude keys with attn_mask"
+        )
+        raise TypeError(f"{name} must be a plain tensor, got a MaskedTensor; {remedy}")
     if x.is_nested:
         # (a nested tensor of the strided layout passes the layout test below)
         raise TypeError(

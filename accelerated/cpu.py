@@ -76,6 +76,7 @@ from ..spec import (
     as_logits,
     attention_layout,
     check_entropy_eps,
+    refuse_masked,
     resolve_schedule,
 )
 from ._cpu_kernels import chunk_state_arrays, long_row_state
@@ -497,6 +498,7 @@ def _native(arr: np.ndarray) -> np.ndarray:
 
 
 def _attn_array(a: Any, name: str) -> np.ndarray:
+    refuse_masked(a, name, "operand")
     arr = np.asarray(a)
     if arr.dtype.kind in "iu":
         arr = arr.astype(np.float64)
@@ -517,6 +519,7 @@ def _attn_mask(
     widened to float32, any other float read as given); neither is broadcast or
     copied here. An integer mask is refused, as torch refuses it.
     """
+    refuse_masked(mask, "mask", "mask")
     marr = np.asarray(mask)
     if marr.dtype.kind in "iu":
         raise TypeError(

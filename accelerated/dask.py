@@ -98,6 +98,13 @@ def _prepare(x: Any, axis: Any) -> tuple[da.Array, np.dtype, np.dtype, int]:
             f"x must be a dask.array.Array, got {type(x).__name__} "
             "(wrap numpy input with dask.array.from_array, or use accelerated.cpu)"
         )
+    if isinstance(getattr(x, "_meta", None), np.ma.MaskedArray):
+        # its mask cannot be seen without computing it, and the blocks' would be dropped
+        raise TypeError(
+            "x has masked-array chunks, whose masks would be read as if unmasked; pass "
+            "dask.array.ma.filled(x, -np.inf) to remove the masked entries (a -inf logit "
+            "takes no part, theorem T8), or dask.array.ma.getdata(x) to keep them"
+        )
     # the dtype and rank rules of every backend (as_logits names the argument)
     in_dtype = as_logits(np.empty((0,) * max(x.ndim, 1), dtype=x.dtype), "x").dtype
     if x.ndim == 0:

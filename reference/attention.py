@@ -45,6 +45,7 @@ from softmaxtheory.spec import (
     Schedule,
     attention_layout,
     check_entropy_eps,
+    refuse_masked,
     resolve_schedule,
     split_mask,
 )
@@ -59,6 +60,7 @@ RN = eng.RN
 
 
 def _as_float_array(a: Any, name: str) -> np.ndarray:
+    refuse_masked(a, name, "operand")
     arr = np.asarray(a)
     if arr.dtype.kind in "iu":
         arr = arr.astype(np.float64)

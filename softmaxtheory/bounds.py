@@ -42,7 +42,7 @@ from ._certify import adaptive as adp
 from ._certify import enclosures as enc
 from ._certify import interval as ivl
 from ._certify import polyroots as pr
-from .spec import Constant, LogLength, Polynomial, Schedule, resolve_schedule
+from .spec import Constant, LogLength, Polynomial, Schedule, refuse_masked, resolve_schedule
 
 __all__ = [
     "MAX_EXPONENT",
@@ -1842,7 +1842,12 @@ def empirical_spread(logits: Any, axis: int | tuple[int, ...] = -1) -> Any:
     >>> from softmaxtheory import bounds
     >>> bounds.empirical_spread([[0.0, 2.5, -float("inf")], [1.0, -1.0, 0.5]])
     array([2.5, 2. ])
+
+    A :class:`numpy.ma.MaskedArray` with masked entries is refused (its mask
+    would be dropped); ``logits.filled(-np.inf)`` gives the spread of the
+    unmasked items.
     """
+    refuse_masked(logits, "logits")
     x = _as_real_array(logits)
     if x.ndim == 0:
         raise ValueError("logits must have at least one dimension (the items)")

@@ -68,6 +68,7 @@ __all__ = [
     "check_entropy_eps",
     "classify_rows",
     "exact_value",
+    "refuse_masked",
     "resolve_schedule",
     "split_mask",
 ]
@@ -370,6 +371,49 @@ def check_entropy_eps(entropy_eps: float) -> float:
 _FLOAT_KINDS = tuple(np.dtype(name).type for name in NUMPY_DTYPES)
 
 
+def refuse_masked(x: Any, name: str, role: str = "logits") -> None:
+    """Refuse a :class:`numpy.ma.MaskedArray` with masked entries.
+
+    ``numpy.asarray`` drops a masked array's mask, so the masked entries would be
+    read as if they were not masked: a wrong number, silently. A masked array
+    whose mask is all False passes (its data are the values).
+
+    Parameters
+    ----------
+    x : object
+        The argument.
+    name : str
+        Its name, for the message.
+    role : {"logits", "mask", "operand", "result"}, default "logits"
+        What `x` is, which decides the remedy the message names: logits are
+        filled with ``-inf`` (removed, theorem T8); an attention mask with
+        False or ``-inf``; attention operands with the values they hold; a
+        kernel's result is checked entry by entry, so a plain array is asked
+        for.
+
+    Raises
+    ------
+    TypeError
+        If `x` is a masked array with at least one masked entry.
+    """
+    if not (isinstance(x, np.ma.MaskedArray) and np.ma.is_masked(x)):
+        return
+    remedy = {
+        "logits": f"pass {name}.filled(-np.inf) to remove them (a -inf logit takes no part, "
+        f"theorem T8), or {name}.data to keep them",
+        "mask": f"pass {name}.filled(False) for a boolean mask (masked entries take no part) "
+        f"or {name}.filled(-np.inf) for an additive one",
+        "operand": f"pass {name}.filled(value) with the values the entries hold, and exclude "
+        "keys with the attention mask",
+        "result": "every entry of a result is checked: pass a plain array (a masked entry "
+        "has no value to check)",
+    }[role]
+    raise TypeError(
+        f"{name} is a masked array with masked entries, which would be read as if unmasked; "
+        + remedy
+    )
+
+
 def as_logits(x: Any, name: str = "x") -> np.ndarray:
     """Validate and convert logits to a floating array with a last axis.
 
@@ -392,10 +436,12 @@ def as_logits(x: Any, name: str = "x") -> np.ndarray:
     Raises
     ------
     TypeError
-        For a dtype that is not real floating or integer.
+        For a dtype that is not real floating or integer, or a masked array
+        with masked entries (:func:`refuse_masked`).
     ValueError
         For a 0-d input (there is no axis to normalise along).
     """
+    refuse_masked(x, name)
     try:
         arr = np.asarray(x)
     except ValueError as exc:  # ragged nested sequences
@@ -480,8 +526,10 @@ def split_mask(
     ValueError
         If the mask does not broadcast.
     TypeError
-        If the mask is neither boolean nor floating (integer masks included).
+        If the mask is neither boolean nor floating (integer masks included),
+        or a masked array with masked entries.
     """
+    refuse_masked(mask, name, "mask")
     marr = np.asarray(mask)
     if marr.dtype != bool and marr.dtype.kind != "f":
         hint = (

@@ -60,7 +60,14 @@ import numpy as np
 from ._check import error_model as model
 from ._check.report import array_literal, fmt_ulp, is_torch, row_literal
 from ._formats import DTYPES, Format, Kind, format_named
-from .spec import Constant, Polynomial, Schedule, check_entropy_eps, resolve_schedule
+from .spec import (
+    Constant,
+    Polynomial,
+    Schedule,
+    check_entropy_eps,
+    refuse_masked,
+    resolve_schedule,
+)
 
 __all__ = [
     "MODES",
@@ -166,8 +173,11 @@ def to_numpy(a: Any, name: str) -> tuple[np.ndarray, str]:
     Raises
     ------
     TypeError
-        For a dtype that is not real floating or integer.
+        For a dtype that is not real floating or integer, or a masked array
+        with masked entries (whose mask ``numpy.asarray`` would drop).
     """
+    roles = {"logits": "logits", "mask": "mask", "actual": "result", "output": "result"}
+    refuse_masked(a, name, roles.get(name, "operand"))
     if is_torch(a):
         t = a.detach().cpu()
         dname = str(t.dtype).removeprefix("torch.")
@@ -1004,6 +1014,7 @@ def _is_bool(mask: Any) -> bool:
 def _bool_numpy(mask: Any) -> np.ndarray:
     if is_torch(mask):
         return mask.detach().cpu().numpy().astype(bool)
+    refuse_masked(mask, "mask", "mask")
     return np.asarray(mask, dtype=bool)
 
 

@@ -343,3 +343,99 @@ def test_mp_tempered_items_below_the_zero_cutoff_keep_their_relative_precision()
         assert got[-1] != 0
         # beta_mp's own error is amplified by 2^126: compare the exponents instead
         assert abs(mpmath.log(got[-1]) - mpmath.log(exact)) <= mpmath.mpf(2) ** -600 * 2.0**126
+
+
+# ---------------------------------------------------------------- masked arrays
+
+#: Logits with one masked entry: numpy.asarray drops the mask, so every function read the
+#: masked 2.0 as a logit (softmax gave 0.245 where the masked entry should have no weight).
+MASKED = np.ma.array([[1.0, 2.0, 3.0]], mask=[[False, True, False]])
+
+
+def _masked_logit_calls():
+    from softmaxtheory import bounds, testing
+    from softmaxtheory.reference import StreamState as RefState
+
+    calls = {f"reference.{n}": (lambda f=f: f(MASKED)) for n, f in ALL_FUNCS.items()}
+    calls["reference.StreamState.update"] = lambda: RefState().update(MASKED[0])
+    calls["bounds.empirical_spread"] = lambda: bounds.empirical_spread(MASKED)
+    calls["testing.assert_softmax_close(logits)"] = lambda: testing.assert_softmax_close(
+        np.zeros((1, 3)), MASKED
+    )
+    try:
+        from softmaxtheory.accelerated import cpu
+    except ImportError:  # numba absent: the reference's calls still run
+        return calls
+    for n in ("softmax", "entropy", "beta", "adaptive_softmax"):
+        fn = getattr(cpu, n)
+        calls[f"cpu.{n}"] = lambda f=fn: f(MASKED)
+    calls["cpu.StreamingSoftmax.update"] = lambda: cpu.StreamingSoftmax().update(MASKED[0])
+    return calls
+
+
+MASKED_LOGIT_CALLS = _masked_logit_calls()
+
+
+@pytest.mark.parametrize("call", sorted(MASKED_LOGIT_CALLS))
+def test_masked_logits_are_refused_with_the_fill_that_removes_them(call):
+    with pytest.raises(TypeError, match=r"masked array with masked entries.*filled\(-np\.inf\)"):
+        MASKED_LOGIT_CALLS[call]()
+
+
+def test_the_named_fill_gives_the_removal():
+    """What the message proposes is theorem T8's removal: the masked entry gets weight 0
+    and the others are the softmax of the rest."""
+    got = reference.softmax(MASKED.filled(-np.inf))
+    assert got[0, 1] == 0.0
+    np.testing.assert_array_equal(got[0, [0, 2]], reference.softmax(np.array([1.0, 3.0])))
+
+
+def test_a_masked_array_without_masked_entries_is_its_data():
+    x = np.ma.array([[1.0, 2.0, 3.0]], mask=[[False, False, False]])
+    np.testing.assert_array_equal(reference.softmax(x), reference.softmax(x.data))
+    np.testing.assert_array_equal(reference.softmax(np.ma.array(x.data)), reference.softmax(x.data))
+
+
+def _masked_attention_calls():
+    from softmaxtheory import testing
+
+    q, k, v = np.ones((2, 3)), np.ones((4, 3)), np.ones((4, 1))
+    mq = np.ma.array(q, mask=np.eye(2, 3, dtype=bool))
+    mmask = np.ma.array(np.ones((2, 4), bool), mask=np.eye(2, 4, dtype=bool))
+    fns = {"reference": reference.adaptive_attention}
+    try:
+        from softmaxtheory.accelerated import cpu
+
+        fns["cpu"] = cpu.adaptive_attention
+    except ImportError:
+        pass
+    calls = {}
+    for name, f in fns.items():
+        calls[f"{name} q"] = (lambda f=f: f(mq, k, v), "q", r"q\.filled\(value\)")
+        calls[f"{name} mask"] = (
+            lambda f=f: f(q, k, v, mask=mmask),
+            "mask",
+            r"mask\.filled\(False\)",
+        )
+    out = np.zeros((2, 1))
+    calls["testing actual"] = (
+        lambda: testing.assert_attention_close(np.ma.array(out, mask=[[1], [0]]), (q, k, v)),
+        "actual",
+        "pass a plain array",
+    )
+    calls["testing mask"] = (
+        lambda: testing.assert_attention_close(out, (q, k, v), mask=mmask),
+        "mask",
+        r"mask\.filled\(False\)",
+    )
+    return calls
+
+
+MASKED_ATTENTION_CALLS = _masked_attention_calls()
+
+
+@pytest.mark.parametrize("call", sorted(MASKED_ATTENTION_CALLS))
+def test_masked_attention_arguments_are_refused_by_name(call):
+    fn, name, remedy = MASKED_ATTENTION_CALLS[call]
+    with pytest.raises(TypeError, match=rf"^{name} is a masked array.*{remedy}"):
+        fn()

@@ -186,12 +186,26 @@ NESTED_CALLS = [
      "q must be a dense.*nested"),
     (lambda: attention_entropy(torch.ones(2, 4), torch.ones(3, 4), _nested((2, 3), dtype=bool)),
      "attn_mask must be a dense.*got a nested tensor"),
+    # MaskedTensor: its masked-aware operators refused ours ("Multiple dispatch failed for
+    # 'torch._ops.aten.permute.default'")
+    (lambda: adaptive_softmax(_masked((2, 3))), r"x must be a plain tensor.*masked_fill"),
+    (lambda: adaptive_attention(_masked((2, 4)), torch.ones(3, 4), torch.ones(3, 4)),
+     r"q must be a plain tensor, got a MaskedTensor; pass q\.get_data\(\)"),
+    (lambda: attention_entropy(torch.ones(2, 4), torch.ones(3, 4), _masked((2, 3), bool)),
+     "attn_mask must be a dense.*got a MaskedTensor"),
 ]  # fmt: skip
+
+
+def _masked(shape, dtype=torch.float32):
+    mask = torch.ones(shape, dtype=torch.bool)
+    mask[0, 0] = False
+    return torch.masked.masked_tensor(torch.ones(shape, dtype=dtype), mask)
 
 
 @pytest.mark.parametrize(("call", "word"), SPARSE_CALLS + NESTED_CALLS)
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+@pytest.mark.filterwarnings("ignore:The PyTorch API of MaskedTensors is in prototype stage")
 def test_sparse_tensors_are_refused_by_name(call, word):
     with pytest.raises(TypeError, match=word):
         call()
