@@ -145,6 +145,20 @@ def empty_file(tmp_path):
 
 
 @pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "logits.npy"
+    path.write_text("0.5 1.0 2.0\n")
+    return str(path)
+
+
+@pytest.fixture
+def no_rows_file(tmp_path):
+    path = tmp_path / "none.npy"
+    np.save(path, np.zeros((0, 3)))
+    return str(path)
+
+
+@pytest.fixture
 def truncated_file(tmp_path):
     path = tmp_path / "cut.npy"
     np.save(path, np.zeros(100))
@@ -161,6 +175,11 @@ def truncated_file(tmp_path):
         (["reference", "--npy", "{cut}"], "cannot read"),
         (["bounds", "--npy", "{npz}"], "not a .npy file of one array"),
         (["bounds", "--npy", "/dev/null"], "cannot read /dev/null"),
+        # numpy read a file without the .npy header as a pickle: "This file contains pickled
+        # (object) data"; and an array of no rows was said to have every row NaN
+        (["reference", "--npy", "{text}"], "is not a .npy file (it lacks the .npy header)"),
+        (["bounds", "--npy", "{text}"], "is not a .npy file (it lacks the .npy header)"),
+        (["bounds", "--npy", "{none}"], "holds no rows (shape (0, 3))"),
         (["reference", "--schedule", "poly:1e400", "1", "2"], "coefficients[0] must lie within"),
         (["reference", "--schedule", "constant:1e400", "1"], "beta must lie within"),
         (["reference", "--schedule", "poly:1@1e999", "1"], "threshold must lie within"),
@@ -179,10 +198,11 @@ def truncated_file(tmp_path):
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(
-    capsys, tmp_path, npz_file, empty_file, truncated_file, argv, message
+    capsys, tmp_path, npz_file, empty_file, truncated_file, text_file, no_rows_file, argv, message
 ):
     """Issue 14 item 9: each of these raised a traceback, or printed the table before failing."""
     subs = {"{npz}": npz_file, "{empty}": empty_file, "{cut}": truncated_file}
+    subs |= {"{text}": text_file, "{none}": no_rows_file}
     subs["{dir}"] = str(tmp_path)
     argv = [subs.get(a, a) for a in argv]
     line = one_line_usage_error(capsys, argv)

@@ -130,6 +130,8 @@ def test_measures_a_npy_file(tmp_path, capsys):
     assert doc["measured"]["spread_mean"] == 2.5
     code, out, _ = run(capsys, "bounds", "--npy", str(path), "--statistic", "mean")
     assert code == 0
+    assert out.startswith("measured 3 rows of 4 items in ")
+    assert "; 1 row with NaN or +inf skipped\n" in out  # was "1 rows"
     assert "using the mean: spread 2.5" in out
     assert f"once n >= {bounds.dispersion_size(0.5, 2.5)} " in out
 

@@ -26,7 +26,15 @@ from typing import Any
 from .. import __version__
 from ..spec import Constant, LogLength, PaperPolynomial, Polynomial, Schedule
 
-__all__ = ["COMMANDS", "build_parser", "load_npy", "main", "parse_float", "parse_schedule"]
+__all__ = [
+    "COMMANDS",
+    "build_parser",
+    "load_npy",
+    "main",
+    "parse_float",
+    "parse_schedule",
+    "plural",
+]
 
 #: The subcommands, each implemented by the module ``softmaxtheory.cli.<name>``.
 COMMANDS: tuple[str, ...] = ("reference", "bounds", "check", "bench", "reproduce")
@@ -112,17 +120,36 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {text} (see {self.prog} --help)\n")
 
 
+def plural(n: int, word: str) -> str:
+    """``"1 row"``, ``"2 rows"``, ``"2 properties"``: `n` and `word` in its number."""
+    if n == 1:
+        return f"1 {word}"
+    return f"{n} {word[:-1] + 'ies' if word.endswith('y') else word + 's'}"
+
+
+#: The first bytes of a ``.npy`` file and of a ``.npz`` (zip) archive.
+_NPY_MAGIC, _ZIP_MAGIC = b"\x93NUMPY", b"PK\x03\x04"
+
+
 def load_npy(path: str, parser: argparse.ArgumentParser) -> Any:
     """Read one array from a ``.npy`` file, or stop with a one-line usage error.
 
     Returns a :class:`numpy.ndarray` with at least one axis.
 
-    An ``.npz`` archive, an empty or truncated file, a pickled object array or
-    a 0-d array is refused with a message naming the file (exit status 2).
+    An ``.npz`` archive, an empty or truncated file, a file that is no
+    ``.npy`` at all, a pickled object array or a 0-d array is refused with a
+    message naming the file (exit status 2).
     """
     import numpy as np
 
     try:
+        with open(path, "rb") as f:
+            head = f.read(len(_NPY_MAGIC))
+        if head and not head.startswith((_NPY_MAGIC, _ZIP_MAGIC)):
+            # (np.load would try it as a pickle and say it holds pickled data)
+            parser.error(
+                f"{path} is not a .npy file (it lacks the .npy header); write it with np.save"
+            )
         arr = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         parser.error(f"cannot read {path}: {exc or type(exc).__name__}")

@@ -15,7 +15,7 @@ from softmaxtheory._certify.adaptive import beta_sup
 from softmaxtheory._certify.enclosures import certified_text
 
 from ..spec import PaperPolynomial
-from . import load_npy, parse_float
+from . import load_npy, parse_float, plural
 
 __all__ = ["DEFAULT_SIZES", "add_parser", "compute", "run"]
 
@@ -92,6 +92,8 @@ def _measure(path: str, statistic: str, parser: argparse.ArgumentParser) -> dict
         parser.error(f"{path}: {exc}")
     bad = int(np.sum(np.isnan(spreads)))
     good = spreads[~np.isnan(spreads)]
+    if spreads.size == 0:
+        parser.error(f"{path} holds no rows (shape {arr.shape})")
     if good.size == 0:
         parser.error(f"{path}: no row has a finite spread (every row holds NaN or +inf)")
     if not np.all(np.isfinite(good)):
@@ -240,13 +242,15 @@ def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
     out = sys.stdout
     if measured is not None:
         out.write(
-            f"measured {measured['rows']} rows of {measured['items_per_row']} items in "
+            f"measured {plural(measured['rows'], 'row')} of "
+            f"{plural(measured['items_per_row'], 'item')} in "
             f"{measured['file']}: spread mean {measured['spread_mean']:.4g} ± "
             f"{measured['spread_std']:.4g}, range [{measured['spread_min']:.4g}, "
             f"{measured['spread_max']:.4g}]"
         )
         if measured["rows_with_nan_or_inf"]:
-            out.write(f"; {measured['rows_with_nan_or_inf']} rows with NaN or +inf skipped")
+            skipped = plural(measured["rows_with_nan_or_inf"], "row")
+            out.write(f"; {skipped} with NaN or +inf skipped")
         out.write(f"\nusing the {measured['statistic']}: spread {doc['spread']!r}\n\n")
     beta = doc["beta"]
     bt = "" if beta == 1.0 else f" at beta = {beta!r}"

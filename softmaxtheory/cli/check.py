@@ -37,7 +37,7 @@ from typing import Any
 from softmaxtheory._check.report import STOPPED
 from softmaxtheory._formats import DTYPES, FRAMEWORKS, KINDS, default_dtype
 
-from . import parse_float, parse_schedule
+from . import parse_float, parse_schedule, plural
 
 __all__ = ["DEFAULT_TIMEOUT", "IsolatedRun", "add_parser", "run", "run_isolated", "verdict"]
 
@@ -272,12 +272,6 @@ def _usage_error(message: str) -> int:
     return 2
 
 
-def _plural(n: int, word: str) -> str:
-    if n == 1:
-        return f"1 {word}"
-    return f"{n} {word[:-1] + 'ies' if word.endswith('y') else word + 's'}"
-
-
 def verdict(results: Sequence[Any]) -> str:
     """Word the verdict, ``CONFORMS`` or ``DOES NOT CONFORM``, naming failed and skipped ones.
 
@@ -293,9 +287,9 @@ def verdict(results: Sequence[Any]) -> str:
     skipped = [r.name for r in results if r.status == "skip"]
     parts = []
     if failed:
-        parts.append(f"{_plural(len(failed), 'property')} failed: {', '.join(failed)}")
+        parts.append(f"{plural(len(failed), 'property')} failed: {', '.join(failed)}")
     if skipped:
-        parts.append(f"{_plural(len(skipped), 'property')} skipped: {', '.join(skipped)}")
+        parts.append(f"{plural(len(skipped), 'property')} skipped: {', '.join(skipped)}")
     head = "DOES NOT CONFORM" if failed else "CONFORMS"
     return f"{head} ({'; '.join(parts)})" if parts else head
 
