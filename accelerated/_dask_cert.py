@@ -81,6 +81,7 @@ from mpmath.libmp import (
     to_float,
 )
 
+from .._certify.environment import require_gradual_underflow
 from .._formats import QUANTITIES, ROW_INVALID, ROW_MASKED, ROW_REGULAR
 from ..reference import _engine as eng
 from ..reference import _fast as fast
@@ -428,6 +429,7 @@ def block_sums(x2: np.ndarray, rows: np.ndarray, cfg: Config, stage: str) -> np.
     `stage` ``"entropy"``: the β = 1 pass (with :math:`\tau` where the entropy is
     needed), `rows` are merged float states; ``"tempered"``: the pass at each row's β.
     """
+    require_gradual_underflow("a certified dask result")  # (this worker's own)
     out = np.empty(x2.shape[0], dtype=object)
     for i in range(x2.shape[0]):
         row = row_from_state(rows[i]) if stage == "entropy" else rows[i]
@@ -577,6 +579,7 @@ def _slice_guard(x: np.ndarray, row: Row, cfg: Config, Rs: float, sh: float, sl:
 
 def block_guard(x2: np.ndarray, rows: np.ndarray, cfg: Config) -> np.ndarray:
     """One guard :class:`Sums` per row of a block."""
+    require_gradual_underflow("a certified dask result")  # (this worker's own)
     out = np.empty(x2.shape[0], dtype=object)
     for i in range(x2.shape[0]):
         row = rows[i]
@@ -645,6 +648,7 @@ def _slice_coefficients(
 
 def block_check(x2: np.ndarray, rows: np.ndarray, cfg: Config) -> np.ndarray:
     """One :class:`Count` per row of a block: the coefficients the enclosures cannot round."""
+    require_gradual_underflow("a certified dask result")  # (this worker's own)
     out = np.empty(x2.shape[0], dtype=object)
     for i in range(x2.shape[0]):
         row = rows[i]
@@ -658,6 +662,7 @@ def block_check(x2: np.ndarray, rows: np.ndarray, cfg: Config) -> np.ndarray:
 
 def block_exact(x2: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """One :class:`Exact` per row of a block: the multiset of a fallback row's block."""
+    require_gradual_underflow("a certified dask result")  # (this worker's own)
     out = np.empty(x2.shape[0], dtype=object)
     for i in range(x2.shape[0]):
         row = rows[i]
@@ -670,6 +675,7 @@ def block_exact(x2: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 def block_write(x2: np.ndarray, rows: np.ndarray, cfg: Config) -> np.ndarray:
     """The certified values of a ``(rows, nk)`` block, as float64 holding values of `cfg.dtype`."""
+    require_gradual_underflow("a certified dask result")  # (this worker's own)
     out = np.zeros(x2.shape)
     for i in range(x2.shape[0]):
         row = rows[i]
@@ -689,6 +695,7 @@ def block_write(x2: np.ndarray, rows: np.ndarray, cfg: Config) -> np.ndarray:
 
 def scalar(rows: np.ndarray, want: str) -> np.ndarray:
     """The certified entropy or β of each row (``rows``: final readings, shape ``(..., 1)``)."""
+    require_gradual_underflow("a certified dask result")  # (this worker's own)
     flat = rows.reshape(-1)
     vals = np.empty(flat.size)
     for i, row in enumerate(flat):

@@ -12,7 +12,14 @@ arithmetic passes its precision explicitly.
 The ``*_mp`` functions return mpmath numbers with a certified relative error
 (for docs, bounds and tests); :class:`StreamState` is the exact streaming
 monoid of theorem T7.
+
+Certification needs IEEE gradual underflow: in a process that flushes
+subnormals to zero (``torch.set_flush_denormal(True)``, a library built with
+``-ffast-math``) every function raises :class:`FloatEnvironmentError` instead
+of returning a subnormal as 0.0.
 """
+
+from softmaxtheory._certify.environment import FloatEnvironmentError
 
 from ._api import (
     MAX_PRECISION,
@@ -34,6 +41,7 @@ __all__ = [
     "FORMATS",
     "MAX_PRECISION",
     "BinaryFormat",
+    "FloatEnvironmentError",
     "PrecisionError",
     "StreamState",
     "adaptive_attention",

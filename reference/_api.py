@@ -9,6 +9,7 @@ from typing import Any
 import mpmath
 import numpy as np
 
+from softmaxtheory._certify.environment import require_gradual_underflow
 from softmaxtheory._certify.loop import CertificationError, certify
 from softmaxtheory._formats import Quantity
 from softmaxtheory.spec import (
@@ -233,6 +234,7 @@ def _evaluate(
     fmt = format_for(dtype)
     schedule = resolve_schedule(schedule)
     entropy_eps = check_entropy_eps(entropy_eps)
+    require_gradual_underflow("the reference")  # before the fast pass, which runs no loop
     vector = want in ("softmax", "adaptive_softmax")
     out = np.zeros(arr.shape if vector else arr.shape[:-1], dtype=fmt.dtype)
     kinds = classify_rows(arr)

@@ -1,5 +1,8 @@
 """The certification core (private): proofs by exact and interval arithmetic.
 
+* :mod:`.environment`: the gradual underflow every certification needs, and
+  :class:`~.environment.FloatEnvironmentError` where the process flushes
+  subnormals to zero;
 * :mod:`.loop`: Ziv's strategy, the one loop that raises a working precision
   until a result is decided, and :class:`~.loop.CertificationError`, the one
   exception when it is not;
@@ -14,6 +17,7 @@ Nothing here touches mpmath's global context: every operation is given its
 precision.
 """
 
+from .environment import FloatEnvironmentError
 from .loop import CertificationError
 
-__all__ = ["CertificationError"]
+__all__ = ["CertificationError", "FloatEnvironmentError"]

@@ -272,7 +272,7 @@ def certify(enclose: Callable[[int], Interval], accept: Callable[[Interval], T |
         If no decision is reached below :data:`MAX_PRECISION` bits.
     """
     return loop.certify(
-        lambda prec: accept(enclose(prec)), start=START_PRECISION, cap=MAX_PRECISION
+        lambda prec: accept(enclose(prec)), start=START_PRECISION, cap=MAX_PRECISION, what="a bound"
     )
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from .environment import require_gradual_underflow
+
 __all__ = ["CertificationError", "certify", "precisions"]
 
 T = TypeVar("T")
@@ -96,7 +98,11 @@ def certify(
     ------
     CertificationError
         If no attempt up to `cap` bits decides (an instance of `error`).
+    FloatEnvironmentError
+        If the process flushes subnormals to zero
+        (:mod:`~softmaxtheory._certify.environment`): no result is certified there.
     """
+    require_gradual_underflow(what)
     for p in precisions(start, cap):
         result = attempt(p)
         if result is not None:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import strategies as strat
+from .._certify.environment import flushes_subnormals, restore_gradual_underflow
 from .._formats import DTYPES, FRAMEWORKS, KINDS, default_dtype
 from ..spec import PaperPolynomial, Schedule, resolve_schedule
 from .errors import Failed
@@ -337,7 +338,21 @@ class Target:
             before = {name: snapshot(originals[name], copy=False) for name in args}
         else:
             before = {name: snapshot(a) for name, a in args.items()}
+        flushing = flushes_subnormals()
         out = call()
+        if not flushing and flushes_subnormals():
+            restored = restore_gradual_underflow()
+            text = (
+                "the kernel switched on flush-to-zero (the FTZ/DAZ floating-point modes) for "
+                "the whole process: every later float operation of every thread, its caller's "
+                "and the oracle's included, reads and returns subnormals as 0. A kernel must "
+                "leave the floating-point environment as it found it (torch: no "
+                "torch.set_flush_denormal(True) left on)"
+                + ("" if restored else "; the oracle could not switch it off again")
+            )
+            if literal is not None and literal.size <= 64:
+                text += f"\nrepro:\n{self._flush_repro(literal)}"
+            raise Failed(text)
         for name, a in args.items():
             change = changed(before[name], snapshot(a, copy=False))
             if change is None:
@@ -351,15 +366,29 @@ class Target:
             raise Failed(text)
         return out
 
-    def _write_repro(self, x: np.ndarray, change: Change) -> str:
-        """A snippet that calls the kernel on `x` and prints the element it overwrote."""
+    def _flush_repro(self, x: np.ndarray) -> str:
+        """A snippet that calls the kernel on `x` and shows a subnormal sum flushed after it."""
+        lines = [
+            *self._repro_lines(x),
+            "tiny = 5e-324  # the least subnormal",
+            "print(tiny + tiny)  # 1e-323",
+            "kernel(x)",
+            "print(tiny + tiny)  # 0.0: the kernel left flush-to-zero on",
+        ]
+        return "\n".join(lines)
+
+    def _repro_lines(self, x: np.ndarray) -> list[str]:
+        """Import lines, the kernel as ``kernel`` and the logits `x` in its framework."""
         head = self._repro_head() or "kernel = ...  # your kernel"
         if self.framework == "numpy":
-            lines = ["import numpy as np", head, f"x = {array_literal(x, self.dtype)}"]
-        else:
-            lines = ["import numpy as np", "import torch", head,
-                     f"x = torch.from_numpy({array_literal(x, 'float64')})"
-                     f".to(torch.{self.dtype}).to({self.device!r})"]  # fmt: skip
+            return ["import numpy as np", head, f"x = {array_literal(x, self.dtype)}"]
+        return ["import numpy as np", "import torch", head,
+                f"x = torch.from_numpy({array_literal(x, 'float64')})"
+                f".to(torch.{self.dtype}).to({self.device!r})"]  # fmt: skip
+
+    def _write_repro(self, x: np.ndarray, change: Change) -> str:
+        """A snippet that calls the kernel on `x` and prints the element it overwrote."""
+        lines = self._repro_lines(x)
         where = ", ".join(map(str, change.index))
         lines += [
             "kernel(x)",

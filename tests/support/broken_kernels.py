@@ -604,6 +604,15 @@ def attention_reused_output_buffer(q, k, v, mask=None, is_causal=False):
     return _reused(("attention", r.shape, r.dtype.str), r, np.copyto)
 
 
+def torch_flush_to_zero(x):
+    """Defect: a torch softmax that switches on flush-to-zero for speed and leaves it on
+    (its values within the model: flushing moves a result by less than the least normal)."""
+    import torch
+
+    torch.set_flush_denormal(True)
+    return torch.softmax(x, dim=-1)
+
+
 def unused_paper():  # pragma: no cover - keeps the import used for readers
     return PaperPolynomial()
 
@@ -691,6 +700,9 @@ CATALOGUE = {
         torch_reused_output_buffer, {"framework": "torch", "dtype": "float32"}, "fresh_results"),
     "attention output buffer reused between calls": (
         attention_reused_output_buffer, {"kind": "attention"}, "fresh_results"),
+    # kernels whose values are right but which change the process around them
+    "flush-to-zero switched on for the whole process": (
+        torch_flush_to_zero, {"framework": "torch", "dtype": "float32"}, "values"),
 }  # fmt: skip
 
 

@@ -1,0 +1,123 @@
+"""Certification needs gradual underflow; a process that flushes subnormals gets an error.
+
+``torch.set_flush_denormal(True)`` (or a library built with ``-ffast-math``) sets the
+FTZ/DAZ modes for the thread's later arithmetic. Before these tests the certified
+reference then returned ``softmax([0, -730])`` as ``[1, 0]`` where the correctly rounded
+answer is ``[1, 9.226315e-318]``, and the oracle passed a kernel that left the modes on.
+"""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from softmaxtheory import bounds, reference
+from softmaxtheory._certify.environment import (
+    FloatEnvironmentError,
+    flushes_subnormals,
+    restore_gradual_underflow,
+)
+
+torch = pytest.importorskip("torch")
+
+#: A row whose second coefficient is subnormal in float64 (9.226315e-318).
+ROW = np.array([0.0, -730.0])
+
+
+@pytest.fixture
+def flushing():
+    """This thread flushes subnormals for the test's duration (skip where torch cannot)."""
+    if not torch.set_flush_denormal(True):
+        pytest.skip("torch.set_flush_denormal is not supported on this CPU")
+    try:
+        assert flushes_subnormals()
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+    assert not flushes_subnormals()
+
+
+def test_gradual_underflow_by_default():
+    assert not flushes_subnormals()
+    got = reference.softmax(ROW)
+    assert 0.0 < got[1] < np.finfo(np.float64).tiny
+    assert struct.pack("<d", got[1]).hex() == struct.pack("<d", 9.226315e-318).hex()
+
+
+def _dask_certified():
+    da = pytest.importorskip("dask.array")
+    from softmaxtheory.accelerated import dask as sd
+
+    return sd.softmax(da.from_array(ROW), certified=True).compute(scheduler="sync")
+
+
+CERTIFIED_CALLS = {
+    "reference.softmax": lambda: reference.softmax(ROW),
+    "reference.entropy": lambda: reference.entropy(ROW),
+    "reference.beta": lambda: reference.beta(ROW),
+    "reference.adaptive_softmax float16": lambda: reference.adaptive_softmax(ROW, dtype="f2"),
+    "reference.softmax_mp": lambda: reference.softmax_mp(ROW),
+    "reference.adaptive_attention": lambda: reference.adaptive_attention(
+        np.ones((1, 2)), np.ones((2, 2)), np.ones((2, 1))
+    ),
+    "reference.StreamState": lambda: reference.StreamState().update(ROW).entropy(),
+    # (arguments no other test computes: the bounds keep a cache of their values)
+    "bounds.min_coefficient": lambda: bounds.min_coefficient(11, 719.25),
+    "bounds.dispersion_size": lambda: bounds.dispersion_size(0.375, 3.125),
+    "dask certified softmax": _dask_certified,
+}
+
+
+@pytest.mark.parametrize("call", sorted(CERTIFIED_CALLS))
+def test_every_certification_refuses_a_flushing_process(call, flushing):
+    with pytest.raises(FloatEnvironmentError, match="flushes subnormal numbers to zero"):
+        CERTIFIED_CALLS[call]()
+
+
+def test_the_error_is_no_arithmetic_error():
+    """The fallbacks from an undecided rounding catch ArithmeticError; none may catch this."""
+    assert not issubclass(FloatEnvironmentError, ArithmeticError)
+    assert reference.FloatEnvironmentError is FloatEnvironmentError
+
+
+def test_restore_switches_flushing_off(flushing):
+    assert restore_gradual_underflow()
+    assert not flushes_subnormals()
+    assert reference.softmax(ROW)[1] > 0.0
+
+
+def test_a_check_in_a_flushing_process_fails_by_name(flushing):
+    """A correct kernel, checked while the process flushes (its module set the modes at
+    import, say): the properties fail naming the cause, none passes."""
+    from softmaxtheory import conformance as conf
+    from tests.support.broken_kernels import softmax
+
+    res = conf.run_property("values", conf.Target(softmax, "softmax"))
+    assert res.status == "fail"
+    assert "flushes subnormal numbers to zero" in res.message
+
+
+def test_the_flush_to_zero_repro_reproduces():
+    """The repro the oracle prints for the catalogue's kernel shows the flush, in a process
+    of its own (it leaves the modes on)."""
+    from softmaxtheory import conformance as conf
+    from tests.support.broken_kernels import torch_flush_to_zero
+
+    target = conf.Target(
+        torch_flush_to_zero,
+        "tests.support.broken_kernels:torch_flush_to_zero",
+        framework="torch",
+        dtype="float32",
+    )
+    res = conf.run_property("values", target)
+    assert not flushes_subnormals(), "the oracle switched the modes off again"
+    assert res.status == "fail" and "switched on flush-to-zero" in res.message
+    repro = res.message.split("repro:\n", 1)[1]
+    out = subprocess.run(
+        [sys.executable, "-c", repro], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    assert out.split() == ["1e-323", "0.0"]
