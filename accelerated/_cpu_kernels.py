@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import types as _pytypes
 from typing import Any
 
@@ -1414,17 +1415,42 @@ class KernelTable:
     ("fork() called from a process already using GNU OpenMP"). The kernels split
     the work into rows or fixed chunks and merge in a fixed order, so a twin's
     result is the parallel kernel's bit for bit.
+
+    Numba's ``workqueue`` threading layer (the one left where neither TBB nor
+    OpenMP is installed) is not thread-safe: two Python threads in parallel
+    kernels at once make Numba terminate the process ("Concurrent access has
+    been detected"), which a threaded dask scheduler or a thread pool of
+    requests does. Until the first parallel kernel has returned, the layer is
+    not known, and every parallel kernel runs under :attr:`lock`; then, on
+    ``workqueue``, they keep running under it, one at a time (:class:`_Locked`),
+    and on TBB or OpenMP the table holds the kernels themselves again.
     """
 
     def __init__(self) -> None:
         self.serial = False
+        self.lock = threading.Lock()
+        self.layer: str | None = None  # the threading layer, once a parallel kernel ran
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name not in globals():
             raise AttributeError(name)
         value = globals()[name]
+        if self.layer != "safe" and not self.serial and name in _parallel_names():
+            value = _Locked(self, value)
         setattr(self, name, value)  # cached: later look-ups are plain attributes
         return value
+
+    def settle(self) -> None:
+        """After a parallel kernel ran: keep the lock on ``workqueue``, else drop it."""
+        try:
+            layer = numba.threading_layer()
+        except ValueError:  # pragma: no cover - a parallel kernel has run
+            return
+        self.layer = "workqueue" if layer == "workqueue" else "safe"
+        if self.layer == "safe":
+            for name, value in list(vars(self).items()):
+                if isinstance(value, _Locked):
+                    setattr(self, name, value.kernel)
 
     def use_serial(self) -> None:
         """Route every parallel kernel to its serial twin (compiled on first call)."""
@@ -1433,6 +1459,32 @@ class KernelTable:
         self.serial = True
         for name in parallel_kernel_names():
             setattr(self, name, _LazyTwin(name))
+
+
+class _Locked:
+    """A parallel kernel called under the table's lock (see :class:`KernelTable`)."""
+
+    __slots__ = ("kernel", "table")
+
+    def __init__(self, table: KernelTable, kernel: Any) -> None:
+        self.table = table
+        self.kernel = kernel
+
+    def __call__(self, *args: Any) -> Any:
+        with self.table.lock:
+            out = self.kernel(*args)
+        if self.table.layer is None:
+            self.table.settle()
+        return out
+
+
+_PARALLEL: list[frozenset[str]] = []
+
+
+def _parallel_names() -> frozenset[str]:
+    if not _PARALLEL:
+        _PARALLEL.append(frozenset(parallel_kernel_names()))
+    return _PARALLEL[0]
 
 
 def parallel_kernel_names() -> list[str]:
@@ -1512,6 +1564,9 @@ def fork_unsafe_layer_active() -> bool:
 
 
 def _after_fork_in_child() -> None:
+    # a thread of the parent may have held the lock at the fork: the child's copy would
+    # stay locked, and no thread of the child would ever release it
+    kernels.lock = threading.Lock()
     if fork_unsafe_layer_active():
         kernels.use_serial()
 

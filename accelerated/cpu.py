@@ -48,6 +48,16 @@ default, pytest-xdist's workers) works after kernel calls, running one thread pe
 worker. TBB, ``workqueue`` and Intel OpenMP are fork-safe and keep running in
 parallel in the child.
 
+Threads
+-------
+Every function may be called from several Python threads at once (a threaded
+dask scheduler, a server's thread pool). TBB and OpenMP take that; Numba's
+``workqueue`` layer, the one left where neither is installed, does not: it
+terminated the process ("Concurrent access has been detected"). The parallel
+kernels therefore run under a lock until the first of them has returned and the
+layer is known; on ``workqueue`` they keep running under it, one call at a time
+(each call still uses every core), and elsewhere the lock is dropped.
+
 Examples
 --------
 >>> import numpy as np

@@ -1843,7 +1843,7 @@ def empirical_spread(logits: Any, axis: int | tuple[int, ...] = -1) -> Any:
     >>> bounds.empirical_spread([[0.0, 2.5, -float("inf")], [1.0, -1.0, 0.5]])
     array([2.5, 2. ])
 
-    A :class:`numpy.ma.MaskedArray` with masked entries is refused (its mask
+    A ``numpy.ma.MaskedArray`` with masked entries is refused (its mask
     would be dropped); ``logits.filled(-np.inf)`` gives the spread of the
     unmasked items.
     """

@@ -372,7 +372,7 @@ _FLOAT_KINDS = tuple(np.dtype(name).type for name in NUMPY_DTYPES)
 
 
 def refuse_masked(x: Any, name: str, role: str = "logits") -> None:
-    """Refuse a :class:`numpy.ma.MaskedArray` with masked entries.
+    """Refuse a ``numpy.ma.MaskedArray`` with masked entries.
 
     ``numpy.asarray`` drops a masked array's mask, so the masked entries would be
     read as if they were not masked: a wrong number, silently. A masked array

@@ -6,6 +6,7 @@ O(L·S) allocation.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -350,6 +351,76 @@ def test_serial_twins_cover_every_parallel_kernel() -> None:
     for name, twin in twins.items():
         assert not twin.targetoptions.get("parallel"), name
         assert twin.py_func.__globals__["_rows_short_second"] is twins["_rows_short_second"]
+
+
+_THREADS_SCRIPT = textwrap.dedent(
+    """
+    import concurrent.futures as cf
+    import os
+    import sys
+    import threading
+    import numpy as np
+    import numba
+    from softmaxtheory.accelerated import cpu
+    from softmaxtheory.accelerated import _cpu_kernels as kmod
+
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(96, 300)) * 3 for _ in range(6)]
+    q, k, v = (rng.normal(size=(2, 4, 64, 16)) for _ in range(3))
+    calls = [lambda x=x: cpu.adaptive_softmax(x) for x in xs]
+    calls += [lambda x=x: cpu.entropy(x) for x in xs]
+    calls += [lambda: cpu.adaptive_attention(q, k, v, is_causal=True)] * 4
+    barrier = threading.Barrier(8)
+
+    def first(i):  # the very first parallel calls of the process, at once
+        barrier.wait()
+        return calls[i]()
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        firsts = list(pool.map(first, range(8)))
+    want = [c() for c in calls]
+    with cf.ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda c: [c() for _ in range(5)][-1], calls))
+    assert all(np.array_equal(a, b) for a, b in zip(firsts, want[:8]))
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    layer = numba.threading_layer()
+    names = set(kmod.parallel_kernel_names())
+    held = {n: isinstance(f, kmod._Locked) for n, f in vars(kmod.kernels).items() if n in names}
+    assert held and set(held.values()) == {layer == "workqueue"}, (layer, held)
+    # a fork while another thread holds the lock: the child has its own lock
+    kmod.kernels.lock.acquire()
+    pid = os.fork()
+    if pid == 0:
+        # (after GNU OpenMP the child runs the serial twins, perhaps compiled afresh: the
+        # bits may differ by an ulp, see test_fork_based_pool_after_a_kernel_call)
+        ok = np.allclose(cpu.adaptive_softmax(xs[0]), want[0], rtol=1e-13, atol=0)
+        os._exit(0 if ok else 3)
+    kmod.kernels.lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    print("ok", layer)
+    """
+)
+
+
+@pytest.mark.parametrize("layer", ["workqueue", "default"])
+def test_parallel_kernels_from_many_threads(layer) -> None:
+    """Eight Python threads calling parallel kernels at once, from the first call on.
+
+    Numba's ``workqueue`` layer (where neither TBB nor OpenMP is installed) terminated the
+    process: "Concurrent access has been detected". The kernels now run one at a time
+    there, and without a lock elsewhere; a child forked while the lock was held can
+    still call them.
+    """
+    env = {**os.environ, "NUMBA_THREADING_LAYER": layer}
+    proc = subprocess.run(
+        [sys.executable, "-c", _THREADS_SCRIPT], capture_output=True, text=True, timeout=600,
+        env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("ok"), proc.stdout
+    if layer == "workqueue":
+        assert proc.stdout.split() == ["ok", "workqueue"]
 
 
 # ---------------------------------------------------------------------------

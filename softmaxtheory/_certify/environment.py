@@ -41,7 +41,7 @@ class FloatEnvironmentError(RuntimeError):
     """The process flushes subnormal numbers to zero, so nothing can be certified.
 
     Not an :class:`ArithmeticError`: no handler that falls back from an undecided
-    rounding (:class:`~softmaxtheory._certify.loop.CertificationError`) may catch
+    rounding (``CertificationError``, ``PrecisionError``) may catch
     it, since no fallback is correct in this environment.
     """
 
