@@ -304,3 +304,21 @@ def test_triton_backend_refuses_a_transform_by_name(monkeypatch):
         torch.func.vmap(f)(q, k, v)
     with torch.no_grad(), pytest.raises(ValueError, match="forward-mode AD"):
         torch.func.jvp(f, (q, k, v), _tangents(q, k, v))
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
+@pytest.mark.parametrize("mask_name", ["none", "bool", "causal"])
+def test_vmap_keeps_each_slices_special_values(mask_name):
+    """The host reads see every slice at once (a NaN in one, logits near the float maximum
+    in another); each slice must still get its own answer: NaN rows only where its own
+    inputs hold them, the overflow-safe values where its logits are huge."""
+    q, k, v, kw = _inputs(mask_name, B=3)
+    q[1, 0, 2, 1] = math.nan
+    k[2, 1, 0, 0] = math.inf  # key 0: every query sees it (causal, and the masks keep it)
+    q[0] *= 1e200
+    for f in (_attention("auto", kw), lambda a, b, c: _entropy(kw)(a, b)):
+        got = torch.func.vmap(f)(q, k, v)
+        want = _per_slice(f, q, k, v)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14, equal_nan=True)
+        assert torch.isnan(got[1]).any() and torch.isnan(got[2]).any()
+        assert not torch.isnan(got[0]).any()
