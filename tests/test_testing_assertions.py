@@ -62,6 +62,29 @@ def test_failure_names_worst_element_row_h_beta_and_repro():
     assert float(reference.adaptive_softmax(ns["x"])[i]) == float(reference.adaptive_softmax(x)[i])
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"legacy": "1.13"},  # numpy's own array2string raised TypeError under it
+        {"formatter": {"float": lambda v: f"{v:.3f}"}},  # the literal kept 3 decimals
+        {"suppress": True, "precision": 2, "sign": "+"},
+    ],
+    ids=["legacy", "formatter", "suppress"],
+)
+def test_repro_literals_ignore_numpys_print_options(options):
+    """The arrays of a repro are written out exactly whatever print options the caller (or
+    the kernel under test) has set, and read back to the same bits."""
+    x = _rows(np.float64, (2, 12), 1.0)
+    x[0, 3], x[1, 0] = -np.inf, 1e-20
+    with np.printoptions(**options), pytest.raises(KernelMismatch) as info:
+        assert_adaptive_softmax_close(bk.reversed_coefficients(x), x)
+    snippet = str(info.value).split("repro:\n", 1)[1]
+    ns = {"kernel": bk.reversed_coefficients}
+    exec("\n".join(ln for ln in snippet.splitlines() if not ln.startswith("print")), ns)
+    assert ns["x"].shape == x.shape
+    assert ns["x"].tobytes() == x.tobytes()
+
+
 def test_modes():
     x = _rows(np.float32)
     y = bk.softmax(x)

@@ -60,12 +60,28 @@ def np_dtype_literal(dtype_name: str) -> str:
 
 
 def array_literal(a: np.ndarray, dtype_name: str) -> str:
-    """Source text that rebuilds `a` exactly, its shape kept: ``np.array([[...]], dtype=...)``."""
-    body = np.array2string(
-        np.asarray(a, dtype=np.float64), separator=", ", threshold=10**6, floatmode="unique"
-    )
-    body = body.replace("nan", "np.nan").replace("inf", "np.inf")
-    return f"np.array({body}, dtype={np_dtype_literal(dtype_name)})"
+    """Source text that rebuilds `a` exactly, its shape kept: ``np.array([[...]], dtype=...)``.
+
+    Each value is Python's shortest repr, which reads back to the same float;
+    numpy's print options play no part (``np.array2string`` follows a global
+    ``formatter``, ``suppress`` or ``legacy`` set by the caller, or by the
+    kernel under test, and its legacy mode failed outright). An empty array
+    becomes ``np.empty(shape, ...)``, which keeps its shape.
+    """
+    arr = np.asarray(a, dtype=np.float64)
+    dtype = np_dtype_literal(dtype_name)
+    if arr.size == 0:
+        return f"np.empty({arr.shape!r}, dtype={dtype})"
+    return f"np.array({_nested(arr, 1)}, dtype={dtype})"
+
+
+def _nested(a: np.ndarray, depth: int) -> str:
+    """The nested-list text of `a`: one line per innermost row, indented by depth."""
+    if a.ndim == 0:
+        return _num(float(a))
+    if a.ndim == 1:
+        return "[" + ", ".join(_num(float(v)) for v in a) + "]"
+    return "[" + (",\n" + " " * depth).join(_nested(sub, depth + 1) for sub in a) + "]"
 
 
 def row_literal(row: np.ndarray, dtype_name: str) -> str:
