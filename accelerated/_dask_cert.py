@@ -81,7 +81,7 @@ from mpmath.libmp import (
     to_float,
 )
 
-from .._certify.environment import require_gradual_underflow
+from .._certify.environment import certifying
 from .._formats import QUANTITIES, ROW_INVALID, ROW_MASKED, ROW_REGULAR
 from ..reference import _engine as eng
 from ..reference import _fast as fast
@@ -423,13 +423,13 @@ def _block_sums(x: np.ndarray, row: Row, beta: Any, cfg: Config, want_t: bool) -
     return rec
 
 
+@certifying("a certified dask result")  # (in the worker: its own environment)
 def block_sums(x2: np.ndarray, rows: np.ndarray, cfg: Config, stage: str) -> np.ndarray:
     r"""One :class:`Sums` per row of a ``(rows, nk)`` block.
 
     `stage` ``"entropy"``: the β = 1 pass (with :math:`\tau` where the entropy is
     needed), `rows` are merged float states; ``"tempered"``: the pass at each row's β.
     """
-    require_gradual_underflow("a certified dask result")  # (this worker's own)
     out = np.empty(x2.shape[0], dtype=object)
     for i in range(x2.shape[0]):
         row = row_from_state(rows[i]) if stage == "entropy" else rows[i]
@@ -577,9 +577,9 @@ def _slice_guard(x: np.ndarray, row: Row, cfg: Config, Rs: float, sh: float, sl:
     return Sums(row, sigma=g, sigma_err=err, t_err=float(np.sum(term_err)) * (1.0 + 2.0**-25))
 
 
+@certifying("a certified dask result")  # (in the worker: its own environment)
 def block_guard(x2: np.ndarray, rows: np.ndarray, cfg: Config) -> np.ndarray:
     """One guard :class:`Sums` per row of a block."""
-    require_gradual_underflow("a certified dask result")  # (this worker's own)
     out = np.empty(x2.shape[0], dtype=object)
     for i in range(x2.shape[0]):
         row = rows[i]
@@ -646,9 +646,9 @@ def _slice_coefficients(
     return left
 
 
+@certifying("a certified dask result")  # (in the worker: its own environment)
 def block_check(x2: np.ndarray, rows: np.ndarray, cfg: Config) -> np.ndarray:
     """One :class:`Count` per row of a block: the coefficients the enclosures cannot round."""
-    require_gradual_underflow("a certified dask result")  # (this worker's own)
     out = np.empty(x2.shape[0], dtype=object)
     for i in range(x2.shape[0]):
         row = rows[i]
@@ -660,9 +660,9 @@ def block_check(x2: np.ndarray, rows: np.ndarray, cfg: Config) -> np.ndarray:
     return out
 
 
+@certifying("a certified dask result")  # (in the worker: its own environment)
 def block_exact(x2: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """One :class:`Exact` per row of a block: the multiset of a fallback row's block."""
-    require_gradual_underflow("a certified dask result")  # (this worker's own)
     out = np.empty(x2.shape[0], dtype=object)
     for i in range(x2.shape[0]):
         row = rows[i]
@@ -673,9 +673,9 @@ def block_exact(x2: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return out
 
 
+@certifying("a certified dask result")  # (in the worker: its own environment)
 def block_write(x2: np.ndarray, rows: np.ndarray, cfg: Config) -> np.ndarray:
     """The certified values of a ``(rows, nk)`` block, as float64 holding values of `cfg.dtype`."""
-    require_gradual_underflow("a certified dask result")  # (this worker's own)
     out = np.zeros(x2.shape)
     for i in range(x2.shape[0]):
         row = rows[i]
@@ -693,9 +693,9 @@ def block_write(x2: np.ndarray, rows: np.ndarray, cfg: Config) -> np.ndarray:
     return out
 
 
+@certifying("a certified dask result")  # (in the worker: its own environment)
 def scalar(rows: np.ndarray, want: str) -> np.ndarray:
     """The certified entropy or β of each row (``rows``: final readings, shape ``(..., 1)``)."""
-    require_gradual_underflow("a certified dask result")  # (this worker's own)
     flat = rows.reshape(-1)
     vals = np.empty(flat.size)
     for i, row in enumerate(flat):

@@ -9,7 +9,7 @@ from typing import Any
 import mpmath
 import numpy as np
 
-from softmaxtheory._certify.environment import require_gradual_underflow
+from softmaxtheory._certify.environment import certifying
 from softmaxtheory._certify.loop import CertificationError, certify
 from softmaxtheory._formats import Quantity
 from softmaxtheory.spec import (
@@ -223,6 +223,7 @@ def _attempt(
     return result
 
 
+@certifying("the reference")  # (before the fast pass, which runs no Ziv loop)
 def _evaluate(
     x: Any,
     want: Quantity,
@@ -234,7 +235,6 @@ def _evaluate(
     fmt = format_for(dtype)
     schedule = resolve_schedule(schedule)
     entropy_eps = check_entropy_eps(entropy_eps)
-    require_gradual_underflow("the reference")  # before the fast pass, which runs no loop
     vector = want in ("softmax", "adaptive_softmax")
     out = np.zeros(arr.shape if vector else arr.shape[:-1], dtype=fmt.dtype)
     kinds = classify_rows(arr)
@@ -396,6 +396,7 @@ def adaptive_softmax(
     return _evaluate(x, "adaptive_softmax", dtype, schedule=schedule, entropy_eps=entropy_eps)
 
 
+@certifying("the reference")
 def _evaluate_mp(
     x: Any, want: Quantity, prec: int, schedule: Schedule | None = None, entropy_eps: float = 0.0
 ) -> Any:

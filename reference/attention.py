@@ -39,6 +39,7 @@ from mpmath.libmp import (
     to_float,
 )
 
+from softmaxtheory._certify.environment import certifying
 from softmaxtheory._certify.loop import certify
 from softmaxtheory._formats import NUMPY_DTYPES
 from softmaxtheory.spec import (
@@ -256,6 +257,7 @@ def _combine(
     return out
 
 
+@certifying("the reference")
 def adaptive_attention(
     q: Any,
     k: Any,

@@ -31,6 +31,7 @@ import mpmath
 import numpy as np
 from mpmath.libmp import from_float, fzero, mpf_add, mpf_sub
 
+from softmaxtheory._certify.environment import certifying
 from softmaxtheory._certify.loop import certify
 from softmaxtheory._formats import Quantity
 from softmaxtheory.spec import Schedule, as_logits, check_entropy_eps, resolve_schedule
@@ -81,6 +82,7 @@ class StreamState:
         return state
 
     @classmethod
+    @certifying("the reference")
     def from_logits(cls, chunk: Any) -> StreamState:
         """The state :math:`S(x)` of one chunk (a 1-d array of logits).
 
@@ -111,6 +113,7 @@ class StreamState:
         """Return ``self ⊕ S(chunk)``."""
         return self.merge(StreamState.from_logits(chunk))
 
+    @certifying("the reference")
     def merge(self, other: StreamState) -> StreamState:
         """Return ``self ⊕ other`` (exact; associative and commutative)."""
         if not isinstance(other, StreamState):
@@ -162,6 +165,7 @@ class StreamState:
         """Whether a NaN or ``+inf`` was fed."""
         return self._invalid
 
+    @certifying("the reference")
     def _row(self) -> eng.PreparedRow:
         row = self._cache.get("row")
         if row is None:
@@ -170,6 +174,7 @@ class StreamState:
             self._cache["row"] = row
         return row
 
+    @certifying("the reference")
     def _sums_mp(self, which: str, prec: int) -> mpmath.mpf:
         if self._invalid:
             return mpmath.mpf("nan")
@@ -199,6 +204,7 @@ class StreamState:
         r""":math:`t = \sum e^{x_i - m}(x_i - m)` with relative error at most ``2**-prec``."""
         return self._sums_mp("t", prec)
 
+    @certifying("the reference")
     def _read(
         self, want: Quantity, schedule: Schedule | None, entropy_eps: float, dtype: Any, empty: Any
     ) -> Any:
@@ -238,6 +244,7 @@ class StreamState:
         """Correctly rounded inverse temperature of everything fed."""
         return self._read("beta", schedule, entropy_eps, dtype, 1.0)
 
+    @certifying("the reference")
     def normalize(
         self,
         chunk: Any,

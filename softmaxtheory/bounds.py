@@ -1645,30 +1645,87 @@ def _bias_vector(b: Any, name: str) -> np.ndarray | None:
 
 _GAMMA = 1.01 * 2.0**-53  # unit roundoff with room for the accumulated factor
 
+#: The least subnormal: the most any one gradual underflow can move a value, times two.
+_SUB = 2.0**-1074
+
+
+def _power_scaled(w: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    r"""``(w', e)`` with :math:`w = w' \cdot 2^{e}` and :math:`\max|w'| < 1` over `axes`.
+
+    The scaling is exact except for entries that fall below the normal range
+    (each then moves by at most :math:`2^{-1075}`, which the callers' bounds
+    cover); it keeps the products of :func:`_product_norm_upper` and
+    :func:`_mat_vec_norm_upper` within the float range, where weights near
+    :math:`10^{200}` overflowed (the bound came out NaN) and weights near
+    :math:`10^{-200}` underflowed to 0 (a "bound" below the exact value).
+    """
+    top = np.max(np.abs(w), axis=axes) if w.size else np.zeros(np.delete(w.shape, axes))
+    e = np.frexp(top)[1]  # top = f 2**e, 1/2 <= f < 1 (e = 0 for zero)
+    with np.errstate(under="ignore"):  # (tiny entries next to huge ones: covered above)
+        return np.ldexp(w, -np.expand_dims(e, axes)), e
+
+
+def _scaled_back(x: np.ndarray, e: np.ndarray) -> np.ndarray:
+    r""":math:`x \cdot 2^{e}` rounded up (``inf`` beyond the float range).
+
+    ``ldexp`` is exact unless its result is subnormal, where it rounds to nearest:
+    only there is it moved up a step.
+    """
+    with np.errstate(over="ignore", under="ignore"):
+        y = np.ldexp(x, e)
+        return np.where(np.abs(y) < np.finfo(np.float64).tiny, np.nextafter(y, np.inf), y)
+
 
 def _product_norm_upper(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     r"""Upper bounds on :math:`\lVert a^\top b\rVert_2` over the last two axes.
 
-    The computed product differs from the exact one by at most
-    :math:`\gamma_r |a|^\top |b|` entrywise (:math:`r` rows summed), whose
-    Frobenius norm bounds the spectral norm of the difference (Weyl).
+    Computed on the power-of-two scaled matrices (:func:`_power_scaled`),
+    whose entries are below 1. The computed product differs from the exact
+    one by at most :math:`\gamma_r |a|^\top |b|` entrywise (:math:`r` rows
+    summed) plus :math:`(2r + 4)\,2^{-1074}` for gradual underflow (of the
+    scaled entries, the products and the sums), whose Frobenius norm bounds
+    the spectral norm of the difference (Weyl). ``inf`` where the bound
+    exceeds the float range.
     """
     r = a.shape[-2]
-    at = np.swapaxes(a, -1, -2)
-    m = at @ b
-    err = (r + 2) * _GAMMA * (np.abs(at) @ np.abs(b))
-    err_norm = np.sqrt(np.sum(err * err, axis=(-2, -1))) * (1 + 1e-12)
-    return _spectral_upper(m) + err_norm
+    a1, ea = _power_scaled(a, (-2, -1))
+    b1, eb = _power_scaled(b, (-2, -1))
+    at = np.swapaxes(a1, -1, -2)
+    m = at @ b1
+    err = (r + 2) * _GAMMA * (np.abs(at) @ np.abs(b1)) + (2 * r + 4) * _SUB
+    return _scaled_back(_spectral_upper(m) + _norm_upper(err, (-2, -1), 1e-12), ea + eb)
+
+
+def _norm_upper(x: np.ndarray, axes: tuple[int, ...], rel: float) -> np.ndarray:
+    r"""An upper bound on the 2-norm of the non-negative `x` over `axes` (Frobenius for two).
+
+    The squares are taken of :math:`x_i / \max x`, so none overflows and those
+    that underflow are below :math:`2^{-1022}` against a sum of at least 1;
+    `rel` covers the rounding of the sum and the root, and :math:`2^{-1074}`
+    more the rounding of a subnormal product. (Squares of the raw values
+    underflowed to 0 for tiny ones, and overflowed to ``inf`` for weights
+    near :math:`10^{90}`.)
+    """
+    top = np.max(x, axis=axes, keepdims=True)
+    ratio = x / np.where(top > 0, top, 1.0)
+    with np.errstate(under="ignore"):
+        total = np.sum(ratio * ratio, axis=axes)
+        return np.squeeze(top, axis=axes) * np.sqrt(total) * (1 + rel) + _SUB
 
 
 def _mat_vec_norm_upper(w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    r"""Upper bounds on :math:`\lVert w^\top b\rVert`, `w` of shape (..., r, c), `b` of (..., r)."""
+    r"""Upper bounds on :math:`\lVert w^\top b\rVert`, `w` of shape (..., r, c), `b` of (..., r).
+
+    On power-of-two scaled operands, as :func:`_product_norm_upper`.
+    """
     r = w.shape[-2]
-    wt = np.swapaxes(w, -1, -2)
-    v = (wt @ b[..., :, None])[..., 0]
-    err = (r + 2) * _GAMMA * (np.abs(wt) @ np.abs(b)[..., :, None])[..., 0]
+    w1, ew = _power_scaled(w, (-2, -1))
+    b1, eb = _power_scaled(b, (-1,))
+    wt = np.swapaxes(w1, -1, -2)
+    v = (wt @ b1[..., :, None])[..., 0]
+    err = (r + 2) * _GAMMA * (np.abs(wt) @ np.abs(b1)[..., :, None])[..., 0] + (2 * r + 4) * _SUB
     total = np.abs(v) + err
-    return np.linalg.norm(total, axis=-1) * (1.0 + 4.0 * total.shape[-1] * 2.0**-52)
+    return _scaled_back(_norm_upper(total, (-1,), 4.0 * total.shape[-1] * 2.0**-52), ew + eb)
 
 
 def _layouts(wq: np.ndarray, wk: np.ndarray, layout: str) -> list[str]:
@@ -1747,9 +1804,12 @@ def spread_from_weights(
     Returns
     -------
     float or numpy.ndarray
-        An upper bound on the spread, rounded upward to float64. The product's
-        spectral norm comes from LAPACK, inflated to cover the rounding of the
-        product and LAPACK's backward error.
+        An upper bound on the spread, rounded upward to float64 (``inf``
+        where it exceeds the float range). The product's spectral norm comes
+        from LAPACK on the matrices scaled by powers of two (exactly, so that
+        no product overflows or underflows: weights near :math:`10^{90}`
+        gave ``inf``, near :math:`10^{200}` NaN), inflated to cover the
+        rounding of the product and LAPACK's backward error.
 
     Examples
     --------
@@ -1783,17 +1843,26 @@ def spread_from_weights(
             raise ValueError(
                 f"bias_q has {bq.shape[-1]} entries, the {lay} layout needs {a.shape[-2]}"
             )
-        per = _product_norm_upper(a, b) * bq_in
-        if bq is not None:
-            per = per + _mat_vec_norm_upper(b, bq)
+        # underflow is covered by the bounds' absolute terms, overflow gives inf (a bound)
+        with np.errstate(under="ignore", over="ignore"):
+            per = _times(_product_norm_upper(a, b), bq_in)
+            if bq is not None:
+                per = per + _mat_vec_norm_upper(b, bq)
         best = per if best is None else np.maximum(best, per)
     if best is None:
         raise ValueError(f"bias_q of shape {bq.shape} fits neither layout of w_q {wq.shape}")
-    bound = 2.0 * s * bk_in * best
-    bound = np.nextafter(bound, np.inf)  # cover the float rounding of the lines above
-    bound = np.nextafter(bound, np.inf)
-    bound = np.nextafter(bound, np.inf)
+    with np.errstate(under="ignore", over="ignore"):
+        bound = _times(2.0 * s * bk_in, best)
+        bound = np.nextafter(bound, np.inf)  # cover the float rounding of the lines above
+        bound = np.nextafter(bound, np.inf)
+        bound = np.nextafter(bound, np.inf)
     return float(bound) if np.ndim(bound) == 0 else bound
+
+
+def _times(x: Any, y: Any) -> Any:
+    """``x * y`` with ``0 * inf = 0``: a zero input norm leaves nothing for an overflowed norm."""
+    with np.errstate(invalid="ignore", over="ignore"):  # (the 0 * inf lanes are replaced)
+        return np.where((np.asarray(x) == 0) | (np.asarray(y) == 0), 0.0, np.multiply(x, y))
 
 
 # --------------------------------------------------------------------------- measurement

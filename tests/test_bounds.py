@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from fractions import Fraction
 
 import mpmath
@@ -602,6 +603,40 @@ def test_spread_from_weights_is_nearly_attained():
     attained = float(q @ k_plus - q @ k_minus)
     assert attained <= bound <= attained * (1 + 1e-12)
     assert bound == pytest.approx(2 * (2 * sv[0]) ** 2, rel=1e-13)
+
+
+@pytest.mark.theorem("T9")
+@pytest.mark.parametrize("e", [-600, -560, -530, -300, 0, 300, 500, 520, 600])
+def test_spread_from_weights_across_the_float_range(e):
+    """Weights scaled by 2**e: the bound stays an upper bound of an attained spread (exact
+    arithmetic), as tight as at e = 0 while it is a normal float, and inf beyond the range.
+    Weights near 1e200 gave NaN (their product overflowed inside the SVD)."""
+    rng = np.random.default_rng(4)
+    wq, wk = rng.normal(size=(2, 3, 5))
+    big_b, scale = 1.5, 0.5
+    u, _, vt = np.linalg.svd(wq.T @ wk)
+    x, y = big_b * u[:, 0] * (1 - 2**-40), big_b * vt[0] * (1 - 2**-40)
+    wq_e, wk_e = np.ldexp(wq, e), np.ldexp(wk, e)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow or invalid warning either
+        bound = bounds.spread_from_weights(wq_e, wk_e, big_b, scale=scale, layout="out_in")
+    q = exact_matvec(wq_e, exact_vec(x))
+    keys = [exact_matvec(wk_e, exact_vec(y)), exact_matvec(wk_e, exact_vec(-y))]
+    attained = Fraction(scale) * (exact_dot(q, keys[0]) - exact_dot(q, keys[1]))
+    if attained > Fraction(np.finfo(np.float64).max):
+        assert bound == math.inf
+        return
+    assert attained <= Fraction(bound)
+    if float(attained) >= np.finfo(np.float64).tiny:
+        assert bound <= float(attained) * (1 + 1e-9)
+
+
+def test_spread_from_weights_zero_input_norm_with_overflowing_weights():
+    """0 * inf: with inputs of norm 0 and no bias the logits are 0 whatever the weights."""
+    huge = np.eye(2) * 1e200
+    assert bounds.spread_from_weights(huge, huge, 0.0) < 1e-300
+    assert bounds.spread_from_weights(huge, huge, 1.0, key_input_norm=0.0) < 1e-300
+    assert bounds.spread_from_weights(huge, huge, 1e10, bias_q=np.ones(2)) == math.inf
 
 
 def test_spread_from_weights_per_head_and_layout():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -121,3 +122,39 @@ def test_the_flush_to_zero_repro_reproduces():
         [sys.executable, "-c", repro], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     assert out.split() == ["1e-323", "0.0"]
+
+
+#: A row with a subnormal logit: gradual underflow in the reference's float bounds.
+SUBNORMAL_ROW = np.array([5e-324, 0.0, -1e-310])
+
+RAISING_CALLS = {
+    "reference.entropy": lambda: reference.entropy(SUBNORMAL_ROW),
+    "reference.beta": lambda: reference.beta(SUBNORMAL_ROW),
+    "reference.adaptive_softmax": lambda: reference.adaptive_softmax(SUBNORMAL_ROW),
+    "reference.entropy_mp": lambda: reference.entropy_mp(SUBNORMAL_ROW),
+    "reference.StreamState": lambda: reference.StreamState().update(SUBNORMAL_ROW).entropy(),
+    "reference.adaptive_attention": lambda: reference.adaptive_attention(
+        np.full((1, 2), 1e-160), np.full((3, 2), 1e-160), np.ones((3, 1))
+    ),
+    "bounds.spread_from_weights": lambda: bounds.spread_from_weights(
+        np.eye(2) * 1e200, np.eye(2) * 1e200, 1e10
+    ),
+    "bounds.spread_from_weights, mixed magnitudes": lambda: bounds.spread_from_weights(
+        np.array([[1e300, 1e-300], [1e-300, 1.0]]),
+        np.array([[1e-300, 1.0], [1.0, 1e-310]]),
+        1e-300,
+        bias_q=np.array([1e-320, 1e-200]),
+    ),
+}
+
+
+@pytest.mark.parametrize("call", sorted(RAISING_CALLS))
+def test_a_callers_raising_error_state_changes_nothing(call):
+    """``np.seterr(all="raise")`` (a common debugging setting) made the reference raise
+    FloatingPointError on the gradual underflow of a subnormal logit's bound; the certified
+    code now sets its own error state, and gives the same values."""
+    want = RAISING_CALLS[call]()
+    with np.errstate(all="raise"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = RAISING_CALLS[call]()
+    np.testing.assert_array_equal(np.asarray(got, dtype=object), np.asarray(want, dtype=object))

@@ -22,15 +22,23 @@ entry points (whose fast pass runs before any loop).
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
 
 __all__ = [
     "FloatEnvironmentError",
+    "certifying",
     "flushes_subnormals",
     "require_gradual_underflow",
     "restore_gradual_underflow",
 ]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: :math:`2^{-1074}`, the least float64 subnormal, made from its bits (no arithmetic, which
 #: DAZ would read as 0).
@@ -95,3 +103,27 @@ def require_gradual_underflow(what: str) -> None:
             "torch.set_flush_denormal(True) (undo it with torch.set_flush_denormal(False)), "
             "or a shared library built with -ffast-math, loaded into this process"
         )
+
+
+def certifying(what: str) -> Callable[[F], F]:
+    """Decorate an entry point of certified code: the environment it needs, checked and set.
+
+    The call first requires gradual underflow (:func:`require_gradual_underflow`),
+    then runs with numpy's floating-point error handling off
+    (``np.errstate(all="ignore")``): the certified code bounds its float
+    intermediates itself and treats an overflow, an underflow or a NaN as an
+    undecided attempt, so a caller's ``np.seterr(all="raise")`` (a common
+    debugging setting) must not turn the gradual underflow of a subnormal
+    logit into a ``FloatingPointError``, as it did.
+    """
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            require_gradual_underflow(what)
+            with np.errstate(all="ignore"):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
