@@ -191,3 +191,21 @@ def test_exact_decimal_ties_are_decided(capsys):
     code, out, _ = run(capsys, "bounds", "--spread", "0", "--sizes", "4,16", "--digits", "1")
     assert code == 0
     assert [line.split()[1] for line in out.splitlines() if MAX.match(line)] == ["0.2", "0.06"]
+
+
+def test_decimals_ignore_the_callers_decimal_context(capsys):
+    """The certified decimals were scaled with Decimal.scaleb in the caller's context: with
+    ``decimal.getcontext().prec = 3`` a 9-digit table showed 3 digits, truncated under
+    ROUND_DOWN. The table must not depend on the caller's context."""
+    import decimal
+
+    argv = ("bounds", "--spread", "5.69", "--digits", "9", "--sizes", "16,1000")
+    with decimal.localcontext() as ctx:  # first, so that no cached text hides it
+        ctx.prec, ctx.rounding = 3, decimal.ROUND_DOWN
+        ctx.traps[decimal.Inexact] = True
+        code, got, _ = run(capsys, *argv)
+    assert code == 0
+    row = "    1000     0.228508053           0.998963575  3.38296450e-06            1.47618382"
+    assert row in got.splitlines()
+    code, want, _ = run(capsys, *argv)
+    assert code == 0 and got == want

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from decimal import Decimal
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
 from fractions import Fraction
 from typing import TypeVar
 
@@ -170,6 +170,10 @@ def float_of(iv: Interval) -> float | None:
     return lo if lo == hi else None
 
 
+#: A decimal context that rounds nothing this module forms (scaling by powers of ten).
+_EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
+
+
 def _decimal(value: Fraction, digits: int) -> str:
     if value == 0:
         return "0"
@@ -191,7 +195,9 @@ def _decimal(value: Fraction, digits: int) -> str:
         e += 1
     sci = e - 1  # value = m * 10**(e - digits) = d.ddd * 10**sci
     if -4 <= sci < digits:
-        text = f"{Decimal(m).scaleb(e - digits):f}"
+        # in a context of its own: scaleb rounds to the context's precision, and the
+        # caller's (decimal.getcontext().prec = 3, say) cut the certified digits
+        text = format(Decimal(m).scaleb(e - digits, context=_EXACT), "f")
     else:
         mant = str(m)
         body = mant[0] + ("." + mant[1:] if digits > 1 else "")
