@@ -450,6 +450,17 @@ def _triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def refuse_tracing(name: str) -> None:
+    """Raise a TypeError under ``torch.jit.trace`` (see the torch page's *Compilation*)."""
+    if torch.jit.is_tracing():
+        raise TypeError(
+            f"{name} cannot be traced by torch.jit.trace: it reads its operands' magnitudes "
+            "on the host to choose its path (the overflow guard, the NaN rows), and a trace "
+            "would keep its example inputs' path for every later input; use torch.compile, "
+            "or call it outside the traced code"
+        )
+
+
 def _want_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 

@@ -269,6 +269,7 @@ def adaptive_attention(
     >>> adaptive_attention(q, k, v, scale=0.0)
     tensor([[0.]])
     """
+    _attn.refuse_tracing("adaptive_attention")
     low = autocast_dtype(q)
     if low is not None:  # as SDPA under autocast: float32 operands in `low`, the rest as is
         with torch.autocast(q.device.type, enabled=False):
@@ -379,6 +380,7 @@ def attention_entropy(
     >>> torch.allclose(h, torch.log(torch.tensor([4.0]))), torch.allclose(lse, h)
     (True, True)
     """
+    _attn.refuse_tracing("attention_entropy")
     low = autocast_dtype(q)
     if low is not None:  # as adaptive_attention under autocast
         with torch.autocast(q.device.type, enabled=False):

@@ -264,6 +264,37 @@ def test_attention_compiles_with_one_kind_of_graph_break(name):
     torch.testing.assert_close(got, fn(q, k, v), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", ["adaptive_attention", "attention_entropy"])
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
+def test_attention_refuses_jit_trace_by_name(name):
+    """A trace keeps its example's path (the overflow guard, the NaN rows) for every later
+    input; tracing the composition's fused CPU kernel killed the process (SIGSEGV)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 9, 4, generator=g) for _ in range(3))
+    fn = {
+        "adaptive_attention": lambda q, k, v: adaptive_attention(q, k, v),
+        "attention_entropy": lambda q, k, v: attention_entropy(q, k)[0],
+    }[name]
+    with pytest.raises(TypeError, match=rf"{name} cannot be traced by torch\.jit\.trace"):
+        torch.jit.trace(fn, (q, k, v))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # (the checks of the shape)
+def test_adaptive_softmax_traces_to_eagers_values():
+    """adaptive_softmax reads no value on the host: a trace from plain rows gives eager's
+    values on masked, NaN and overflowing rows too."""
+    g = torch.Generator().manual_seed(4)
+    traced = torch.jit.trace(lambda x: adaptive_softmax(x), (torch.randn(4, 7, generator=g),))
+    x = torch.randn(4, 7, generator=g, dtype=torch.float32)
+    x[0, :3] = -torch.inf
+    x[1, 2] = torch.nan
+    x[2, :2] = torch.tensor([3e38, -3e38])
+    x[3, :] = -torch.inf
+    torch.testing.assert_close(traced(x), adaptive_softmax(x), rtol=0, atol=0, equal_nan=True)
+
+
 def test_constants_are_marked_as_torchs_decorator_marks_them():
     """The schedule's host-side helpers are marked for ``torch.compile`` without importing
     Dynamo; torch's own decorator must still mark a function by exactly that attribute
