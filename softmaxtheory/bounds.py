@@ -13,7 +13,12 @@ interval holding every logit of the row), inverse temperature :math:`\beta`.
 Scalars give Python scalars; arrays broadcast against each other and give
 numpy arrays (float64, or ``object`` arrays of Python ``int`` for sizes, which
 can exceed 64 bits). Invalid arguments raise :class:`ValueError` naming the
-argument.
+argument. A real argument is taken at its exact value, so it must be one a
+float64 holds: ``Fraction(1, 2)`` and ``Decimal("0.5")`` are 0.5, while
+``Fraction(1, 3)``, ``Decimal("0.1")``, a long double that no float64 equals
+or an integer beyond :math:`2^{53}` that none holds is refused (rounding it
+to the nearest float would answer for another argument, possibly one on the
+wrong side: a smaller spread).
 
 Examples
 --------
@@ -82,7 +87,28 @@ def _number(value: Any, name: str) -> float:
         raise TypeError(f"{name} must be a real number, got {value!r}")
     if math.isnan(out):
         raise ValueError(f"{name} must not be NaN")
+    if math.isfinite(out) and not isinstance(value, float) and _inexact(value, out):
+        # a Fraction, a Decimal, a long double or an int past 2**53: the bounds are exact
+        # functions of their arguments, and the nearest float is another argument
+        raise ValueError(
+            f"{name}={value!r} is not a float64 value, and the bounds are exact functions of "
+            f"their arguments; pass float({name}) to use the nearest float, {out!r}"
+        )
     return out
+
+
+def _inexact(value: Any, out: float) -> bool:
+    """Whether `value` (an integer, or with an exact ``as_integer_ratio``) differs from `out`."""
+    if isinstance(value, int | np.integer):
+        return int(value) != Fraction(out)
+    ratio = getattr(value, "as_integer_ratio", None)
+    if ratio is None:
+        return False
+    try:
+        num, den = ratio()
+    except (OverflowError, ValueError):  # an infinite Decimal (out is then not finite)
+        return False
+    return Fraction(num, den) != Fraction(out)
 
 
 def _size(value: Any, name: str = "n") -> int:
@@ -1603,11 +1629,41 @@ def spread_from_norms(query_norm: Any, key_norm: Any, scale: Any = 1.0) -> Any:
     )
 
 
+def _float64(value: Any, name: str) -> np.ndarray:
+    """`value` as a float64 array, refused where an entry is not a float64 value.
+
+    float16/32/64 and bool convert exactly; integers beyond :math:`2^{53}`, long
+    doubles and objects (Fractions, Decimals) are checked entry by entry, as
+    :func:`_number` checks a scalar.
+    """
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biufO":
+        raise TypeError(f"{name} must be numeric, got dtype {arr.dtype}")
+    try:
+        out = arr.astype(np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be numeric: {exc}") from exc
+    if arr.dtype.kind == "b" or (arr.dtype.kind == "f" and arr.dtype.itemsize <= 8):
+        return out
+    given, got = arr.ravel(), out.ravel()
+    if arr.dtype.kind in "iu":
+        far = (given > 2**53) | (given < -(2**53))
+        given, got = given[far], got[far]
+    for v, o in zip(given.tolist() if arr.dtype.kind in "iu" else given, got, strict=True):
+        if math.isfinite(o) and _inexact(v, float(o)):
+            raise ValueError(
+                f"{name} holds {v!r}, which is not a float64 value, and the bounds are exact "
+                f"functions of their arguments; convert {name} to float64 to use the nearest "
+                "floats"
+            )
+    return out
+
+
 def _matrix(w: Any, name: str) -> np.ndarray:
     arr = np.asarray(w)
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"{name} must be a real matrix, got dtype {arr.dtype}")
-    arr = arr.astype(np.float64)
+    arr = _float64(arr, name)
     if arr.ndim < 2:
         raise ValueError(f"{name} must have at least 2 dimensions (…, rows, cols), got {arr.shape}")
     if not np.all(np.isfinite(arr)):
@@ -1637,7 +1693,7 @@ def _bias_vector(b: Any, name: str) -> np.ndarray | None:
     arr = np.asarray(b)
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"{name} must be real, got dtype {arr.dtype}")
-    arr = arr.astype(np.float64)
+    arr = _float64(arr, name)
     if arr.ndim < 1 or not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} must be a finite vector (…, d), got shape {arr.shape}")
     return arr
@@ -1821,13 +1877,13 @@ def spread_from_weights(
     """
     wq = _matrix(w_q, "w_q")
     wk = _matrix(w_k, "w_k")
-    bq_in = np.asarray(input_norm, dtype=np.float64)
+    bq_in = _float64(input_norm, "input_norm")
     if np.any(~np.isfinite(bq_in)) or np.any(bq_in < 0):
         raise ValueError(f"input_norm must be finite and >= 0, got {input_norm!r}")
     if key_input_norm is None:
         bk_in = bq_in
     else:
-        bk_in = np.asarray(key_input_norm, dtype=np.float64)
+        bk_in = _float64(key_input_norm, "key_input_norm")
         if np.any(~np.isfinite(bk_in)) or np.any(bk_in < 0):
             raise ValueError(f"key_input_norm must be finite and >= 0, got {key_input_norm!r}")
     s = _positive(scale, "scale")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from decimal import Decimal
 from fractions import Fraction
 
 import mpmath
@@ -761,3 +762,50 @@ def test_switch_off_size_as_text_is_the_rounded_exact_size():
     for spread in (9.3, 12.0, 14.4, 999.0):
         exact = bounds.adaptive_switch_off_size(spread)
         assert bounds.adaptive_switch_off_size(spread, digits=6) == bounds.size_text(exact, 6)
+
+
+# ---------------------------------------------------------------- arguments that no float holds
+
+NOT_FLOATS = [
+    Fraction(1, 3),
+    Decimal("0.1"),
+    np.longdouble(1) / np.longdouble(3),
+    2**53 + 1,
+]
+EXACT_FLOATS = [(Fraction(1, 4), 0.25), (Decimal("0.5"), 0.5),
+                (np.float32(0.1), float(np.float32(0.1))), (2**53, 2.0**53)]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", NOT_FLOATS, ids=repr)
+def test_an_argument_no_float_holds_is_refused(value):
+    """The bounds are exact functions of float arguments: Fraction(1, 3) was rounded to the
+    nearest float, a smaller spread, so max_coefficient could come out below the exact value
+    for the spread given. Such an argument is refused, naming the float to pass instead."""
+    if np.longdouble(1) / np.longdouble(3) == 1 / 3 and isinstance(value, np.longdouble):
+        pytest.skip("long double is float64 on this platform")
+    for call in (
+        lambda: bounds.max_coefficient(10, value),
+        lambda: bounds.entropy_lower_bound(10, 1.0, beta=value),
+        lambda: bounds.spread_from_norms(value, 1.0),
+        lambda: bounds.spread_from_weights(np.eye(2), np.eye(2), value),
+    ):
+        with pytest.raises(ValueError, match=r"not a float64 value.*float64|pass float\("):
+            call()
+
+
+@pytest.mark.parametrize(("value", "as_float"), EXACT_FLOATS, ids=repr)
+def test_an_argument_a_float_holds_is_that_float(value, as_float):
+    assert bounds.max_coefficient(10, value) == bounds.max_coefficient(10, as_float)
+    assert bounds.spread_from_weights(np.eye(2), np.eye(2), value) == (
+        bounds.spread_from_weights(np.eye(2), np.eye(2), as_float)
+    )
+
+
+def test_weights_no_float_holds_are_refused():
+    with pytest.raises(ValueError, match=r"w_q holds 1152921504606846977"):
+        bounds.spread_from_weights(np.array([[2**60 + 1, 0], [0, 1]]), np.eye(2), 1.0)
+    third = np.eye(2, dtype=np.longdouble) / 3
+    if third[0, 0] != np.float64(third[0, 0]):  # (long double is float64 on some platforms)
+        with pytest.raises(ValueError, match="w_k holds"):
+            bounds.spread_from_weights(np.eye(2), third, 1.0)
+    assert bounds.spread_from_weights(np.array([[2, 0], [0, 1]]), np.eye(2), 1.0) > 4.0
