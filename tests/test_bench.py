@@ -76,6 +76,18 @@ def test_usage_errors(capsys) -> None:
     assert "--dtype, --threads: CPU benchmark options" in capsys.readouterr().err
 
 
+def test_no_cuda_device_is_a_one_line_error_that_names_the_command(capsys) -> None:
+    """Without a GPU, ``bench --device cuda`` says so in the form of the other commands'
+    errors (it printed a bare "error: ..." line)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert main(["bench", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("softmaxtheory bench: error: --device cuda: no CUDA device")
+
+
 def test_device_timer_reports_device_and_host_time(monkeypatch) -> None:
     """The GPU benchmark's timer, driven by a stand-in for ``torch.cuda`` (no GPU here): one
     warm-up and one memory call, then `repeat` timed calls, each timed by its events (device

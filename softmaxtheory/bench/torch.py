@@ -197,16 +197,17 @@ def run_device(args: Any) -> int:
     quick = bool(getattr(args, "quick", False))
     repeat = int(getattr(args, "repeat", None) or (5 if quick else DEFAULT_REPEAT))
     if repeat < 1:
-        print(f"error: --repeat must be >= 1, got {repeat}", file=sys.stderr)
+        print(f"softmaxtheory bench: error: --repeat must be >= 1, got {repeat}", file=sys.stderr)
         return 2
     try:
         import torch
     except ImportError:
-        print("error: the GPU benchmark needs torch (pip install softmaxtheory[torch])",
+        print("softmaxtheory bench: error: the GPU benchmark needs torch (pip install "
+              "softmaxtheory[torch])",
               file=sys.stderr)  # fmt: skip
         return 2
     if not device.startswith("cuda") or not torch.cuda.is_available():
-        msg = f"error: --device {device}: no CUDA device is available here"
+        msg = f"softmaxtheory bench: error: --device {device}: no CUDA device is available here"
         print(f"{msg} (torch {torch.__version__}, cuda {torch.version.cuda})", file=sys.stderr)
         return 2
     shapes = getattr(args, "shapes", None) or (QUICK_SHAPES if quick else SHAPES)
