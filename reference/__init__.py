@@ -13,13 +13,16 @@ The ``*_mp`` functions return mpmath numbers with a certified relative error
 (for docs, bounds and tests); :class:`StreamState` is the exact streaming
 monoid of theorem T7.
 
-Certification needs IEEE gradual underflow: in a process that flushes
-subnormals to zero (``torch.set_flush_denormal(True)``, a library built with
-``-ffast-math``) every function raises :class:`FloatEnvironmentError` instead
-of returning a subnormal as 0.0.
+Certification needs IEEE 754's default floating-point environment (gradual
+underflow, rounding to nearest). In a thread that flushes subnormals to zero
+(``torch.set_flush_denormal(True)``, a library built with ``-ffast-math``) or
+rounds in a directed mode, every function computes in the default environment
+and restores the thread's afterwards (Linux on x86-64 or AArch64), or raises
+:class:`FloatEnvironmentError` where that cannot be done, instead of returning
+a subnormal as 0.0.
 """
 
-from softmaxtheory._certify.environment import FloatEnvironmentError
+from softmaxtheory._certify.environment import FloatEnvironmentError, certifying
 
 from ._api import (
     MAX_PRECISION,
@@ -33,9 +36,14 @@ from ._api import (
     softmax,
     softmax_mp,
 )
-from ._rounding import FORMATS, BinaryFormat, round_exact
+from ._rounding import FORMATS, BinaryFormat
+from ._rounding import round_exact as _round_exact
 from .attention import adaptive_attention
 from .streaming import StreamState
+
+#: :func:`~softmaxtheory._certify.rounding.round_exact` in IEEE's default environment (the
+#: reference's own calls run inside its entry points, which set it once)
+round_exact = certifying("round_exact")(_round_exact)
 
 __all__ = [
     "FORMATS",

@@ -47,6 +47,7 @@ from ._certify import adaptive as adp
 from ._certify import enclosures as enc
 from ._certify import interval as ivl
 from ._certify import polyroots as pr
+from ._certify.environment import certifying
 from .spec import Constant, LogLength, Polynomial, Schedule, refuse_masked, resolve_schedule
 
 __all__ = [
@@ -197,6 +198,7 @@ def _min_coefficient(n: int, spread: float, beta: float) -> float:
     return ivl.certify(enc.coefficient_enclosure(n, spread, beta, +1), ivl.float_of)
 
 
+@certifying("a bound")
 def max_coefficient(n: Any, spread: Any, beta: Any = 1.0) -> Any:
     r"""The largest coefficient any row of `n` items with logit spread `spread` can have (T1).
 
@@ -237,6 +239,7 @@ def max_coefficient(n: Any, spread: Any, beta: Any = 1.0) -> Any:
     )
 
 
+@certifying("a bound")
 def min_coefficient(n: Any, spread: Any, beta: Any = 1.0) -> Any:
     r"""The smallest coefficient any row of `n` items with logit spread `spread` can have (T1).
 
@@ -283,6 +286,7 @@ def _entropy_lower_bound(n: int, spread: float, beta: float) -> float:
     return ivl.certify(enc.entropy_floor_enclosure(n, spread, beta), ivl.float_of)
 
 
+@certifying("a bound")
 def entropy_lower_bound(n: Any, spread: Any, beta: Any = 1.0) -> Any:
     r"""The lowest entropy (nats) a softmax over `n` items with logit spread `spread` can have (T3).
 
@@ -380,6 +384,7 @@ def _dispersion_text(eps: float, spread: float, beta: float, digits: int) -> str
     return _size_text_of(enclose, "floor2", digits, lambda: _dispersion_size(eps, spread, beta))
 
 
+@certifying("a bound")
 def dispersion_size(eps: Any, spread: Any, beta: Any = 1.0, *, digits: int | None = None) -> Any:
     r"""The number of items beyond which no coefficient can reach `eps` (T2).
 
@@ -455,6 +460,7 @@ def _end_value(end: Any, sf: pr.Poly) -> float:
     return adp.round_root(sf, end)
 
 
+@certifying("a bound")
 def adaptive_window(schedule: Schedule | None = None) -> tuple[float, float]:
     r"""The entropy window :math:`(H_{\mathrm{on}}, H_{\mathrm{off}})` where the schedule sharpens.
 
@@ -492,6 +498,7 @@ def adaptive_window(schedule: Schedule | None = None) -> tuple[float, float]:
     return _end_value(segments[0][0], sf), _end_value(segments[-1][1], sf)
 
 
+@certifying("a bound")
 def adaptive_beta_max(schedule: Schedule | None = None) -> float:
     r"""The largest inverse temperature the schedule can produce (T6).
 
@@ -524,6 +531,7 @@ def adaptive_beta_max(schedule: Schedule | None = None) -> float:
     return adp.peak(adp.polynomial_schedule(sched))[1]
 
 
+@certifying("a bound")
 def adaptive_beta_argmax(schedule: Schedule | None = None) -> float:
     r"""The entropy :math:`H^\ast` at which the schedule's β is largest.
 
@@ -804,6 +812,7 @@ def _format_scientific(mantissa: str, exponent: int) -> str:
     return f"{body}e+{exponent:d}"
 
 
+@certifying("a bound")
 def size_text(n: int, digits: int = 6) -> str:
     r"""An exact size as text: all its digits when it has at most `digits`, else scientific.
 
@@ -912,6 +921,7 @@ def _switch_off_text(spread: float, schedule: Polynomial, digits: int) -> str:
 _EXACT_SWITCH_OFF_SPREAD = 1000.0
 
 
+@certifying("a bound")
 def adaptive_switch_off_size(
     spread: Any, schedule: Schedule | None = None, *, digits: int | None = None
 ) -> Any:
@@ -1023,6 +1033,7 @@ def _min_entropy_off(spread: float, schedule: Polynomial) -> int:
     return ivl.certify(_with_magnitude(enclose, spread + 8.0), _floor2_of)
 
 
+@certifying("a bound")
 def min_entropy_switch_off_size(
     spread: Any, schedule: Schedule | None = None, *, digits: int | None = None
 ) -> Any:
@@ -1076,6 +1087,7 @@ def min_entropy_switch_off_size(
 # --------------------------------------------------------------------------- T6: adaptive bounds
 
 
+@certifying("a bound")
 def adaptive_max_coefficient(n: Any, spread: Any, schedule: Schedule | None = None) -> Any:
     r"""A certified upper bound on the largest coefficient of an adaptive softmax over `n` items.
 
@@ -1383,6 +1395,7 @@ def _witness(n: int, j: int, c: float, spread: float) -> LevelRow:
     return LevelRow((spread, c, 0.0), (1, j, n - 1 - j))
 
 
+@certifying("a bound")
 def adaptive_max_coefficient_bracket(
     n: Any, spread: Any, schedule: Schedule | None = None
 ) -> Bracket:
@@ -1475,6 +1488,7 @@ def _exp_int(log_n: float) -> int:
     return mant << (whole - 52)
 
 
+@certifying("a bound")
 def adaptive_dispersion_bracket(eps: Any, spread: Any, schedule: Schedule | None = None) -> Bracket:
     r"""The adaptive dispersion size, bracketed: the length from which no coefficient reaches `eps`.
 
@@ -1521,6 +1535,7 @@ def adaptive_dispersion_bracket(eps: Any, spread: Any, schedule: Schedule | None
     return Bracket(lower=n + 1, upper=max(upper, n + 1), witness=_witness(n, j, c, spread))
 
 
+@certifying("a bound")
 def adaptive_dispersion_size(eps: Any, spread: Any, schedule: Schedule | None = None) -> Any:
     r"""A certified length from which no adaptive-softmax coefficient can reach `eps`.
 
@@ -1589,6 +1604,7 @@ def _product_bound(*factors: float) -> float:
     return ivl.float_of((raw, raw))  # type: ignore[return-value]
 
 
+@certifying("a bound")
 def spread_from_norms(query_norm: Any, key_norm: Any, scale: Any = 1.0) -> Any:
     r"""Spread bound of one attention row from the norms of its query and keys (T9).
 
@@ -1808,6 +1824,7 @@ def _layouts(wq: np.ndarray, wk: np.ndarray, layout: str) -> list[str]:
     return [layout]
 
 
+@certifying("a bound")
 def spread_from_weights(
     w_q: Any,
     w_k: Any,
@@ -1942,6 +1959,7 @@ def _as_real_array(logits: Any) -> np.ndarray:
     return arr.astype(np.float64)
 
 
+@certifying("a bound")
 def empirical_spread(logits: Any, axis: int | tuple[int, ...] = -1) -> Any:
     r"""The measured spread :math:`\max_j x_j - \min_j x_j` of each row of logits.
 

@@ -1,31 +1,42 @@
-r"""The floating-point environment the certified code needs: gradual underflow.
+r"""The floating-point environment the certified code needs: IEEE 754's defaults.
 
 Every certified float the project returns is rounded once from an exact value,
 subnormals included (:func:`~softmaxtheory._certify.rounding.round_exact`), and
 the reference's double-double pass (:mod:`softmaxtheory.reference._fast`) carries
-error terms far below the smallest normal number. Both assume IEEE 754 gradual
-underflow. A process can switch it off for every thread's later arithmetic:
-the x86 MXCSR bits FTZ (a subnormal *result* becomes 0) and DAZ (a subnormal
-*operand* is read as 0), or AArch64's FPCR.FZ. ``torch.set_flush_denormal(True)``
-sets them, and so does loading a shared library linked with ``-ffast-math``.
-Then ``math.ldexp(1.0, -1070)`` is 0.0: a certified subnormal would come back as
-0.0, and the double-double error terms would vanish, so a rounding decision
-could rest on a wrong enclosure.
+error terms far below the smallest normal number and assumes rounding to nearest.
+A thread can leave those defaults:
 
-:func:`flushes_subnormals` asks the hardware (one addition of two subnormals,
-about 0.1 µs); :func:`require_gradual_underflow` raises
-:class:`FloatEnvironmentError` where it flushes. Every certification checks it
-before it starts: the Ziv loop (:func:`~softmaxtheory._certify.loop.certify`),
-which the bounds and the reference's mpmath engine share, and the reference's
-entry points (whose fast pass runs before any loop).
+* the x86 MXCSR bits FTZ (a subnormal *result* becomes 0) and DAZ (a subnormal
+  *operand* is read as 0), or AArch64's FPCR.FZ: ``torch.set_flush_denormal(True)``
+  sets them, and so does loading a shared library linked with ``-ffast-math``.
+  Then ``math.ldexp(1.0, -1070)`` is 0.0: the reference returned
+  ``softmax([0, -740])`` as ``[1, 0]``;
+* a directed rounding mode (``fesetround``, from a C extension or ``ctypes``),
+  under which the double-double error-free transformations are not error-free.
+
+:func:`ieee_defaults` asks the hardware (a few additions, about 0.2 µs). Every
+certification runs inside :func:`default_float_environment`: where the thread
+is already at the defaults it does nothing; otherwise, on Linux (glibc or musl,
+x86-64 or AArch64), it saves the thread's environment with ``fegetenv``, sets
+the default one (``fesetenv(FE_DFL_ENV)``: gradual underflow, rounding to
+nearest) for the certified code and restores the caller's afterwards, so the
+caller's own arithmetic keeps its modes. Where that cannot be done it raises
+:class:`FloatEnvironmentError`. Entry points: the Ziv loop
+(:func:`~softmaxtheory._certify.loop.certify`) and :func:`certifying`, which
+decorates the reference's, the bounds' and the certified dask blocks' public
+functions.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import functools
+import platform
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -33,8 +44,9 @@ import numpy as np
 __all__ = [
     "FloatEnvironmentError",
     "certifying",
+    "default_float_environment",
     "flushes_subnormals",
-    "require_gradual_underflow",
+    "ieee_defaults",
     "restore_gradual_underflow",
 ]
 
@@ -44,13 +56,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: DAZ would read as 0).
 _LEAST_SUBNORMAL: float = struct.unpack("<d", struct.pack("<Q", 1))[0]
 
+#: Probes of the rounding mode (module globals: CPython folds no expression that reads
+#: one): 1 + 2**-60 rounds to 1 only downward, to zero or to nearest; 1 + (2**-53 + 2**-60),
+#: above half an ulp, rounds up only upward or to nearest.
+_ONE, _BELOW_HALF, _ABOVE_HALF = 1.0, 2.0**-60, 2.0**-53 + 2.0**-60
+_ONE_UP = 1.0 + 2.0**-52
+
 
 class FloatEnvironmentError(RuntimeError):
-    """The process flushes subnormal numbers to zero, so nothing can be certified.
+    """The thread's floating-point environment is not IEEE's default, and cannot be set.
 
     Not an :class:`ArithmeticError`: no handler that falls back from an undecided
-    rounding (``CertificationError``, ``PrecisionError``) may catch
-    it, since no fallback is correct in this environment.
+    rounding (``CertificationError``, ``PrecisionError``) may catch it, since no
+    fallback is correct in this environment.
     """
 
 
@@ -65,8 +83,81 @@ def flushes_subnormals() -> bool:
     >>> flushes_subnormals()
     False
     """
-    # (a module global: CPython folds no constant expression that reads one)
     return _LEAST_SUBNORMAL + _LEAST_SUBNORMAL == 0.0
+
+
+def ieee_defaults() -> bool:
+    """Whether this thread has gradual underflow and rounds to nearest."""
+    nearest = _ONE + _BELOW_HALF == _ONE and _ONE + _ABOVE_HALF == _ONE_UP
+    return nearest and not flushes_subnormals()
+
+
+@functools.cache
+def _fenv() -> Any:
+    """The ``fegetenv`` and ``fesetenv`` of libm, where ``FE_DFL_ENV`` is ``(fenv_t *) -1``.
+
+    That is glibc's and musl's definition on x86-64 and AArch64 (other ABIs name a
+    symbol instead); ``fenv_t`` is 28 or 32 bytes there, and 8 on AArch64.
+    """
+    machine = platform.machine().lower()
+    if not sys.platform.startswith("linux") or machine not in ("x86_64", "amd64", "aarch64"):
+        return None
+    try:
+        libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        get, put = libm.fegetenv, libm.fesetenv
+    except (OSError, AttributeError):  # pragma: no cover - a Linux without libm
+        return None
+    get.argtypes = put.argtypes = [ctypes.c_void_p]
+    get.restype = put.restype = ctypes.c_int
+    return get, put
+
+
+#: glibc's and musl's ``FE_DFL_ENV`` on x86-64 and AArch64.
+_FE_DFL_ENV = ctypes.c_void_p(-1)
+
+
+def _cannot(what: str) -> FloatEnvironmentError:
+    return FloatEnvironmentError(
+        f"{what} cannot be certified: this thread flushes subnormal numbers to zero (the "
+        "FTZ/DAZ floating-point modes) or rounds in a directed mode, and the default "
+        "environment could not be set here (that needs Linux on x86-64 or AArch64). "
+        "Something switched them on: torch.set_flush_denormal(True) (undo it with "
+        "torch.set_flush_denormal(False)), a shared library built with -ffast-math loaded "
+        "into this process, or fesetround"
+    )
+
+
+@contextlib.contextmanager
+def default_float_environment(what: str) -> Iterator[None]:
+    """Run the block in IEEE's default floating-point environment; restore the caller's.
+
+    Nothing is done where the thread is at the defaults already (the common case:
+    one probe). Otherwise the thread's environment is saved (``fegetenv``), the
+    default set (``fesetenv(FE_DFL_ENV)``) and, after the block, the saved one
+    restored, exceptions included.
+
+    Raises
+    ------
+    FloatEnvironmentError
+        If the environment is not the default and cannot be set (see :func:`_fenv`).
+    """
+    if ieee_defaults():
+        yield
+        return
+    fenv = _fenv()
+    if fenv is None:
+        raise _cannot(what)
+    get, put = fenv
+    saved = ctypes.create_string_buffer(256)  # fenv_t is at most 32 bytes here
+    if get(saved) != 0:  # pragma: no cover - fegetenv does not fail on these ABIs
+        raise _cannot(what)
+    if put(_FE_DFL_ENV) != 0 or not ieee_defaults():  # pragma: no cover - as above
+        put(saved)
+        raise _cannot(what)
+    try:
+        yield
+    finally:
+        put(saved)
 
 
 def restore_gradual_underflow() -> bool:
@@ -82,46 +173,22 @@ def restore_gradual_underflow() -> bool:
     return not flushes_subnormals()
 
 
-def require_gradual_underflow(what: str) -> None:
-    """Raise :class:`FloatEnvironmentError` if subnormals are flushed to zero.
-
-    Parameters
-    ----------
-    what : str
-        What cannot be certified, for the message ("the reference", "a bound").
-
-    Raises
-    ------
-    FloatEnvironmentError
-        If :func:`flushes_subnormals`.
-    """
-    if flushes_subnormals():
-        raise FloatEnvironmentError(
-            f"{what} cannot be certified: this process flushes subnormal numbers to zero "
-            "(the FTZ/DAZ floating-point modes), so a subnormal result would be returned as "
-            "0.0 and the error analysis does not hold. Something switched them on: "
-            "torch.set_flush_denormal(True) (undo it with torch.set_flush_denormal(False)), "
-            "or a shared library built with -ffast-math, loaded into this process"
-        )
-
-
 def certifying(what: str) -> Callable[[F], F]:
-    """Decorate an entry point of certified code: the environment it needs, checked and set.
+    """Decorate an entry point of certified code: the environment it needs, set for the call.
 
-    The call first requires gradual underflow (:func:`require_gradual_underflow`),
-    then runs with numpy's floating-point error handling off
-    (``np.errstate(all="ignore")``): the certified code bounds its float
-    intermediates itself and treats an overflow, an underflow or a NaN as an
-    undecided attempt, so a caller's ``np.seterr(all="raise")`` (a common
-    debugging setting) must not turn the gradual underflow of a subnormal
-    logit into a ``FloatingPointError``, as it did.
+    The call runs in :func:`default_float_environment` and with numpy's
+    floating-point error handling off (``np.errstate(all="ignore")``): the
+    certified code bounds its float intermediates itself and treats an
+    overflow, an underflow or a NaN as an undecided attempt, so a caller's
+    ``np.seterr(all="raise")`` (a common debugging setting) must not turn the
+    gradual underflow of a subnormal logit into a ``FloatingPointError``, as it
+    did.
     """
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            require_gradual_underflow(what)
-            with np.errstate(all="ignore"):
+            with default_float_environment(what), np.errstate(all="ignore"):
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from .environment import require_gradual_underflow
+from .environment import default_float_environment
 
 __all__ = ["CertificationError", "certify", "precisions"]
 
@@ -99,12 +99,12 @@ def certify(
     CertificationError
         If no attempt up to `cap` bits decides (an instance of `error`).
     FloatEnvironmentError
-        If the process flushes subnormals to zero
-        (:mod:`~softmaxtheory._certify.environment`): no result is certified there.
+        If the thread is not in IEEE's default floating-point environment and it
+        cannot be set (:mod:`~softmaxtheory._certify.environment`).
     """
-    require_gradual_underflow(what)
-    for p in precisions(start, cap):
-        result = attempt(p)
-        if result is not None:
-            return result
+    with default_float_environment(what):  # (the attempts run in it; the caller's is kept)
+        for p in precisions(start, cap):
+            result = attempt(p)
+            if result is not None:
+                return result
     raise error(f"could not certify {what} within {cap} bits" + (f": {why}" if why else ""))

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.reporting import with_reporter
 
 from .. import testing as tst
-from .._certify.environment import FloatEnvironmentError, require_gradual_underflow
+from .._certify.environment import FloatEnvironmentError, default_float_environment
 from ..spec import Schedule
 from .errors import Failed, Skip
 from .report import STOPPED, fmt_ulp, is_torch, mismatch_text, row_literal
@@ -206,16 +206,16 @@ def run_check(name: str, check: Callable[[Target, Run], None], target: Target) -
     Never raises for a kernel defect: a kernel that raises ``SystemExit``
     fails the property; :class:`Skip` skips it (fails it under ``strict``);
     :class:`Failed` and :class:`~softmaxtheory.testing.KernelMismatch` fail it,
-    and so does a process that flushes subnormals to zero
-    (:class:`~softmaxtheory.reference.FloatEnvironmentError`), where no
-    reference value can be certified.
+    and so does a thread whose floating-point environment is not IEEE's default
+    and cannot be set (:class:`~softmaxtheory.reference.FloatEnvironmentError`).
+    The property runs in the default environment (gradual underflow, rounding
+    to nearest), whatever the caller's; the caller's is restored after it.
     A property that returns passes, with its notes as the message.
     """
     run = Run(target)
     try:
-        # before any draw: Hypothesis itself refuses to draw subnormals in such a process
-        require_gradual_underflow("the reference")
-        with np.errstate(all="ignore"):
+        # before any draw: Hypothesis itself refuses to draw subnormals in a flushing thread
+        with default_float_environment("the check"), np.errstate(all="ignore"):
             check(target, run)
     except SystemExit as exc:
         return run.result(
@@ -228,7 +228,7 @@ def run_check(name: str, check: Callable[[Target, Run], None], target: Target) -
         return run.result(name, "skip", str(exc))
     except Failed as exc:
         return run.result(name, "fail", str(exc))
-    except FloatEnvironmentError as exc:  # flushing before the kernel ran (its module's import?)
+    except FloatEnvironmentError as exc:  # a flushing thread where the default cannot be set
         return run.result(name, "fail", f"{exc}; nothing the kernel returns can be checked here")
     except tst.KernelMismatch as exc:
         return run.result(name, "fail", mismatch_text(exc, target.dtype))

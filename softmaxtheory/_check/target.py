@@ -343,11 +343,11 @@ class Target:
         if not flushing and flushes_subnormals():
             restored = restore_gradual_underflow()
             text = (
-                "the kernel switched on flush-to-zero (the FTZ/DAZ floating-point modes) for "
-                "the whole process: every later float operation of every thread, its caller's "
-                "and the oracle's included, reads and returns subnormals as 0. A kernel must "
-                "leave the floating-point environment as it found it (torch: no "
-                "torch.set_flush_denormal(True) left on)"
+                "the kernel switched on flush-to-zero (the FTZ/DAZ floating-point modes) and "
+                "left it on: every later float operation of its thread (and of the threads "
+                "that thread starts), its caller's included, reads and returns subnormals as "
+                "0. A kernel must leave the floating-point environment as it found it (torch: "
+                "no torch.set_flush_denormal(True) left on)"
                 + ("" if restored else "; the oracle could not switch it off again")
             )
             if literal is not None and literal.size <= 64:

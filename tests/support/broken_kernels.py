@@ -701,7 +701,7 @@ CATALOGUE = {
     "attention output buffer reused between calls": (
         attention_reused_output_buffer, {"kind": "attention"}, "fresh_results"),
     # kernels whose values are right but which change the process around them
-    "flush-to-zero switched on for the whole process": (
+    "flush-to-zero switched on and left on": (
         torch_flush_to_zero, {"framework": "torch", "dtype": "float32"}, "values"),
 }  # fmt: skip
 
