@@ -27,6 +27,7 @@ Floating-point discipline
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -1478,13 +1479,9 @@ class _Locked:
         return out
 
 
-_PARALLEL: list[frozenset[str]] = []
-
-
+@functools.cache
 def _parallel_names() -> frozenset[str]:
-    if not _PARALLEL:
-        _PARALLEL.append(frozenset(parallel_kernel_names()))
-    return _PARALLEL[0]
+    return frozenset(parallel_kernel_names())
 
 
 def parallel_kernel_names() -> list[str]:

@@ -1733,8 +1733,7 @@ def _power_scaled(w: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.
     """
     top = np.max(np.abs(w), axis=axes) if w.size else np.zeros(np.delete(w.shape, axes))
     e = np.frexp(top)[1]  # top = f 2**e, 1/2 <= f < 1 (e = 0 for zero)
-    with np.errstate(under="ignore"):  # (tiny entries next to huge ones: covered above)
-        return np.ldexp(w, -np.expand_dims(e, axes)), e
+    return np.ldexp(w, -np.expand_dims(e, axes)), e
 
 
 def _scaled_back(x: np.ndarray, e: np.ndarray) -> np.ndarray:
@@ -1743,9 +1742,8 @@ def _scaled_back(x: np.ndarray, e: np.ndarray) -> np.ndarray:
     ``ldexp`` is exact unless its result is subnormal, where it rounds to nearest:
     only there is it moved up a step.
     """
-    with np.errstate(over="ignore", under="ignore"):
-        y = np.ldexp(x, e)
-        return np.where(np.abs(y) < np.finfo(np.float64).tiny, np.nextafter(y, np.inf), y)
+    y = np.ldexp(x, e)
+    return np.where(np.abs(y) < np.finfo(np.float64).tiny, np.nextafter(y, np.inf), y)
 
 
 def _product_norm_upper(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -1780,9 +1778,8 @@ def _norm_upper(x: np.ndarray, axes: tuple[int, ...], rel: float) -> np.ndarray:
     """
     top = np.max(x, axis=axes, keepdims=True)
     ratio = x / np.where(top > 0, top, 1.0)
-    with np.errstate(under="ignore"):
-        total = np.sum(ratio * ratio, axis=axes)
-        return np.squeeze(top, axis=axes) * np.sqrt(total) * (1 + rel) + _SUB
+    total = np.sum(ratio * ratio, axis=axes)
+    return np.squeeze(top, axis=axes) * np.sqrt(total) * (1 + rel) + _SUB
 
 
 def _mat_vec_norm_upper(w: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -1916,26 +1913,24 @@ def spread_from_weights(
             raise ValueError(
                 f"bias_q has {bq.shape[-1]} entries, the {lay} layout needs {a.shape[-2]}"
             )
-        # underflow is covered by the bounds' absolute terms, overflow gives inf (a bound)
-        with np.errstate(under="ignore", over="ignore"):
-            per = _times(_product_norm_upper(a, b), bq_in)
-            if bq is not None:
-                per = per + _mat_vec_norm_upper(b, bq)
+        # (numpy's errors are off, by @certifying: underflow is covered by the bounds'
+        # absolute terms, and overflow gives inf, a bound)
+        per = _times(_product_norm_upper(a, b), bq_in)
+        if bq is not None:
+            per = per + _mat_vec_norm_upper(b, bq)
         best = per if best is None else np.maximum(best, per)
     if best is None:
         raise ValueError(f"bias_q of shape {bq.shape} fits neither layout of w_q {wq.shape}")
-    with np.errstate(under="ignore", over="ignore"):
-        bound = _times(2.0 * s * bk_in, best)
-        bound = np.nextafter(bound, np.inf)  # cover the float rounding of the lines above
-        bound = np.nextafter(bound, np.inf)
-        bound = np.nextafter(bound, np.inf)
+    bound = _times(2.0 * s * bk_in, best)
+    bound = np.nextafter(bound, np.inf)  # cover the float rounding of the lines above
+    bound = np.nextafter(bound, np.inf)
+    bound = np.nextafter(bound, np.inf)
     return float(bound) if np.ndim(bound) == 0 else bound
 
 
 def _times(x: Any, y: Any) -> Any:
     """``x * y`` with ``0 * inf = 0``: a zero input norm leaves nothing for an overflowed norm."""
-    with np.errstate(invalid="ignore", over="ignore"):  # (the 0 * inf lanes are replaced)
-        return np.where((np.asarray(x) == 0) | (np.asarray(y) == 0), 0.0, np.multiply(x, y))
+    return np.where((np.asarray(x) == 0) | (np.asarray(y) == 0), 0.0, np.multiply(x, y))
 
 
 # --------------------------------------------------------------------------- measurement
