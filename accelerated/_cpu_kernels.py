@@ -16,6 +16,12 @@ Floating-point discipline
   infinities keep their IEEE meaning (no ``nnan``/``ninf``). Fast-math flags are
   attached per instruction, so after inlining the exponential's instructions still
   carry none of the loop's flags.
+* Every function with fast-math flags is compiled with ``forceinline=True``: LLVM
+  inlines it into each caller, so no kernel calls it through a symbol. Through a symbol
+  a kernel ran whichever copy the process had loaded first (the helper's own, or the
+  copy inside the kernel's cached code, optimised again and with its reassociated sums
+  ordered otherwise), and a program's first run gave other bits than its later runs
+  (``tests/test_cpu_regressions.py::test_bits_do_not_depend_on_the_process_history``).
 * Sums are blocked: :data:`BLOCK` items are summed by the vectorised loop, and the
   block sums are added with Neumaier's compensated summation in a flag-free
   helper.
@@ -109,7 +115,7 @@ _SHIFT_BITS64 = 0x4338000000000000
 _TWO_M64 = 5.421010862427522e-20  # 2**-64
 
 
-@njit(fastmath=_EXP_FLAGS, cache=True)
+@njit(fastmath=_EXP_FLAGS, forceinline=True, cache=True)
 def exp64(x: float) -> float:
     r""":math:`e^x` for float64 ``x <= 0`` (NaN in, NaN out; ``-inf`` gives 0).
 
@@ -163,7 +169,7 @@ _ZERO32 = np.float32(0.0)
 _ONE32 = np.float32(1.0)
 
 
-@njit(fastmath=_EXP_FLAGS, cache=True)
+@njit(fastmath=_EXP_FLAGS, forceinline=True, cache=True)
 def exp32(x: np.float32) -> np.float32:
     r""":math:`e^x` for float32 ``x <= 0``, computed in float32.
 
@@ -361,7 +367,7 @@ def pass_max(x, lo, hi):
     return unkey(k, xs), nnan
 
 
-@njit(fastmath=_LOOP_FLAGS, cache=True)
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _block_stats(x, lo, hi, m, out, store):
     # accumulate in the input's precision within a block (float32 keeps 16 lanes)
     m = like_array(m, x)
@@ -419,7 +425,7 @@ def pass_stats(x, lo, hi, m, out, store):
     return c, n_eff, r + rc, t + tc
 
 
-@njit(fastmath=_LOOP_FLAGS, cache=True)
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _block_st(x, lo, hi, m, out):
     # the lean statistics of the adaptive kernel: s = sum e, t = sum e*(x-m), e stored
     m = like_array(m, x)
@@ -458,7 +464,7 @@ def pass_st(x, lo, hi, m, out):
     return s + sc, t + tc
 
 
-@njit(fastmath=_LOOP_FLAGS, cache=True)
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _block_tempered(x, lo, hi, m, beta, out, store):
     m = like_array(m, x)
     zero = as_like(0.0, m)
@@ -494,7 +500,7 @@ def pass_tempered(x, lo, hi, m, beta, out, store):
     return 0, s + sc
 
 
-@njit(fastmath=_LOOP_FLAGS, cache=True)
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def pass_scale(out, lo, hi, inv):
     """``out[lo:hi] *= inv``, the product formed in float64 and rounded once."""
     os = out[lo:hi]
@@ -502,7 +508,7 @@ def pass_scale(out, lo, hi, inv):
         os[i] = as_like(np.float64(os[i]) * inv, os[i])
 
 
-@njit(fastmath=_LOOP_FLAGS, cache=True)
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def pass_write(x, lo, hi, m, beta, inv, out):
     """``out = e^(β(x-m)) * inv`` over ``[lo, hi)`` (β = 1 skips the product)."""
     m = like_array(m, x)
@@ -520,7 +526,7 @@ def pass_write(x, lo, hi, m, beta, inv, out):
             os[i] = as_like(np.float64(e) * inv, e)
 
 
-@njit(fastmath=_LOOP_FLAGS, cache=True)
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def pass_fill(out, lo, hi, value):
     """``out[lo:hi] = value``."""
     os = out[lo:hi]
@@ -706,7 +712,7 @@ def rows_adaptive(x, out, eps, kind_of_schedule, coeffs, threshold, const, h_cut
 SHORT_ROW = BLOCK
 
 
-@njit(fastmath=_LOOP_FLAGS, cache=True)
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _short_st(xs, m, os):
     # e = exp(x - m) stored; s = sum e; t = sum e*(x - m), accumulated in the row's dtype. A
     # masked item (-inf) is clamped to -1e30 first: its exponential is exactly 0 and its term
@@ -725,7 +731,7 @@ def _short_st(xs, m, os):
     return s, t
 
 
-@njit(fastmath=_LOOP_FLAGS, cache=True)
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _short_s(xs, m, os):
     zero = as_like(0.0, m)
     s = zero
@@ -736,7 +742,7 @@ def _short_s(xs, m, os):
     return np.float64(s)
 
 
-@njit(fastmath=_LOOP_FLAGS, cache=True)
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _short_tempered(xs, m, beta, os):
     zero = as_like(0.0, m)
     s = zero
@@ -747,14 +753,14 @@ def _short_tempered(xs, m, beta, os):
     return np.float64(s)
 
 
-@njit(fastmath=_LOOP_FLAGS, cache=True)
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _short_scale(os, f):
     # f is already in the row's dtype: one multiplication per item
     for i in range(os.size):
         os[i] = os[i] * f
 
 
-@njit(fastmath=_LOOP_FLAGS, cache=True)
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _short_fill(os, value):
     for i in range(os.size):
         os[i] = value
@@ -1080,7 +1086,7 @@ def _ol_lowest_like(arr):
     return lambda arr: -_FLOAT64_MAX
 
 
-@njit(fastmath=_LOOP_FLAGS, cache=True)
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _dot(q, k, i, j):
     # q[i] . k[j] in the inputs' precision; the order of the sum is free (the documented
     # logit error (d + 2) u sum |q_f k_f| holds for any order), so it vectorises
