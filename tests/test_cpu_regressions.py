@@ -675,3 +675,33 @@ def test_bits_do_not_depend_on_the_process_history(tmp_path) -> None:
         assert warm.keys() == cold.keys()
         differ = sorted(name for name in cold if cold[name] != warm[name])
         assert not differ, f"{mode}: the warm process gave other bits for {differ}"
+
+
+def test_fast_math_stays_where_it_is_declared() -> None:
+    """Every fast-math function is force-inlined and calls no jitted function that lacks
+    flags of its own.
+
+    Numba compiles a callee that sets no ``fastmath`` with its first caller's flags, and
+    keeps that code for every later caller: a flag-free helper (Neumaier's compensated
+    sum, the Horner recurrence that must equal ``numpy.polyval``) first called from a
+    reassociating loop would lose its meaning everywhere, depending on the call order.
+    """
+    from numba.core.dispatcher import Dispatcher
+
+    from softmaxtheory.accelerated import _cpu_kernels as kmod
+    from softmaxtheory.accelerated import _dask_blocks
+
+    jitted = {
+        name: obj
+        for mod in (kmod, _dask_blocks)
+        for name, obj in vars(mod).items()
+        if isinstance(obj, Dispatcher)
+    }
+    flagged = {name for name, d in jitted.items() if d.targetoptions.get("fastmath")}
+    assert {"exp64", "exp32", "_block_stats", "_short_s", "_dot"} <= flagged
+    for name in sorted(flagged):
+        options = jitted[name].targetoptions
+        assert options.get("forceinline") is True, name
+        calls = set(jitted[name].py_func.__code__.co_names) & set(jitted)
+        unflagged = {c for c in calls if "fastmath" not in jitted[c].targetoptions}
+        assert not unflagged, f"{name} calls {unflagged}, which would inherit its flags"
