@@ -58,6 +58,20 @@ kernels therefore run under a lock until the first of them has returned and the
 layer is known; on ``workqueue`` they keep running under it, one call at a time
 (each call still uses every core), and elsewhere the lock is dropped.
 
+Floating-point environment
+--------------------------
+Every function (and every method of :class:`StreamingSoftmax` that computes) runs
+in IEEE's default floating-point environment, gradual underflow and rounding to
+nearest, which the error model assumes. A caller's flush-to-zero mode
+(``torch.set_flush_denormal(True)``, a library built with ``-ffast-math``) holds in
+its own thread only, not in Numba's workers: the rows the calling thread computed
+lost their subnormal coefficients and the others kept them, so a row's bits
+depended on the thread that took it. Where the caller's thread is not at the
+defaults, the call saves its environment, sets the default one and restores the
+caller's afterwards (Linux on x86-64 and AArch64; elsewhere it raises
+:class:`~softmaxtheory.reference.FloatEnvironmentError`). The probe costs about
+0.2 µs a call.
+
 Examples
 --------
 >>> import numpy as np
@@ -78,6 +92,7 @@ from typing import Any
 
 import numpy as np
 
+from .._certify.environment import ieee_kernels
 from .._formats import NUMPY_DTYPES, ROW_EMPTY, ROW_INVALID, ROW_MASKED, ROW_REGULAR, Quantity
 from ..spec import (
     Constant,
@@ -91,6 +106,10 @@ from ..spec import (
 )
 from ._cpu_kernels import chunk_state_arrays, long_row_state
 from ._cpu_kernels import kernels as _k
+
+#: every entry point runs in IEEE's default floating-point environment (see
+#: :func:`softmaxtheory._certify.environment.ieee_kernels`)
+_ieee = ieee_kernels("the CPU backend's results")
 
 __all__ = [
     "CHUNK",
@@ -382,6 +401,7 @@ def _deliver(
     return out
 
 
+@_ieee
 def softmax(x: Any, axis: int = -1, *, out: np.ndarray | None = None) -> np.ndarray:
     r"""Softmax along `axis`: :math:`e^{x_i - m} / \sum_j e^{x_j - m}`.
 
@@ -404,6 +424,7 @@ def softmax(x: Any, axis: int = -1, *, out: np.ndarray | None = None) -> np.ndar
     return _deliver(values, in_dtype, axis, moved, out)
 
 
+@_ieee
 def entropy(x: Any, axis: int = -1, *, entropy_eps: float = 0.0) -> np.ndarray:
     r"""Entropy :math:`-\sum_i p_i \log p_i` (nats) of the softmax along `axis`.
 
@@ -427,6 +448,7 @@ def entropy(x: Any, axis: int = -1, *, entropy_eps: float = 0.0) -> np.ndarray:
     return h.reshape(moved[:-1]).astype(in_dtype)
 
 
+@_ieee
 def beta(
     x: Any, axis: int = -1, *, schedule: Schedule | None = None, entropy_eps: float = 0.0
 ) -> np.ndarray:
@@ -450,6 +472,7 @@ def beta(
     return b.reshape(work.shape[:-1])
 
 
+@_ieee
 def adaptive_softmax(
     x: Any,
     axis: int = -1,
@@ -561,6 +584,7 @@ def _kernel_view(a: np.ndarray, shape: tuple[int, ...], idx: tuple[int, ...]) ->
     return np.broadcast_to(a, shape)[idx]
 
 
+@_ieee
 def adaptive_attention(
     q: Any,
     k: Any,
@@ -831,6 +855,7 @@ class StreamingSoftmax:
         # the kernels are compiled for writeable arrays only (a read-only memory map is copied)
         return arr if arr.flags.writeable else arr.copy()
 
+    @_ieee
     def update(self, chunk: Any) -> StreamingSoftmax:
         """Fold a chunk of logits into the state (pass 1); returns self."""
         if self._tb_count:
@@ -857,6 +882,7 @@ class StreamingSoftmax:
         self._count += count
         self._beta = None
 
+    @_ieee
     def merge(self, other: StreamingSoftmax) -> StreamingSoftmax:
         """Return a new state ``self ⊕ other`` (both passes' sums are merged)."""
         if not isinstance(other, StreamingSoftmax):
@@ -893,6 +919,7 @@ class StreamingSoftmax:
         """The running maximum (``-inf`` when empty or fully masked, NaN if invalid)."""
         return math.nan if self._bad else self._m
 
+    @_ieee
     def entropy(self) -> float:
         """Entropy of the row seen so far (nats); 0 if empty/masked, NaN if invalid."""
         if self._bad:
@@ -901,6 +928,7 @@ class StreamingSoftmax:
             return 0.0
         return float(_k.entropy_from_state(self._c, self._r, self._t))
 
+    @_ieee
     def beta(self) -> float:
         """β of the row from the schedule (1 if empty or masked, NaN if invalid)."""
         if self._beta is None:
@@ -919,6 +947,7 @@ class StreamingSoftmax:
         return b == b and b != 1.0 and self._m != -math.inf
 
     # -- pass 2 ------------------------------------------------------------
+    @_ieee
     def update_tempered(self, chunk: Any) -> StreamingSoftmax:
         r"""Add :math:`\sum e^{\beta(x-m)}` of a chunk (pass 2); returns self.
 
@@ -976,6 +1005,7 @@ class StreamingSoftmax:
             )
 
     # -- pass 3 ------------------------------------------------------------
+    @_ieee
     def normalize(self, chunk: Any, out: np.ndarray | None = None) -> np.ndarray:
         """The (adaptive) softmax values of a chunk of the row, given the complete state.
 

@@ -32,7 +32,10 @@ compute and fits in the cluster's memory, ``x.persist()`` it first.) Every merge
 is done in an order fixed by the chunking alone, so for a fixed chunking the
 result is identical bit for bit under any scheduler (threads, processes,
 ``dask.distributed``) and any number of workers; a different chunking gives a
-result within the error model of the CPU kernels.
+result within the error model of the CPU kernels. Every task runs in IEEE's
+default floating-point environment, as the CPU functions do, whatever its
+thread's (a synchronous scheduler runs the tasks in the caller's thread, which
+may flush subnormals).
 
 ``certified=True`` gives the correctly rounded results of the reference
 (:mod:`softmaxtheory.reference`), bit for bit, by the same passes with rigorous
@@ -74,9 +77,14 @@ import dask.array as da
 import numpy as np
 from dask.graph_manipulation import clone
 
+from .._certify.environment import ieee_kernels
 from .._formats import ROW_REGULAR
 from ..spec import Schedule, as_logits, check_entropy_eps, resolve_schedule
 from . import _dask_blocks as _b
+
+#: every task that computes runs in IEEE's default floating-point environment, whatever
+#: its thread's (see :func:`softmaxtheory._certify.environment.ieee_kernels`)
+_ieee = ieee_kernels("the dask backend's results")
 
 __all__ = ["SPLIT_EVERY", "adaptive_softmax", "beta", "entropy", "softmax"]
 
@@ -150,17 +158,20 @@ def _lead(xm: da.Array) -> tuple[tuple[int, ...], ...]:
 # ---------------------------------------------------------------------------
 
 
+@_ieee
 def _chunk_state(block: np.ndarray, axis: Any = None, keepdims: bool = True, work: Any = None):
     x2 = _b.rows2d(block, work)
     return _b.block_states(x2).reshape((*block.shape[:-1], 1))
 
 
+@_ieee
 def _merge_state_parts(parts: Any, axis: Any = None, keepdims: bool = True) -> np.ndarray:
     if not isinstance(parts, list):
         return parts
     return _b.merge_states([_merge_state_parts(p) for p in parts])
 
 
+@_ieee
 def _add_sum_parts(parts: Any, axis: Any = None, keepdims: bool = True) -> np.ndarray:
     if not isinstance(parts, list):
         return parts
@@ -212,6 +223,7 @@ class _FixedWork:
         return (self.fn.__module__, self.fn.__qualname__, str(self.work))
 
 
+@_ieee
 def _info_block(states: np.ndarray, need_h: bool) -> np.ndarray:
     return _b.info_from_states(states, need_h)
 
@@ -220,6 +232,7 @@ def _per_block(fn: Any, xm: da.Array, info: da.Array, work: np.dtype, *args: Any
     """``fn(block, info)`` per block: one :data:`~_b.SUM` per row and block, shape (..., B)."""
     nblocks = len(xm.chunks[-1])
 
+    @_ieee
     def run(block: np.ndarray, inf: np.ndarray, *rest: Any) -> np.ndarray:
         x2 = _b.rows2d(block, work)
         return fn(x2, inf, *rest).reshape((*block.shape[:-1], 1))
@@ -253,6 +266,7 @@ def _with_entropy(xm: da.Array, work: np.dtype, eps: float) -> tuple[da.Array, d
     return info, states
 
 
+@_ieee
 def _entropy_eps_info(info: np.ndarray, sums: np.ndarray) -> np.ndarray:
     out = info.copy()
     regular = out["kind"] == ROW_REGULAR
@@ -260,6 +274,7 @@ def _entropy_eps_info(info: np.ndarray, sums: np.ndarray) -> np.ndarray:
     return out
 
 
+@_ieee
 def _beta_info(info: np.ndarray, schedule: Schedule) -> np.ndarray:
     out = info.copy()
     flat = out.reshape(-1)
@@ -279,16 +294,20 @@ def _deliver(y: da.Array, in_dtype: np.dtype, axis: int, ndim: int) -> da.Array:
 
 
 def _field(info: da.Array, name: str, dtype: Any) -> da.Array:
-    return info.map_blocks(_take_field, name, dtype=dtype, drop_axis=info.ndim - 1)
+    return info.map_blocks(_take_field, name, dtype, dtype=dtype, drop_axis=info.ndim - 1)
 
 
-def _take_field(block: np.ndarray, name: str) -> np.ndarray:
-    return np.array(block[name][..., 0])  # a copy; 0-d for a single row
+@_ieee
+def _take_field(block: np.ndarray, name: str, dtype: Any) -> np.ndarray:
+    return np.array(block[name][..., 0], dtype=dtype)  # a copy; 0-d for a single row
 
 
-def _write_block(block: np.ndarray, info: np.ndarray, total: Any, work: np.dtype) -> np.ndarray:
+@_ieee
+def _write_block(
+    block: np.ndarray, info: np.ndarray, total: Any, work: np.dtype, out: np.dtype
+) -> np.ndarray:
     x2 = _b.rows2d(block, work)
-    return _b.block_write(x2, info, total).reshape(block.shape)
+    return _b.block_write(x2, info, total).reshape(block.shape).astype(out, copy=False)
 
 
 def _vector(
@@ -313,8 +332,9 @@ def _vector(
         info,
         total,
         work,
-        dtype=work,
-        meta=np.empty((0,) * xm.ndim, dtype=work),
+        in_dtype,
+        dtype=in_dtype,
+        meta=np.empty((0,) * xm.ndim, dtype=in_dtype),
         token="softmaxtheory-normalise",
     )
     return _deliver(y, in_dtype, axis, x.ndim)
@@ -499,7 +519,7 @@ def entropy(
     eps = check_entropy_eps(entropy_eps)
     xm, in_dtype, work, _ = _prepare(x, axis)
     info, _ = _with_entropy(xm, work, eps)
-    return _field(info, "h", np.float64).astype(in_dtype)
+    return _field(info, "h", in_dtype)
 
 
 def beta(

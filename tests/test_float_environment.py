@@ -81,7 +81,12 @@ def _clear_bound_caches() -> None:
 
 
 def _bits(value) -> list[str]:
-    return [struct.pack("<d", float(v)).hex() for v in np.ravel(np.asarray(value, dtype=float))]
+    """The bits of each value, read without arithmetic (a conversion under DAZ reads a
+    subnormal as 0)."""
+    arr = np.asarray(value)
+    if arr.dtype.kind == "f":
+        return [arr.dtype.str, arr.tobytes().hex()]
+    return [struct.pack("<d", float(v)).hex() for v in np.ravel(arr)]  # mpf values
 
 
 @pytest.mark.parametrize("call", sorted(CERTIFIED_CALLS))
@@ -118,7 +123,8 @@ _FE_UPWARD = {"x86_64": 0x800, "amd64": 0x800, "aarch64": 0x400000}
 
 def test_every_certification_is_right_in_a_thread_rounding_upward():
     """A directed rounding mode (fesetround) breaks the double-double transformations;
-    certified code runs rounding to nearest, and the thread rounds upward again after."""
+    certified code and the kernels run rounding to nearest, and the thread rounds upward
+    again after."""
     if environment._fenv() is None:
         pytest.skip("fesetenv is used on Linux x86-64 and AArch64 only")
     import ctypes
@@ -126,17 +132,102 @@ def test_every_certification_is_right_in_a_thread_rounding_upward():
     import platform
 
     libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-    want = {name: _bits(call()) for name, call in CERTIFIED_CALLS.items()}
+    calls = {**CERTIFIED_CALLS, **KERNEL_CALLS}
+    want = {name: _bits(call()) for name, call in calls.items()}
     _clear_bound_caches()
     assert libm.fesetround(_FE_UPWARD[platform.machine().lower()]) == 0
     try:
         assert not environment.ieee_defaults()
-        got = {name: _bits(call()) for name, call in CERTIFIED_CALLS.items()}
+        got = {name: _bits(call()) for name, call in calls.items()}
         assert not environment.ieee_defaults(), "the caller's rounding mode was not restored"
     finally:
         libm.fesetround(0)  # FE_TONEAREST
     assert environment.ieee_defaults()
     assert got == want
+
+
+#: 256 rows with subnormal coefficients in float64 and in float32, enough for every thread
+#: to take some: half were computed by the calling thread (flushed) and half by Numba's
+#: workers (not).
+_BATCH = np.tile(np.array([0.0, -720.0, -730.0, -740.0, 1.5, -700.0, -90, -95, -100]), (256, 1))
+_BATCH[::2] += np.random.default_rng(7).normal(0.0, 0.5, (128, 9))  # β > 1 on some rows
+#: (inputs made here, not in the calls: a cast in a thread rounding upward rounds upward)
+_BATCHES = {d: _BATCH.astype(d) for d in ("float64", "float32")}
+
+
+def _stream():
+    from softmaxtheory.accelerated import cpu
+
+    s = cpu.StreamingSoftmax().update(_BATCH[1]).update(_BATCH[3, :3])
+    if s.needs_tempered_pass:
+        s.update_tempered(_BATCH[1]).update_tempered(_BATCH[3, :3])
+    return [s.entropy(), s.beta(), *s.normalize(_BATCH[1])]
+
+
+def _attention():
+    from softmaxtheory.accelerated import cpu
+
+    qk = np.ones((2, 8, 3))
+    mask = np.tile([0.0, -720.0, -730.0, -740.0], (8, 2))
+    v = np.zeros((2, 8, 2))
+    v[:, mask[0] < 0] = 1e300  # values only where the weight is subnormal: outputs 2e-13
+    return cpu.adaptive_attention(qk, qk, v, mask=mask)
+
+
+def _dask(func, scheduler):
+    def call():
+        da = pytest.importorskip("dask.array")
+        from softmaxtheory.accelerated import dask as sd
+
+        x = da.from_array(_BATCHES["float32"], chunks=(64, 4))
+        return getattr(sd, func)(x).compute(scheduler=scheduler)
+
+    return call
+
+
+def _cpu(func, dtype):
+    def call():
+        pytest.importorskip("numba")
+        from softmaxtheory.accelerated import cpu
+
+        return getattr(cpu, func)(_BATCHES[dtype])
+
+    return call
+
+
+_CPU_FUNCS = ("softmax", "entropy", "beta", "adaptive_softmax")
+_DASK_FUNCS = ("softmax", "entropy", "adaptive_softmax")
+KERNEL_CALLS = {
+    **{f"cpu.{f} {d}": _cpu(f, d) for f in _CPU_FUNCS for d in ("float64", "float32")},
+    "cpu.adaptive_attention": _attention,
+    "cpu.StreamingSoftmax": _stream,
+    **{f"dask {f} {s}": _dask(f, s) for f in _DASK_FUNCS for s in ("sync", "threads")},
+}
+
+
+@pytest.mark.parametrize("call", sorted(KERNEL_CALLS))
+def test_the_kernels_give_the_default_environments_bits_in_a_flushing_thread(call, flushing):
+    """The CPU and dask backends run in IEEE's default environment too: their bits do not
+    depend on the thread that computes a row. A caller's flush-to-zero mode holds in its own
+    thread only, so half the rows of a batch lost their subnormal coefficients and half
+    kept them; the caller's thread flushes again afterwards."""
+    got = KERNEL_CALLS[call]()
+    assert flushes_subnormals(), "the caller's modes were not restored"
+    torch.set_flush_denormal(False)
+    want = KERNEL_CALLS[call]()
+    torch.set_flush_denormal(True)
+    if "softmax" in call and "Streaming" not in call:
+        assert (want < np.finfo(want.dtype).tiny).any()  # subnormals to flush
+    if "attention" in call:
+        assert (want > 1e-13).all()
+    assert _bits(got) == _bits(want)
+
+
+def test_the_kernels_say_why_where_the_environment_cannot_be_set(flushing, monkeypatch):
+    monkeypatch.setattr(environment, "_fenv", lambda: None)
+    for name in ("cpu.softmax float64", "cpu.StreamingSoftmax", "dask softmax sync"):
+        with pytest.raises(FloatEnvironmentError, match="would depend on the thread"):
+            KERNEL_CALLS[name]()
 
 
 def test_the_error_is_no_arithmetic_error():

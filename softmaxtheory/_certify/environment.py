@@ -24,7 +24,9 @@ caller's own arithmetic keeps its modes. Where that cannot be done it raises
 :class:`FloatEnvironmentError`. Entry points: the Ziv loop
 (:func:`~softmaxtheory._certify.loop.certify`) and :func:`certifying`, which
 decorates the reference's, the bounds' and the certified dask blocks' public
-functions.
+functions. The CPU and dask backends are not certified, but their error model
+assumes the same environment and their bits must not depend on the thread that
+computes a row: their entry points go through :func:`ieee_kernels`.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ __all__ = [
     "default_float_environment",
     "flushes_subnormals",
     "ieee_defaults",
+    "ieee_kernels",
     "restore_gradual_underflow",
 ]
 
@@ -116,9 +119,9 @@ def _fenv() -> Any:
 _FE_DFL_ENV = ctypes.c_void_p(-1)
 
 
-def _cannot(what: str) -> FloatEnvironmentError:
+def _cannot(what: str, consequence: str = "cannot be certified") -> FloatEnvironmentError:
     return FloatEnvironmentError(
-        f"{what} cannot be certified: this thread flushes subnormal numbers to zero (the "
+        f"{what} {consequence}: this thread flushes subnormal numbers to zero (the "
         "FTZ/DAZ floating-point modes) or rounds in a directed mode, and the default "
         "environment could not be set here (that needs Linux on x86-64 or AArch64). "
         "Something switched them on: torch.set_flush_denormal(True) (undo it with "
@@ -128,7 +131,9 @@ def _cannot(what: str) -> FloatEnvironmentError:
 
 
 @contextlib.contextmanager
-def default_float_environment(what: str) -> Iterator[None]:
+def default_float_environment(
+    what: str, consequence: str = "cannot be certified"
+) -> Iterator[None]:
     """Run the block in IEEE's default floating-point environment; restore the caller's.
 
     Nothing is done where the thread is at the defaults already (the common case:
@@ -139,21 +144,22 @@ def default_float_environment(what: str) -> Iterator[None]:
     Raises
     ------
     FloatEnvironmentError
-        If the environment is not the default and cannot be set (see :func:`_fenv`).
+        If the environment is not the default and cannot be set (see :func:`_fenv`);
+        its message says that `what` then `consequence`.
     """
     if ieee_defaults():
         yield
         return
     fenv = _fenv()
     if fenv is None:
-        raise _cannot(what)
+        raise _cannot(what, consequence)
     get, put = fenv
     saved = ctypes.create_string_buffer(256)  # fenv_t is at most 32 bytes here
     if get(saved) != 0:  # pragma: no cover - fegetenv does not fail on these ABIs
-        raise _cannot(what)
+        raise _cannot(what, consequence)
     if put(_FE_DFL_ENV) != 0 or not ieee_defaults():  # pragma: no cover - as above
         put(saved)
-        raise _cannot(what)
+        raise _cannot(what, consequence)
     try:
         yield
     finally:
@@ -189,6 +195,32 @@ def certifying(what: str) -> Callable[[F], F]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with default_float_environment(what), np.errstate(all="ignore"):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def ieee_kernels(what: str) -> Callable[[F], F]:
+    """Decorate an entry point of the CPU kernels: the call runs in IEEE's default environment.
+
+    The kernels are not certified, but their error model assumes gradual underflow
+    and rounding to nearest, and their bits must not depend on the thread count.
+    A caller's flush-to-zero mode holds in its own thread only: Numba's worker
+    threads keep the environment of the thread that started them, so under
+    ``torch.set_flush_denormal(True)`` the rows the calling thread computed lost
+    their subnormal coefficients and the workers' rows kept theirs (half of 256
+    rows differed from the default environment's on two threads). Unlike
+    :func:`certifying`, numpy's error state is the caller's.
+    """
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if ieee_defaults():  # the common case: one probe, no context manager
+                return fn(*args, **kwargs)
+            with default_float_environment(what, "would depend on the thread that runs them"):
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
