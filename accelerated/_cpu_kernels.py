@@ -1442,6 +1442,12 @@ class KernelTable:
         if name.startswith("__") or name not in globals():
             raise AttributeError(name)
         value = globals()[name]
+        if callable(value) and numba.config.DISABLE_JIT:
+            raise RuntimeError(
+                "the CPU kernels need Numba's compiler, and NUMBA_DISABLE_JIT is set in this "
+                "process (the kernels' intrinsics and overloads have no Python version): unset "
+                "it, or compute with softmaxtheory.reference or the torch backend"
+            )
         if self.layer != "safe" and not self.serial and name in _parallel_names():
             value = _Locked(self, value)
         setattr(self, name, value)  # cached: later look-ups are plain attributes

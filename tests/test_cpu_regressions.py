@@ -705,3 +705,48 @@ def test_fast_math_stays_where_it_is_declared() -> None:
         calls = set(jitted[name].py_func.__code__.co_names) & set(jitted)
         unflagged = {c for c in calls if "fastmath" not in jitted[c].targetoptions}
         assert not unflagged, f"{name} calls {unflagged}, which would inherit its flags"
+
+
+# ------------------------------------------------------------ 11. Numba's JIT switched off
+
+_NO_JIT_SCRIPT = textwrap.dedent(
+    """
+    import numpy as np
+    import dask.array as da
+    from softmaxtheory.accelerated import cpu
+    from softmaxtheory.accelerated import dask as sd
+
+    calls = [lambda: cpu.softmax(np.ones(3)), lambda: cpu.StreamingSoftmax().update(np.ones(3)),
+             lambda: cpu.adaptive_attention(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2))),
+             lambda: sd.entropy(da.ones(3)).compute()]
+    for call in calls:
+        try:
+            call()
+        except RuntimeError as exc:
+            assert "NUMBA_DISABLE_JIT is set" in str(exc), exc
+        else:
+            raise AssertionError("ran without its kernels")
+    print("ok")
+    """
+)
+
+
+def test_with_numbas_jit_switched_off_the_kernels_say_so() -> None:
+    """``NUMBA_DISABLE_JIT=1`` (set to debug one's own Numba code) runs every jitted function
+    as Python: the kernels' intrinsics and overloads then raised a bare
+    ``NotImplementedError``, and ``bench`` started a pure-Python copy of 256 MiB. Both
+    now say what is wrong."""
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_JIT_SCRIPT], capture_output=True, text=True, timeout=300,
+        env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "ok"
+    bench = subprocess.run(
+        [sys.executable, "-m", "softmaxtheory", "bench", "--quick"], capture_output=True,
+        text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert bench.returncode == 2
+    assert bench.stderr.startswith("softmaxtheory bench: error: ")
+    assert "NUMBA_DISABLE_JIT" in bench.stderr and "Traceback" not in bench.stderr

@@ -163,8 +163,8 @@ def measure_bandwidth(nbytes: int = 1 << 28, repeat: int = 5) -> float:
 
     src = np.ones(nbytes // 8)
     dst = np.empty_like(src)
-    k.parallel_copy(src, dst)
-    return 2 * src.nbytes / _best_time(lambda: k.parallel_copy(src, dst), repeat)
+    k.kernels.parallel_copy(src, dst)
+    return 2 * src.nbytes / _best_time(lambda: k.kernels.parallel_copy(src, dst), repeat)
 
 
 def _torch_adaptive(torch: Any, x: Any) -> Any:

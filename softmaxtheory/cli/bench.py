@@ -126,19 +126,23 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if args.tiles:
         parser.error("--tiles times the Triton kernels: it needs --device cuda")
+    import numba
+
     if args.n is not None and args.n < 1:
         parser.error("--n must be >= 1")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
     if args.threads is not None:
-        import numba
-
         limit = int(numba.config.NUMBA_NUM_THREADS)
         if args.threads > limit:
             parser.error(
                 f"--threads must be between 1 and {limit} (numba's NUMBA_NUM_THREADS), "
                 f"got {args.threads}"
             )
+    if numba.config.DISABLE_JIT:
+        msg = "the CPU benchmark times Numba's compiled kernels, and NUMBA_DISABLE_JIT is set"
+        print(f"softmaxtheory bench: error: {msg} in this process: unset it", file=sys.stderr)
+        return 2
     sections = args.section or (["reference"] if args.n is not None else ["kernels"])
     doc: dict[str, Any] = {"machine": bench.machine()}
     lines: list[str] = []
