@@ -16,18 +16,23 @@ that state; ``tests/test_cpu_regressions.py`` replays the interleaving).
 key instead (:class:`KeyedIndexDataCacheFile`): two entries never share a file, so an
 index, however stale, never pairs a signature with another one's code; a lost entry
 (the last writer of the index wins) costs one compilation later, nothing else.
+
+Where Numba finds no writable cache location at all (neither beside the installed
+package nor in the user's cache directory, nor ``NUMBA_CACHE_DIR``), :func:`njit`
+compiles without the disk cache after one :class:`NoDiskCacheWarning`, instead of
+letting ``cache=True`` fail the import.
 """
 
 from __future__ import annotations
 
 import hashlib
+import warnings
 from typing import Any
 
 import numba
 from numba.core.caching import IndexDataCacheFile
-from numba.core.dispatcher import Dispatcher
 
-__all__ = ["KeyedIndexDataCacheFile", "keyed_cache", "njit"]
+__all__ = ["KeyedIndexDataCacheFile", "NoDiskCacheWarning", "keyed_cache", "njit"]
 
 
 class KeyedIndexDataCacheFile(IndexDataCacheFile):
@@ -67,9 +72,47 @@ def keyed_cache(dispatcher: Any) -> Any:
     return dispatcher
 
 
+class NoDiskCacheWarning(UserWarning):
+    """Numba finds no writable place for its cache: every process compiles the kernels."""
+
+
+_warned: list[str] = []
+
+
+def _no_disk_cache(func: Any, exc: RuntimeError) -> None:
+    if _warned:  # once per process: every kernel of the module is in the same place
+        return
+    _warned.append(func.__qualname__)
+    warnings.warn(
+        f"{exc}. Numba can write its cache neither beside the installed package nor in "
+        "the user's cache directory, so softmaxtheory's CPU kernels are compiled afresh "
+        "in every process (seconds for each kernel and dtype on first use). Set "
+        "NUMBA_CACHE_DIR to a writable directory to keep them.",
+        NoDiskCacheWarning,
+        stacklevel=4,
+    )
+
+
+def _cached(decorate: Any, func: Any, kwargs: dict[str, Any]) -> Any:
+    """``decorate(func)``, keyed; where no cache location is writable, without the cache.
+
+    A read-only installation run by a user without a writable home directory (a
+    container's non-root user, a serverless function) has no cache locator:
+    ``cache=True`` then raised ``RuntimeError`` at import and the backend could not
+    be imported at all. It now compiles in memory, once per process, after one
+    :class:`NoDiskCacheWarning`.
+    """
+    try:
+        return keyed_cache(decorate(func))
+    except RuntimeError as exc:
+        if not kwargs.get("cache") or "no locator available" not in str(exc):
+            raise
+        _no_disk_cache(func, exc)
+        return numba.njit(**{**kwargs, "cache": False})(func)
+
+
 def njit(*args: Any, **kwargs: Any) -> Any:
     """``numba.njit`` whose dispatchers use :func:`keyed_cache` (both decorator forms)."""
-    made = numba.njit(*args, **kwargs)
-    if isinstance(made, Dispatcher):
-        return keyed_cache(made)
-    return lambda func: keyed_cache(made(func))
+    if args and callable(args[0]) and not kwargs:
+        return _cached(numba.njit, args[0], {})
+    return lambda func: _cached(numba.njit(*args, **kwargs), func, kwargs)

@@ -750,3 +750,53 @@ def test_with_numbas_jit_switched_off_the_kernels_say_so() -> None:
     assert bench.returncode == 2
     assert bench.stderr.startswith("softmaxtheory bench: error: ")
     assert "NUMBA_DISABLE_JIT" in bench.stderr and "Traceback" not in bench.stderr
+
+
+# ------------------------------------------------------------ 12. no writable cache location
+
+_NO_CACHE_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import warnings
+    import numpy as np
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from softmaxtheory.accelerated import cpu
+        from softmaxtheory.accelerated._numba_cache import NoDiskCacheWarning
+        from softmaxtheory.accelerated import _cpu_kernels as kmod
+    ours = [w for w in caught if issubclass(w.category, NoDiskCacheWarning)]
+    x = np.random.default_rng(3).normal(size=(16, 40)) * 3
+    print(json.dumps({
+        "warnings": [str(w.message) for w in ours],
+        "cached": type(kmod.rows_softmax_short._cache).__name__,
+        "softmax": cpu.softmax(x).tobytes().hex(),
+        "adaptive": cpu.adaptive_softmax(x).tobytes().hex(),
+    }))
+    """
+)
+
+
+def test_without_a_writable_cache_location_the_kernels_compile_in_memory() -> None:
+    """A read-only installation run by a user with no writable home (a container's non-root
+    user, a serverless function) gives Numba no cache location: ``cache=True`` raised
+    ``RuntimeError`` ("no locator available") at import, so the CPU backend could not be
+    imported. Now it warns once, compiles in memory and gives the cached kernels' bits.
+
+    (``NUMBA_CACHE_LOCATOR_CLASSES`` leaves Numba only the locator of zip imports, which
+    finds nothing for a plain file: the state of such a machine, checked there by hand.)
+    """
+    env = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "ZipCacheLocator"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_CACHE_SCRIPT], capture_output=True, text=True, timeout=600,
+        env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert len(got["warnings"]) == 1, got["warnings"]
+    assert "no locator available" in got["warnings"][0]
+    assert "NUMBA_CACHE_DIR" in got["warnings"][0]
+    assert got["cached"] == "NullCache"
+    x = np.random.default_rng(3).normal(size=(16, 40)) * 3
+    assert got["softmax"] == cpu.softmax(x).tobytes().hex()
+    assert got["adaptive"] == cpu.adaptive_softmax(x).tobytes().hex()
