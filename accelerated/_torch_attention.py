@@ -451,7 +451,15 @@ def _triton_interpreting() -> bool:
 
 
 def refuse_tracing(name: str) -> None:
-    """Raise a TypeError under ``torch.jit.trace`` (see the torch page's *Compilation*)."""
+    """Raise a TypeError under ``torch.jit.trace`` or ``torch.export`` (see the torch page's
+    *Compilation*)."""
+    if _is_exporting():
+        raise TypeError(
+            f"{name} cannot be exported by torch.export: it reads its operands' magnitudes "
+            "on the host to choose its path (the overflow guard, the NaN rows), which an "
+            "exported graph cannot do (a data-dependent branch); use torch.compile, which "
+            "breaks the graph there, or call it outside the exported code"
+        )
     if torch.jit.is_tracing():
         raise TypeError(
             f"{name} cannot be traced by torch.jit.trace: it reads its operands' magnitudes "
@@ -459,6 +467,10 @@ def refuse_tracing(name: str) -> None:
             "would keep its example inputs' path for every later input; use torch.compile, "
             "or call it outside the traced code"
         )
+
+
+#: torch.compiler.is_exporting (torch 2.4 and later)
+_is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
 
 
 def _want_grad(*tensors: torch.Tensor) -> bool:

@@ -280,6 +280,41 @@ def test_attention_refuses_jit_trace_by_name(name):
         torch.jit.trace(fn, (q, k, v))
 
 
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("name", ["adaptive_attention", "attention_entropy"])
+def test_attention_refuses_torch_export_by_name(name, strict):
+    """An exported graph cannot branch on the operands' magnitudes: torch.export stopped
+    at the host read with "Could not guard on data-dependent expression"; it now stops at
+    the attention function with the reason (in Dynamo's report under ``strict=True``).
+    ``adaptive_softmax`` reads nothing on the host and exports."""
+    if not hasattr(torch.compiler, "is_exporting"):
+        pytest.skip("torch.compiler.is_exporting needs torch 2.4")
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 9, 4, generator=g) for _ in range(3))
+    fn = {
+        "adaptive_attention": lambda q, k, v: adaptive_attention(q, k, v),
+        "attention_entropy": lambda q, k, v: attention_entropy(q, k)[0],
+    }[name]
+
+    class Model(torch.nn.Module):
+        def forward(self, q, k, v):
+            return fn(q, k, v)
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=rf"{name} cannot be exported by torch\.export") as exc:
+        torch.export.export(Model(), (q, k, v), strict=strict)
+    assert strict or exc.type is TypeError
+    torch.testing.assert_close(fn(q, k, v), fn(q, k, v), rtol=0, atol=0)  # eager still runs
+
+    class Softmax(torch.nn.Module):
+        def forward(self, x):
+            return adaptive_softmax(x)
+
+    x = torch.randn(4, 7, generator=g)
+    exported = torch.export.export(Softmax(), (x,), strict=strict)
+    torch.testing.assert_close(exported.module()(x), adaptive_softmax(x), rtol=0, atol=0)
+
+
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # (the checks of the shape)
 def test_adaptive_softmax_traces_to_eagers_values():
