@@ -451,8 +451,11 @@ def _triton_interpreting() -> bool:
 
 
 def refuse_tracing(name: str) -> None:
-    """Raise a TypeError under ``torch.jit.trace`` or ``torch.export`` (see the torch page's
-    *Compilation*)."""
+    """Raise a TypeError under ``torch.jit.trace`` or ``torch.export`` (see *Compilation*).
+
+    The torch page's *Compilation* paragraph says why: the host read of the operands'
+    magnitudes is a data-dependent branch.
+    """
     if _is_exporting():
         raise TypeError(
             f"{name} cannot be exported by torch.export: it reads its operands' magnitudes "

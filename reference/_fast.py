@@ -344,13 +344,19 @@ def exp_dd(yh: np.ndarray, yl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 _CHUNK = 1 << 14
 
 
-def _chunked(fn: Any, n_out: int, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Apply an elementwise `fn` on cache-sized slices (same result, far fewer page faults)."""
+def _chunked(
+    fn: Any, n_out: int, *arrays: Any, dtypes: tuple[Any, ...] | None = None
+) -> tuple[np.ndarray, ...]:
+    """Apply an elementwise `fn` on cache-sized slices (same result, far fewer page faults).
+
+    The first argument is an array; a later one may be a float, passed to every slice
+    as it is. The outputs are float64 unless `dtypes` names theirs.
+    """
     n = arrays[0].shape[0]
-    outs = tuple(np.empty(n) for _ in range(n_out))
+    outs = tuple(np.empty(n, dtype=dt) for dt in (dtypes or (np.float64,) * n_out))
     for lo in range(0, n, _CHUNK):
         sl = slice(lo, lo + _CHUNK)
-        res = fn(*(a[sl] for a in arrays))
+        res = fn(*(a[sl] if isinstance(a, np.ndarray) else a for a in arrays))
         for o, r in zip(outs, res, strict=True):
             o[sl] = r
     return outs
@@ -496,7 +502,7 @@ class _Row:
         self.n = x.shape[0]
         self.fmt = fmt
         self.index = np.flatnonzero(x > -np.inf)
-        xu = x[self.index]
+        xu = x if self.index.size == self.n else x[self.index]  # (no copy when none is masked)
         self.m = float(xu.max())
         with np.errstate(over="ignore", invalid="ignore"):
             zh, zl = two_sum(xu, -self.m)  # exact z = x - m <= 0 (inf on overflow)
@@ -564,8 +570,10 @@ class _Pass:
                 em1 = np.expm1(ays * brel * (1.0 + 2.0**-50))
             rel_true = em1 + EXP_REL * (1.0 + em1)
             self.rel_e = np.where(rel_true < 0.5, rel_true / (1.0 - rel_true), np.inf) * _SLACK
-        else:
-            self.rel_e = np.full(self.sel.size, EXP_REL / (1.0 - EXP_REL) * _SLACK)
+            del em1, rel_true
+        else:  # one bound for every item: a read-only view of one float, no n-array
+            self.rel_e = np.broadcast_to(EXP_REL / (1.0 - EXP_REL) * _SLACK, (self.sel.size,))
+        del ay, ays, live, fast  # (not kept while the sums below run)
         self.eh, self.el = eh, el
         max_rel = float(self.rel_e.max()) if self.rel_e.size else 0.0
         sigma, err = sum_dd(eh, el)
@@ -622,14 +630,20 @@ def _coefficients(
     if one is None:
         return None
     out[row.index[row.ones]] = one
-    # the fast items: e / s in double-double
-    eh, el = ps.eh, ps.el
-    q1, q2 = _chunked(lambda a, b: quotient(a, b, sh, sl), 2, eh, el)
-    rel = (ps.rel_e + Rs + ps.rel_e * Rs + DIV_REL) * _SLACK
-    vals, ok = _chunked(lambda a, b, c: round_vector(a, b, c, fmt), 2, q1, q2, rel)
-    ok = ok.astype(bool)
-    pos = row.index[ps.sel]
-    out[pos[ok]] = vals[ok]
+    # the fast items: e / s in double-double, rounded where its ball allows (one pass over
+    # slices: no quotient array of the whole row)
+    rel_e = ps.rel_e
+    if rel_e.size and rel_e.strides == (0,):  # one bound for every item: rel is one float
+        rel_e = float(rel_e[0])
+    rel = (rel_e + Rs + rel_e * Rs + DIV_REL) * _SLACK
+
+    def decide(eh: np.ndarray, el: np.ndarray, r: Any) -> tuple[np.ndarray, np.ndarray]:
+        return round_vector(*quotient(eh, el, sh, sl), r, fmt)
+
+    vals, ok = _chunked(decide, 2, ps.eh, ps.el, rel, dtypes=(np.float64, bool))
+    for lo in range(0, ok.size, _CHUNK):  # by slices: no index arrays of the whole row
+        sel, done = ps.sel[lo : lo + _CHUNK], ok[lo : lo + _CHUNK]
+        out[row.index[sel[done]]] = vals[lo : lo + _CHUNK][done]
     undecided = np.concatenate([ps.sel[~ok], ps.tiny])
     STATS["fast"] += int(np.count_nonzero(ok)) + row.c
     if undecided.size:
