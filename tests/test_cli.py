@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 
@@ -229,6 +231,25 @@ def test_options_are_not_abbreviated(capsys):
     assert all(p.allow_abbrev is False for p in subparsers.values())
     line = one_line_usage_error(capsys, ["reference", "--max", "3", "1"])
     assert "--max" in line
+
+
+@pytest.mark.parametrize("where", ["full disk", "closed stdout"])
+@pytest.mark.parametrize(
+    "command", [["reference", "0", "1", "2"], ["bounds", "--spread", "5", "--json"]]
+)
+def test_output_that_cannot_be_written_is_one_line_and_status_1(where, command):
+    """``softmaxtheory bounds --json > out.json`` on a full disk printed a traceback of the
+    OSError (and an AttributeError where stdout was closed); now one line, status 1."""
+    if where == "full disk" and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    redirect = "> /dev/full" if where == "full disk" else ">&-"
+    line = " ".join([shlex.quote(sys.executable), "-m", "softmaxtheory", *command, redirect])
+    proc = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    reason = "No space left on device" if where == "full disk" else "standard output is closed"
+    assert proc.stderr == (
+        f"softmaxtheory {command[0]}: error: cannot write the output: {reason}\n"
+    )
 
 
 def test_closed_pipe_exits_quietly(tmp_path):

@@ -186,22 +186,67 @@ def _command_module(name: str) -> Any:
     return importlib.import_module(f".{name}", __package__)
 
 
+class _OutputError(Exception):
+    """The command's output could not be written (a full disk, a closed stdout)."""
+
+
+class _Output:
+    """``sys.stdout`` while a command runs: a write that fails raises :class:`_OutputError`.
+
+    So that a failure to write is told apart from an ``OSError`` of the command's own
+    work (reading an input file, which the commands report themselves).
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def _call(self, name: str, *args: Any) -> Any:
+        if self.stream is None:
+            raise _OutputError("standard output is closed")
+        try:
+            return getattr(self.stream, name)(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _OutputError(exc.strerror or str(exc)) from exc
+
+    def write(self, text: str) -> int:
+        return self._call("write", text)
+
+    def flush(self) -> None:
+        self._call("flush")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status.
 
     Usage errors exit with status 2 and one line on stderr. When the reader of
     the output goes away (``softmaxtheory reference ... | head``), the command
     stops quietly, as the Python documentation recommends for SIGPIPE: the
-    rest of the output goes to ``os.devnull`` and the status is 1.
+    rest of the output goes to ``os.devnull`` and the status is 1. When the
+    output cannot be written (a full disk, a closed stdout) the command stops
+    with one line on stderr and status 1.
     """
     parser, subparsers = build_parser()
     args = parser.parse_args(argv)
+    stream = sys.stdout
+    sys.stdout = _Output(stream)
     try:
         code = int(_command_module(args.command).run(args, subparsers[args.command]))
         sys.stdout.flush()
     except BrokenPipeError:
         _silence_stdout()
         return 1
+    except _OutputError as exc:
+        _silence_stdout()
+        print(f"softmaxtheory {args.command}: error: cannot write the output: {exc}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    finally:
+        sys.stdout = stream
     return code
 
 
