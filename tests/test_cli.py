@@ -252,6 +252,39 @@ def test_output_that_cannot_be_written_is_one_line_and_status_1(where, command):
     )
 
 
+_CLOSER = """
+import sys
+import numpy as np
+
+def softmax(x):
+    sys.stdout.close()
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+"""
+
+
+@pytest.mark.parametrize("in_process", [False, True])
+def test_a_kernel_that_closes_stdout(tmp_path, in_process):
+    """The child that ran it printed a ValueError traceback into the report (the verdict was
+    right); checked in this process, the report could not be written and a traceback said
+    so. Now: no traceback in the child, one line and status 1 in process."""
+    (tmp_path / "closer.py").write_text(_CLOSER)
+    cmd = [sys.executable, "-m", "softmaxtheory", "check", "closer:softmax", "--only", "values"]
+    proc = subprocess.run(
+        cmd + ["--in-process"] * in_process, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr
+    if in_process:
+        assert proc.returncode == 1
+        assert proc.stderr.endswith(
+            "softmaxtheory check: error: cannot write the output: standard output is closed\n"
+        )
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert "closer:softmax: CONFORMS" in proc.stdout
+
+
 def test_closed_pipe_exits_quietly(tmp_path):
     """``softmaxtheory reference --npy big.npy --json | head -1``: no BrokenPipeError traceback."""
     path = tmp_path / "big.npy"

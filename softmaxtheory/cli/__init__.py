@@ -209,6 +209,10 @@ class _Output:
             raise
         except OSError as exc:
             raise _OutputError(exc.strerror or str(exc)) from exc
+        except ValueError as exc:  # closed by the code the command ran (a checked kernel)
+            if getattr(self.stream, "closed", False):
+                raise _OutputError("standard output is closed") from exc
+            raise
 
     def write(self, text: str) -> int:
         return self._call("write", text)

@@ -359,6 +359,8 @@ def _child(args: argparse.Namespace, dtype: str, names: list[str]) -> int:
         emit(event="result", result=asdict(res))
     emit(event="done")
     channel.close()
+    if getattr(sys.stdout, "closed", False):  # by the kernel: nothing of this child's is in it
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
     return 0
 
 
