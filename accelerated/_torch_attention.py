@@ -423,7 +423,15 @@ def _fits(p: Prepared, beta_max: float = 1.0) -> bool:
     if p.log2_bound + lb_beta > room:
         return False
     q_room = math.log2(torch.finfo(p.q.dtype).max) - 2.0
-    return p.log2_qmax + lb_beta <= q_room and (not p.bias or p.log2_bound + lb_beta <= q_room)
+    if not (p.log2_qmax + lb_beta <= q_room and (not p.bias or p.log2_bound + lb_beta <= q_room)):
+        return False
+    # A kernel may scale an operand before the products (scale * q, or sqrt(scale) on q and
+    # k): with |scale| > 1 that must fit too, however small the logits. Queries of 1e308
+    # against keys of 0 with scale 1e308 (logits 0) gave NaN (inf * 0), and the hybrid 0.
+    up = _log2(abs(p.scale))
+    if up > 0.0:
+        return p.log2_qmax + lb_beta + up <= q_room and _log2(_abs_max(p.k)) + up <= q_room
+    return True
 
 
 def _beta_max(beta: torch.Tensor) -> float:
@@ -718,16 +726,27 @@ def _work(p: Prepared, safe: bool) -> tuple[torch.dtype, int, int, int]:
     """
     if not safe:
         return stats_dtype(p.q.dtype), 0, 0, 0
-    if p.log2_bound + 2.0 < 1000.0:
+    if p.log2_bound + 2.0 < 1000.0:  # (the logits fit: see _scaled_operands for q * scale)
         return torch.float64, 0, 0, 0
-    a = max(0, math.ceil(p.log2_qmax) - 400)
-    b = max(0, math.ceil(_log2(_abs_max(p.k))) - 400)
-    c = max(0, math.ceil(_log2(abs(p.scale))) - 100)
+
+    def excess(log2: float, limit: int) -> int:  # 0 for a zero operand (log2 = -inf)
+        return max(0, math.ceil(log2) - limit) if math.isfinite(log2) else 0
+
+    # (a bias near the float maximum lands here with q, k or the scale all 0: 0 each)
+    a = excess(p.log2_qmax, 400)
+    b = excess(_log2(_abs_max(p.k)), 400)
+    c = excess(_log2(abs(p.scale)), 100)
     return torch.float64, a, b, c
 
 
 def _tile_logits(
-    p: Prepared, i0: int, i1: int, qs: torch.Tensor, kt: torch.Tensor, unit: int
+    p: Prepared,
+    i0: int,
+    i1: int,
+    qs: torch.Tensor,
+    kt: torch.Tensor,
+    unit: int,
+    post: float | None = None,
 ) -> torch.Tensor:
     r"""Logits of queries ``i0:i1`` against every key, masked entries ``-inf``.
 
@@ -741,6 +760,8 @@ def _tile_logits(
         x = torch.matmul(qt.unflatten(1, (kt.shape[1], p.group)), kt.unsqueeze(2)).flatten(1, 2)
     else:
         x = torch.matmul(qt, kt)
+    if post is not None:  # (the scale after the products: see _scaled_operands)
+        x = x * post
     S = kt.shape[-1]
     if p.add is not None:
         add = p.add[..., i0:i1, :].to(x.dtype)
@@ -758,17 +779,30 @@ def _tile_logits(
 
 def _scaled_operands(
     p: Prepared, safe: bool
-) -> tuple[torch.dtype, torch.Tensor, torch.Tensor, int, int]:
-    """``(dtype, q', k'^T, block, unit)`` of the tile loop (see :func:`_work`)."""
+) -> tuple[torch.dtype, torch.Tensor, torch.Tensor, int, int, float | None]:
+    r"""``(dtype, q', k'^T, block, unit, post)`` of the tile loop (see :func:`_work`).
+
+    The scale goes on the queries (``q' = q * scale``) unless that product would
+    overflow the working dtype while the logits do not (queries near the float maximum,
+    keys near 0, a scale above 1): then the tile's products are formed first and
+    multiplied by ``post`` = the scale (``q' = q``). Where the logits fit, one of the two
+    orders always fits: if neither did, :math:`\log_2` of the logit bound would exceed
+    the sum of the two failing ones less :math:`\log_2 \max|q|`, above the range.
+    """
     wd, a, b, c = _work(p, safe)
     qs = mul_pow2(p.q.to(wd), -a) if a else p.q.to(wd)
     ks = mul_pow2(p.k.to(wd), -b) if b else p.k.to(wd)
     scale = p.scale * 2.0**-c
-    qs = qs * scale
+    room = math.log2(torch.finfo(wd).max) - 2.0
+    post = None
+    if (p.log2_qmax - a) + _log2(abs(scale)) <= room:
+        qs = qs * scale
+    else:
+        post = scale
     L, S = p.q.shape[-2], p.k.shape[-2]
     B, H = p.q.shape[:2]
     block = max(1, min(L, CHUNK_ELEMENTS // max(1, B * H * S)))
-    return wd, qs, ks.transpose(-1, -2), block, a + b + c
+    return wd, qs, ks.transpose(-1, -2), block, a + b + c, post
 
 
 def _chunked(
@@ -778,12 +812,12 @@ def _chunked(
 
     ``safe=True``: the overflow-safe variant (float64 tiles, power-of-two units).
     """
-    wd, qs, kt, block, unit = _scaled_operands(p, safe)
+    wd, qs, kt, block, unit, post = _scaled_operands(p, safe)
     vs = p.v.to(wd)
     outs = []
     for i0 in range(0, p.q.shape[-2], block):
         i1 = min(p.q.shape[-2], i0 + block)
-        x = _tile_logits(p, i0, i1, qs, kt, unit)
+        x = _tile_logits(p, i0, i1, qs, kt, unit, post)
         probs, _, _ = adaptive_softmax_lastdim(x, schedule, entropy_eps, detach_beta, unit)
         outs.append(torch.matmul(probs, vs))
     return torch.cat(outs, dim=-2)
@@ -807,11 +841,11 @@ def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Te
     """
     sd = stats_dtype(p.q.dtype)
     safe = safe or not _fits(p)
-    wd, qs, kt, block, unit = _scaled_operands(p, safe)
+    wd, qs, kt, block, unit, post = _scaled_operands(p, safe)
     hs, lses = [], []
     for i0 in range(0, p.q.shape[-2], block):
         i1 = min(p.q.shape[-2], i0 + block)
-        x = _tile_logits(p, i0, i1, qs, kt, unit)
+        x = _tile_logits(p, i0, i1, qs, kt, unit, post)
         masked = x == -torch.inf
         z, m = shifted_logits(x, masked, unit)
         e = torch.where(masked, torch.zeros_like(z), torch.exp(z))
@@ -856,7 +890,7 @@ def entropy_lse_backward(
     gradients is needed at zero too (the double-backward route to a
     Jacobian-vector product starts there).
     """
-    wd, qs, kt, block, _ = _scaled_operands(p, False)
+    wd, qs, kt, block, _, post = _scaled_operands(p, False)
     k = p.k.to(wd)
     big = torch.finfo(wd).max
     rows = (entropy, lse, grad_entropy, grad_lse)
@@ -867,7 +901,7 @@ def entropy_lse_backward(
     g = p.group
     for i0 in range(0, p.q.shape[-2], block):
         i1 = min(p.q.shape[-2], i0 + block)
-        x = _tile_logits(p, i0, i1, qs, kt, 0)
+        x = _tile_logits(p, i0, i1, qs, kt, 0, post)
         if differentiable:
             live = torch.isfinite(ent[..., i0:i1, :]) & torch.isfinite(lse[..., i0:i1, :])
         else:
@@ -886,7 +920,7 @@ def entropy_lse_backward(
             dqs.append(torch.matmul(dx, k))
             dk = dk + torch.matmul(dx.transpose(-1, -2), qt)
     dq = torch.cat(dqs, dim=-2) * p.scale
-    return dq, dk
+    return dq, (dk if post is None else dk * post)  # (q' holds the scale, or post does)
 
 
 def _pass1_forward(p: Prepared, use_triton: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:

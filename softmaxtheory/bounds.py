@@ -174,6 +174,11 @@ def _elementwise(func: Any, args: dict[str, Any], checks: dict[str, Any], *, dty
         values = {k: checks[k](a[()], k) for k, a in arrays.items()}
         return func(**values)
     out = np.empty(shape, dtype=dtype)
+    if out.size == 0:  # no element to compute: still, every argument given must be valid
+        for k, a in arrays.items():  # (beta=None beside an empty n returned an empty array)
+            for idx in np.ndindex(a.shape):
+                checks[k](a[idx], k)
+        return out
     b = {k: np.broadcast_to(a, shape) for k, a in arrays.items()}
     for idx in np.ndindex(shape):
         out[idx] = func(**{k: checks[k](a[idx], k) for k, a in b.items()})

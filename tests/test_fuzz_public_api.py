@@ -580,6 +580,12 @@ def test_reference_stream_state(chunks, schedule, dtype) -> None:
 @example(chunks=[np.array([0.0, 1.0])], schedule=None, dtype=np.float64,
          extra="never-fed")  # fmt: skip  # issue 14 item 5
 @example(chunks=[np.array([0.0])], schedule=None, dtype="bogus", extra=None)
+@example(chunks=[np.array([]), np.array([1.0])], schedule=None, dtype=np.float64,
+         extra="never-fed")  # fmt: skip  # the test took the first chunk's maximum
+@example(chunks=[np.array([1.7976931348623157e308])], schedule=None, dtype=np.float64,
+         extra="never-fed")  # fmt: skip  # the test's nextafter overflowed (a warning)
+@example(chunks=[np.array([-np.inf])], schedule=None, dtype=np.float64,
+         extra="never-fed")  # fmt: skip  # the test fed -inf, a masked item, as never fed
 def test_cpu_streaming(chunks, schedule, dtype, extra) -> None:
     """cpu.StreamingSoftmax: the reference's values, or a clear error; misuse is detected."""
     CURRENT[0] = dict(locals())
@@ -608,8 +614,10 @@ def test_cpu_streaming(chunks, schedule, dtype, extra) -> None:
             # a value above the maximum was never fed: the object must notice. (A value
             # below it cannot be told from a fed one without storing the row; the class
             # documents that, as the reference cannot be asked per chunk either.)
-            top = np.max(cast[0]) if cast[0].size else cdt.type(0)
-            above = np.nextafter(top, cdt.type(np.inf)) if np.isfinite(top) else top
+            fed = [c for c in cast if c.size]  # (the row's maximum: a chunk may be empty)
+            top = max(np.max(c) for c in fed) if fed else cdt.type(0)
+            with np.errstate(over="ignore"):  # (the float maximum: inf is above it)
+                above = np.nextafter(top, cdt.type(np.inf)) if not np.isnan(top) else top
             return h, b, s.normalize(np.array([above], dtype=cdt))
         p = np.concatenate([s.normalize(c) for c in cast])
         return h, b, p
@@ -900,6 +908,20 @@ SQUARE_HEADS = {
 }
 
 
+#: the scaled queries overflow (1e308 * 1e308) where every logit is 0 (keys 0): was NaN
+HUGE_SCALED_QUERY = {
+    **ITEM3, "q": np.array([[1e308]]), "k": np.array([[0.0], [0.0]]),
+    "v": np.array([[1.0], [3.0]]), "mask": None, "is_causal": False, "scale": 1e308,
+}  # fmt: skip
+#: a bias near the float maximum with zero queries and keys: the safe path's power-of-two
+#: exponents took ceil(log2(0)) (OverflowError)
+HUGE_BIAS_ZERO_OPERANDS = {
+    **ITEM3, "q": np.array([[0.0, 0.0], [0.0, 1.0]]), "k": np.zeros((3, 2)),
+    "v": np.zeros((3, 1)), "mask": np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 1e308]]),
+    "is_causal": False, "scale": 0.0,
+}  # fmt: skip
+
+
 @FEW
 @given(
     attention_calls(),
@@ -916,6 +938,10 @@ SQUARE_HEADS = {
 @example(SQUARE_HEADS, "float32", "transposed")  # was wrong by 2: unit stride assumed
 @example({**SQUARE_HEADS, "is_causal": True, "scale": 0.0}, "float32", "c")  # was NaN
 @example({**SQUARE_HEADS, "is_causal": True, "scale": -2.0}, "float64", "c")  # was NaN
+@example(HUGE_SCALED_QUERY, "float64", "c")
+@example({**HUGE_SCALED_QUERY, "q": np.array([[3e38]]), "scale": 1e30}, "float32", "c")
+@example(HUGE_BIAS_ZERO_OPERANDS, "float64", "c")
+@example({**HUGE_BIAS_ZERO_OPERANDS, "scale": None}, "float64", "c")
 def test_torch_attention(call, dtype, layout) -> None:
     """torch adaptive_attention: the certified attention, or a clear error.
 
@@ -1088,6 +1114,8 @@ def _t1(n: float, spread: float, beta: float, sign: int) -> float:
     eps=bound_eps,
     logits=arrays(dtypes=(*FLOAT_DTYPES, "int64", "bool", "complex128"), max_dims=2),
 )
+@example(func="max_coefficient", n=np.array([]), spread=0.0, beta=None, eps=0.5,
+         logits=np.array([]))  # fmt: skip  # an empty n hid beta=None: an empty result
 def test_bounds(func, n, spread, beta, eps, logits) -> None:
     """Every bound: a value that obeys T1-T3 and T6, or a clear error; no overflow or crash."""
     CURRENT[0] = dict(locals())

@@ -597,3 +597,29 @@ def test_autocast_computes_as_sdpa_does(backend, kind):
     assert all(t.grad is not None and t.grad.dtype == torch.float32 for t in (q, k, v))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # float64 is not autocast's to cast
         assert adaptive_attention(*(t.double() for t in (q, k, v)), **kw).dtype == torch.float64
+
+
+@pytest.mark.parametrize("backend", ["auto", "chunked", "composition", "hybrid"])
+@pytest.mark.parametrize(
+    ("q", "k", "scale", "dtype"),
+    [
+        (1e308, [0.0, 0.0], 1e308, torch.float64),  # every logit 0: was NaN
+        (1e300, [1e-300, 0.0], 1e300, torch.float64),  # logits 1e300 and 0: NaN, hybrid 0
+        (1e160, [0.0, 0.0], 1e160, torch.float64),  # chunked NaN, hybrid 0
+        (3e38, [1e-30, 0.0], 1e30, torch.float32),  # float32: NaN on every backend
+    ],
+)
+def test_scaled_queries_beyond_the_float_range_with_small_logits(backend, q, k, scale, dtype):
+    """``scale * q`` overflows where the logits ``scale * q * k`` do not (keys near 0): the
+    products are formed before the scale. Every backend gave NaN or (hybrid) 0 where the
+    reference gives the weighted values; the entropy's pass is the same."""
+    qt = torch.tensor([[q]], dtype=dtype)
+    kt = torch.tensor([[x] for x in k], dtype=dtype)
+    vt = torch.tensor([[1.0], [3.0]], dtype=dtype)
+    want = R.adaptive_attention(qt.double().numpy(), kt.double().numpy(), vt.double().numpy(),
+                                scale=scale)  # fmt: skip
+    got = adaptive_attention(qt, kt, vt, scale=scale, backend=backend)
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-6, atol=0)
+    h, _ = attention_entropy(qt, kt, scale=scale)
+    logits = scale * (qt.double().numpy() @ kt.double().numpy().T)
+    np.testing.assert_allclose(h.double().numpy(), R.entropy(logits), rtol=1e-6, atol=1e-12)
