@@ -38,7 +38,7 @@ from ._api import (
 )
 from ._rounding import FORMATS, BinaryFormat
 from ._rounding import round_exact as _round_exact
-from .attention import adaptive_attention
+from .attention import ATTENTION_MAX_PRECISION, adaptive_attention
 from .streaming import StreamState
 
 #: :func:`~softmaxtheory._certify.rounding.round_exact` in IEEE's default environment (the
@@ -46,6 +46,7 @@ from .streaming import StreamState
 round_exact = certifying("round_exact")(_round_exact)
 
 __all__ = [
+    "ATTENTION_MAX_PRECISION",
     "FORMATS",
     "MAX_PRECISION",
     "BinaryFormat",

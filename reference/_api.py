@@ -49,6 +49,8 @@ Acceptor = Callable[[tuple, float, "int | None"], Any]
 class PrecisionError(CertificationError):
     """The reference could not certify a result below :data:`MAX_PRECISION` bits.
 
+    (:data:`~softmaxtheory.reference.ATTENTION_MAX_PRECISION` for an attention output.)
+
     This happens only when a value lies (within :math:`2^{-960}`) on a rounding
     boundary that the exact value may or may not cross, for example an entropy
     that equals the threshold of a user schedule with a jump. The reference

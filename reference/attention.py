@@ -52,10 +52,22 @@ from softmaxtheory.spec import (
 )
 
 from . import _engine as eng
-from ._api import MAX_PRECISION, PrecisionError
+from ._api import PrecisionError
 from ._rounding import BinaryFormat, format_for, round_ball, round_exact
 
-__all__ = ["adaptive_attention"]
+__all__ = ["ATTENTION_MAX_PRECISION", "adaptive_attention"]
+
+#: Largest working precision (bits) Ziv's loop tries for an attention output, above
+#: :data:`~softmaxtheory.reference.MAX_PRECISION`. Logits that differ by subnormal
+#: amounts (a key of 5e-324) put an output with large values far closer than
+#: :math:`2^{-960}` to a rounding midpoint: values :math:`2^{53}` and 1 under weights
+#: :math:`\tfrac12 \mp 10^{-324}` give :math:`2^{52} + \tfrac12 - 10^{-309}`, which 960
+#: bits left undecided (PrecisionError) and the loop's next step, 1520 bits, decides.
+#: The exact logits are multiples of :math:`2^{-3222}` at the finest (products of
+#: subnormals under a subnormal scale); 8192 bits leave room beyond that, and a
+#: PrecisionError beyond them is raised as for the rows. Only such outputs pay for the
+#: bits.
+ATTENTION_MAX_PRECISION = 1 << 13
 
 RN = eng.RN
 
@@ -177,7 +189,7 @@ def _certify_row(
     return certify(
         attempt,
         start=fmt.precision + 40 + row.n.bit_length(),
-        cap=MAX_PRECISION,
+        cap=ATTENTION_MAX_PRECISION,
         what="an attention output",
         error=PrecisionError,
     )

@@ -220,3 +220,24 @@ def test_a_column_of_tiny_values_is_certified_beside_a_column_of_huge_ones() -> 
     for c in range(3):
         np.testing.assert_array_equal(got[:, c], adaptive_attention(q, k, v[:, c : c + 1])[:, 0])
     assert got[0, 2] == 0.0 and np.signbit(got[0, 2])
+
+
+@pytest.mark.parametrize("top", [2.0**53, 2.0**53 + 2, 2.0**1000])
+def test_subnormal_logit_differences_next_to_a_rounding_midpoint(top):
+    """Keys 0 and 5e-324 give logits 0 and about 3.5e-324, weights 1/2 -+ 1e-324: the output
+    lies within 1e-309 of a rounding midpoint (for values 2**53 and 1). 960 bits left it
+    undecided (PrecisionError); attention outputs now get up to 8192 bits (1520 decide).
+    Checked against the sum evaluated by mpmath at 4000 bits and rounded once."""
+    from softmaxtheory.reference import ATTENTION_MAX_PRECISION
+
+    assert ATTENTION_MAX_PRECISION >= 4096
+    q = np.array([[0.0, 1.0]])
+    k = np.array([[0.0, 0.0], [0.0, 5e-324]])
+    v = np.array([[top], [1.0]])
+    got = adaptive_attention(q, k, v, schedule=Constant(1))
+    scale = 1.0 / math.sqrt(2.0)
+    with mpmath.workprec(4000):
+        x = mpmath.mpf(scale) * mpmath.mpf(5e-324)  # the exact logit of key 1
+        p1 = mpmath.exp(x) / (1 + mpmath.exp(x))
+        want = (1 - p1) * mpmath.mpf(top) + p1
+    assert float(got[0, 0]) == float(want)

@@ -769,6 +769,8 @@ NOT_BOOL_CAUSAL = {**ITEM3, "k": np.array([[1.0, 0.0], [0.0, 1.0]]), "is_causal"
 @example(SIGNED_ZERO_COLUMN)
 @example(INT_MASK)
 @example(NOT_BOOL_CAUSAL)
+@example({**ITEM3, "q": np.array([[0.0, 1.0]]), "k": np.array([[0.0, 0.0], [0.0, 5e-324]]),
+          "v": np.array([[0.0, 2.0**53], [0.0, 1.0]])})  # fmt: skip  # PrecisionError at 960 bits
 def test_cpu_attention(call) -> None:
     """cpu.adaptive_attention: the certified attention, or a clear error."""
     CURRENT[0] = dict(locals())
