@@ -27,6 +27,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -777,10 +778,10 @@ def _tile_logits(
     return x
 
 
-def _scaled_operands(
-    p: Prepared, safe: bool
-) -> tuple[torch.dtype, torch.Tensor, torch.Tensor, int, int, float | None]:
-    r"""``(dtype, q', k'^T, block, unit, post)`` of the tile loop (see :func:`_work`).
+def _operands(
+    p: Prepared, wd: torch.dtype, a: int, b: int, c: int
+) -> tuple[torch.Tensor, torch.Tensor, float | None]:
+    r"""``(q', k'^T, post)`` in `wd` for the exponents `a`, `b`, `c` of :func:`_work`.
 
     The scale goes on the queries (``q' = q * scale``) unless that product would
     overflow the working dtype while the logits do not (queries near the float maximum,
@@ -789,7 +790,6 @@ def _scaled_operands(
     orders always fits: if neither did, :math:`\log_2` of the logit bound would exceed
     the sum of the two failing ones less :math:`\log_2 \max|q|`, above the range.
     """
-    wd, a, b, c = _work(p, safe)
     qs = mul_pow2(p.q.to(wd), -a) if a else p.q.to(wd)
     ks = mul_pow2(p.k.to(wd), -b) if b else p.k.to(wd)
     scale = p.scale * 2.0**-c
@@ -799,10 +799,82 @@ def _scaled_operands(
         qs = qs * scale
     else:
         post = scale
+    return qs, ks.transpose(-1, -2), post
+
+
+@dataclass
+class _Tiles:
+    """The operands of the tile loop (see :func:`_scaled_operands`)."""
+
+    wd: torch.dtype
+    block: int
+    unit: int
+    scaled: tuple[torch.Tensor, torch.Tensor, float | None]
+    plain: tuple[torch.Tensor, torch.Tensor, float | None] | None
+
+
+def _scaled_operands(p: Prepared, safe: bool) -> _Tiles:
+    r"""The tile loop's working dtype, block of queries and operands (see :func:`_work`).
+
+    Where the operands are scaled by powers of two (``unit`` :math:`\ne 0`: the bound
+    :math:`|\mathrm{scale}|\max|q|\max|k|D` is beyond float64), the unscaled operands
+    come too: the bound can be far above the logits (``q = (0, 1e308, 1)`` against keys
+    ``(1e308, 0, 0)`` and ``(0, 0, 1)``: logits 0 and 1), and the scaled products of small
+    entries underflow (the logit 1 became 0, an output of 1/3 for 0.523).
+    :func:`_tile_parts` keeps the unscaled logits of every row where none overflows.
+    """
+    wd, a, b, c = _work(p, safe)
     L, S = p.q.shape[-2], p.k.shape[-2]
     B, H = p.q.shape[:2]
     block = max(1, min(L, CHUNK_ELEMENTS // max(1, B * H * S)))
-    return wd, qs, ks.transpose(-1, -2), block, a + b + c, post
+    unit = a + b + c
+    plain = _operands(p, wd, 0, 0, 0) if unit else None
+    return _Tiles(wd, block, unit, _operands(p, wd, a, b, c), plain)
+
+
+def _tile_parts(
+    p: Prepared, t: _Tiles, i0: int, i1: int
+) -> list[tuple[torch.Tensor | None, torch.Tensor, int]]:
+    """The logits of queries ``i0:i1`` as ``[(rows, x, unit)]``: one part, or two by rows.
+
+    With scaled operands, a row whose unscaled logits all fit (none overflows to an
+    infinity where the scaled one is finite) takes the unscaled ones (unit 0), exact
+    where the scaled ones lose small products; a row where one overflows takes the
+    scaled ones (its small logits weigh nothing beside it). Two parts: ``rows`` marks
+    the first's rows (shape (..., l, 1)); the second's hold zeros elsewhere, so that no
+    infinity reaches a gradient.
+    """
+    qs, kt, post = t.scaled
+    x = _tile_logits(p, i0, i1, qs, kt, t.unit, post)
+    if t.plain is None:
+        return [(None, x, t.unit)]
+    qs0, kt0, post0 = t.plain
+    x0 = _tile_logits(p, i0, i1, qs0, kt0, 0, post0)
+    with torch.no_grad():
+        over = (~torch.isfinite(x0) & torch.isfinite(x)).any(-1, keepdim=True)
+        n_over = int(unwrapped(over).sum())
+    if n_over == 0:
+        return [(None, x0, 0)]
+    if n_over == unwrapped(over).numel():
+        return [(None, x, t.unit)]
+    return [(over, x, t.unit), (None, torch.where(over, torch.zeros_like(x0), x0), 0)]
+
+
+def _by_rows(parts: list, fn: Callable[[torch.Tensor, int], Any]) -> Any:
+    """``fn(x, unit)`` of each part, merged by rows (a tensor or a tuple of tensors)."""
+    (rows, x, unit), *rest = parts
+    out = fn(x, unit)
+    if not rest:
+        return out
+    other = fn(rest[0][1], rest[0][2])
+
+    def pick(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        r = rows if a.dim() == rows.dim() else rows.squeeze(-1)
+        return torch.where(r, a, b)
+
+    if isinstance(out, tuple):
+        return tuple(pick(a, b) for a, b in zip(out, other, strict=True))
+    return pick(out, other)
 
 
 def _chunked(
@@ -812,14 +884,16 @@ def _chunked(
 
     ``safe=True``: the overflow-safe variant (float64 tiles, power-of-two units).
     """
-    wd, qs, kt, block, unit, post = _scaled_operands(p, safe)
-    vs = p.v.to(wd)
+    t = _scaled_operands(p, safe)
+    vs = p.v.to(t.wd)
     outs = []
-    for i0 in range(0, p.q.shape[-2], block):
-        i1 = min(p.q.shape[-2], i0 + block)
-        x = _tile_logits(p, i0, i1, qs, kt, unit, post)
-        probs, _, _ = adaptive_softmax_lastdim(x, schedule, entropy_eps, detach_beta, unit)
-        outs.append(torch.matmul(probs, vs))
+
+    def probs(x: torch.Tensor, unit: int) -> torch.Tensor:
+        return adaptive_softmax_lastdim(x, schedule, entropy_eps, detach_beta, unit)[0]
+
+    for i0 in range(0, p.q.shape[-2], t.block):
+        i1 = min(p.q.shape[-2], i0 + t.block)
+        outs.append(torch.matmul(_by_rows(_tile_parts(p, t, i0, i1), probs), vs))
     return torch.cat(outs, dim=-2)
 
 
@@ -841,22 +915,28 @@ def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Te
     """
     sd = stats_dtype(p.q.dtype)
     safe = safe or not _fits(p)
-    wd, qs, kt, block, unit, post = _scaled_operands(p, safe)
-    hs, lses = [], []
-    for i0 in range(0, p.q.shape[-2], block):
-        i1 = min(p.q.shape[-2], i0 + block)
-        x = _tile_logits(p, i0, i1, qs, kt, unit, post)
+    t = _scaled_operands(p, safe)
+    wd = t.wd
+
+    def stats(x: torch.Tensor, unit: int) -> tuple[torch.Tensor, torch.Tensor]:
         masked = x == -torch.inf
         z, m = shifted_logits(x, masked, unit)
         e = torch.where(masked, torch.zeros_like(z), torch.exp(z))
         s = e.sum(-1)
-        hs.append(entropy_from_stats(s, (e * z).sum(-1)))
+        h = entropy_from_stats(s, (e * z).sum(-1))
         m = m.squeeze(-1)
         none = s == 0
         m_safe = torch.where(none, torch.zeros_like(m), m)
         s_safe = torch.where(none, torch.ones_like(s), s)
         lse = mul_pow2(m_safe, unit) + torch.log(s_safe)
-        lses.append(torch.where(none, torch.full_like(lse, -torch.inf), lse))
+        return h, torch.where(none, torch.full_like(lse, -torch.inf), lse)
+
+    hs, lses = [], []
+    for i0 in range(0, p.q.shape[-2], t.block):
+        i1 = min(p.q.shape[-2], i0 + t.block)
+        h, lse = _by_rows(_tile_parts(p, t, i0, i1), stats)
+        hs.append(h)
+        lses.append(lse)
     upper = torch.log(torch.clamp(compact(p.n_eff), min=1).to(wd))
     h = torch.minimum(torch.cat(hs, dim=-1), upper).to(sd)
     return h, torch.cat(lses, dim=-1).to(sd)
@@ -890,7 +970,8 @@ def entropy_lse_backward(
     gradients is needed at zero too (the double-backward route to a
     Jacobian-vector product starts there).
     """
-    wd, qs, kt, block, _, post = _scaled_operands(p, False)
+    t = _scaled_operands(p, False)  # (where the operands fit: no unit, one part)
+    wd, block, (qs, kt, post) = t.wd, t.block, t.scaled
     k = p.k.to(wd)
     big = torch.finfo(wd).max
     rows = (entropy, lse, grad_entropy, grad_lse)

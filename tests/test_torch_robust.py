@@ -623,3 +623,24 @@ def test_scaled_queries_beyond_the_float_range_with_small_logits(backend, q, k, 
     h, _ = attention_entropy(qt, kt, scale=scale)
     logits = scale * (qt.double().numpy() @ kt.double().numpy().T)
     np.testing.assert_allclose(h.double().numpy(), R.entropy(logits), rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logits_far_below_their_bound_keep_their_small_products(backend):
+    """The bound scale * max|q| * max|k| * D (2**2047 here) sent the call to the safe path,
+    whose power-of-two scaling made the product of two small entries underflow: the logit
+    1 became 0 and the output 1/3 instead of 0.523. A row whose unscaled logits fit keeps
+    them; a row whose logits overflow float64 (the first below) takes the scaled ones.
+    The gradient stays finite."""
+    q = torch.tensor([[0.0, 1e308, 1.0], [1e308, 0.0, 0.0]], dtype=torch.float64)
+    k = torch.tensor([[0.0, 0.0, 0.0], [1e308, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    v = torch.tensor([[0.0], [2.0], [1.0]], dtype=torch.float64)
+    want = R.adaptive_attention(q.numpy(), k.numpy(), v.numpy())
+    for rows in ([0], [1], [0, 1]):
+        got = adaptive_attention(q[rows], k, v, backend=backend)
+        np.testing.assert_allclose(got.numpy(), want[rows], rtol=1e-12, atol=0)
+    h, _ = attention_entropy(q[:1], k)
+    np.testing.assert_allclose(h.numpy(), R.entropy(q[:1].numpy() @ k.numpy().T / math.sqrt(3)))
+    qg = q.clone().requires_grad_()
+    adaptive_attention(qg, k, v, backend=backend).sum().backward()
+    assert torch.isfinite(qg.grad[0]).all()
