@@ -218,8 +218,9 @@ class _Tolerance:
     Raises
     ------
     ValueError
-        If `mode` is not one of :data:`MODES`, ``mode="ulps"`` lacks
-        ``max_ulps >= 0``, or `baseline_factor` or `floor_ulps` is negative.
+        If `mode` is not one of :data:`MODES`, ``mode="ulps"`` lacks a finite
+        ``max_ulps >= 0``, or `baseline_factor` or `floor_ulps` is negative or not
+        finite.
     TypeError
         If `strict` is not a bool.
     """
@@ -233,10 +234,13 @@ class _Tolerance:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.mode == "ulps" and (self.max_ulps is None or not self.max_ulps >= 0):
-            raise ValueError("mode='ulps' needs max_ulps >= 0")
-        if not self.baseline_factor >= 0 or not self.floor_ulps >= 0:
-            raise ValueError("baseline_factor and floor_ulps must be >= 0")
+        if self.mode == "ulps" and (self.max_ulps is None or not 0 <= self.max_ulps < math.inf):
+            raise ValueError(f"mode='ulps' needs a finite max_ulps >= 0, got {self.max_ulps!r}")
+        # (an infinite factor or floor accepted any error: a check that cannot fail)
+        for name in ("baseline_factor", "floor_ulps"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
         if not isinstance(self.strict, bool | np.bool_):
             raise TypeError(f"strict must be a bool, got {self.strict!r}")
         object.__setattr__(self, "strict", bool(self.strict))
@@ -250,7 +254,10 @@ class _Tolerance:
         """The error allowed for each element (ulps), given its a-priori bound and naive error."""
         if self.mode == "bound":
             return bound_ulp
-        base = self.baseline_factor * naive_ulp + self.floor_ulps
+        # (a factor of 0 ignores the baseline, even where the naive error is infinite)
+        naive = np.asarray(naive_ulp, dtype=np.float64)
+        scaled = self.baseline_factor * naive if self.baseline_factor else np.zeros(naive.shape)
+        base = self.floor_ulps + scaled
         if self.mode == "baseline":
             return base
         if self.mode == "ulps":

@@ -1191,6 +1191,8 @@ def test_bounds(func, n, spread, beta, eps, logits) -> None:
     max_ulps=None,
     factor=4.0,
 )
+@example(x=np.zeros(3), kind="entropy", actual_kind="perturbed", mode="auto", max_ulps=None,
+         factor=math.inf)  # fmt: skip  # an infinite factor passed an error of 0.25
 def test_testing_helpers(x, kind, actual_kind, mode, max_ulps, factor) -> None:
     """assert_*_close: passes the exact result, catches a wrong one, or a clear error."""
     CURRENT[0] = dict(locals())

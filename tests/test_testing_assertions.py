@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -502,3 +504,22 @@ def test_tolerance_is_frozen_and_shares_the_public_defaults():
     assert _Tolerance(mode="bound").allowed(bound, naive).tolist() == [1.0, 10.0]
     assert _Tolerance(mode="baseline").allowed(bound, naive).tolist() == [14.0, 2.0]
     assert _Tolerance(mode="ulps", max_ulps=3).allowed(bound, naive).tolist() == [3.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"baseline_factor": math.inf},
+        {"floor_ulps": math.inf},
+        {"baseline_factor": math.nan},
+        {"mode": "ulps", "max_ulps": math.inf},
+    ],
+)
+def test_a_tolerance_that_cannot_fail_is_refused(kwargs):
+    """``baseline_factor=inf`` allowed every error (an entropy 0.25 off passed, as the fuzz
+    suite's random profile found): an infinite tolerance makes the assertion vacuous."""
+    x = np.zeros(3)
+    wrong = reference.entropy(x) + 0.25
+    name = next(iter(k for k in kwargs if k != "mode"))
+    with pytest.raises(ValueError, match=name):
+        testing.assert_entropy_close(wrong, x, **kwargs)
