@@ -837,12 +837,15 @@ def _tile_parts(
 ) -> list[tuple[torch.Tensor | None, torch.Tensor, int]]:
     """The logits of queries ``i0:i1`` as ``[(rows, x, unit)]``: one part, or two by rows.
 
-    With scaled operands, a row whose unscaled logits all fit (none overflows to an
-    infinity where the scaled one is finite) takes the unscaled ones (unit 0), exact
-    where the scaled ones lose small products; a row where one overflows takes the
-    scaled ones (its small logits weigh nothing beside it). Two parts: ``rows`` marks
-    the first's rows (shape (..., l, 1)); the second's hold zeros elsewhere, so that no
-    infinity reaches a gradient.
+    With scaled operands, a row whose unscaled logits fit takes them (unit 0), exact
+    where the scaled ones lose small products. They fit unless one overflows upward
+    (``+inf`` or NaN where the scaled logit is finite: then the small logits weigh
+    nothing beside it) or every unmasked one overflows downward. A logit that overflows
+    to ``-inf`` beside finite ones has weight 0 either way, and the small ones keep
+    theirs: a row with logits about -1e616, 0 and 0.58 took the scaled ones and lost the
+    0.58. Such a row takes the scaled logits. Two parts: ``rows`` marks the first's rows
+    (shape (..., l, 1)); the second's hold zeros elsewhere, so that no infinity reaches a
+    gradient.
     """
     qs, kt, post = t.scaled
     x = _tile_logits(p, i0, i1, qs, kt, t.unit, post)
@@ -851,7 +854,10 @@ def _tile_parts(
     qs0, kt0, post0 = t.plain
     x0 = _tile_logits(p, i0, i1, qs0, kt0, 0, post0)
     with torch.no_grad():
-        over = (~torch.isfinite(x0) & torch.isfinite(x)).any(-1, keepdim=True)
+        finite = torch.isfinite(x)  # (masked entries are -inf in both)
+        up = ((x0 == torch.inf) | torch.isnan(x0)) & finite
+        both = torch.isfinite(x0) & finite
+        over = (up | (finite & ~both.any(-1, keepdim=True))).any(-1, keepdim=True)
         n_over = int(unwrapped(over).sum())
     if n_over == 0:
         return [(None, x0, 0)]

@@ -946,6 +946,9 @@ HUGE_BIAS_ZERO_OPERANDS = {
 @example({**ITEM3, "q": np.array([[0.0, 1e308, 1.0]]), "v": np.array([[0.0], [0.0], [1.0]]),
           "k": np.array([[0.0, 0.0, 0.0], [1e308, 0.0, 0.0], [0.0, 0.0, 1.0]])},
          "float64", "c")  # fmt: skip  # logits 0, 0, 0.58 under a bound of 2**2047: gave 1/3
+@example({**ITEM3, "q": np.array([[0.0, -1e308, 1.0]]), "v": np.array([[0.0], [0.0], [1.0]]),
+          "k": np.array([[0.0, 1e308, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0]])},
+         "float64", "c")  # fmt: skip  # a logit of -1e616 beside 0 and 0.58: gave 1/2
 @example({**HUGE_BIAS_ZERO_OPERANDS, "scale": None}, "float64", "c")
 def test_torch_attention(call, dtype, layout) -> None:
     """torch adaptive_attention: the certified attention, or a clear error.

@@ -639,6 +639,15 @@ def test_logits_far_below_their_bound_keep_their_small_products(backend):
     for rows in ([0], [1], [0, 1]):
         got = adaptive_attention(q[rows], k, v, backend=backend)
         np.testing.assert_allclose(got.numpy(), want[rows], rtol=1e-12, atol=0)
+    # a logit overflowing downward (-1e616) beside 0 and 0.58 has weight 0: the row keeps
+    # its unscaled logits (it took the scaled ones, and gave 1/2 for 0.640)
+    qn = torch.tensor([[0.0, -1e308, 1.0]], dtype=torch.float64)
+    kn = torch.tensor([[0.0, 1e308, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    vn = torch.tensor([[0.0], [0.0], [1.0]], dtype=torch.float64)
+    np.testing.assert_allclose(
+        adaptive_attention(qn, kn, vn, backend=backend).numpy(),
+        R.adaptive_attention(qn.numpy(), kn.numpy(), vn.numpy()), rtol=1e-12, atol=0,
+    )  # fmt: skip
     h, _ = attention_entropy(q[:1], k)
     np.testing.assert_allclose(h.numpy(), R.entropy(q[:1].numpy() @ k.numpy().T / math.sqrt(3)))
     qg = q.clone().requires_grad_()
