@@ -858,10 +858,11 @@ def _tile_parts(
         up = ((x0 == torch.inf) | torch.isnan(x0)) & finite
         both = torch.isfinite(x0) & finite
         over = (up | (finite & ~both.any(-1, keepdim=True))).any(-1, keepdim=True)
-        n_over = int(unwrapped(over).sum())
+        every = unwrapped(over)  # (of every slice under vmap)
+        n_over = int(every.sum())
     if n_over == 0:
         return [(None, x0, 0)]
-    if n_over == unwrapped(over).numel():
+    if n_over == every.numel():
         return [(None, x, t.unit)]
     return [(over, x, t.unit), (None, torch.where(over, torch.zeros_like(x0), x0), 0)]
 

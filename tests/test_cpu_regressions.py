@@ -27,6 +27,16 @@ INF = np.inf
 AUDIT_ROW = np.array([3.0, 1, 0, 0, -1, 2])
 
 
+def _python(script: str, *args: str, env: dict | None = None, timeout: float = 600):
+    """Run `script` in a fresh interpreter (``python -c``); assert it succeeds, return it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True,
+        timeout=timeout, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 # ---------------------------------------------------------------------------
 # 1. out aliasing the input
 # ---------------------------------------------------------------------------
@@ -323,15 +333,8 @@ def test_fork_based_pool_after_a_kernel_call() -> None:
     load the twins rather than compile them (a kernel's bits once depended on that; see
     ``test_bits_do_not_depend_on_the_process_history``).
     """
-    warm = subprocess.run(
-        [sys.executable, "-c", _FORK_SCRIPT, "warm"], capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert warm.returncode == 0, warm.stderr
-    proc = subprocess.run(
-        [sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr
+    _python(_FORK_SCRIPT, "warm", timeout=300)
+    proc = _python(_FORK_SCRIPT, timeout=300)
     assert proc.stdout.startswith("ok"), proc.stdout
     assert "unsafe" not in proc.stderr
     assert "Terminating" not in proc.stderr
@@ -411,12 +414,7 @@ def test_parallel_kernels_from_many_threads(layer) -> None:
     there, and without a lock elsewhere; a child forked while the lock was held can
     still call them.
     """
-    env = {**os.environ, "NUMBA_THREADING_LAYER": layer}
-    proc = subprocess.run(
-        [sys.executable, "-c", _THREADS_SCRIPT], capture_output=True, text=True, timeout=600,
-        env=env,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _python(_THREADS_SCRIPT, env={**os.environ, "NUMBA_THREADING_LAYER": layer})
     assert proc.stdout.startswith("ok"), proc.stdout
     if layer == "workqueue":
         assert proc.stdout.split() == ["ok", "workqueue"]
@@ -662,12 +660,7 @@ def test_bits_do_not_depend_on_the_process_history(tmp_path) -> None:
     sigfile = str(tmp_path / "signatures.pickle")
 
     def run(mode):
-        proc = subprocess.run(
-            [sys.executable, "-c", _HISTORY_SCRIPT, mode, sigfile], capture_output=True,
-            text=True, timeout=600, env=env,
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads(proc.stdout)
+        return json.loads(_python(_HISTORY_SCRIPT, mode, sigfile, env=env).stdout)
 
     cold = run("cold")  # compiles every kernel into the empty cache
     for mode in ("kernels-first", "helpers-first"):
@@ -737,12 +730,7 @@ def test_with_numbas_jit_switched_off_the_kernels_say_so() -> None:
     ``NotImplementedError``, and ``bench`` started a pure-Python copy of 256 MiB. Both
     now say what is wrong."""
     env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _NO_JIT_SCRIPT], capture_output=True, text=True, timeout=300,
-        env=env,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == "ok"
+    assert _python(_NO_JIT_SCRIPT, env=env, timeout=300).stdout.strip() == "ok"
     bench = subprocess.run(
         [sys.executable, "-m", "softmaxtheory", "bench", "--quick"], capture_output=True,
         text=True, timeout=300, env=env,
@@ -787,12 +775,7 @@ def test_without_a_writable_cache_location_the_kernels_compile_in_memory() -> No
     finds nothing for a plain file: the state of such a machine, checked there by hand.)
     """
     env = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "ZipCacheLocator"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _NO_CACHE_SCRIPT], capture_output=True, text=True, timeout=600,
-        env=env,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout)
+    got = json.loads(_python(_NO_CACHE_SCRIPT, env=env).stdout)
     assert len(got["warnings"]) == 1, got["warnings"]
     assert "no locator available" in got["warnings"][0]
     assert "NUMBA_CACHE_DIR" in got["warnings"][0]

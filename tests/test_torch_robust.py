@@ -264,18 +264,23 @@ def test_attention_compiles_with_one_kind_of_graph_break(name):
     torch.testing.assert_close(got, fn(q, k, v), rtol=0, atol=0)
 
 
+def _attention_call(name):
+    """``(fn, (q, k, v))``: `name` as a function of three tensors, and its operands."""
+    g = torch.Generator().manual_seed(3)
+    fn = {
+        "adaptive_attention": lambda q, k, v: adaptive_attention(q, k, v),
+        "attention_entropy": lambda q, k, v: attention_entropy(q, k)[0],
+    }[name]
+    return fn, tuple(torch.randn(2, 3, 9, 4, generator=g) for _ in range(3))
+
+
 @pytest.mark.parametrize("name", ["adaptive_attention", "attention_entropy"])
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
 def test_attention_refuses_jit_trace_by_name(name):
     """A trace keeps its example's path (the overflow guard, the NaN rows) for every later
     input; tracing the composition's fused CPU kernel killed the process (SIGSEGV)."""
-    g = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(2, 3, 9, 4, generator=g) for _ in range(3))
-    fn = {
-        "adaptive_attention": lambda q, k, v: adaptive_attention(q, k, v),
-        "attention_entropy": lambda q, k, v: attention_entropy(q, k)[0],
-    }[name]
+    fn, (q, k, v) = _attention_call(name)
     with pytest.raises(TypeError, match=rf"{name} cannot be traced by torch\.jit\.trace"):
         torch.jit.trace(fn, (q, k, v))
 
@@ -289,12 +294,7 @@ def test_attention_refuses_torch_export_by_name(name, strict):
     ``adaptive_softmax`` reads nothing on the host and exports."""
     if not hasattr(torch.compiler, "is_exporting"):
         pytest.skip("torch.compiler.is_exporting needs torch 2.4")
-    g = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(2, 3, 9, 4, generator=g) for _ in range(3))
-    fn = {
-        "adaptive_attention": lambda q, k, v: adaptive_attention(q, k, v),
-        "attention_entropy": lambda q, k, v: attention_entropy(q, k)[0],
-    }[name]
+    fn, (q, k, v) = _attention_call(name)
 
     class Model(torch.nn.Module):
         def forward(self, q, k, v):
@@ -310,7 +310,7 @@ def test_attention_refuses_torch_export_by_name(name, strict):
         def forward(self, x):
             return adaptive_softmax(x)
 
-    x = torch.randn(4, 7, generator=g)
+    x = torch.randn(4, 7, generator=torch.Generator().manual_seed(4))
     exported = torch.export.export(Softmax(), (x,), strict=strict)
     torch.testing.assert_close(exported.module()(x), adaptive_softmax(x), rtol=0, atol=0)
 
