@@ -220,6 +220,29 @@ def _ol_as_like(v, like):
     return lambda v, like: np.float64(v)
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+_F64_MAX = float(np.finfo(np.float64).max)
+
+
+def beta_like(beta, like):  # pragma: no cover - replaced by the overload in jitted code
+    r"""Convert the float64 β to the type of `like`, at most that type's largest finite value.
+
+    A β beyond the range (a float64 β that overflowed to ``inf``, a float32 row's
+    β above 3.4e38) stands for a finite exact β: :math:`\beta\,(x_i - m)` must be 0
+    at the maximum, not ``inf * 0 = NaN``, and below it the clamped product still
+    underflows :math:`e^{\beta(x_i-m)}` to 0 wherever :math:`x_i - m` is not itself
+    of the order of the least normal number.
+    """
+    raise NotImplementedError
+
+
+@overload(beta_like)
+def _ol_beta_like(beta, like):
+    if like == types.float32:
+        return lambda beta, like: np.float32(min(beta, _F32_MAX))
+    return lambda beta, like: np.float64(min(beta, _F64_MAX))
+
+
 @njit(cache=True)
 def exp_array(x, out):
     """Apply the kernel exponential element-wise (for tests and measurement)."""
@@ -471,7 +494,7 @@ def _block_tempered(x, lo, hi, m, beta, out, store):
     s = zero
     xs = x[lo:hi]
     os = out[lo:hi]
-    b = as_like(beta, m)
+    b = beta_like(beta, m)
     ninf = as_like(-np.inf, m)
     # a masked item stays -inf whatever β: with β = 0 (LogLength on a row with one
     # unmasked item) the product 0 * -inf would be NaN
@@ -520,9 +543,10 @@ def pass_write(x, lo, hi, m, beta, inv, out):
             os[i] = as_like(np.float64(e) * inv, e)
     else:
         ninf = as_like(-np.inf, m)
+        b = beta_like(beta, m)
         for i in range(xs.size):
             d = xs[i] - m
-            e = fexp(as_like(beta, d) * d if d > ninf else ninf)  # masked: 0 for any β
+            e = fexp(b * d if d > ninf else ninf)  # masked: 0 for any β
             os[i] = as_like(np.float64(e) * inv, e)
 
 
@@ -824,7 +848,7 @@ def _short_row_second(x, out, i, beta_out, m_buf):
     if beta == beta and beta != 1.0:
         xs = x[i]
         os = out[i]
-        s2 = _short_tempered(xs, m_buf[i], like_array(beta, xs), os)
+        s2 = _short_tempered(xs, m_buf[i], beta_like(beta, like_array(0.0, xs)), os)
         _short_scale(os, like_array(1.0 / s2, xs))
 
 
@@ -1206,7 +1230,7 @@ def attention_apply(q, k, v, addmask, keep, causal, qbad, kbad, scale, kind, m, 
         acc = np.zeros(dv)
         total = 0.0
         M = like_array(m[i], buf)
-        b = like_array(beta[i], buf)
+        b = beta_like(beta[i], like_array(0.0, buf))
         low = lowest_like(buf)
         for j0 in range(0, S, KEY_BLOCK):
             j1 = min(j0 + KEY_BLOCK, S)
@@ -1374,7 +1398,7 @@ def attention_wide_apply(
                 qe = max(qe, _exponent(np.float64(q[i, f])))
         g = g_in[i]
         M = m[i]
-        b = beta[i]
+        b = min(beta[i], _F64_MAX)  # an overflowed β: 0 at the maximum, not inf * 0
         acc = np.zeros(dv)
         total = 0.0
         for j in range(S):

@@ -63,6 +63,10 @@ def adaptive_softmax_lastdim(
     bound = beta_bound(schedule, x.shape[-1])
     wide = x.dtype != torch.float64 and (bound is None or bound > torch.finfo(x.dtype).max / 4)
     beta = beta if wide else beta.to(x.dtype)
+    # a β that overflowed float64 (a schedule evaluated beyond the range) stands for a
+    # finite exact β: at the maximum β z is 0, not inf * 0; clamped, it still underflows
+    # every exponential whose z is not itself of the order of the least normal number
+    beta = beta.clamp(max=torch.finfo(beta.dtype).max)
     if detach_beta:
         beta = beta.detach()
     zb = z.to(beta.dtype) if wide else z

@@ -20,7 +20,10 @@ A row of :math:`n` items takes two passes when β = 1 and three when β ≠ 1:
    one-hot rows;
 2. β from the schedule; if β = 1 the stored exponentials are scaled by
    :math:`1/s` (one exponential per item), else :math:`e^{\beta(x_i-m)}` is
-   written, summed, and scaled.
+   written, summed, and scaled. A β past the row's format (a float64 β that
+   overflowed, a float32 row's β above 3.4e38) enters the product clamped to the
+   format's largest finite value: 0 at the maximum, not ``inf * 0``; the
+   returned β stays ``inf``.
 
 Rows are processed in parallel (``numba.prange``). A row longer than
 :data:`CHUNK` items is split into fixed chunks whose states are merged by

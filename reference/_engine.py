@@ -29,9 +29,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 from mpmath.libmp import (
+    finf,
     fone,
     from_float,
     from_int,
@@ -480,13 +482,8 @@ def _polynomial_beta(schedule: Polynomial, H: Ball, p: int, u: float) -> Ball:
     acc = fzero
     for c in cm:
         acc = mpf_add(mpf_mul(acc, H.mid, p, RN), c, p, RN)
-    hmax = abs(Hf) + EH
-    d = len(coeffs) - 1
-    size = sum(abs(float(c)) * hmax ** (d - i) for i, c in enumerate(coeffs))
-    slope = _slope_bound([float(c) for c in coeffs], Hf, EH, hmax)
-    EP = ((2 * d + 3) * u * size + slope * EH) * 1.01
+    EPm = _polynomial_error(coeffs, Hf, EH, u)
     # decide max(P, 1) with exact comparisons of the bounds P -/+ EP against 1
-    EPm = from_float(EP)
     above = mpf_cmp(mpf_sub(acc, EPm, p + 10, round_floor), fone) >= 0
     below = mpf_cmp(mpf_add(acc, EPm, p + 10, round_ceiling), fone) <= 0
     if straddles and schedule.jumps_at_threshold:
@@ -497,11 +494,52 @@ def _polynomial_beta(schedule: Polynomial, H: Ball, p: int, u: float) -> Ball:
     if below:
         return Ball(fone, 0.0)
     if above:
-        return Ball(acc, EP / (to_float(acc) * (1 - 1e-9) - EP) * SLACK)
-    return Ball(acc if mpf_cmp(acc, fone) > 0 else fone, EP * SLACK)
+        # EP / (|P| - EP), in mpf: P and EP may lie beyond the float range
+        low = mpf_sub(mpf_mul(acc, _ONE_LESS, 60, round_floor), EPm, 60, round_floor)
+        if mpf_cmp(low, fzero) <= 0:
+            return Ball(acc, math.inf)
+        return Ball(acc, to_float(mpf_div(EPm, low, 60, round_ceiling), rnd="u") * SLACK)
+    return Ball(acc if mpf_cmp(acc, fone) > 0 else fone, to_float(EPm, rnd="u") * SLACK)
 
 
-def _slope_bound(c: list[float], Hf: float, EH: float, hmax: float) -> float:
+_ONE_LESS = from_float(1 - 1e-9)
+
+
+def _polynomial_error(coeffs: tuple[Fraction, ...], Hf: float, EH: float, u: float) -> tuple:
+    r"""A bound of :math:`|\tilde P - P(H)|`, as an mpf.
+
+    Horner's error at the working precision plus the slope bound
+    (:func:`_slope_bound`) times the entropy's error.
+
+    The bound is evaluated in float64; where that overflows (coefficients near the
+    float maximum, a high degree), the same expression is evaluated in exact
+    rationals, so that a polynomial beyond the float range is still certified (its
+    β rounds to ``inf``) instead of failing at every precision.
+    """
+    if not math.isfinite(EH):
+        return finf
+    hmax = abs(Hf) + EH
+    d = len(coeffs) - 1
+    c = [float(ci) for ci in coeffs]
+    try:
+        size = sum(abs(ci) * hmax ** (d - i) for i, ci in enumerate(c))
+        EP = ((2 * d + 3) * u * size + _slope_bound(c, Hf, EH, hmax) * EH) * 1.01
+    except OverflowError:  # a power beyond the float range
+        EP = math.inf
+    if math.isfinite(EP):
+        return from_float(EP)
+    # the same bound without overflow (the float evaluation never rounded it down
+    # by more than its 1.01 margin covers, so the exact one is as safe)
+    q = [Fraction(ci) for ci in c]
+    qh, qe = Fraction(Hf), Fraction(EH)
+    qmax = abs(qh) + qe
+    qsize = sum(abs(ci) * qmax ** (d - i) for i, ci in enumerate(q))
+    exact = (2 * d + 3) * Fraction(u) * qsize + _slope_bound(q, qh, qe, qmax) * qe
+    exact *= Fraction(101, 100)
+    return from_rational(exact.numerator, exact.denominator, 60, round_ceiling)
+
+
+def _slope_bound(c: list, Hf: Any, EH: Any, hmax: Any) -> Any:
     r"""A bound of :math:`|P'(h)|` over the entropy's ball :math:`|h - H| \le E_H`.
 
     :math:`|P'(h)| \le |P'(\tilde H)| + |h - \tilde H| \max |P''|`, with
@@ -511,18 +549,24 @@ def _slope_bound(c: list[float], Hf: float, EH: float, hmax: float) -> float:
     float64 too) and :math:`\max|P''| \le \sum_k k(k-1)|c_k| h_{\max}^{k-2}`. The
     plain bound :math:`\sum_k k|c_k|h_{\max}^{k-1}` overestimates the paper's slope
     near :math:`H = 5` about ninety-fold (its coefficients alternate in sign).
+
+    The arguments are all floats or all :class:`~fractions.Fraction` (the exact
+    evaluation where floats overflow); the result has their type.
     """
     d = len(c) - 1
-    deriv = 0.0
+    one = hmax**0
+    deriv = 0 * one
     for i, ci in enumerate(c[:-1]):
         deriv = deriv * Hf + ci * (d - i)
-    abs1 = sum(abs(ci) * (d - i) * hmax ** max(d - i - 1, 0) for i, ci in enumerate(c))
+    abs1 = sum((abs(ci) * (d - i) * hmax ** max(d - i - 1, 0) for i, ci in enumerate(c)), 0 * one)
     abs2 = sum(
-        abs(ci) * (d - i) * (d - i - 1) * hmax ** max(d - i - 2, 0) for i, ci in enumerate(c)
+        (abs(ci) * (d - i) * (d - i - 1) * hmax ** max(d - i - 2, 0) for i, ci in enumerate(c)),
+        0 * one,
     )
-    gamma = (2 * d + 2) * 2.0**-53 / (1 - (2 * d + 2) * 2.0**-53)
-    bound = abs(deriv) + gamma * abs1 + (EH + 2.0**-52 * abs(Hf)) * abs2
-    return min(bound * 1.01, abs1)
+    eps = one / 2**53
+    gamma = (2 * d + 2) * eps / (1 - (2 * d + 2) * eps)
+    bound = abs(deriv) + gamma * abs1 + (EH + 2 * eps * abs(Hf)) * abs2
+    return min(bound * type(one)(1.01), abs1)
 
 
 def coefficients(ep: ExpPass, p: int) -> tuple[list, np.ndarray, tuple, float]:

@@ -318,7 +318,7 @@ class LogLength(Schedule):
     def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
         n = np.asarray(n_eff, dtype=np.float64)
         shape = np.broadcast(np.asarray(entropy), n).shape
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", over="ignore"):  # an overflow rounds to inf
             beta = float(exact_value(self.s, "s")) * np.log(n)
         return np.broadcast_to(np.where(n == 0, 1.0, beta), shape).copy()
 

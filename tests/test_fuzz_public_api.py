@@ -1015,6 +1015,14 @@ params = st.one_of(
 )
 @example(which="Polynomial", a=0, coeffs=["1e400"], threshold="0.5", h=1.0, n_eff=2)
 @example(which="Polynomial-scalar", a=5, coeffs=[], threshold="0.5", h=1.0, n_eff=2)
+@example(  # P(H) past the float range: the reference's error bound overflowed (PrecisionError)
+    which="Polynomial",
+    a="0.5",
+    coeffs=[9.810617056046503e307, 9.810617056046503e307],
+    threshold="0.5",
+    h=0.0,
+    n_eff=0,
+)
 def test_spec_schedules(which, a, coeffs, threshold, h, n_eff) -> None:
     """Schedule constructors: a schedule whose float β is sane, or a clear error."""
     CURRENT[0] = dict(locals())
