@@ -455,6 +455,37 @@ def _beta_fits(p: Prepared, schedule: Schedule, beta: torch.Tensor) -> bool:
     return _fits(p, _beta_max(beta))
 
 
+#: With a gradient, the largest log2 of the logits' bound (β included) for which a fused
+#: kernel's backward runs (:func:`_fused_grad_ok`), by the dtype of its log-sum-exp.
+FUSED_GRAD_LOG2_BOUND = {torch.float32: 14.0, torch.float64: 26.0}
+
+
+def _fused_grad_ok(p: Prepared, schedule: Schedule | None, beta: torch.Tensor | None) -> bool:
+    r"""Whether a fused kernel's backward (SDPA's, the CPU flash kernel's) is accurate here.
+
+    Those backwards recompute each :math:`p_{ij} = e^{y_{ij} - \mathrm{LSE}_i}` from
+    the stored log-sum-exp, whose rounding moves the exponent by about
+    :math:`|y|\,2^{-t}` (:math:`t` = 24 for a float32 LSE, 53 for float64): a
+    relative error of that size in every weight of the gradient, whatever the
+    forward's accuracy. Three tied logits of :math:`10^8` in float32 gave each a
+    weight of 1 instead of 1/3 (a value gradient of 2 where the exact one is 4/3).
+    So with :math:`|\beta_i x_{ij}| \le 2^b`, the fused backward runs only for
+    :math:`b \le` :data:`FUSED_GRAD_LOG2_BOUND` (14 for a float32 LSE: weights
+    within about :math:`2^{-10}`; 26 for float64: :math:`2^{-27}`); above, the
+    chunked path, whose backward forms the weights as its forward did. `schedule`
+    and `beta` give β's bound (the schedule's host-side bound, else β read back);
+    both None: pass 1, whose logits are :math:`x_{ij}` themselves.
+    """
+    limit = FUSED_GRAD_LOG2_BOUND[stats_dtype(p.q.dtype)]
+    if schedule is None or beta is None:
+        return p.log2_bound <= limit
+    bound = beta_bound(schedule, p.k.shape[-2])
+    if bound is not None and p.log2_bound + _log2(bound) <= limit:
+        return True
+    top = _beta_max(beta)
+    return top <= 0.0 or p.log2_bound + _log2(top) <= limit
+
+
 def _triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -675,6 +706,8 @@ def _composition_entropy(p: Prepared, detach_beta: bool) -> torch.Tensor | None:
     sd = stats_dtype(q.dtype)
     add = _additive(p)
     grad = not detach_beta and _want_grad(q, k)
+    if grad and not _fused_grad_ok(p, None, None):
+        return None  # the primitive's backward would lose the weights: the chunked path
     try:
         with torch.set_grad_enabled(grad):
             a, lse = _lse_primitive(q, k, k, add, p.is_causal, p.scale)
@@ -705,8 +738,11 @@ def _composition(p: Prepared, schedule: Schedule, detach_beta: bool) -> torch.Te
         beta = beta.detach()
     if not _beta_fits(p, schedule, beta):
         return None  # beta * q or beta * x could overflow: the chunked path
+    grad = _want_grad(p.q, p.k, p.v)
+    if grad and not _fused_grad_ok(p, schedule, beta):
+        return None  # the primitive's backward would lose the weights: the chunked path
     try:
-        with torch.set_grad_enabled(_want_grad(p.q, p.k, p.v)):
+        with torch.set_grad_enabled(grad):
             qb = scale_rows(p.q, beta)
             out, lse = _lse_primitive(qb, p.k, p.v, _additive(p), p.is_causal, p.scale)
     except (RuntimeError, NotImplementedError):
@@ -1205,6 +1241,8 @@ def _hybrid(
         p = _ungrouped(p)
     B, H, L, D = p.q.shape
     grad = torch.is_grad_enabled() and (beta.requires_grad or _want_grad(p.q, p.k, p.v))
+    if grad and not _fused_grad_ok(p, schedule, beta):
+        return None  # SDPA's backward would lose the weights: the chunked path
     small = p.q.element_size() * B * H * L * D <= PASS2_SPLIT_BYTES
     if grad or small or p.transformed:  # (a transform cannot write into the pieces' output)
         return _sdpa_pass2(p, scale_rows(p.q, beta), mask, gqa)

@@ -348,6 +348,14 @@ def beta_bound(schedule: Schedule, n_max: int) -> float | None:
     return bound if math.isfinite(bound) else None
 
 
+def _horner(h: torch.Tensor, coeffs: tuple[float, ...]) -> torch.Tensor:
+    """P(h) by Horner's rule, as numpy.polyval (whose first step 0 * h + c0 is c0)."""
+    p = h * coeffs[0] if len(coeffs) > 1 else torch.full_like(h, coeffs[0])
+    for i, c in enumerate(coeffs[1:], 2):
+        p = p + c if i == len(coeffs) else (p + c) * h
+    return p
+
+
 def beta_from_entropy(
     schedule: Schedule, entropy: torch.Tensor | None, n_eff: torch.Tensor
 ) -> torch.Tensor:
@@ -374,10 +382,15 @@ def beta_from_entropy(
             raise ValueError("the polynomial schedule needs the row entropies")
         h = entropy.to(torch.float64)
         coeffs, threshold = poly_floats(schedule)
-        # Horner, as numpy.polyval (whose first step 0 * h + c0 is c0: h is never infinite)
-        p = h * coeffs[0] if len(coeffs) > 1 else torch.full_like(h, coeffs[0])
-        for i, c in enumerate(coeffs[1:], 2):
-            p = p + c if i == len(coeffs) else (p + c) * h
+        if h.requires_grad and torch.is_grad_enabled() and beta_bound(schedule, 2**63) is None:
+            # Horner may overflow for some entropy (every one is below log 2**63): a row whose
+            # P(H) overflows has a β that no longer moves with H, but the backward of its
+            # steps would form 0 * inf = NaN; its entropy enters detached (a where's backward
+            # selects, it does not multiply)
+            with torch.no_grad():
+                fits = torch.isfinite(_horner(h, coeffs))
+            h = torch.where(fits, h, h.detach())
+        p = _horner(h, coeffs)
         beta = torch.where(h > threshold, torch.clamp(p, min=1.0), 1.0)
         beta = torch.where(torch.isnan(h), h, beta)
         if h.shape == n_eff.shape:

@@ -1,0 +1,111 @@
+"""Gradients of torch attention where a fused kernel's backward would lose the weights.
+
+SDPA's fused kernels (and torch's CPU flash kernel behind the composition) recompute
+each weight in the backward as ``exp(y - LSE)`` from the stored log-sum-exp. With
+logits far from 0 the LSE's rounding is of the order of the gaps between them: three
+tied logits of 1e8 in float32 (or 1e17 in float64) each got the weight 1 instead of
+1/3, while the forward, which normalises by a sum, stayed right. With a gradient, such
+logits now take the chunked path (``_fused_grad_ok``); ordinary ones keep the fused
+kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from softmaxtheory.accelerated import _torch_attention as attn  # noqa: E402
+from softmaxtheory.accelerated import torch as storch  # noqa: E402
+from softmaxtheory.spec import Constant, PaperPolynomial, Polynomial  # noqa: E402
+
+#: Keys (1, 0), (0, 1), (1/2, 1/2): the third query ties all three logits.
+BASE = [[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]]
+
+#: The exact value gradient of sum(out) for queries BASE * s, s > 0 large, values BASE:
+#: query 0 picks key 0, query 1 picks key 1, query 2 spreads 1/3 over all three.
+EXACT_DV = [[4 / 3, 4 / 3], [4 / 3, 4 / 3], [1 / 3, 1 / 3]]
+
+
+def _value_grad(dtype, q_scale, schedule, backend):
+    base = torch.tensor([BASE], dtype=torch.float64)
+    q = (base * q_scale).to(dtype).requires_grad_()
+    k = base.to(dtype).requires_grad_()
+    v = base.to(dtype).requires_grad_()
+    out = storch.adaptive_attention(q, k, v, schedule=schedule, backend=backend)
+    out.sum().backward()
+    return out.detach(), v.grad
+
+
+@pytest.mark.parametrize("backend", ["auto", "composition", "hybrid", "chunked"])
+@pytest.mark.parametrize(
+    ("dtype", "q_scale", "schedule"),
+    [
+        (torch.float32, 1e8, Constant(1)),
+        (torch.float32, 1e8, PaperPolynomial()),
+        (torch.float32, 1e6, Constant(1)),  # 0.12 % off before
+        (torch.float64, 1.0, Constant(1e17)),  # β itself makes the logits large
+        (torch.float64, 1e17, PaperPolynomial()),
+    ],
+)
+def test_large_tied_logits_keep_their_weights(backend, dtype, q_scale, schedule) -> None:
+    out, dv = _value_grad(dtype, q_scale, schedule, backend)
+    want = torch.tensor([[0.5, 0.5]], dtype=dtype)
+    torch.testing.assert_close(out[0, 2:], want)
+    tol = 4 * torch.finfo(dtype).eps
+    torch.testing.assert_close(dv[0], torch.tensor(EXACT_DV, dtype=dtype), rtol=tol, atol=tol)
+
+
+def test_ordinary_logits_keep_the_fused_kernels(monkeypatch) -> None:
+    """The guard routes only large logits: unit-scale inputs with a gradient never reach
+    the chunked path (the fused kernels are several times faster)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the chunked path ran")
+
+    monkeypatch.setattr(attn, "_chunked", refuse)
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.float64):
+        q, k, v = (torch.randn(2, 3, 16, 32, generator=g, dtype=dtype) for _ in range(3))
+        for t in (q, k, v):
+            t.requires_grad_()
+        for backend in ("composition", "hybrid"):
+            for schedule in (PaperPolynomial(), Constant(3)):
+                storch.adaptive_attention(
+                    q, k, v, schedule=schedule, backend=backend
+                ).sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_bound_is_the_documented_one(dtype) -> None:
+    """A bound just inside FUSED_GRAD_LOG2_BOUND takes the fused backward; just outside, not."""
+    q = torch.ones(1, 1, 2, 4, dtype=dtype)
+    prepared = attn.prepare(q, q, q, None, False, None)
+    limit = attn.FUSED_GRAD_LOG2_BOUND[dtype]
+    beta = torch.full((1, 1, 2), 2.0, dtype=dtype)
+    for bound, ok in ((limit - 0.01, True), (limit + 0.01, False)):
+        p = replace(prepared, log2_bound=bound)
+        assert attn._fused_grad_ok(p, None, None) is ok
+        # β = 2 moves the limit by a bit (read back: the host-side bound of Constant(2) is 4)
+        p = replace(prepared, log2_bound=bound - 1.0)
+        assert attn._fused_grad_ok(p, Constant(2), beta) is ok
+
+
+@pytest.mark.parametrize("backend", ["composition", "chunked", "hybrid"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_an_overflowing_polynomial_beta_has_finite_gradients(backend, dtype) -> None:
+    """P(H) past the float range in a Horner step: the backward formed 0 * inf = NaN."""
+    schedule = Polynomial((1e308, 1e308, 1e308))
+    x = torch.tensor([[0.0, 1.0, 2.0], [0.5, 0.2, 0.1]], dtype=dtype, requires_grad=True)
+    y = storch.adaptive_softmax(x, schedule=schedule)
+    (y * torch.arange(3, dtype=dtype)).sum().backward()
+    assert torch.equal(y.detach(), torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], dtype=dtype))
+    assert torch.equal(x.grad, torch.zeros_like(x))  # a one-hot softmax does not move
+
+    out, dv = _value_grad(dtype, 1.0, schedule, backend)
+    assert torch.isfinite(out).all()
+    tol = 4 * torch.finfo(dtype).eps
+    torch.testing.assert_close(dv[0], torch.tensor(EXACT_DV, dtype=dtype), rtol=tol, atol=tol)
