@@ -73,6 +73,27 @@ def test_common_case_reads_nothing_back_per_element(schedule, causal):
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("schedule", [*SCHEDULES, PaperPolynomial()], ids=repr)
+def test_common_case_with_a_gradient_reads_nothing_back(schedule):
+    """With a gradient, the fused backward's large-logit guard (``_fused_grad_ok``) settles
+    unit-scale inputs from the host-side bounds too: the paper's polynomial, whose crude bound
+    (the sum of its terms' sizes) read β back, has a tight one (interval arithmetic)."""
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    with OpLedger() as ledger:
+        out = adaptive_attention(q, k, v, schedule=schedule, backend="hybrid")
+    assert ledger.host_reads == 0
+    out.float().sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+def test_beta_bound_of_the_paper_polynomial_is_tight():
+    """Its largest value over [0.5, log 4096] is 2.42 (at H = 4.41); the bound is twice a
+    number between that and 3.4, where the sum of the terms' sizes was 651."""
+    bound = C.beta_bound(PaperPolynomial(), 4096)
+    assert 2 * 2.42 <= bound <= 2 * 3.4
+    assert C.beta_bound(PaperPolynomial(), 1) == 2.0  # H = 0 <= 0.5: beta = 1
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=repr)
 def test_no_float32_copy_of_the_queries(schedule):
     """bfloat16 queries are scaled by β in one kernel into bfloat16: no float32 tensor as
