@@ -471,7 +471,7 @@ def _fused_grad_ok(p: Prepared, schedule: Schedule | None, beta: torch.Tensor | 
     weight of 1 instead of 1/3 (a value gradient of 2 where the exact one is 4/3).
     So with :math:`|\beta_i x_{ij}| \le 2^b`, the fused backward runs only for
     :math:`b \le` :data:`FUSED_GRAD_LOG2_BOUND` (14 for a float32 LSE: weights
-    within about :math:`2^{-10}`; 26 for float64: :math:`2^{-27}`); above, the
+    within about :math:`2^{-9}`; 26 for float64: :math:`2^{-26}`); above, the
     chunked path, whose backward forms the weights as its forward did. `schedule`
     and `beta` give β's bound (the schedule's host-side bound, else β read back);
     both None: pass 1, whose logits are :math:`x_{ij}` themselves.
@@ -998,8 +998,10 @@ def entropy_lse_backward(
     The same formula as the Triton kernel
     (:func:`~._triton_attention.triton_entropy_backward`): blocks of queries
     against every key recompute the logits and
-    :math:`p_{ij} = e^{x_{ij} - \mathrm{LSE}_i}` from the stored log-sum-exp,
-    then :math:`\bar x_{ij} = p_{ij}(\bar L_i - \bar H_i (x_{ij} - \mathrm{LSE}_i + H_i))`,
+    :math:`p_{ij} = e^{x_{ij} - m_i} / \sum_j e^{x_{ij} - m_i}` from each row's maximum
+    :math:`m_i` (the Triton kernel from the stored LSE, whose rounding far from 0 is as
+    large as the gaps between logits; hence :data:`TRITON_GRAD_LOG2_BOUND`),
+    then :math:`\bar x_{ij} = p_{ij}(\bar L_i - \bar H_i (\log p_{ij} + H_i))`,
     :math:`\bar q_i = \mathrm{scale}\sum_j \bar x_{ij} k_j` and
     :math:`\bar k_j = \mathrm{scale}\sum_i \bar x_{ij} q_i` (summed over the
     query heads of a group). Memory :math:`O(\mathrm{block}\cdot S)`; nothing is
@@ -1031,9 +1033,18 @@ def entropy_lse_backward(
         else:
             live = (d_ent[..., i0:i1, :] != 0) | (d_lse[..., i0:i1, :] != 0)
         valid = (x != -torch.inf) & live  # rows no loss reaches add nothing (not 0 * NaN)
-        z = torch.clamp(torch.where(valid, x - lse[..., i0:i1, :], torch.zeros_like(x)), min=-big)
+        # p from the tile's own row maximum, not from the stored LSE: the LSE's rounding is
+        # of the order of an ulp of the logits, which far from 0 is a gap between them (three
+        # tied logits of 2**20 in float32 gave a gradient 26 % off). A row holds every key
+        # here, so its maximum and sum are at hand; p does not depend on the shift (detached)
+        m = torch.where(valid, x, -torch.inf).amax(-1, keepdim=True).detach()
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        z = torch.clamp(torch.where(valid, x - m, torch.zeros_like(x)), min=-big)
         e = torch.where(valid, torch.exp(z), torch.zeros_like(z))
-        dx = e * (d_lse[..., i0:i1, :] - d_ent[..., i0:i1, :] * (z + ent[..., i0:i1, :]))
+        s = e.sum(-1, keepdim=True)
+        s = torch.where(s > 0, s, torch.ones_like(s))
+        log_p = z - torch.log(s)
+        dx = (e / s) * (d_lse[..., i0:i1, :] - d_ent[..., i0:i1, :] * (log_p + ent[..., i0:i1, :]))
         dx = torch.where(valid, dx, torch.zeros_like(dx))
         qt = qs[..., i0:i1, :]
         if g > 1:
@@ -1382,7 +1393,7 @@ def triton_available(device: torch.device) -> bool:
 
 #: Largest log2 of the logits' bound for which pass 1 with a gradient takes the Triton
 #: kernels (see :func:`_pass1_triton_ok`).
-TRITON_GRAD_LOG2_BOUND = 24.0
+TRITON_GRAD_LOG2_BOUND = 14.0
 
 #: Route float64 through the Triton pass 1 on CUDA too (the CUDA tests' float64 gradchecks of
 #: the kernels; off in normal use, where float64 takes the torch pass 1).
@@ -1395,16 +1406,18 @@ def _pass1_triton_ok(p: Prepared, grad: bool = False) -> bool:
     float16, bfloat16 and float32 on CUDA; float64 too on CPU under
     ``TRITON_INTERPRET=1`` (the kernels' float64 gradient checks) or with
     :data:`_TRITON_FLOAT64` set. With `grad`, only logits within
-    :math:`2^{24}` (:data:`TRITON_GRAD_LOG2_BOUND`). The backward kernels
+    :math:`2^{14}` (:data:`TRITON_GRAD_LOG2_BOUND`). The backward kernels
     recompute each exponent :math:`x_{ij}\log_2 e - \mathrm{LSE}_i\log_2 e` from
     the products and the stored float32 log-sum-exp: the LSE's rounding, its
     conversion to base 2 and the scaled logit's own (which the compiler may fuse
     into the subtraction) each move it by up to about half an ulp of
-    :math:`|x|\log_2 e`, together at most 3.5 at :math:`2^{24}`, so no
-    recomputed :math:`p_{ij}` exceeds :math:`2^4` there; further out they grow
-    as :math:`2^{2^{b - 23}}` and overflow past :math:`b \approx 30`.
-    The torch pass 1 takes larger logits: its backward recomputes the logits
-    as its forward formed them, so :math:`p_{ij} \le 1`.
+    :math:`|x|\log_2 e`, a relative error of that size in every weight: about
+    :math:`2^{-9}` at :math:`2^{14}`, the limit of the fused backwards of pass 2
+    (:data:`FUSED_GRAD_LOG2_BOUND`). At a bound of :math:`2^{19.3}` three tied keys'
+    gradients were 0.5 % off, at :math:`2^{26.7}` two thirds of a gradient was lost,
+    and past :math:`2^{30}` a recomputed :math:`p_{ij}` can overflow. The torch pass
+    1 takes larger logits: its backward normalises each row by its own maximum and
+    sum, as its forward did.
     """
     ok = not p.transformed and _pass1_triton_takes(p.q) and _fits(p)
     return ok and (not grad or p.log2_bound <= TRITON_GRAD_LOG2_BOUND)

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 from softmaxtheory.accelerated import _torch_attention as attn  # noqa: E402
 from softmaxtheory.accelerated import torch as storch  # noqa: E402
+from softmaxtheory.accelerated.torch import attention_entropy  # noqa: E402
 from softmaxtheory.spec import Constant, PaperPolynomial, Polynomial  # noqa: E402
 
 #: Keys (1, 0), (0, 1), (1/2, 1/2): the third query ties all three logits.
@@ -109,3 +110,27 @@ def test_an_overflowing_polynomial_beta_has_finite_gradients(backend, dtype) -> 
     assert torch.isfinite(out).all()
     tol = 4 * torch.finfo(dtype).eps
     torch.testing.assert_close(dv[0], torch.tensor(EXACT_DV, dtype=dtype), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("e", [10, 20])
+def test_pass_one_gradient_of_large_tied_logits(e) -> None:
+    """attention_entropy's torch backward (CPU) took each weight from the stored float32 LSE:
+    three tied maxima at logits near 2**(e + 5) were 26 % off at e = 20. It now normalises each
+    row by its own maximum and sum: the float64 gradient of the same float32 inputs, to 1e-6."""
+    g = torch.Generator().manual_seed(1)
+    q0 = torch.randn(1, 1, 4, 16, generator=g, dtype=torch.float64).abs()
+    k0 = torch.randn(1, 1, 6, 16, generator=g, dtype=torch.float64)
+    k0[..., :3, :] = k0[..., :1, :].abs()  # three tied keys, the maximum of every query
+    qf, kf = q0.float().requires_grad_(), (k0 * 2.0**e).float().requires_grad_()
+    h, lse = attention_entropy(qf, kf, scale=0.25)
+    (h.sum() + 0.3 * lse.sum()).backward()
+    torch.testing.assert_close(h, torch.full_like(h, torch.log(torch.tensor(3.0)).item()))
+
+    q, k = qf.detach().double().requires_grad_(), kf.detach().double().requires_grad_()
+    x = 0.25 * q @ k.transpose(-1, -2)
+    m = x.amax(-1, keepdim=True).detach()
+    z = x - m
+    s = z.exp().sum(-1)
+    (s.log() - (z.exp() * z).sum(-1) / s + 0.3 * (s.log() + m[..., 0])).sum().backward()
+    for got, want in ((qf.grad, q.grad), (kf.grad, k.grad)):
+        assert (got.double() - want).abs().max() <= 1e-6 * want.abs().max()
