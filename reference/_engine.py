@@ -528,8 +528,8 @@ def _polynomial_error(coeffs: tuple[Fraction, ...], Hf: float, EH: float, u: flo
         EP = math.inf
     if math.isfinite(EP):
         return from_float(EP)
-    # the same bound without overflow (the float evaluation never rounded it down
-    # by more than its 1.01 margin covers, so the exact one is as safe)
+    # the same expression without rounding: the factor 1.01 then covers only the
+    # coefficients' and the entropy's rounding to float64, as it did before
     q = [Fraction(ci) for ci in c]
     qh, qe = Fraction(Hf), Fraction(EH)
     qmax = abs(qh) + qe
