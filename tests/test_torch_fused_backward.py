@@ -11,9 +11,12 @@ kernels.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -134,3 +137,70 @@ def test_pass_one_gradient_of_large_tied_logits(e) -> None:
     (s.log() - (z.exp() * z).sum(-1) / s + 0.3 * (s.log() + m[..., 0])).sum().backward()
     for got, want in ((qf.grad, q.grad), (kf.grad, k.grad)):
         assert (got.double() - want).abs().max() <= 1e-6 * want.abs().max()
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    double=st.booleans(),
+    shape=st.tuples(
+        st.sampled_from([1, 3, 6]), st.sampled_from([2, 5, 9]), st.sampled_from([4, 16])
+    ),
+    same_dv=st.booleans(),
+    e=st.integers(0, 20),
+    mask=st.sampled_from(["none", "causal", "bool"]),
+    beta=st.sampled_from([1.0, 2.0, 0.5]),
+    backend=st.sampled_from(["auto", "composition", "hybrid", "chunked"]),
+    seed=st.integers(0, 2**16),
+)
+@example(  # dv 50 % off (logits near 2**33: the fused backward's float32 LSE)
+    double=False, shape=(6, 9, 16), same_dv=True, e=15, mask="none", beta=1.0,
+    backend="composition", seed=0,
+)  # fmt: skip
+def test_gradients_of_exactly_representable_logits(
+    double, shape, same_dv, e, mask, beta, backend, seed
+) -> None:
+    """Integer queries and keys times 2**e: every logit (and β times it) is exact in float32, so
+    every backend's forward and gradients must equal float64 autograd of the formula from the
+    same inputs at every magnitude, to a few ulps of each gradient's natural size."""
+    dtype = torch.float64 if double else torch.float32
+    L, S, D = shape
+    Dv = D if same_dv else 3
+    g = torch.Generator().manual_seed(seed)
+    q0 = torch.randint(-3, 4, (1, 2, L, D), generator=g).double() * 2.0**e
+    k0 = torch.randint(-3, 4, (1, 2, S, D), generator=g).double() * 2.0**e
+    v0 = torch.randn(1, 2, S, Dv, generator=g, dtype=torch.float64)
+    w = torch.randn(1, 2, L, Dv, generator=g, dtype=torch.float64)
+    causal = mask == "causal" and L <= S
+    keep = None
+    if mask == "bool":
+        keep = torch.rand(L, S, generator=g) < 0.7
+        keep[:, 0] = True
+
+    q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+    x = beta * (q @ k.transpose(-1, -2)) / math.sqrt(D)
+    if causal:
+        x = x.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), -math.inf)
+    if keep is not None:
+        x = x.masked_fill(~keep, -math.inf)
+    want = torch.softmax(x, -1) @ v
+    (want * w).sum().backward()
+
+    qa, ka, va = (t.to(dtype).clone().requires_grad_() for t in (q0, k0, v0))
+    out = storch.adaptive_attention(
+        qa, ka, va, attn_mask=keep, is_causal=causal, schedule=Constant(beta), backend=backend
+    )
+    (out * w.to(dtype)).sum().backward()
+
+    wv = float(w.abs().max() * v0.abs().max())
+    size = {
+        "out": float(v0.abs().max()),
+        "dq": beta / math.sqrt(D) * float(k0.abs().max()) * wv,
+        "dk": beta / math.sqrt(D) * float(q0.abs().max()) * wv * L,
+        "dv": float(w.abs().max()) * L,
+    }
+    tol = 1e-5 if dtype == torch.float32 else 1e-10
+    pairs = {"out": (out, want), "dq": (qa.grad, q.grad), "dk": (ka.grad, k.grad)}
+    pairs["dv"] = (va.grad, v.grad)
+    for name, (got, exact) in pairs.items():
+        err = float((got.detach().double() - exact.detach()).abs().max())
+        assert err <= tol * max(size[name], 1e-300), (name, err, size[name])
