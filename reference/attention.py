@@ -53,6 +53,7 @@ from softmaxtheory.spec import (
 
 from . import _engine as eng
 from ._api import PrecisionError
+from ._attention_interval import FLOAT_BOUND_PRECISION, interval_outputs
 from ._rounding import BinaryFormat, format_for, round_ball, round_exact
 
 __all__ = ["ATTENTION_MAX_PRECISION", "adaptive_attention"]
@@ -66,7 +67,9 @@ __all__ = ["ATTENTION_MAX_PRECISION", "adaptive_attention"]
 #: The exact logits are multiples of :math:`2^{-3222}` at the finest (products of
 #: subnormals under a subnormal scale); 8192 bits leave room beyond that, and a
 #: PrecisionError beyond them is raised as for the rows. Only such outputs pay for the
-#: bits.
+#: bits. Above :data:`._attention_interval.FLOAT_BOUND_PRECISION` (960) bits the
+#: engine's float error bounds would underflow, so those steps evaluate the row in
+#: interval arithmetic instead (:func:`._attention_interval.interval_outputs`).
 ATTENTION_MAX_PRECISION = 1 << 13
 
 RN = eng.RN
@@ -168,6 +171,12 @@ def _certify_row(
 
     def attempt(p: int) -> list[float] | None:
         nonlocal keep_all
+        if p > FLOAT_BOUND_PRECISION:  # past the engine's float error bounds: intervals
+            z = list(groups)
+            return interval_outputs(
+                z, [len(groups[d]) for d in z], [group_sums[d] for d in z], row.n_eff, fmt,
+                schedule, entropy_eps, p, fixed,
+            )  # fmt: skip
         C = math.inf if keep_all else eng.cutoff(row.n, p, fmt.qmin) + math.log1p(vmax)
         try:
             H = None

@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from softmaxtheory.reference import adaptive_attention, adaptive_softmax
-from softmaxtheory.spec import Constant
+from softmaxtheory.spec import Constant, PaperPolynomial
 from tests.support.independent import PAPER, round_to
 
 
@@ -241,3 +241,42 @@ def test_subnormal_logit_differences_next_to_a_rounding_midpoint(top):
         p1 = mpmath.exp(x) / (1 + mpmath.exp(x))
         want = (1 - p1) * mpmath.mpf(top) + p1
     assert float(got[0, 0]) == float(want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    gap=st.integers(600, 1400),
+    ulps=st.integers(0, 2**20),
+    w=st.sampled_from([0.0, 0.5, 2.0, -1.0, 3.0]),
+    schedule=st.sampled_from([Constant(1), Constant(2), PaperPolynomial()]),
+)
+@example(gap=1090, ulps=0, w=2.0, schedule=Constant(1))  # returned 1.0; exact 1 + 2**-52
+def test_a_far_key_next_to_a_tied_midpoint(gap, ulps, w, schedule):
+    """Two tied keys whose values average to a float64 rounding midpoint, and a third key
+    `gap` nats below them: the output is the midpoint moved by about e**-gap, which decides
+    its rounding. Past about 1074 bits the engine's float error bounds underflowed to 0 and
+    Ziv's test accepted the midpoint itself (1.0 where the exact output rounds up). Above
+    960 bits the outputs now come from interval arithmetic; checked against mpmath at 6000."""
+    a = 1.0 + ulps * 2.0**-52
+    b = a + 2.0**-52
+    q = np.array([[1.0]])
+    k = np.array([[float(gap)], [float(gap)], [0.0]])
+    v = np.array([[a], [b], [w]])
+    got = adaptive_attention(q, k, v, scale=1.0, schedule=schedule)[0, 0]
+    with mpmath.workprec(6000):
+        x = [mpmath.mpf(gap), mpmath.mpf(gap), mpmath.mpf(0)]
+        m = max(x)
+        e = [mpmath.exp(xi - m) for xi in x]
+        s = mpmath.fsum(e)
+        h = mpmath.log(s) - mpmath.fsum(ei * (xi - m) for ei, xi in zip(e, x, strict=True)) / s
+        if isinstance(schedule, Constant):
+            beta = mpmath.mpf(schedule.exact_beta.numerator) / schedule.exact_beta.denominator
+        else:  # H is log 2 within e**-600, where the paper's polynomial is 0.66: beta = 1
+            poly = mpmath.polyval([mpmath.mpf(c.numerator) / c.denominator
+                                   for c in schedule.exact_coefficients], h)  # fmt: skip
+            assert h > 0.5 and poly < 0.7
+            beta = mpmath.mpf(1)
+        wts = [mpmath.exp(beta * (xi - m)) for xi in x]
+        want = mpmath.fsum(wi * mpmath.mpf(vi) for wi, vi in zip(wts, (a, b, w), strict=True))
+        want /= mpmath.fsum(wts)
+    assert got == float(want)
