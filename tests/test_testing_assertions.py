@@ -523,3 +523,21 @@ def test_a_tolerance_that_cannot_fail_is_refused(kwargs):
     name = next(iter(k for k in kwargs if k != "mode"))
     with pytest.raises(ValueError, match=name):
         testing.assert_entropy_close(wrong, x, **kwargs)
+
+
+@pytest.mark.parametrize("got", [1.0, -1.0, 0.7, 0.0])
+def test_attention_check_allows_a_tie_broken_by_the_dot_products_error(got):
+    """Two keys tie at logits near 2**31 in float32, a third lies 8e8 below. The model lets a
+    float32 dot product of 16 terms err by 18 u |q||k|, about 1e4 here, so a kernel may split
+    the tie any way (SDPA on β-scaled queries took one key: the fuzzer's case); only the far
+    key stays out. The bound formed 0 * inf = NaN for that key (its weight underflows to 0,
+    its logit's error bound overflows e**r), and the check fell back to a floor of 2 ulps,
+    rejecting everything but the exact 0."""
+    q = np.array([[3.0, 3.0] + [0.0] * 14], dtype=np.float32) * 2**15
+    k = np.zeros((3, 16), dtype=np.float32)
+    k[0, 0] = k[1, 1] = 3 * 2**15
+    k[2, 0] = 2 * 2**15
+    v = np.array([[1.0], [-1.0], [0.5]], dtype=np.float32)
+    assert_attention_close(np.array([[got]], dtype=np.float32), (q, k, v), schedule=Constant(1))
+    with pytest.raises(KernelMismatch):  # outside every mix of the values
+        assert_attention_close(np.array([[5.0]], dtype=np.float32), (q, k, v), schedule=Constant(1))

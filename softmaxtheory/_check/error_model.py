@@ -441,12 +441,22 @@ def attention_bound(
     )
     beta, dbeta = beta_error(schedule, cond, dH, ui)
     r = adaptive_rel_error(cond, beta, dbeta, ui)
-    r = r + 2.0 * beta[..., None] * (ex + emax[..., None]) + fmt.u
-    with np.errstate(over="ignore", invalid="ignore"):
-        r = np.expm1(SLACK * r)
-    a = _softmax_beta(cond, np.asarray(beta)[..., None])
+    r = SLACK * (r + 2.0 * beta[..., None] * (ex + emax[..., None]) + fmt.u)
+    b = np.asarray(beta)[..., None]
+    a = _softmax_beta(cond, b)
     sigma = summation_factor(cond.n_eff)[..., None]
-    weight = a * (r + sigma * ui + fmt.u)
+    # a weight's error is a (e**r - 1). A key whose weight underflows to 0 (a = 0) may still
+    # get a weight near 1 when its logit may move by more than its gap (r huge): there
+    # 0 * inf was NaN, and the check fell back to a floor of 2 ulps. Such weights take the
+    # bound from log a = β z - log s instead, at most 1 (both weights lie in [0, 1])
+    live = cond.live & cond.regular[..., None]
+    with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+        moved = a * np.expm1(r)
+        bz = np.where(live, b * cond.z, -np.inf)
+        log_s = np.log(np.sum(np.exp(bz), axis=-1, keepdims=True))
+        far = np.minimum(np.exp(bz - log_s + r), 1.0 + sigma * ui)
+    moved = np.where(np.isfinite(moved) & (a > 0), moved, np.where(live, far, 0.0))
+    weight = moved + a * (sigma * ui + fmt.u)
     absv = np.abs(np.where(np.isfinite(v), v, 0.0))
     return np.einsum("...ls,...sd->...ld", weight, absv)
 
