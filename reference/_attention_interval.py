@@ -29,7 +29,17 @@ from typing import Any
 
 from mpmath import mp
 from mpmath.ctx_iv import MPIntervalContext
-from mpmath.libmp import fone, mpf_cmp
+from mpmath.libmp import (
+    fone,
+    from_float,
+    from_man_exp,
+    fzero,
+    mpf_add,
+    mpf_cmp,
+    mpf_shift,
+    mpf_sign,
+    mpf_sub,
+)
 
 from softmaxtheory._certify.rounding import round_exact
 from softmaxtheory.spec import Constant, LogLength, Polynomial, Schedule
@@ -149,9 +159,63 @@ def interval_outputs(
         num = sum((wg * _point(ctx, sg[c]) for wg, sg in zip(w, sums, strict=True)), ctx.mpf(0))
         value = _round(num / s, fmt)
         if value is None:
+            value = _across_a_boundary(ctx, num / s, w, counts, [sg[c] for sg in sums], fmt)
+        if value is None:
             return None
         out.append(value)
     return out
+
+
+def _across_a_boundary(
+    ctx: MPIntervalContext, o: Any, w: list, counts: list[int], sums: list[tuple], fmt: BinaryFormat
+) -> float | None:
+    r"""Round an output whose interval holds one rounding boundary :math:`\mu`, or None.
+
+    Ties at the maximum make exact dyadic means, and a far key moves the output off
+    such a mean by :math:`e^{-\Delta}`: no precision short of :math:`\Delta \log_2 e`
+    bits separates the interval from :math:`\mu`. But
+    :math:`o - \mu = \sum_g w_g (S_g - n_g \mu) / \sum_g n_g w_g`, and a group whose
+    mean is :math:`\mu` contributes exactly 0, so the sign of the numerator is known
+    at any precision: the far key's term alone, a tiny interval that excludes 0. A
+    numerator of exactly 0 is the tie itself (nearest even).
+    """
+    lo, hi = (round_exact(sign, man, exp, fmt) for sign, man, exp, _ in o._mpi_)
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo == hi:
+        return None
+    mu = mpf_shift(mpf_add(from_float(lo), from_float(hi), 0), -1)  # exact
+    if mu == fzero:
+        return None  # (a boundary at zero separates signed zeros: left to the engine)
+    # mu is the one boundary between lo and hi when just below it rounds to lo, above to hi
+    nudge = from_man_exp(1, mu[2] + mu[3] - 2 * fmt.precision - 8)
+    below = round_exact(*_parts(mpf_sub(mu, nudge, 0)), fmt)
+    above = round_exact(*_parts(mpf_add(mu, nudge, 0)), fmt)
+    if below != lo or above != hi:
+        return None
+    m = _point(ctx, mu)
+    d = sum(
+        (wg * (_point(ctx, sg) - n * m) for wg, n, sg in zip(w, counts, sums, strict=True)),
+        ctx.mpf(0),
+    )
+    d_lo, d_hi = d._mpi_
+    if mpf_sign(d_lo) > 0:
+        return hi
+    if mpf_sign(d_hi) < 0:
+        return lo
+    if d_lo == fzero and d_hi == fzero:  # exactly the boundary: nearest even
+        return lo if _even(lo, fmt) else hi
+    return None
+
+
+def _parts(x: tuple) -> tuple[int, int, int]:
+    sign, man, exp, _ = x
+    return sign, man, exp
+
+
+def _even(x: float, fmt: BinaryFormat) -> bool:
+    """Whether the float `x` of `fmt` has an even last significand bit."""
+    exp = math.frexp(abs(x))[1]  # |x| = f 2**exp, 1/2 <= f < 1
+    q = max(exp - fmt.precision, fmt.qmin)  # the spacing of `fmt` at x
+    return (int(math.ldexp(abs(x), -q)) & 1) == 0
 
 
 def _point(ctx: MPIntervalContext, x: tuple) -> Any:

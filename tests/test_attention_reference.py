@@ -280,3 +280,23 @@ def test_a_far_key_next_to_a_tied_midpoint(gap, ulps, w, schedule):
         want = mpmath.fsum(wi * mpmath.mpf(vi) for wi, vi in zip(wts, (a, b, w), strict=True))
         want /= mpmath.fsum(wts)
     assert got == float(want)
+
+
+@pytest.mark.parametrize("gap", [5000.0, 1e6, 1e300])
+@pytest.mark.parametrize("ulps", [0, 1, 12345])
+def test_a_key_too_far_for_any_precision_still_decides_a_tied_midpoint(gap, ulps):
+    """The same midpoint moved by e**-gap, far beyond any working precision: the output is
+    the midpoint plus a term of the sign of w - midpoint, so it rounds up for w above it and
+    down below it; without the far key it is the midpoint itself (a tie: nearest even). The
+    tied group's own term is exactly zero, so interval arithmetic at 1536 bits gets the sign
+    (before: PrecisionError at 8192 bits)."""
+    a = 1.0 + ulps * 2.0**-52
+    b = a + 2.0**-52
+    even = a if ulps % 2 == 0 else b
+    q = np.array([[1.0]])
+    for w, want in ((a + 1.0, b), (a - 1.0, a)):
+        k = np.array([[gap], [gap], [0.0]])
+        v = np.array([[a], [b], [w]])
+        assert adaptive_attention(q, k, v, scale=1.0, schedule=Constant(1))[0, 0] == want
+    two = adaptive_attention(q, np.array([[gap], [gap]]), np.array([[a], [b]]), scale=1.0)
+    assert two[0, 0] == even
