@@ -33,7 +33,6 @@ from mpmath.libmp import (
     fone,
     from_float,
     from_man_exp,
-    fzero,
     mpf_add,
     mpf_cmp,
     mpf_shift,
@@ -41,17 +40,17 @@ from mpmath.libmp import (
     mpf_sub,
 )
 
-from softmaxtheory._certify.rounding import round_exact
 from softmaxtheory.spec import Constant, LogLength, Polynomial, Schedule
 
-from ._rounding import BinaryFormat
+from ._api import MAX_PRECISION
+from ._rounding import BinaryFormat, round_exact
 
 __all__ = ["FLOAT_BOUND_PRECISION", "interval_outputs"]
 
 #: Working precisions above this many bits take :func:`interval_outputs`: below it
 #: every error unit :math:`2^{-p}` of the engine is a normal float64 with room for
 #: its safety factors (the rows' :data:`~softmaxtheory.reference.MAX_PRECISION`).
-FLOAT_BOUND_PRECISION = 960
+FLOAT_BOUND_PRECISION = MAX_PRECISION
 
 
 def _rational(ctx: MPIntervalContext, value: Fraction) -> Any:
@@ -101,15 +100,15 @@ def _beta(ctx: MPIntervalContext, schedule: Schedule, h: Any, n_eff: int) -> Any
     return ctx.mpf([mp.make_mpf(bottom), mp.make_mpf(top)])
 
 
-def _round(x: Any, fmt: BinaryFormat) -> float | None:
-    """The float of `fmt` nearest to every point of the interval `x`, or None."""
-    ends = []
-    for sign, man, exp, _ in x._mpi_:
-        ends.append(round_exact(sign, man, exp, fmt))
-    a, b = ends
-    if a != b or math.copysign(1.0, a) != math.copysign(1.0, b):  # -0.0 is not 0.0 here
-        return None
-    return a
+def _ends(x: Any, fmt: BinaryFormat) -> tuple[float, float]:
+    """The ends of the interval `x`, each rounded to `fmt` (nearest even)."""
+    lo, hi = (round_exact(*_parts(end), fmt) for end in x._mpi_)
+    return lo, hi
+
+
+def _same(a: float, b: float) -> bool:
+    """Whether two floats are the same, sign of zero included."""
+    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
 
 
 def interval_outputs(
@@ -157,34 +156,40 @@ def interval_outputs(
             out.append(fixed[c])
             continue
         num = sum((wg * _point(ctx, sg[c]) for wg, sg in zip(w, sums, strict=True)), ctx.mpf(0))
-        value = _round(num / s, fmt)
-        if value is None:
-            value = _across_a_boundary(ctx, num / s, w, counts, [sg[c] for sg in sums], fmt)
+        lo, hi = _ends(num / s, fmt)
+        # both ends round alike: so does the exact value (rounding is monotone)
+        value = lo
+        if not _same(lo, hi):
+            value = _across(ctx, lo, hi, w, counts, [sg[c] for sg in sums], fmt)
         if value is None:
             return None
         out.append(value)
     return out
 
 
-def _across_a_boundary(
-    ctx: MPIntervalContext, o: Any, w: list, counts: list[int], sums: list[tuple], fmt: BinaryFormat
+def _across(
+    ctx: MPIntervalContext,
+    lo: float,
+    hi: float,
+    w: list,
+    counts: list[int],
+    sums: list[tuple],
+    fmt: BinaryFormat,
 ) -> float | None:
     r"""Round an output whose interval holds one rounding boundary :math:`\mu`, or None.
 
-    Ties at the maximum make exact dyadic means, and a far key moves the output off
-    such a mean by :math:`e^{-\Delta}`: no precision short of :math:`\Delta \log_2 e`
-    bits separates the interval from :math:`\mu`. But
-    :math:`o - \mu = \sum_g w_g (S_g - n_g \mu) / \sum_g n_g w_g`, and a group whose
-    mean is :math:`\mu` contributes exactly 0, so the sign of the numerator is known
-    at any precision: the far key's term alone, a tiny interval that excludes 0. A
-    numerator of exactly 0 is the tie itself (nearest even).
+    `lo` and `hi` are the roundings of its ends. Ties at the maximum make exact dyadic
+    means, and a far key moves the output off such a mean by :math:`e^{-\Delta}`: no
+    precision short of :math:`\Delta \log_2 e` bits separates the interval from
+    :math:`\mu`. But :math:`o - \mu = \sum_g w_g (S_g - n_g \mu) / \sum_g n_g w_g`,
+    and a group whose mean is :math:`\mu` contributes exactly 0, so the sign of the
+    numerator is known at any precision: the far key's term alone, a tiny interval
+    that excludes 0. (A numerator of exactly 0 would need every group's mean to be
+    :math:`\mu`: such a column is one of ``fixed``, rounded exactly beforehand.)
     """
-    lo, hi = (round_exact(sign, man, exp, fmt) for sign, man, exp, _ in o._mpi_)
     if not (math.isfinite(lo) and math.isfinite(hi)) or lo == hi:
-        return None
-    mu = mpf_shift(mpf_add(from_float(lo), from_float(hi), 0), -1)  # exact
-    if mu == fzero:
         return None  # (a boundary at zero separates signed zeros: left to the engine)
+    mu = mpf_shift(mpf_add(from_float(lo), from_float(hi), 0), -1)  # exact
     # mu is the one boundary between lo and hi when just below it rounds to lo, above to hi
     nudge = from_man_exp(1, mu[2] + mu[3] - 2 * fmt.precision - 8)
     below = round_exact(*_parts(mpf_sub(mu, nudge, 0)), fmt)
@@ -201,21 +206,12 @@ def _across_a_boundary(
         return hi
     if mpf_sign(d_hi) < 0:
         return lo
-    if d_lo == fzero and d_hi == fzero:  # exactly the boundary: nearest even
-        return lo if _even(lo, fmt) else hi
     return None
 
 
 def _parts(x: tuple) -> tuple[int, int, int]:
     sign, man, exp, _ = x
     return sign, man, exp
-
-
-def _even(x: float, fmt: BinaryFormat) -> bool:
-    """Whether the float `x` of `fmt` has an even last significand bit."""
-    exp = math.frexp(abs(x))[1]  # |x| = f 2**exp, 1/2 <= f < 1
-    q = max(exp - fmt.precision, fmt.qmin)  # the spacing of `fmt` at x
-    return (int(math.ldexp(abs(x), -q)) & 1) == 0
 
 
 def _point(ctx: MPIntervalContext, x: tuple) -> Any:
