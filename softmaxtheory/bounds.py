@@ -877,9 +877,15 @@ def _size_text_of(enclose: Any, kind: str, digits: int, exact: Callable[[], int]
             return None
         a = _scientific(lo, digits, p + 64)
         b = _scientific(hi, digits, p + 64)
-        if a is None or a != b:
-            return None
-        return _format_scientific(*a)
+        if a is not None and a == b:
+            return _format_scientific(*a)
+        # The real range [lo + 1, hi + 2] has width above 1, so it holds a rounding
+        # boundary whenever the size is one: an integer (m + 1/2) 10**k, a size of
+        # digits + 1 digits ending in 5 (one in ten of them). No precision narrows
+        # the range past it; the integer itself, once its floor (ceiling) is
+        # decided, rounds (ties to even).
+        size = (_floor2_of if kind == "floor2" else _ceil_of)(iv)
+        return None if size is None else size_text(size, digits)
 
     return ivl.certify(enclose, accept)
 

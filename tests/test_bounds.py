@@ -10,7 +10,7 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 import pytest
-from hypothesis import example, given
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from softmaxtheory import bounds, reference
@@ -443,6 +443,48 @@ def test_size_text():
     )
     with pytest.raises(ValueError, match="digits"):
         bounds.dispersion_size(0.5, 1.0, digits=0)
+
+
+@pytest.fixture
+def low_precision_cap(monkeypatch):
+    """Certification stops at 4096 bits: a size text that is not decided by then fails fast.
+
+    Before the fix, a size of seven digits ending in 5 (a tie at six) climbed to
+    2**21 bits and more (minutes per call) and never decided.
+    """
+    import softmaxtheory._certify.interval as ivl
+
+    monkeypatch.setattr(ivl, "MAX_PRECISION", 4096)
+
+
+@pytest.mark.parametrize(
+    ("func", "args", "size", "text"),
+    [
+        (bounds.dispersion_size, (0.5, 13.90000180000001), 1088165, "1.08816e+6"),
+        (bounds.dispersion_size, (0.5, 14.000008), 1202615, "1.20262e+6"),
+        (bounds.dispersion_size, (0.01, 10.000006), 2180635, "2.18064e+6"),
+        (bounds.min_entropy_switch_off_size, (8.000002,), 1134725, "1.13472e+6"),
+    ],
+)
+def test_size_text_of_a_size_at_a_rounding_tie(low_precision_cap, func, args, size, text):
+    """A size on a rounding boundary of its text is rounded to even, at low precision.
+
+    The text was decided from the real range [v + 1, v + 2] around the size, which
+    holds the boundary at every precision; ``softmaxtheory bounds --spread
+    13.90000180000001`` printed nothing for minutes.
+    """
+    assert func(*args) == size
+    assert func(*args, digits=6) == bounds.size_text(size, 6) == text
+    assert func(*args, digits=7) == str(size)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(eps=st.sampled_from([0.5, 0.1]), spread=st.floats(13.9, 16.0))
+@example(eps=0.5, spread=13.90000180000001)
+def test_size_text_is_the_exact_size_rounded(low_precision_cap, eps, spread):
+    """dispersion_size's text is size_text of its exact integer (sizes of 7 and 8 digits)."""
+    exact = bounds.dispersion_size(eps, spread)
+    assert bounds.dispersion_size(eps, spread, digits=6) == bounds.size_text(exact, 6)
 
 
 @pytest.mark.theorem("T5")

@@ -1431,6 +1431,8 @@ valid_logits = st.lists(
     eps=st.sampled_from(["0.5", "0.01"]),
 )
 @example(logits=[0.0], schedule="paper", dtype="float64", spread=12.0, eps="0.01")
+# the size 3152725 ends in 5, a tie at six digits: the text was never decided (hung)
+@example(logits=[0.0], schedule="paper", dtype="float64", spread=14.963777341198764, eps="0.5")
 def test_cli_valid_arguments(logits, schedule, dtype, spread, eps) -> None:
     """Valid invocations exit 0; the JSON holds the reference's values."""
     CURRENT[0] = dict(locals())
