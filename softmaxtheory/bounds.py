@@ -2,10 +2,13 @@ r"""Dispersion limits of softmax over :math:`n` items with bounded logits.
 
 Every function here evaluates a closed form from the theory pages (T1, T2, T3,
 T6, T9) and returns it **correctly rounded** to float64 (to nearest), or, for
-sizes, as an exact Python ``int``. Values are certified by rigorous interval
-arithmetic at increasing precision (Ziv's strategy), so they neither overflow
-nor lose digits for huge spreads: the size at spread 800 is a 1,155-bit
-integer, computed exactly.
+sizes, as an exact Python ``int``. Spreads are the exception: the functions that
+return one (:func:`empirical_spread`, :func:`spread_from_norms`,
+:func:`spread_from_weights`) round it upward, since a spread is an argument of
+the other bounds, and those hold at any spread at least the row's. Values are
+certified by rigorous interval arithmetic at increasing precision (Ziv's
+strategy), so they neither overflow nor lose digits for huge spreads: the size
+at spread 800 is a 1,155-bit integer, computed exactly.
 
 Notation: :math:`n` items, logit spread :math:`\delta` (the width of an
 interval holding every logit of the row), inverse temperature :math:`\beta`.
@@ -1606,13 +1609,14 @@ def _nonnegative(value: Any, name: str) -> float:
 
 
 def _product_bound(*factors: float) -> float:
-    """The product of non-negative floats, exact, then rounded to nearest float64."""
-    from mpmath import libmp
-
+    """The product of non-negative floats, exact, then rounded upward to float64."""
     raw = libmp.from_int(1)
     for f in factors:
         raw = libmp.mpf_mul(raw, libmp.from_float(f))  # exact: no precision given
-    return ivl.float_of((raw, raw))  # type: ignore[return-value]
+    near = ivl.float_of((raw, raw))  # to nearest
+    if math.isfinite(near) and libmp.mpf_lt(libmp.from_float(near), raw):
+        return math.nextafter(near, math.inf)
+    return near  # type: ignore[return-value]
 
 
 @certifying("a bound")
@@ -1640,7 +1644,9 @@ def spread_from_norms(query_norm: Any, key_norm: Any, scale: Any = 1.0) -> Any:
     Returns
     -------
     float or numpy.ndarray
-        :math:`2 s \lVert q\rVert K`, correctly rounded to float64.
+        :math:`2 s \lVert q\rVert K`, rounded upward to float64 (the
+        smallest float64 at least as large; ``inf`` beyond the float range),
+        so that the bounds of this module evaluated at it hold for the row.
 
     Examples
     --------
@@ -1948,13 +1954,16 @@ def _times(x: Any, y: Any) -> Any:
 
 
 def _as_real_array(logits: Any) -> np.ndarray:
+    """`logits` as a numpy array that holds their exact values.
+
+    Floats of at most 64 bits and booleans become float64 (exactly); integers and
+    wider floats keep their dtype, which float64 may not hold.
+    """
     if hasattr(logits, "detach") and hasattr(logits, "float"):  # a torch tensor
         t = logits.detach()
         if t.is_complex():
             raise TypeError("logits must be real, got a complex tensor")
-        if not t.is_floating_point():
-            t = t.double()
-        elif t.element_size() < 4:
+        if t.is_floating_point() and t.element_size() < 4:
             t = t.float()  # float16 / bfloat16: exact in float32
         logits = t.cpu().numpy()
     arr = np.asarray(logits)
@@ -1962,7 +1971,34 @@ def _as_real_array(logits: Any) -> np.ndarray:
         raise TypeError("logits must be real, got complex values")
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"logits must be numeric, got dtype {arr.dtype}")
+    if arr.dtype.kind in "iu" or (arr.dtype.kind == "f" and arr.dtype.itemsize > 8):
+        return arr
     return arr.astype(np.float64)
+
+
+def _difference_up(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """:math:`hi - lo` rounded upward, for float64 arrays with ``hi >= lo`` finite.
+
+    The rounded difference and its error are exact (Knuth's two-sum, in the
+    default rounding to nearest); where the error is positive the difference
+    rounded down, and the next float is the upward rounding.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = hi - lo
+        b = s - hi
+        err = (hi - (s - b)) + (-lo - b)
+    up = np.isfinite(s) & (err > 0)
+    return np.where(up, np.nextafter(s, np.inf), s)
+
+
+def _exact_difference_up(hi: Any, lo: Any) -> float:
+    """:math:`hi - lo` for exact scalars (ints, long doubles), rounded upward to float64."""
+    exact = Fraction(*hi.as_integer_ratio()) - Fraction(*lo.as_integer_ratio())
+    try:
+        out = float(exact)  # to nearest
+    except OverflowError:
+        return math.inf
+    return math.nextafter(out, math.inf) if Fraction(out) < exact else out
 
 
 @certifying("a bound")
@@ -1983,14 +2019,21 @@ def empirical_spread(logits: Any, axis: int | tuple[int, ...] = -1) -> Any:
     Returns
     -------
     numpy.float64 or numpy.ndarray
-        The spreads, float64 (a single rounding of the exact difference), with
-        `axis` removed.
+        The spreads, with `axis` removed: each the exact difference rounded
+        upward to float64 (the smallest float64 at least as large, ``inf``
+        beyond the float range), so that the row's logits lie within it and
+        every bound of this module evaluated at it holds for the row. Rounded
+        to nearest, half the inexact differences came out below the row's
+        spread, and :func:`max_coefficient` at such a spread was one unit in
+        the last place below the row's correctly rounded largest coefficient.
 
     Examples
     --------
     >>> from softmaxtheory import bounds
     >>> bounds.empirical_spread([[0.0, 2.5, -float("inf")], [1.0, -1.0, 0.5]])
     array([2.5, 2. ])
+    >>> bounds.empirical_spread([1.0, -2.0**-60])  # 1 + 2**-60 rounded up
+    np.float64(1.0000000000000002)
 
     A ``numpy.ma.MaskedArray`` with masked entries is refused (its mask
     would be dropped); ``logits.filled(-np.inf)`` gives the spread of the
@@ -2004,11 +2047,32 @@ def empirical_spread(logits: Any, axis: int | tuple[int, ...] = -1) -> Any:
         axes = _normalize_axis_tuple(axis, x.ndim)
     except (np.exceptions.AxisError, TypeError) as exc:
         raise ValueError(f"axis {axis!r} is out of range for logits of shape {x.shape}") from exc
+    if x.dtype.kind in "iu":  # exact integers, never masked
+        if x.size == 0:
+            x = x.astype(np.float64)  # every row empty: spread 0 below
+        else:
+            hi, lo = np.max(x, axis=axes), np.min(x, axis=axes)
+            out = np.array(
+                [
+                    _exact_difference_up(int(a), int(b))
+                    for a, b in zip(hi.ravel(), lo.ravel(), strict=True)
+                ],
+                dtype=np.float64,
+            ).reshape(hi.shape)
+            return out[()] if out.ndim == 0 else out
     masked = x == -np.inf
     bad = np.any(np.isnan(x) | (x == np.inf), axis=axes)
     hi = np.max(np.where(masked, -np.inf, x), axis=axes, initial=-np.inf)
     lo = np.min(np.where(masked, np.inf, x), axis=axes, initial=np.inf)
-    with np.errstate(invalid="ignore", over="ignore"):
-        spread = np.where(np.isfinite(hi) & np.isfinite(lo), hi - lo, 0.0)
+    finite = np.isfinite(hi) & np.isfinite(lo)
+    if x.dtype == np.float64:
+        spread = np.where(
+            finite, _difference_up(np.where(finite, hi, 0.0), np.where(finite, lo, 0.0)), 0.0
+        )
+    else:  # a long double: its exact values, one row at a time
+        spread = np.zeros(hi.shape, dtype=np.float64)
+        for i in np.ndindex(hi.shape):
+            if finite[i]:
+                spread[i] = _exact_difference_up(hi[i], lo[i])
     spread = np.where(bad, np.nan, spread)
     return spread[()] if spread.ndim == 0 else spread

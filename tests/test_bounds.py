@@ -536,10 +536,18 @@ def test_user_polynomials():
 
 @pytest.mark.theorem("T9")
 @given(q=st.floats(0.0, 1e6), k=st.floats(0.0, 1e6), scale=st.floats(1e-3, 10.0, exclude_min=False))
-def test_spread_from_norms_is_correctly_rounded(q, k, scale):
-    """spread_from_norms is 2 * scale * |q| * |k| correctly rounded (exact rationals)."""
+@example(q=1.0 + 2.0**-52, k=1.5, scale=1.0)  # 3 + 3 * 2**-52: a tie, to even is below
+@example(q=0.1, k=0.1, scale=1.0)  # to nearest is below the exact product
+def test_spread_from_norms_is_rounded_upward(q, k, scale):
+    """spread_from_norms is 2 * scale * |q| * |k| rounded upward (exact rationals).
+
+    It is a spread the bounds are evaluated at: rounded to nearest, half the
+    inexact products came out below the bound of T9.
+    """
     exact = 2 * Fraction(scale) * Fraction(q) * Fraction(k)
-    assert bounds.spread_from_norms(q, k, scale) == float(exact)
+    got = bounds.spread_from_norms(q, k, scale)
+    assert Fraction(got) >= exact
+    assert got == 0.0 or Fraction(math.nextafter(got, 0.0)) < exact
 
 
 def exact_vec(v):
@@ -730,6 +738,63 @@ def test_empirical_spread_axes_and_dtypes():
         bounds.empirical_spread(np.array([1j, 2.0]))
     with pytest.raises(ValueError, match="dimension"):
         bounds.empirical_spread(3.0)
+
+
+def _exact_spread(row) -> Fraction:
+    finite = [Fraction(v) for v in np.asarray(row, dtype=np.float64).tolist() if v != -math.inf]
+    return max(finite) - min(finite) if finite else Fraction(0)
+
+
+rows_of_floats = st.lists(
+    st.one_of(st.floats(-1e6, 1e6), st.floats(-1e-300, 1e-300), st.just(-math.inf)),
+    min_size=1,
+    max_size=6,
+)
+
+
+@given(row=rows_of_floats, dtype=st.sampled_from([np.float64, np.float32]))
+@example(row=[0.7981434307915531, -0.049460755213309296], dtype=np.float64)
+@example(row=[1.0, -(2.0**-60)], dtype=np.float64)
+@example(row=[5e-324, -5e-324, -math.inf], dtype=np.float64)
+def test_empirical_spread_is_the_exact_spread_rounded_upward(row, dtype):
+    """The smallest float64 at least the exact max - min of the unmasked items."""
+    x = np.asarray(row, dtype=dtype)
+    exact = _exact_spread(x)
+    got = float(bounds.empirical_spread(x))
+    assert Fraction(got) >= exact
+    assert got == 0.0 or Fraction(math.nextafter(got, 0.0)) < exact
+
+
+@pytest.mark.theorem("T1")
+@given(row=st.lists(st.floats(-30, 30), min_size=2, max_size=6))
+@example(row=[0.7981434307915531, -0.049460755213309296])  # 1 ulp above T1 before
+@example(row=[0.6104146356581587, -0.058818775708404374])
+@example(row=[0.8707871887053318, -0.04771130551690931])
+def test_the_bounds_at_the_measured_spread_hold_for_the_row(row):
+    """T1 and T3 at empirical_spread(row) bound the row's correctly rounded softmax and entropy.
+
+    The measured spread was rounded to nearest: below the row's spread for half the
+    inexact differences, and max_coefficient there fell one ulp below the row's
+    largest coefficient, as reference.softmax rounds it.
+    """
+    n, delta = len(row), float(bounds.empirical_spread(row))
+    alpha = reference.softmax(row)
+    assert alpha.max() <= bounds.max_coefficient(n, delta)
+    assert alpha.min() >= bounds.min_coefficient(n, delta)
+    assert float(reference.entropy(row)) >= bounds.entropy_lower_bound(n, delta)
+
+
+def test_empirical_spread_of_exact_integers_and_long_doubles():
+    """Integers beyond 2**53 and long doubles are differenced exactly, then rounded upward."""
+    assert bounds.empirical_spread(np.array([0, 2**53 + 1])) == 2.0**53 + 2
+    assert bounds.empirical_spread(np.array([-(2**63), 2**63 - 1])) == 2.0**64
+    assert bounds.empirical_spread(np.array([[1, 2], [3, 9]], dtype=np.uint8)).tolist() == [1, 6]
+    assert bounds.empirical_spread(np.zeros((2, 0), dtype=np.int64)).tolist() == [0.0, 0.0]
+    wide = np.array([np.longdouble(1) + np.longdouble(2) ** -60, 0.0], dtype=np.longdouble)
+    if wide[0] != 1:  # a platform whose long double is wider than float64
+        assert bounds.empirical_spread(wide) == math.nextafter(1.0, 2.0)
+    big = np.array([-np.inf, np.longdouble(3), np.longdouble(1)], dtype=np.longdouble)
+    assert bounds.empirical_spread(big) == 2.0
 
 
 def test_empirical_spread_of_torch_tensors():
