@@ -31,7 +31,7 @@ Examples
 >>> bounds.max_coefficient(297, 5.69) < 0.5 <= bounds.max_coefficient(296, 5.69)
 True
 >>> bounds.adaptive_beta_max()
-2.421387706631524
+2.4213877066315246
 """
 
 from __future__ import annotations
@@ -512,7 +512,11 @@ def adaptive_beta_max(schedule: Schedule | None = None) -> float:
 
     For the paper's polynomial, :math:`\beta_{\max} = P(H^\ast)` at the unique
     critical point :math:`H^\ast` of :math:`P`; adaptive coefficients then obey
-    T1 with :math:`\beta = \beta_{\max}`.
+    T1 with :math:`\beta = \beta_{\max}`: ``max_coefficient(n, spread,
+    adaptive_beta_max())`` bounds them. That is why the value is rounded upward:
+    the nearest float, 2.421387706631524 for the paper's polynomial, is below
+    :math:`\beta_{\max} = 2.42138770663152427\ldots`, and T1 at it fell one
+    unit in the last place below rows whose entropy is near :math:`H^\ast`.
 
     Parameters
     ----------
@@ -523,20 +527,31 @@ def adaptive_beta_max(schedule: Schedule | None = None) -> float:
     Returns
     -------
     float
-        :math:`\sup_H \beta(H)`, correctly rounded; ``inf`` when unbounded.
+        :math:`\sup_H \beta(H)` rounded upward (the smallest float64 at least
+        as large; ``Constant("0.3")`` gives 0.30000000000000004, since 0.3 is
+        below 3/10); ``inf`` when unbounded.
 
     Examples
     --------
     >>> from softmaxtheory import bounds
     >>> bounds.adaptive_beta_max()
-    2.421387706631524
+    2.4213877066315246
     """
     sched = resolve_schedule(schedule)
     if isinstance(sched, Constant):
-        return float(sched.exact_beta)
+        return _float_up(sched.exact_beta)
     if isinstance(sched, LogLength):
         return math.inf
-    return adp.peak(adp.polynomial_schedule(sched))[1]
+    return adp.beta_max_up(adp.polynomial_schedule(sched))
+
+
+def _float_up(value: Fraction) -> float:
+    """The smallest float64 at least `value` (``inf`` beyond the float range)."""
+    try:
+        out = float(value)  # to nearest
+    except OverflowError:
+        return math.inf
+    return math.nextafter(out, math.inf) if Fraction(out) < value else out
 
 
 @certifying("a bound")
@@ -1584,7 +1599,7 @@ def adaptive_dispersion_size(eps: Any, spread: Any, schedule: Schedule | None = 
 
     def one(eps: float, spread: float) -> int:
         if isinstance(sched, Constant):
-            return _dispersion_size(eps, spread, float(sched.exact_beta))
+            return _dispersion_size(eps, spread, sched.exact_beta)  # exact: "0.3" is 3/10
         if isinstance(sched, LogLength):
             raise ValueError("LogLength schedules need not disperse: there is no such size")
         poly = adp.polynomial_schedule(sched)
@@ -1993,12 +2008,7 @@ def _difference_up(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
 
 def _exact_difference_up(hi: Any, lo: Any) -> float:
     """:math:`hi - lo` for exact scalars (ints, long doubles), rounded upward to float64."""
-    exact = Fraction(*hi.as_integer_ratio()) - Fraction(*lo.as_integer_ratio())
-    try:
-        out = float(exact)  # to nearest
-    except OverflowError:
-        return math.inf
-    return math.nextafter(out, math.inf) if Fraction(out) < exact else out
+    return _float_up(Fraction(*hi.as_integer_ratio()) - Fraction(*lo.as_integer_ratio()))
 
 
 @certifying("a bound")

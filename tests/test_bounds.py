@@ -243,9 +243,11 @@ def independent_constants():
 
 @pytest.mark.theorem("T6")
 def test_adaptive_constants_are_correctly_rounded():
-    """beta_max, its argmax H* and the window (H_on, H_off) are correctly rounded roots of P."""
+    """H* and the window (H_on, H_off) are correctly rounded; beta_max is rounded upward."""
     h_star, beta_max, h_on, h_off = independent_constants()
-    assert bounds.adaptive_beta_max() == round_to(beta_max, "f8")
+    top = bounds.adaptive_beta_max()
+    assert mpmath.mpf(math.nextafter(top, 0.0)) < beta_max <= mpmath.mpf(top)
+    assert top == math.nextafter(round_to(beta_max, "f8"), 3.0)  # the nearest is below
     assert bounds.adaptive_beta_argmax() == round_to(h_star, "f8")
     assert bounds.adaptive_window() == (round_to(h_on, "f8"), round_to(h_off, "f8"))
     assert str(bounds.adaptive_beta_max()).startswith("2.4213877066")
@@ -256,6 +258,9 @@ def test_adaptive_constants_are_correctly_rounded():
 @pytest.mark.theorem("T6")
 @given(boxed_rows(max_size=60))
 @example((np.array([3.0, 0.0, 0.0, 0.0, 0.0]), 3.0))
+# entropy near H*: T1 at the nearest float of beta_max was one ulp below the row
+@example((np.r_[2.5962206525940714, np.zeros(99)], 2.5962206525940714))
+@example((np.r_[2.5962206525940843, np.zeros(99)], 2.5962206525940843))
 def test_adaptive_coefficients_obey_t1_with_beta_max(case):
     """Adaptive beta lies in [1, beta_max], and adaptive coefficients obey T1 with beta_max."""
     x, spread = case
@@ -493,6 +498,42 @@ def test_threshold_at_or_below_zero_never_jumps():
     assert not Polynomial(("1", "2"), threshold="0").jumps_at_threshold
     assert not Polynomial(("1", "2"), threshold="-1").jumps_at_threshold
     assert Polynomial(("1", "2"), threshold="0.5").jumps_at_threshold
+
+
+@given(
+    beta=st.sampled_from(["0.3", "0.7", "1.1", "0.1", "2"]),
+    top=st.floats(1.0, 40.0),
+    n=st.sampled_from([2, 3, 10]),
+)
+@example(beta="0.3", top=2.5788907490503243, n=10)  # one ulp above the bound before
+@example(beta="0.3", top=4.923693288427752, n=2)
+def test_constant_decimal_schedules_bound_their_rows(beta, top, n):
+    """A Constant's decimal beta enters the adaptive bounds exactly, not as its float.
+
+    float("0.3") is below 3/10, which the reference uses: T1 at it fell one ulp
+    below the reference's largest coefficient (19 of 1,200 random rows).
+    """
+    sched = Constant(beta)
+    row = np.r_[top, np.zeros(n - 1)]
+    alpha = reference.adaptive_softmax(row, schedule=sched).max()
+    spread = float(bounds.empirical_spread(row))
+    assert alpha <= bounds.adaptive_max_coefficient(n, spread, sched)
+    assert alpha <= bounds.max_coefficient(n, spread, bounds.adaptive_beta_max(sched))
+    assert Fraction(bounds.adaptive_beta_max(sched)) >= sched.exact_beta
+
+
+def test_adaptive_beta_max_is_rounded_upward_and_decides_exact_peaks():
+    """The smallest float at least the peak, also where the peak is a float at an irrational H."""
+    assert bounds.adaptive_beta_max(Constant("0.3")) == math.nextafter(0.3, 1.0)
+    assert bounds.adaptive_beta_max(Constant("0.5")) == 0.5
+    # -9 H^2 + 6 H + 1 peaks at exactly 2 at H = 1/3: no enclosure of P(1/3) excludes 2
+    assert bounds.adaptive_beta_max(Polynomial(("-9", "6", "1"), "0.1")) == 2.0
+    # -H^2 + 3 H peaks at 9/4 = 2.25 (a float) at H = 3/2
+    assert bounds.adaptive_beta_max(Polynomial(("-1", "3", "0"), "0.1")) == 2.25
+    # -H^2 + H + 2.06 decreases beyond the threshold 0.6: the sup is P(0.6) = 2.3 > float(2.3)
+    assert Fraction(2.3) < Fraction("2.3")
+    decreasing = Polynomial(("-1", "1", "2.06"), "0.6")
+    assert bounds.adaptive_beta_max(decreasing) == math.nextafter(2.3, 3.0)
 
 
 def test_constant_and_loglength_schedules():

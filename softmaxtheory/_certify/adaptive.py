@@ -125,27 +125,24 @@ def round_root(sf: pr.Poly, root: list) -> float:
     return float(a)
 
 
-@lru_cache(maxsize=64)
-def peak(schedule: Polynomial) -> tuple[float, float]:
-    r"""(argmax, max) of β over entropies above the threshold, correctly rounded.
+def _peak_candidates(schedule: Polynomial) -> tuple[pr.Poly, list[list[Any]]]:
+    """The places β may peak above the threshold: ``[lo, hi, where]`` with ``P`` in [lo, hi].
 
-    The supremum of :math:`\max(P, 1)` over :math:`H > \theta` is 1, or
-    :math:`P(\theta)` (approached from the right), or :math:`P` at a critical
-    point above :math:`\theta`, or infinite.
+    ``where`` is the threshold (a Fraction, with ``lo == hi``) or the isolating
+    interval ``[a, b]`` of a critical point of ``P`` (narrowed in place later).
+    Returns the square-free derivative (for refining) and the candidates whose
+    ``P`` may exceed 1; none when the schedule has no window.
     """
     segments, _ = window_exact(schedule)
     p = schedule.exact_coefficients
     theta = schedule.exact_threshold
-    if not segments:
-        return math.nan, 1.0
-    if segments[-1][1] == math.inf and len(p) > 1 and p[0] > 0:
-        return math.inf, math.inf
-    # candidates: [P-enclosure lo, hi, location]; a location is theta or an isolating interval
     candidates: list[list[Any]] = []
+    dsf: pr.Poly = (Fraction(1),)
+    if not segments:
+        return dsf, candidates
     v = pr.evaluate(p, theta)
     if v > 1:
         candidates.append([v, v, theta])
-    dsf: pr.Poly = (Fraction(1),)
     if len(p) > 2:
         dsf, crit = pr.isolate_roots(pr.derivative(p))
         for a, b in crit:
@@ -154,6 +151,27 @@ def peak(schedule: Polynomial) -> tuple[float, float]:
                 lo, hi = pr.evaluate_range(p, root[0], root[1])
                 if hi > 1:
                     candidates.append([lo, hi, root])
+    return dsf, candidates
+
+
+def _unbounded(schedule: Polynomial) -> bool:
+    segments, _ = window_exact(schedule)
+    p = schedule.exact_coefficients
+    return bool(segments) and segments[-1][1] == math.inf and len(p) > 1 and p[0] > 0
+
+
+@lru_cache(maxsize=64)
+def peak(schedule: Polynomial) -> tuple[float, float]:
+    r"""(argmax, max) of β over entropies above the threshold, correctly rounded.
+
+    The supremum of :math:`\max(P, 1)` over :math:`H > \theta` is 1, or
+    :math:`P(\theta)` (approached from the right), or :math:`P` at a critical
+    point above :math:`\theta`, or infinite.
+    """
+    if _unbounded(schedule):
+        return math.inf, math.inf
+    dsf, candidates = _peak_candidates(schedule)
+    p = schedule.exact_coefficients
     if not candidates:
         return math.nan, 1.0
     while True:
@@ -172,6 +190,42 @@ def peak(schedule: Polynomial) -> tuple[float, float]:
             where = contenders[0][2]
             arg = float(where) if isinstance(where, Fraction) else round_root(dsf, where)
             return arg, float(contenders[0][0])
+
+
+def _at_most(p: pr.Poly, dsf: pr.Poly, candidate: list[Any], bound: Fraction) -> bool:
+    """Whether ``P`` at the candidate's place is at most `bound`, decided exactly."""
+    lo, hi, where = candidate
+    if isinstance(where, Fraction):
+        return lo <= bound
+    a, b = where
+    # P(r) == bound exactly iff r is a root of gcd(P - bound, P'): no enclosure decides that
+    shifted = (*p[:-1], p[-1] - bound)
+    if pr.count_roots(pr.gcd(shifted, dsf), a, b) > 0:
+        return True
+    while True:
+        lo, hi = pr.evaluate_range(p, a, b)
+        if hi <= bound or lo > bound:
+            return hi <= bound
+        a, b = pr.refine(dsf, a, b)
+
+
+@lru_cache(maxsize=64)
+def beta_max_up(poly: Polynomial) -> float:
+    r""":math:`\beta_{\max}` rounded upward: the smallest float64 at least its exact value.
+
+    The correctly rounded :func:`peak` is below the exact value for about half
+    the schedules (the paper's: 2.421387706631524 < 2.42138770663152427...), and
+    T1 evaluated at it may then fall below a row whose β is the exact peak.
+    """
+    top = peak(poly)[1]
+    if not math.isfinite(top) or top == 1.0:
+        return top  # unbounded, or no window: beta = 1 exactly
+    dsf, candidates = _peak_candidates(poly)
+    p = poly.exact_coefficients
+    exact = Fraction(top)
+    if all(_at_most(p, dsf, c, exact) for c in candidates):
+        return top
+    return math.nextafter(top, math.inf)
 
 
 @lru_cache(maxsize=1024)
@@ -246,14 +300,10 @@ def adaptive_beta_up(n: int, spread: float, schedule: Polynomial) -> float:
     return beta_up_on(schedule, max(Fraction(0), log_lo - entropy_gap_upper(spread)), log_hi)
 
 
-def beta_max_up(poly: Polynomial) -> float:
-    """The float just above the correctly rounded β_max: never below the exact value."""
-    top = peak(poly)[1]
-    return math.nextafter(top, math.inf) if top > 1.0 else 1.0
+def beta_sup(n: int, spread: float, sched: Schedule) -> float | Fraction:
+    """A number at least every β that `sched` gives a row of `n` items with spread ≤ `spread`.
 
-
-def beta_sup(n: int, spread: float, sched: Schedule) -> float:
-    """A float at least every β that `sched` gives a row of `n` items with spread ≤ `spread`.
+    A float, or for a :class:`~softmaxtheory.spec.Constant` its exact β.
 
     The β that :func:`softmaxtheory.bounds.adaptive_max_coefficient` puts into T1
     (and that the ``bounds`` command prints its decimal of).
@@ -266,7 +316,7 @@ def beta_sup(n: int, spread: float, sched: Schedule) -> float:
         not entropy-driven.
     """
     if isinstance(sched, Constant):
-        return float(sched.exact_beta)
+        return sched.exact_beta  # exact: its float may be below it ("0.3")
     if isinstance(sched, LogLength):
         raise ValueError("LogLength schedules: use max_coefficient(n, spread, beta=s*log(n))")
     return adaptive_beta_up(n, spread, polynomial_schedule(sched))

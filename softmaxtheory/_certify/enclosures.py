@@ -13,6 +13,7 @@ whose width shrinks with ``prec``, for Ziv's loop (:func:`.interval.certify`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 from mpmath import libmp
@@ -34,9 +35,13 @@ __all__ = [
 EXP_CAP = 1 << 21
 
 
-def exp_enclosure(spread: float, beta: float, prec: int, sign: int) -> ivl.Interval:
-    r"""An enclosure of :math:`e^{\pm\beta\delta}` (endpoints 0 or ∞ beyond :data:`EXP_CAP`)."""
-    t = ivl.iv_mul(ivl.iv_exact(beta), ivl.iv_exact(spread), prec)
+def exp_enclosure(spread: float, beta: float | Fraction, prec: int, sign: int) -> ivl.Interval:
+    r"""An enclosure of :math:`e^{\pm\beta\delta}` (endpoints 0 or ∞ beyond :data:`EXP_CAP`).
+
+    `beta` is a float or an exact rational (a ``Constant`` schedule's decimal).
+    """
+    b = ivl.iv_fraction(beta, prec) if isinstance(beta, Fraction) else ivl.iv_exact(beta)
+    t = ivl.iv_mul(b, ivl.iv_exact(spread), prec)
     if sign < 0:
         t = (libmp.mpf_neg(t[1]), libmp.mpf_neg(t[0]))
     big = libmp.from_int(EXP_CAP)

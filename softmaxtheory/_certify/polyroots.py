@@ -17,6 +17,7 @@ __all__ = [
     "derivative",
     "evaluate",
     "evaluate_range",
+    "gcd",
     "isolate_roots",
     "refine",
     "root_bound",
@@ -80,14 +81,20 @@ def _divide(a: Poly, b: Poly) -> Poly:
     return tuple(quotient) if quotient else (Fraction(0),)
 
 
+def gcd(a: Poly, b: Poly) -> Poly:
+    """A greatest common divisor of two polynomials, not both zero (Euclid, exact)."""
+    a, b = _trim(a), _trim(b)
+    while not (len(b) == 1 and b[0] == 0):
+        a, b = b, _remainder(a, b)
+    return a
+
+
 def squarefree(p: Poly) -> Poly:
     r""":math:`p / \gcd(p, p')`: the same real roots, each simple."""
     p = _trim(p)
     if len(p) <= 2:
         return p
-    a, b = p, derivative(p)
-    while not (len(b) == 1 and b[0] == 0):
-        a, b = b, _remainder(a, b)
+    a = gcd(p, derivative(p))
     if len(a) == 1:
         return p
     return _trim(_divide(p, a))
