@@ -1482,7 +1482,14 @@ def _dispersion_witness(
 
     lo_l = math.log(2.0)
     if ok(lo_l, 2)[0] < eps:
-        return None
+        # β is not monotone in n: longer rows may reach eps where two items do not
+        # (a schedule that sharpens only entropies above log 2); start from one
+        for m in _ladder(3, upper):
+            if ok(float(adp.log_bounds(m)[0]), m)[0] >= eps:
+                lo_l = float(adp.log_bounds(m)[0])
+                break
+        else:
+            return None
     hi_l = float(adp.log_bounds(upper)[1])
     for _ in range(48):  # bisection on log n: the best value falls with n
         mid = 0.5 * (lo_l + hi_l)
@@ -1505,6 +1512,15 @@ def _dispersion_witness(
                 pass
         n = max(2, n - max(1, n >> 20))
     return None
+
+
+def _ladder(start: int, stop: int) -> list[int]:
+    """Lengths from `start` to `stop` (exclusive), each about 1.25 times the last."""
+    out, m = [], start
+    while m < stop:
+        out.append(m)
+        m = max(m + 1, m + (m >> 2))
+    return out
 
 
 def _exp_int(log_n: float) -> int:
@@ -1557,9 +1573,8 @@ def adaptive_dispersion_bracket(eps: Any, spread: Any, schedule: Schedule | None
     _check_exponent(spread * 2.5, "spread")
     upper = _adaptive_upper_size(eps, spread, sched)
     row = _dispersion_witness(eps, spread, sched, upper)
-    if row is None:  # no row of two items reaches eps: the size is 2 at most
-        row2 = (2, 0, 0.0)
-        return Bracket(lower=2, upper=max(2, min(upper, 2)), witness=_witness(*row2, spread))
+    if row is None:  # no longer row found that reaches eps: one item does (its coefficient is 1)
+        return Bracket(lower=2, upper=upper, witness=LevelRow((0.0,), (1,)))
     n, j, c = row
     return Bracket(lower=n + 1, upper=max(upper, n + 1), witness=_witness(n, j, c, spread))
 

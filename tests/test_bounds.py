@@ -409,6 +409,33 @@ def test_dispersion_bracket(spread):
         assert (b.lower, b.upper) == (1253, 5828)
 
 
+@pytest.mark.theorem("T6")
+@pytest.mark.parametrize(
+    ("eps", "spread", "schedule"),
+    [
+        (0.8, 1.0, None),  # two items stay below 0.8: the bracket was [2, 2], upper 5 certified
+        (0.8, 0.5, Polynomial(("-20", "48", "-18.8"), "0.7")),  # three items reach 0.984
+        (0.8, 0.3390956478509337, Polynomial(("-1", "1", "1.75"), "0.5")),
+        (0.3, 2.0, Polynomial(("-1", "4", "-2"), "0.5")),
+    ],
+)
+def test_dispersion_bracket_when_two_items_stay_below_eps(eps, spread, schedule):
+    """The witness (lower - 1 items) reaches eps, and upper is the certified size.
+
+    Where no row of two items reached eps the bracket claimed [2, 2] with a
+    two-item witness below eps; adaptive β grows with the entropy, so a longer
+    row may reach eps (here a three-item row of spread 0.5 reaches 0.984).
+    """
+    b = bounds.adaptive_dispersion_bracket(eps, spread, schedule)
+    assert b.witness.n == b.lower - 1 and b.witness.spread <= spread
+    assert reference.adaptive_softmax(b.witness.logits(), schedule=schedule).max() >= eps
+    assert b.upper == bounds.adaptive_dispersion_size(eps, spread, schedule) >= b.lower
+    # the old answer, size 2, was false: three items reach 0.98
+    if schedule == Polynomial(("-20", "48", "-18.8"), "0.7"):
+        assert reference.adaptive_softmax([0.5, 0.0, 0.0], schedule=schedule).max() > 0.98
+        assert b.lower == b.upper == 6
+
+
 @given(eps=st.floats(0.01, 0.99), spread=st.floats(0.0, 12.0))
 @example(eps=0.5, spread=5.69)
 @example(eps=0.99, spread=0.0)
