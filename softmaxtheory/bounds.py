@@ -378,10 +378,10 @@ def _dispersion_size(eps: float, spread: float, beta: float) -> int:
     return _floor_size(scale, spread, beta)
 
 
-def _dispersion_text(eps: float, spread: float, beta: float, digits: int) -> str:
+def _dispersion_text(eps: float, spread: float, beta: float, digits: int, rounding: str) -> str:
     scale = 1 / Fraction(eps) - 1
     if spread == 0.0:
-        return size_text(math.floor(scale) + 2, digits)
+        return size_text(math.floor(scale) + 2, digits, rounding=rounding)
     _check_exponent(spread * beta, "spread * beta")
     extra = max(8, int(spread * beta).bit_length() + 8)
 
@@ -389,11 +389,15 @@ def _dispersion_text(eps: float, spread: float, beta: float, digits: int) -> str
         p = prec + extra
         return ivl.iv_mul(ivl.iv_fraction(scale, p), enc.exp_enclosure(spread, beta, p, +1), p)
 
-    return _size_text_of(enclose, "floor2", digits, lambda: _dispersion_size(eps, spread, beta))
+    return _size_text_of(
+        enclose, "floor2", digits, rounding, lambda: _dispersion_size(eps, spread, beta)
+    )
 
 
 @certifying("a bound")
-def dispersion_size(eps: Any, spread: Any, beta: Any = 1.0, *, digits: int | None = None) -> Any:
+def dispersion_size(
+    eps: Any, spread: Any, beta: Any = 1.0, *, digits: int | None = None, rounding: str = "nearest"
+) -> Any:
     r"""The number of items beyond which no coefficient can reach `eps` (T2).
 
     Every row of :math:`n` items with logit spread :math:`\delta` has
@@ -423,6 +427,9 @@ def dispersion_size(eps: Any, spread: Any, beta: Any = 1.0, *, digits: int | Non
         significant digits (see :func:`size_text`). Fast for every spread up
         to :data:`MAX_EXPONENT`; the exact integer of a spread near that limit
         has hundreds of thousands of digits and takes minutes.
+    rounding : {'nearest', 'up', 'down'}, default 'nearest'
+        How the text is rounded (see :func:`size_text`): ``'up'`` keeps "no
+        coefficient reaches eps from n on" true of the printed n.
 
     Returns
     -------
@@ -442,9 +449,10 @@ def dispersion_size(eps: Any, spread: Any, beta: Any = 1.0, *, digits: int | Non
     '3.03322e+434294'
     """
     nd = _digits_option(digits)
+    mode = _rounding_option(rounding)
     if nd is not None:
         return _elementwise(
-            lambda eps, spread, beta: _dispersion_text(eps, spread, beta, nd),
+            lambda eps, spread, beta: _dispersion_text(eps, spread, beta, nd, mode),
             {"eps": eps, "spread": spread, "beta": beta},
             {"eps": _probability, "spread": _spread, "beta": _positive},
             dtype=object,
@@ -797,7 +805,23 @@ def _floor2_of(iv: ivl.Interval) -> int | None:
 # --------------------------------------------------------------------------- sizes as text
 
 
-def _scientific(x: Any, digits: int, prec: int) -> tuple[str, int] | None:
+#: How each rounding mode takes a real to an integer (nearest: ties to even).
+_ROUND_INT: dict[str, Callable[[Fraction], int]] = {
+    "nearest": round,
+    "up": math.ceil,
+    "down": math.floor,
+}
+
+
+def _rounding_option(rounding: Any) -> str:
+    if not isinstance(rounding, str) or rounding not in _ROUND_INT:
+        raise ValueError(f"rounding must be 'nearest', 'up' or 'down', got {rounding!r}")
+    return rounding
+
+
+def _scientific(
+    x: Any, digits: int, prec: int, rounding: str = "nearest"
+) -> tuple[str, int] | None:
     """`x` (a positive raw float) rounded to `digits` significant digits: (mantissa, exponent)."""
     est = libmp.to_float(
         libmp.mpf_div(libmp.mpf_log(x, 64), libmp.mpf_log(libmp.from_int(10), 64), 64)
@@ -821,7 +845,8 @@ def _scientific(x: Any, digits: int, prec: int) -> tuple[str, int] | None:
         if y_lo >= 10**digits:
             e += 1
             continue
-        m_lo, m_hi = round(y_lo), round(y_hi)
+        to_int = _ROUND_INT[rounding]
+        m_lo, m_hi = to_int(y_lo), to_int(y_hi)
         if m_lo != m_hi or not (10 ** (digits - 1) <= y_lo and y_hi < 10**digits):
             return None
         if m_lo == 10**digits:
@@ -836,7 +861,7 @@ def _format_scientific(mantissa: str, exponent: int) -> str:
 
 
 @certifying("a bound")
-def size_text(n: int, digits: int = 6) -> str:
+def size_text(n: int, digits: int = 6, *, rounding: str = "nearest") -> str:
     r"""An exact size as text: all its digits when it has at most `digits`, else scientific.
 
     The scientific form is correctly rounded (to nearest, ties to even) to
@@ -844,12 +869,19 @@ def size_text(n: int, digits: int = 6) -> str:
     ``'1.00000e+400'``. No conversion of the whole integer to decimal is made,
     so sizes of hundreds of thousands of digits print at once.
 
+    Rounded to nearest, the text of a threshold may lie below it: "from
+    1.08816e+6 items on" is false of 1,088,160 when the size is 1,088,165.
+    ``rounding='up'`` gives the least text at least `n` (a statement "from n
+    on" stays true), ``'down'`` the greatest at most `n` (for a lower end).
+
     Parameters
     ----------
     n : int
         A positive integer.
     digits : int, default 6
         Significant digits shown.
+    rounding : {'nearest', 'up', 'down'}, default 'nearest'
+        The direction of the scientific form's rounding.
 
     Returns
     -------
@@ -860,6 +892,8 @@ def size_text(n: int, digits: int = 6) -> str:
     >>> from softmaxtheory import bounds
     >>> bounds.size_text(7419), bounds.size_text(1234567, digits=3)
     ('7419', '1.23e+6')
+    >>> bounds.size_text(1088165), bounds.size_text(1088165, rounding="up")
+    ('1.08816e+6', '1.08817e+6')
     """
     if isinstance(n, bool) or not isinstance(n, int | np.integer):
         raise TypeError(f"n must be an int, got {type(n).__name__}")
@@ -868,17 +902,20 @@ def size_text(n: int, digits: int = 6) -> str:
         raise ValueError(f"digits must be an integer >= 1, got {digits!r}")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
+    mode = _rounding_option(rounding)
     if n < 10**digits:
         return str(n)
     raw = libmp.from_int(n)
     prec = max(n.bit_length(), 64) + 8  # exact: the raw float holds n
-    found = _scientific(raw, int(digits), prec)
+    found = _scientific(raw, int(digits), prec, mode)
     if found is None:  # cannot happen for an exact argument
         raise ivl.CertificationError("size_text could not round")
     return _format_scientific(*found)
 
 
-def _size_text_of(enclose: Any, kind: str, digits: int, exact: Callable[[], int]) -> str:
+def _size_text_of(
+    enclose: Any, kind: str, digits: int, rounding: str, exact: Callable[[], int]
+) -> str:
     """The size defined by an enclosure of its real part, as text, at low precision."""
 
     def accept(iv: ivl.Interval) -> str | None:
@@ -890,11 +927,11 @@ def _size_text_of(enclose: Any, kind: str, digits: int, exact: Callable[[], int]
         lo = libmp.mpf_add(iv[0], libmp.from_int(add_lo), p, libmp.round_floor)
         hi = libmp.mpf_add(iv[1], libmp.from_int(add_hi), p, libmp.round_ceiling)
         if libmp.mpf_lt(hi, libmp.from_int(10**digits)):
-            return size_text(exact(), digits)  # few digits: exact
+            return size_text(exact(), digits, rounding=rounding)  # few digits: exact
         if not libmp.mpf_gt(lo, libmp.fzero):
             return None
-        a = _scientific(lo, digits, p + 64)
-        b = _scientific(hi, digits, p + 64)
+        a = _scientific(lo, digits, p + 64, rounding)
+        b = _scientific(hi, digits, p + 64, rounding)
         if a is not None and a == b:
             return _format_scientific(*a)
         # The real range [lo + 1, hi + 2] has width above 1, so it holds a rounding
@@ -903,7 +940,7 @@ def _size_text_of(enclose: Any, kind: str, digits: int, exact: Callable[[], int]
         # the range past it; the integer itself, once its floor (ceiling) is
         # decided, rounds (ties to even).
         size = (_floor2_of if kind == "floor2" else _ceil_of)(iv)
-        return None if size is None else size_text(size, digits)
+        return None if size is None else size_text(size, digits, rounding=rounding)
 
     return ivl.certify(enclose, accept)
 
@@ -929,20 +966,20 @@ def _switch_off(spread: float, schedule: Polynomial) -> int:
 
 
 @lru_cache(maxsize=4096)
-def _switch_off_text(spread: float, schedule: Polynomial, digits: int) -> str:
+def _switch_off_text(spread: float, schedule: Polynomial, digits: int, rounding: str) -> str:
     enclose = _switch_off_value(spread, schedule)
     if enclose is None:
         return "1"
     _check_exponent(spread, "spread")
     if spread <= _EXACT_SWITCH_OFF_SPREAD:
         # the exact integer costs milliseconds here: round it (correctly) instead
-        return size_text(_switch_off(spread, schedule), digits)
+        return size_text(_switch_off(spread, schedule), digits, rounding=rounding)
     extra = max(8, int(spread).bit_length() + 8)
 
     def wrapped(prec: int) -> ivl.Interval:
         return enclose(prec + extra)
 
-    return _size_text_of(wrapped, "ceil", digits, lambda: _switch_off(spread, schedule))
+    return _size_text_of(wrapped, "ceil", digits, rounding, lambda: _switch_off(spread, schedule))
 
 
 #: Up to this spread the exact switch-off size (an integer of at most ~440 digits)
@@ -952,7 +989,11 @@ _EXACT_SWITCH_OFF_SPREAD = 1000.0
 
 @certifying("a bound")
 def adaptive_switch_off_size(
-    spread: Any, schedule: Schedule | None = None, *, digits: int | None = None
+    spread: Any,
+    schedule: Schedule | None = None,
+    *,
+    digits: int | None = None,
+    rounding: str = "nearest",
 ) -> Any:
     r"""The exact length from which the adaptive temperature is 1 on every row (T6).
 
@@ -997,6 +1038,9 @@ def adaptive_switch_off_size(
         digits (see :func:`size_text`). Fast for every spread up to
         :data:`MAX_EXPONENT`, where the exact integer (hundreds of thousands of
         digits) takes minutes.
+    rounding : {'nearest', 'up', 'down'}, default 'nearest'
+        How the text is rounded (see :func:`size_text`): ``'up'`` keeps "β = 1
+        from n on" true of the printed n.
 
     Returns
     -------
@@ -1024,6 +1068,7 @@ def adaptive_switch_off_size(
     """
     sched = adp.polynomial_schedule(schedule)
     nd = _digits_option(digits)
+    mode = _rounding_option(rounding)
     if nd is None:
         return _elementwise(
             lambda spread: _switch_off(spread, sched),
@@ -1032,7 +1077,7 @@ def adaptive_switch_off_size(
             dtype=object,
         )
     return _elementwise(
-        lambda spread: _switch_off_text(spread, sched, nd),
+        lambda spread: _switch_off_text(spread, sched, nd, mode),
         {"spread": spread},
         {"spread": _spread},
         dtype=object,
@@ -1064,7 +1109,11 @@ def _min_entropy_off(spread: float, schedule: Polynomial) -> int:
 
 @certifying("a bound")
 def min_entropy_switch_off_size(
-    spread: Any, schedule: Schedule | None = None, *, digits: int | None = None
+    spread: Any,
+    schedule: Schedule | None = None,
+    *,
+    digits: int | None = None,
+    rounding: str = "nearest",
 ) -> Any:
     r"""A simpler, looser length from which the adaptive temperature is 1: T3's min-entropy floor.
 
@@ -1087,6 +1136,8 @@ def min_entropy_switch_off_size(
         Defaults to the paper's schedule.
     digits : int, optional
         Return text instead, as in :func:`adaptive_switch_off_size`.
+    rounding : {'nearest', 'up', 'down'}, default 'nearest'
+        How the text is rounded, as in :func:`adaptive_switch_off_size`.
 
     Returns
     -------
@@ -1100,6 +1151,7 @@ def min_entropy_switch_off_size(
     """
     sched = adp.polynomial_schedule(schedule)
     nd = _digits_option(digits)
+    mode = _rounding_option(rounding)
 
     def one(spread: float) -> Any:
         if nd is None:
@@ -1108,7 +1160,7 @@ def min_entropy_switch_off_size(
         if enclose is None:
             return "1"
         _check_exponent(spread, "spread")
-        return _size_text_of(enclose, "floor2", nd, lambda: _min_entropy_off(spread, sched))
+        return _size_text_of(enclose, "floor2", nd, mode, lambda: _min_entropy_off(spread, sched))
 
     return _elementwise(one, {"spread": spread}, {"spread": _spread}, dtype=object)
 

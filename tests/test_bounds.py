@@ -508,15 +508,55 @@ def test_size_text_of_a_size_at_a_rounding_tie(low_precision_cap, func, args, si
     assert func(*args) == size
     assert func(*args, digits=6) == bounds.size_text(size, 6) == text
     assert func(*args, digits=7) == str(size)
+    # directed: the least six-digit text at least the size, the greatest at most it
+    up, down = func(*args, digits=6, rounding="up"), func(*args, digits=6, rounding="down")
+    hi, lo = str(size // 10 + 1), str(size // 10)  # six digits each (no carry here)
+    assert (up, down) == (f"{hi[0]}.{hi[1:]}e+6", f"{lo[0]}.{lo[1:]}e+6")
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(eps=st.sampled_from([0.5, 0.1]), spread=st.floats(13.9, 16.0))
-@example(eps=0.5, spread=13.90000180000001)
-def test_size_text_is_the_exact_size_rounded(low_precision_cap, eps, spread):
+@given(
+    eps=st.sampled_from([0.5, 0.1]),
+    spread=st.floats(13.9, 16.0),
+    rounding=st.sampled_from(["nearest", "up", "down"]),
+)
+@example(eps=0.5, spread=13.90000180000001, rounding="nearest")
+@example(eps=0.5, spread=13.90000180000001, rounding="up")
+def test_size_text_is_the_exact_size_rounded(low_precision_cap, eps, spread, rounding):
     """dispersion_size's text is size_text of its exact integer (sizes of 7 and 8 digits)."""
     exact = bounds.dispersion_size(eps, spread)
-    assert bounds.dispersion_size(eps, spread, digits=6) == bounds.size_text(exact, 6)
+    text = bounds.dispersion_size(eps, spread, digits=6, rounding=rounding)
+    assert text == bounds.size_text(exact, 6, rounding=rounding)
+
+
+@given(n=st.integers(1, 10**40), digits=st.integers(1, 8))
+@example(n=1088165, digits=6)
+@example(n=999999999, digits=6)
+@example(n=1000000, digits=6)
+@example(n=10**400 + 1, digits=6)
+def test_size_text_directed_rounding(n, digits):
+    """'up' gives the least text at least n, 'down' the greatest at most n, with digits digits."""
+    up, down = (
+        bounds.size_text(n, digits, rounding="up"),
+        bounds.size_text(n, digits, rounding="down"),
+    )
+    near = bounds.size_text(n, digits)
+    if n < 10**digits:
+        assert up == down == near == str(n)
+        return
+    value = {t: Fraction(Decimal(t)) for t in (up, down, near)}
+    assert value[down] <= n <= value[up]
+    ulp = Fraction(10) ** (len(str(n)) - digits)  # one unit in the last digit shown
+    assert value[up] - value[down] in (0, ulp) and value[up] - n < ulp and n - value[down] < ulp
+    assert value[near] in (value[up], value[down])
+    assert abs(value[near] - n) <= ulp / 2
+
+
+def test_size_text_rounding_is_checked():
+    with pytest.raises(ValueError, match="rounding"):
+        bounds.size_text(5, rounding="ceil")
+    with pytest.raises(ValueError, match="rounding"):
+        bounds.dispersion_size(0.5, 1.0, digits=6, rounding="UP")
 
 
 @pytest.mark.theorem("T5")

@@ -64,8 +64,10 @@ def test_table_values_are_correctly_rounded(capsys, spread, beta, digits):
         exact = exact_values(int(m.group(1)), spread, beta)
         for text, key in zip(m.groups()[1:], ("max", "adaptive", "min", "entropy"), strict=True):
             assert_correctly_rounded(text, exact[key], digits)
-    assert f"once n >= {bounds.dispersion_size(0.5, spread, beta, digits=digits)} " in out
-    assert f"once n >= {bounds.adaptive_switch_off_size(spread, digits=digits)} " in out
+    # sizes with more digits than shown are rounded up: "from n on" stays true
+    up = {"digits": digits, "rounding": "up"}
+    assert f"once n >= {bounds.dispersion_size(0.5, spread, beta, **up)} " in out
+    assert f"once n >= {bounds.adaptive_switch_off_size(spread, **up)} " in out
 
 
 def test_gemma_example(capsys):
@@ -83,14 +85,27 @@ def test_huge_spreads_print_scientific_sizes_at_once(capsys):
     """Issue 14 item 8: spread 10000 printed a traceback after minutes; now scientific text."""
     code, out, _ = run(capsys, "bounds", "--spread", "10000", "--sizes", "16")
     assert code == 0
-    assert f"once n >= {bounds.dispersion_size(0.5, 1e4, digits=6)} " in out
+    assert f"once n >= {bounds.dispersion_size(0.5, 1e4, digits=6, rounding='up')} " in out
     assert "once n >= 8.80682e+4342 " in out
-    assert f"once n >= {bounds.adaptive_switch_off_size(1e4, digits=6)} " in out
+    assert f"once n >= {bounds.adaptive_switch_off_size(1e4, digits=6, rounding='up')} " in out
     code, out, _ = run(capsys, "bounds", "--spread", "1400000", "--sizes", "16", "--json")
     assert code == 0
     doc = json.loads(out)
-    assert doc["dispersion_size"] == bounds.dispersion_size(0.5, 1.4e6, digits=6)
+    assert doc["dispersion_size"] == bounds.dispersion_size(0.5, 1.4e6, digits=6, rounding="up")
     assert doc["rows"][0]["max_coefficient"] == 1.0
+
+
+def test_sizes_print_rounded_so_that_their_sentence_holds(capsys):
+    """The size 1,088,165 prints as 1.08817e+6 (to nearest 1.08816e+6, false of 1,088,160)."""
+    code, out, _ = run(capsys, "bounds", "--spread", "13.90000180000001", "--sizes", "16")
+    assert code == 0
+    assert bounds.dispersion_size(0.5, 13.90000180000001) == 1088165
+    assert "every coefficient is < 0.5 once n >= 1.08817e+6 " in out
+    b = bounds.adaptive_dispersion_bracket(0.5, 13.90000180000001)
+    assert (b.lower, b.upper) == (1289467, 10282473)
+    assert "from some n in [1.28946e+6, 1.02825e+7]" in out  # lower end down, upper up
+    assert bounds.adaptive_switch_off_size(13.90000180000001) == 10991614
+    assert "beta = 1 for every row once n >= 1.09917e+7 " in out
 
 
 def test_exact_digits(capsys):
@@ -110,7 +125,9 @@ def test_json(capsys):
     assert doc["dispersion_size"] == bounds.dispersion_size(0.5, 800.0)  # a 348-digit integer
     assert doc["adaptive_switch_off_size"] == bounds.adaptive_switch_off_size(800.0)
     code, out, _ = run(capsys, "bounds", "--spread", "800", "--json", "--sizes", "16")
-    assert json.loads(out)["dispersion_size"] == "2.72637e+347"
+    # 2.726375...e+347 rounded up ("from n on" must hold of the printed n)
+    assert json.loads(out)["dispersion_size"] == "2.72638e+347"
+    assert bounds.dispersion_size(0.5, 800.0, digits=6) == "2.72637e+347"
     assert [r["n"] for r in doc["rows"]] == [16, 1000000]
     row = doc["rows"][1]
     assert row["max_coefficient"] == 1.0

@@ -46,7 +46,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
             "and the entropy floor at each length, with and without the paper's adaptive "
             "temperature, and the length from which that temperature is 1. Give the spread, "
             "or a .npy of logits to measure it (-inf entries are masks). Every decimal shown "
-            "is correctly rounded to the digits shown."
+            "is correctly rounded to the digits shown, except sizes in scientific notation, "
+            "which are rounded in the direction that keeps their sentence true (a length "
+            "from which something holds upward, the bracket's lower end downward)."
         ),
     )
     src = p.add_mutually_exclusive_group(required=True)
@@ -73,8 +75,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         action="store_true",
         help=(
             "print every size with all its digits (default: sizes with more digits than "
-            "--digits are shown in scientific notation, correctly rounded; exact digits of a "
-            "huge spread's sizes take long)"
+            "--digits are shown in scientific notation, rounded so that their sentences "
+            "stay true; exact digits of a huge spread's sizes take long)"
         ),
     )
     p.add_argument("--json", action="store_true", help="print JSON (float64 values) instead")
@@ -125,7 +127,10 @@ def compute(
 
     Sizes are exact ints when `exact` is true or when they have at most
     `digits` digits; otherwise they are strings in scientific notation,
-    correctly rounded to `digits` significant digits.
+    rounded to `digits` significant digits in the direction that keeps what is
+    printed of them true: upward for a length from which something holds (a
+    dispersion size, the switch-off size, the bracket's upper end), downward
+    for the bracket's lower end.
     """
     from .. import bounds
 
@@ -133,7 +138,7 @@ def compute(
     h_on, h_off = bounds.adaptive_window()
 
     def size(func: Any, *args: Any) -> int | str:
-        text = func(*args, digits=digits)
+        text = func(*args, digits=digits, rounding="up")
         if exact or ("e" not in text):
             if exact and "e" in text:
                 print(
@@ -152,10 +157,10 @@ def compute(
         bracket = {
             "lower": b.lower
             if exact or b.lower < 10**digits
-            else bounds.size_text(b.lower, digits),
+            else bounds.size_text(b.lower, digits, rounding="down"),
             "upper": b.upper
             if exact or b.upper < 10**digits
-            else bounds.size_text(b.upper, digits),
+            else bounds.size_text(b.upper, digits, rounding="up"),
             "witness": str(b.witness),
         }
     rows = []
