@@ -11,7 +11,9 @@
 * :mod:`.interval`: outward-rounded interval arithmetic on mpmath raw numbers;
 * :mod:`.polyroots`: exact real-root isolation for rational polynomials;
 * :mod:`.enclosures` and :mod:`.adaptive`: the certified quantities that
-  :mod:`softmaxtheory.bounds` and the ``bounds`` command both print.
+  :mod:`softmaxtheory.bounds` and the ``bounds`` command both print;
+* :mod:`.extremal`: the upper end of the adaptive coefficient's bracket, by
+  branch and bound over the two shapes of rows that dominate every row.
 
 Nothing here touches mpmath's global context: every operation is given its
 precision.

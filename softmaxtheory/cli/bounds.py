@@ -10,9 +10,11 @@ import sys
 from typing import Any
 
 import numpy as np
+from mpmath import libmp
 
 from softmaxtheory._certify.adaptive import beta_sup
 from softmaxtheory._certify.enclosures import certified_text
+from softmaxtheory._certify.interval import decimal_of
 
 from ..spec import PaperPolynomial
 from . import load_npy, parse_float, plural
@@ -130,7 +132,11 @@ def compute(
     rounded to `digits` significant digits in the direction that keeps what is
     printed of them true: upward for a length from which something holds (a
     dispersion size, the switch-off size, the bracket's upper end), downward
-    for the bracket's lower end.
+    for the bracket's lower end. The adaptive column is the upper end of
+    :func:`~softmaxtheory.bounds.adaptive_max_coefficient_bracket` where the
+    adaptive temperature can exceed 1 (0.0674 at 4,096 items and spread 5.69,
+    where the closed form :func:`~softmaxtheory.bounds.adaptive_max_coefficient`
+    gives 0.961), else the closed form, which is then exact.
     """
     from .. import bounds
 
@@ -163,21 +169,33 @@ def compute(
             else bounds.size_text(b.upper, digits, rounding="up"),
             "witness": str(b.witness),
         }
+
+    def adaptive_top(n: int) -> tuple[float, str]:
+        # the closed form (T1 at the largest beta of the entropy range), or where it is
+        # loose (beta can exceed 1) the bracket's upper end, from the dominating rows
+        closed = bounds.adaptive_max_coefficient(n, spread)
+        bracketable = n >= 2 and 0.0 < spread * 2.5 <= bounds.MAX_EXPONENT
+        if bracketable and closed > bounds.max_coefficient(n, spread):
+            upper = bounds.adaptive_max_coefficient_bracket(n, spread).upper
+            if upper < closed:
+                raw = libmp.from_float(upper)
+                return upper, str(decimal_of((raw, raw), digits))
+        adaptive_beta = beta_sup(n, spread, PaperPolynomial())
+        return closed, certified_text(n, spread, adaptive_beta, "max", digits)
+
     rows = []
     for n in sizes:
-        adaptive_beta = beta_sup(n, spread, PaperPolynomial())
+        adaptive, adaptive_text = adaptive_top(n)
         rows.append(
             {
                 "n": n,
                 "max_coefficient": bounds.max_coefficient(n, spread, beta),
-                "adaptive_max_coefficient": bounds.adaptive_max_coefficient(n, spread),
+                "adaptive_max_coefficient": adaptive,
                 "min_coefficient": bounds.min_coefficient(n, spread, beta),
                 "entropy_lower_bound": bounds.entropy_lower_bound(n, spread, beta),
                 "text": {
                     "max_coefficient": certified_text(n, spread, beta, "max", digits),
-                    "adaptive_max_coefficient": certified_text(
-                        n, spread, adaptive_beta, "max", digits
-                    ),
+                    "adaptive_max_coefficient": adaptive_text,
                     "min_coefficient": certified_text(n, spread, beta, "min", digits),
                     "entropy_lower_bound": certified_text(n, spread, beta, "entropy", digits),
                 },

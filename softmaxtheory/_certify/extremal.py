@@ -1,0 +1,265 @@
+r"""The largest adaptive-softmax coefficient over all rows of `n` items, bounded from above.
+
+Take a row whose largest logit is :math:`x_1` and write :math:`y_j = x_1 - x_j
+\in [0, \delta]`. The row enters through the measure :math:`\nu = \sum_{j \ge 2}
+\delta_{y_j}` of mass :math:`n - 1` on :math:`[0, \delta]`: with
+:math:`S(t) = 1 + \int e^{-t y}\,d\nu` the top coefficient of the softmax at
+inverse temperature :math:`t` is :math:`1/S(t)`, and the entropy of the plain
+softmax is
+
+.. math::
+
+    H = \log S(1) + \frac{M}{S(1)}, \qquad M = \int y\, e^{-y}\, d\nu .
+
+So :math:`H`, and with it :math:`\beta = \beta(H)`, depends on :math:`\nu` only
+through the three moments :math:`\int 1`, :math:`\int e^{-y}` and
+:math:`\int y e^{-y}`, and the adaptive top coefficient :math:`1/S(\beta)` is
+largest where :math:`\int e^{-\beta y}\,d\nu` is smallest among the measures
+with those moments. The four functions :math:`1, e^{-y}, y e^{-y}, e^{-\beta y}`
+(:math:`\beta \ne 1`) form a Chebyshev system on :math:`[0, \delta]`: a
+non-zero combination of them has at most three zeros (an exponential polynomial
+with exponents :math:`0, -1` (twice) and :math:`-\beta`). By the Markov–Krein
+theorem the extremes of :math:`\int e^{-\beta y}\,d\nu` over the measures with
+given moments are attained at the two principal representations of the
+moments, each one interior point and one end of :math:`[0, \delta]`. Every
+row is therefore dominated by a measure (with real, not only integer, weights)
+of one of two shapes:
+
+``"bottom"``
+    the top item, :math:`w` items at depth :math:`c` and :math:`n - 1 - w` at
+    depth :math:`\delta`;
+``"top"``
+    :math:`n - w` items at the top and :math:`w` at depth :math:`c`.
+
+Over :math:`(c, w) \in [0, \delta] \times [0, n - 1]` the coefficient is
+bounded by branch and bound in interval arithmetic: on a box, :math:`H`
+is enclosed, :math:`\beta` bounded above on that range of entropies
+(:func:`~softmaxtheory._certify.adaptive.beta_up_on`), and :math:`S(\beta)`
+bounded below by its value at the corner that minimises it (it decreases in
+:math:`\beta` and :math:`c`, and is monotone in :math:`w`). Boxes whose bound
+cannot beat the best value found at a box's centre are dropped; the answer is
+the largest bound left, or that best value if it is larger.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from fractions import Fraction
+from typing import NamedTuple
+
+from mpmath import libmp
+
+from ..spec import Polynomial
+from . import interval as ivl
+from .adaptive import beta_up_on
+
+__all__ = ["FAMILIES", "adaptive_top_upper"]
+
+#: The two shapes of rows that dominate every row (see the module docstring).
+FAMILIES = ("bottom", "top")
+
+_PREC = 64
+
+
+class _Box(NamedTuple):
+    family: str
+    c0: Fraction
+    c1: Fraction
+    w0: Fraction
+    w1: Fraction
+
+
+def _iv(lo: Fraction, hi: Fraction | None = None) -> ivl.Interval:
+    a = ivl.iv_fraction(lo, _PREC)
+    b = a if hi is None or hi == lo else ivl.iv_fraction(hi, _PREC)
+    return a[0], b[1]
+
+
+def _exp_neg(c0: Fraction, c1: Fraction) -> ivl.Interval:
+    """An enclosure of :math:`e^{-c}` over an interval of c (it decreases in c)."""
+    lo = ivl.iv_exp(ivl.iv_neg(_iv(c1)), _PREC)[0]
+    hi = ivl.iv_exp(ivl.iv_neg(_iv(c0)), _PREC)[1]
+    return lo, hi
+
+
+def _parts(family: str, n: int, delta: Fraction, c: ivl.Interval) -> tuple[ivl.Interval, ...]:
+    r"""``(s0, u, m0, v, du, dv)``: :math:`S = s_0 + w u`, :math:`M = m_0 + w v`, u' and v'."""
+    p = _PREC
+    e_c = ivl.iv_exp(ivl.iv_neg(c), p)
+    ce_c = ivl.iv_mul(c, e_c, p)
+    du = ivl.iv_neg(e_c)
+    dv = ivl.iv_mul(ivl.iv_sub(ivl.iv_exact(1), c, p), e_c, p)
+    if family == "bottom":
+        e_d = _exp_neg(delta, delta)
+        de_d = ivl.iv_mul(_iv(delta), e_d, p)
+        s0 = ivl.iv_add(ivl.iv_exact(1), ivl.iv_mul(_iv(Fraction(n - 1)), e_d, p), p)
+        m0 = ivl.iv_mul(_iv(Fraction(n - 1)), de_d, p)
+        return s0, ivl.iv_sub(e_c, e_d, p), m0, ivl.iv_sub(ce_c, de_d, p), du, dv
+    u = ivl.iv_sub(e_c, ivl.iv_exact(1), p)
+    return _iv(Fraction(n)), u, ivl.iv_exact(0), ce_c, du, dv
+
+
+def _entropy_at(family: str, n: int, delta: Fraction, c: ivl.Interval, w: ivl.Interval):
+    """H, dH/dw and dH/dc enclosed over ``c`` and ``w`` (intervals)."""
+    p = _PREC
+    s0, u, m0, v, du, dv = _parts(family, n, delta, c)
+    s = ivl.iv_add(s0, ivl.iv_mul(w, u, p), p)
+    if libmp.mpf_lt(s[0], libmp.fone):  # the top item alone gives S >= 1
+        s = (libmp.fone, s[1])
+    m = ivl.iv_add(m0, ivl.iv_mul(w, v, p), p)
+    q = ivl.iv_div(m, s, p)  # M / S
+    h = ivl.iv_add(ivl.iv_log(s, p), q, p)
+    # dH/dw = (u + v - q u) / S ; dH/dc = w (du + dv - q du) / S
+    h_w = ivl.iv_div(ivl.iv_sub(ivl.iv_add(u, v, p), ivl.iv_mul(q, u, p), p), s, p)
+    h_c = ivl.iv_div(
+        ivl.iv_mul(w, ivl.iv_sub(ivl.iv_add(du, dv, p), ivl.iv_mul(q, du, p), p), p), s, p
+    )
+    return h, h_w, h_c
+
+
+def _entropy(box: _Box, n: int, delta: Fraction) -> tuple[Fraction, Fraction]:
+    """Rational bounds on the plain entropy of the rows of a box.
+
+    The natural interval extension, intersected with the mean-value form
+    :math:`H(m) + H_w(B)(w - m_w) + H_c(B)(c - m_c)`, whose excess shrinks with
+    the square of the box's width.
+    """
+    p = _PREC
+    c = _iv(box.c0, box.c1)
+    w = _iv(box.w0, box.w1)
+    h, h_w, h_c = _entropy_at(box.family, n, delta, c, w)
+    cm, wm = (box.c0 + box.c1) / 2, (box.w0 + box.w1) / 2
+    h_m = _entropy_at(box.family, n, delta, _iv(cm), _iv(wm))[0]
+    dw = _iv(box.w0 - wm, box.w1 - wm)
+    dc = _iv(box.c0 - cm, box.c1 - cm)
+    mv = ivl.iv_add(h_m, ivl.iv_add(ivl.iv_mul(h_w, dw, p), ivl.iv_mul(h_c, dc, p), p), p)
+    lo = max(ivl.to_fraction(h[0]), ivl.to_fraction(mv[0]))
+    hi = min(ivl.to_fraction(h[1]), ivl.to_fraction(mv[1]))
+    return lo, hi
+
+
+def _upper(box: _Box, n: int, delta: Fraction, schedule: Polynomial) -> Fraction:
+    """An upper bound on the top coefficient over the rows of a box."""
+    h_lo, h_hi = _entropy(box, n, delta)
+    beta = Fraction(beta_up_on(schedule, max(h_lo, Fraction(0)), h_hi))
+    p = _PREC
+    b = _iv(beta)
+    e_bc = ivl.iv_exp(ivl.iv_neg(ivl.iv_mul(b, _iv(box.c1), p)), p)
+    if box.family == "bottom":
+        # S(beta) = 1 + w e^{-beta c} + (n - 1 - w) e^{-beta delta}: least at w0, c1, beta
+        e_bd = ivl.iv_exp(ivl.iv_neg(ivl.iv_mul(b, _iv(delta), p)), p)
+        s = ivl.iv_add(
+            ivl.iv_add(ivl.iv_exact(1), ivl.iv_mul(_iv(box.w0), e_bc, p), p),
+            ivl.iv_mul(_iv(Fraction(n - 1) - box.w0), e_bd, p),
+            p,
+        )
+    else:
+        # S(beta) = n - w (1 - e^{-beta c}): least at w1, c1, beta
+        s = ivl.iv_sub(
+            _iv(Fraction(n)), ivl.iv_mul(_iv(box.w1), ivl.iv_sub(ivl.iv_exact(1), e_bc, p), p), p
+        )
+    low = ivl.to_fraction(s[0])
+    return Fraction(1) / max(low, Fraction(1))
+
+
+def _value(box: _Box, n: int, delta: float, schedule: Polynomial) -> float:
+    """The top coefficient at the box's centre, in floats (only guides the search)."""
+    try:
+        return _centre_value(box, n, delta, schedule)
+    except (OverflowError, ValueError, ZeroDivisionError):  # n beyond the float range
+        return 0.0
+
+
+def _centre_value(box: _Box, n: int, delta: float, schedule: Polynomial) -> float:
+    c = float((box.c0 + box.c1) / 2)
+    w = float((box.w0 + box.w1) / 2)
+    if box.family == "bottom":
+        s1 = 1 + w * math.exp(-c) + (n - 1 - w) * math.exp(-delta)
+        m = w * c * math.exp(-c) + (n - 1 - w) * delta * math.exp(-delta)
+    else:
+        s1 = n - w * (1 - math.exp(-c))
+        m = w * c * math.exp(-c)
+    h = math.log(s1) + m / s1
+    beta = 1.0
+    if h > schedule.exact_threshold:
+        beta = max(float(schedule.polynomial_exact(Fraction(h))), 1.0)
+    if box.family == "bottom":
+        s = 1 + w * math.exp(-beta * c) + (n - 1 - w) * math.exp(-beta * delta)
+    else:
+        s = n - w * (1 - math.exp(-beta * c))
+    return 1 / s
+
+
+def _split(box: _Box, n: int, delta: Fraction) -> tuple[_Box, _Box]:
+    c_width = (box.c1 - box.c0) / delta
+    w_lo = max(box.w0, Fraction(1))
+    ratio = max(box.w1 / w_lo, Fraction(1))
+    bits = ratio.numerator.bit_length() - ratio.denominator.bit_length()  # about log2(ratio)
+    w_width = max((box.w1 - box.w0) / max(n - 1, 1), Fraction(bits, 64))
+    if c_width >= w_width:
+        mid = (box.c0 + box.c1) / 2
+        return box._replace(c1=mid), box._replace(c0=mid)
+    if box.w1 > 4 * w_lo:  # wide in ratio: split geometrically
+        mid = Fraction(math.isqrt(int(w_lo * box.w1)))
+        mid = min(max(mid, box.w0 + (box.w1 - box.w0) / 8), box.w1 - (box.w1 - box.w0) / 8)
+    else:
+        mid = (box.w0 + box.w1) / 2
+    return box._replace(w1=mid), box._replace(w0=mid)
+
+
+def adaptive_top_upper(
+    n: int,
+    spread: float,
+    schedule: Polynomial,
+    *,
+    known: float = 0.0,
+    rel_tol: float = 1e-4,
+    budget: int = 2000,
+) -> Fraction:
+    r"""An upper bound on the largest adaptive coefficient of any row of `n` items, spread ≤ δ.
+
+    Branch and bound over the two dominating shapes (module docstring) until the
+    bound is within `rel_tol` of a value the search reached, or `budget` boxes
+    were bounded; either way the result bounds every row.
+
+    Parameters
+    ----------
+    n : int
+        Number of items, at least 2.
+    spread : float
+        Logit spread :math:`\delta > 0`.
+    schedule : Polynomial
+        The entropy-driven schedule.
+    known : float, optional
+        A coefficient some row reaches (the search's), to prune with from the start.
+    rel_tol, budget
+        When to stop: the bound within `rel_tol` of the best value reached, or
+        `budget` boxes bounded.
+
+    Returns
+    -------
+    Fraction
+        The bound (rational; round it upward for a float).
+    """
+    delta = Fraction(spread)
+    heap: list[tuple[Fraction, int, _Box]] = []
+    best = float(known)
+    count = 0
+    for family in FAMILIES:
+        box = _Box(family, Fraction(0), delta, Fraction(0), Fraction(n - 1))
+        heapq.heappush(heap, (-_upper(box, n, delta, schedule), count, box))
+        best = max(best, _value(box, n, spread, schedule))
+        count += 1
+    while heap:
+        top = -heap[0][0]
+        if top <= Fraction(best) * (1 + Fraction(rel_tol)) or count >= budget:
+            return max(top, Fraction(best))
+        _, _, box = heapq.heappop(heap)
+        for child in _split(box, n, delta):
+            bound = _upper(child, n, delta, schedule)
+            best = max(best, _value(child, n, spread, schedule))
+            count += 1
+            if bound > Fraction(best):
+                heapq.heappush(heap, (-bound, count, child))
+    return Fraction(best)
