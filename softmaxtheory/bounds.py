@@ -1526,6 +1526,11 @@ def adaptive_max_coefficient_bracket(
         raise ValueError("spread must be > 0: at spread 0 every coefficient is 1/n")
     sched = adp.polynomial_schedule(schedule)
     _check_exponent(spread * 2.5, "spread")
+    return _max_coefficient_bracket(n, spread, sched)
+
+
+@lru_cache(maxsize=1024)
+def _max_coefficient_bracket(n: int, spread: float, sched: Polynomial) -> Bracket:
     log_n = float(adp.log_bounds(n)[0])
     _, j, c = _search_rows(log_n, n, spread, sched)
     lower = _certified_lower((n, j, c), spread, sched)

@@ -118,8 +118,10 @@ def _entropy_at(family: str, n: int, delta: Fraction, c: ivl.Interval, w: ivl.In
     return h, h_w, h_c
 
 
-def _entropy(box: _Box, n: int, delta: Fraction) -> tuple[Fraction, Fraction]:
-    """Rational bounds on the plain entropy of the rows of a box.
+def _entropy(
+    box: _Box, n: int, delta: Fraction
+) -> tuple[Fraction, Fraction, ivl.Interval, ivl.Interval]:
+    """Rational bounds on the plain entropy of the rows of a box, and its slopes (dH/dw, dH/dc).
 
     The natural interval extension, intersected with the mean-value form
     :math:`H(m) + H_w(B)(w - m_w) + H_c(B)(c - m_c)`, whose excess shrinks with
@@ -136,12 +138,19 @@ def _entropy(box: _Box, n: int, delta: Fraction) -> tuple[Fraction, Fraction]:
     mv = ivl.iv_add(h_m, ivl.iv_add(ivl.iv_mul(h_w, dw, p), ivl.iv_mul(h_c, dc, p), p), p)
     lo = max(ivl.to_fraction(h[0]), ivl.to_fraction(mv[0]))
     hi = min(ivl.to_fraction(h[1]), ivl.to_fraction(mv[1]))
-    return lo, hi
+    return lo, hi, h_w, h_c
 
 
 def _upper(box: _Box, n: int, delta: Fraction, schedule: Polynomial) -> Fraction:
     """An upper bound on the top coefficient over the rows of a box."""
-    h_lo, h_hi = _entropy(box, n, delta)
+    h_lo, h_hi, _, _ = _entropy(box, n, delta)
+    return _corner_upper(box, n, delta, schedule, h_lo, h_hi)
+
+
+def _corner_upper(
+    box: _Box, n: int, delta: Fraction, schedule: Polynomial, h_lo: Fraction, h_hi: Fraction
+) -> Fraction:
+    """The bound from the corner of the box that minimises S, at the largest β of the box."""
     beta = Fraction(beta_up_on(schedule, max(h_lo, Fraction(0)), h_hi))
     p = _PREC
     b = _iv(beta)
@@ -191,20 +200,38 @@ def _centre_value(box: _Box, n: int, delta: float, schedule: Polynomial) -> floa
     return 1 / s
 
 
+def _log_ratio(hi: Fraction, lo: Fraction) -> float:
+    r"""About :math:`\log((hi + 1) / (lo + 1))` for counts, in nats."""
+    r = (hi + 1) / (lo + 1)
+    bits = r.numerator.bit_length() - r.denominator.bit_length()
+    return bits * 0.6931471805599453 if abs(bits) > 900 else math.log(float(r))
+
+
+def _geometric(lo: Fraction, hi: Fraction) -> Fraction:
+    """A split point of a count range, near the geometric mean of lo + 1 and hi + 1."""
+    mid = Fraction(math.isqrt(int((lo + 1) * (hi + 1)))) - 1
+    margin = (hi - lo) / 8
+    return min(max(mid, lo + margin), hi - margin)
+
+
 def _split(box: _Box, n: int, delta: Fraction) -> tuple[_Box, _Box]:
-    c_width = (box.c1 - box.c0) / delta
-    w_lo = max(box.w0, Fraction(1))
-    ratio = max(box.w1 / w_lo, Fraction(1))
-    bits = ratio.numerator.bit_length() - ratio.denominator.bit_length()  # about log2(ratio)
-    w_width = max((box.w1 - box.w0) / max(n - 1, 1), Fraction(bits, 64))
-    if c_width >= w_width:
+    """Halve a box along its widest side, measured in nats of the exponents it moves.
+
+    A level moves the exponents by its width; a count by the log of its ratio,
+    on whichever side is small: the items at the level, or the others (the
+    bottom's or the top's), which set the entropy when they are few.
+    """
+    c_width = float(box.c1 - box.c0)
+    rest = Fraction(n - 1)
+    w_ratio = _log_ratio(box.w1, box.w0)
+    other_ratio = _log_ratio(rest - box.w0, rest - box.w1)
+    if c_width >= max(w_ratio, other_ratio):
         mid = (box.c0 + box.c1) / 2
         return box._replace(c1=mid), box._replace(c0=mid)
-    if box.w1 > 4 * w_lo:  # wide in ratio: split geometrically
-        mid = Fraction(math.isqrt(int(w_lo * box.w1)))
-        mid = min(max(mid, box.w0 + (box.w1 - box.w0) / 8), box.w1 - (box.w1 - box.w0) / 8)
+    if w_ratio >= other_ratio:
+        mid = _geometric(box.w0, box.w1)
     else:
-        mid = (box.w0 + box.w1) / 2
+        mid = rest - _geometric(rest - box.w1, rest - box.w0)
     return box._replace(w1=mid), box._replace(w0=mid)
 
 
