@@ -46,6 +46,7 @@ from __future__ import annotations
 import heapq
 import math
 from fractions import Fraction
+from functools import lru_cache
 from typing import NamedTuple
 
 from mpmath import libmp
@@ -91,16 +92,26 @@ def _parts(family: str, n: int, delta: Fraction, c: ivl.Interval) -> tuple[ivl.I
     du = ivl.iv_neg(e_c)
     dv = ivl.iv_mul(ivl.iv_sub(ivl.iv_exact(1), c, p), e_c, p)
     if family == "bottom":
-        e_d = _exp_neg(delta, delta)
-        de_d = ivl.iv_mul(_iv(delta), e_d, p)
-        s0 = ivl.iv_add(ivl.iv_exact(1), ivl.iv_mul(_iv(Fraction(n - 1)), e_d, p), p)
-        m0 = ivl.iv_mul(_iv(Fraction(n - 1)), de_d, p)
+        s0, m0, e_d, de_d = _bottom_constants(n, delta)
         return s0, ivl.iv_sub(e_c, e_d, p), m0, ivl.iv_sub(ce_c, de_d, p), du, dv
     u = ivl.iv_sub(e_c, ivl.iv_exact(1), p)
     return _iv(Fraction(n)), u, ivl.iv_exact(0), ce_c, du, dv
 
 
-def _entropy_at(family: str, n: int, delta: Fraction, c: ivl.Interval, w: ivl.Interval):
+@lru_cache(maxsize=64)
+def _bottom_constants(n: int, delta: Fraction) -> tuple[ivl.Interval, ...]:
+    r"""``(s0, m0, e^-δ, δ e^-δ)`` of the bottom shape: :math:`s_0 = 1 + (n-1)e^{-\delta}`."""
+    p = _PREC
+    e_d = _exp_neg(delta, delta)
+    de_d = ivl.iv_mul(_iv(delta), e_d, p)
+    s0 = ivl.iv_add(ivl.iv_exact(1), ivl.iv_mul(_iv(Fraction(n - 1)), e_d, p), p)
+    m0 = ivl.iv_mul(_iv(Fraction(n - 1)), de_d, p)
+    return s0, m0, e_d, de_d
+
+
+def _entropy_at(
+    family: str, n: int, delta: Fraction, c: ivl.Interval, w: ivl.Interval
+) -> tuple[ivl.Interval, ivl.Interval, ivl.Interval]:
     """H, dH/dw and dH/dc enclosed over ``c`` and ``w`` (intervals)."""
     p = _PREC
     s0, u, m0, v, du, dv = _parts(family, n, delta, c)
@@ -118,10 +129,8 @@ def _entropy_at(family: str, n: int, delta: Fraction, c: ivl.Interval, w: ivl.In
     return h, h_w, h_c
 
 
-def _entropy(
-    box: _Box, n: int, delta: Fraction
-) -> tuple[Fraction, Fraction, ivl.Interval, ivl.Interval]:
-    """Rational bounds on the plain entropy of the rows of a box, and its slopes (dH/dw, dH/dc).
+def _entropy(box: _Box, n: int, delta: Fraction) -> tuple[Fraction, Fraction]:
+    """Rational bounds on the plain entropy of the rows of a box.
 
     The natural interval extension, intersected with the mean-value form
     :math:`H(m) + H_w(B)(w - m_w) + H_c(B)(c - m_c)`, whose excess shrinks with
@@ -138,19 +147,16 @@ def _entropy(
     mv = ivl.iv_add(h_m, ivl.iv_add(ivl.iv_mul(h_w, dw, p), ivl.iv_mul(h_c, dc, p), p), p)
     lo = max(ivl.to_fraction(h[0]), ivl.to_fraction(mv[0]))
     hi = min(ivl.to_fraction(h[1]), ivl.to_fraction(mv[1]))
-    return lo, hi, h_w, h_c
+    return lo, hi
 
 
 def _upper(box: _Box, n: int, delta: Fraction, schedule: Polynomial) -> Fraction:
-    """An upper bound on the top coefficient over the rows of a box."""
-    h_lo, h_hi, _, _ = _entropy(box, n, delta)
-    return _corner_upper(box, n, delta, schedule, h_lo, h_hi)
+    """An upper bound on the top coefficient over the rows of a box.
 
-
-def _corner_upper(
-    box: _Box, n: int, delta: Fraction, schedule: Polynomial, h_lo: Fraction, h_hi: Fraction
-) -> Fraction:
-    """The bound from the corner of the box that minimises S, at the largest β of the box."""
+    S at the largest β the box's entropies allow and at the corner of the box
+    that minimises S (it decreases in β and c, and is monotone in w).
+    """
+    h_lo, h_hi = _entropy(box, n, delta)
     beta = Fraction(beta_up_on(schedule, max(h_lo, Fraction(0)), h_hi))
     p = _PREC
     b = _iv(beta)
@@ -192,7 +198,10 @@ def _centre_value(box: _Box, n: int, delta: float, schedule: Polynomial) -> floa
     h = math.log(s1) + m / s1
     beta = 1.0
     if h > schedule.exact_threshold:
-        beta = max(float(schedule.polynomial_exact(Fraction(h))), 1.0)
+        horner = 0.0
+        for coefficient in _float_coefficients(schedule):
+            horner = horner * h + coefficient
+        beta = max(horner, 1.0)
     if box.family == "bottom":
         s = 1 + w * math.exp(-beta * c) + (n - 1 - w) * math.exp(-beta * delta)
     else:
@@ -212,6 +221,11 @@ def _geometric(lo: Fraction, hi: Fraction) -> Fraction:
     mid = Fraction(math.isqrt(int((lo + 1) * (hi + 1)))) - 1
     margin = (hi - lo) / 8
     return min(max(mid, lo + margin), hi - margin)
+
+
+@lru_cache(maxsize=64)
+def _float_coefficients(schedule: Polynomial) -> tuple[float, ...]:
+    return tuple(float(c) for c in schedule.exact_coefficients)
 
 
 def _split(box: _Box, n: int, delta: Fraction) -> tuple[_Box, _Box]:
