@@ -340,7 +340,16 @@ def _plot(doc: dict[str, Any], path: str) -> None:
     ax.loglog(
         ns,
         bounds.adaptive_max_coefficient(ns, spread),
-        label="max coefficient, adaptive temperature (T6)",
+        label="max coefficient, adaptive temperature: closed form (T6)",
+    )
+    ax.loglog(  # the table's column: tighter where beta can exceed 1 (branch and bound)
+        [r["n"] for r in doc["rows"]],
+        [r["adaptive_max_coefficient"] for r in doc["rows"]],
+        linestyle="none",
+        marker="o",
+        markersize=3.5,
+        color="tab:orange",
+        label="max coefficient, adaptive temperature: bracket's upper end",
     )
     ax.loglog(ns, bounds.min_coefficient(ns, spread, beta), label="min coefficient (T1)")
     ax.loglog(ns, 1.0 / ns, color="grey", linewidth=0.8, linestyle=":", label="1/n")
