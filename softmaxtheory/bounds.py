@@ -469,12 +469,30 @@ def dispersion_size(
 # --------------------------------------------------------------------------- T6
 
 
-def _end_value(end: Any, sf: pr.Poly) -> float:
-    if isinstance(end, Fraction):
-        return float(end)
+def _end_value(end: Any, sf: pr.Poly, direction: int) -> float:
+    """A window end (the threshold, a root of P - 1 or inf) rounded down (-1) or up (+1)."""
     if end == math.inf:
         return math.inf
-    return adp.round_root(sf, end)
+    if isinstance(end, Fraction):
+        return _float_directed(end, direction)
+    a, b = end
+    while True:
+        if a == b or pr.evaluate(sf, b) == 0:  # the root is b itself
+            return _float_directed(b, direction)
+        lo, hi = _float_directed(a, direction), _float_directed(b, direction)
+        if lo == hi:
+            return lo
+        a, b = pr.refine(sf, a, b)
+
+
+def _float_directed(value: Fraction, direction: int) -> float:
+    """The float64 next to `value` on the side `direction` (-1 down, +1 up), `value` if one."""
+    out = float(value)
+    if direction > 0 and Fraction(out) < value:
+        return math.nextafter(out, math.inf)
+    if direction < 0 and Fraction(out) > value:
+        return math.nextafter(out, -math.inf)
+    return out
 
 
 @certifying("a bound")
@@ -484,7 +502,10 @@ def adaptive_window(schedule: Schedule | None = None) -> tuple[float, float]:
     For a polynomial schedule, :math:`\beta(H) > 1` only for entropies strictly
     inside the window (for the published polynomial, exactly there: the ends
     are the roots of :math:`P(H) = 1`); outside it :math:`\beta = 1`. The ends
-    are found by exact root isolation and correctly rounded.
+    are found by exact root isolation and rounded outward (the lower end down,
+    the upper end up), so that this holds of the floats returned: to nearest,
+    :math:`H_{\mathrm{off}}` was 5.9445208279051425, below the root
+    5.94452082790514286..., and entropies between them have β > 1.
 
     Parameters
     ----------
@@ -506,13 +527,13 @@ def adaptive_window(schedule: Schedule | None = None) -> tuple[float, float]:
     --------
     >>> from softmaxtheory import bounds
     >>> bounds.adaptive_window()
-    (0.8485819960098693, 5.9445208279051425)
+    (0.8485819960098693, 5.944520827905143)
     """
     sched = adp.polynomial_schedule(schedule)
     segments, sf = adp.window_exact(sched)
     if not segments:
         raise ValueError(f"schedule {sched!r} never raises beta above 1: it has no window")
-    return _end_value(segments[0][0], sf), _end_value(segments[-1][1], sf)
+    return _end_value(segments[0][0], sf, -1), _end_value(segments[-1][1], sf, +1)
 
 
 @certifying("a bound")
@@ -557,10 +578,9 @@ def adaptive_beta_max(schedule: Schedule | None = None) -> float:
 def _float_up(value: Fraction) -> float:
     """The smallest float64 at least `value` (``inf`` beyond the float range)."""
     try:
-        out = float(value)  # to nearest
+        return _float_directed(value, +1)
     except OverflowError:
         return math.inf
-    return math.nextafter(out, math.inf) if Fraction(out) < value else out
 
 
 @certifying("a bound")

@@ -243,13 +243,17 @@ def independent_constants():
 
 @pytest.mark.theorem("T6")
 def test_adaptive_constants_are_correctly_rounded():
-    """H* and the window (H_on, H_off) are correctly rounded; beta_max is rounded upward."""
+    """H* is correctly rounded; beta_max is rounded upward and the window outward."""
     h_star, beta_max, h_on, h_off = independent_constants()
     top = bounds.adaptive_beta_max()
     assert mpmath.mpf(math.nextafter(top, 0.0)) < beta_max <= mpmath.mpf(top)
     assert top == math.nextafter(round_to(beta_max, "f8"), 3.0)  # the nearest is below
     assert bounds.adaptive_beta_argmax() == round_to(h_star, "f8")
-    assert bounds.adaptive_window() == (round_to(h_on, "f8"), round_to(h_off, "f8"))
+    lo, hi = bounds.adaptive_window()
+    assert mpmath.mpf(lo) <= h_on < mpmath.mpf(math.nextafter(lo, 9.0))
+    assert mpmath.mpf(math.nextafter(hi, 0.0)) < h_off <= mpmath.mpf(hi)
+    assert lo == round_to(h_on, "f8")  # the nearest is below H_on
+    assert hi == math.nextafter(round_to(h_off, "f8"), 9.0)  # the nearest is below H_off
     assert str(bounds.adaptive_beta_max()).startswith("2.4213877066")
     assert str(bounds.adaptive_window()[0]).startswith("0.8485819960")
     assert str(bounds.adaptive_window()[1]).startswith("5.9445208279")
@@ -636,6 +640,18 @@ def test_adaptive_beta_max_is_rounded_upward_and_decides_exact_peaks():
     assert Fraction(2.3) < Fraction("2.3")
     decreasing = Polynomial(("-1", "1", "2.06"), "0.6")
     assert bounds.adaptive_beta_max(decreasing) == math.nextafter(2.3, 3.0)
+
+
+def test_window_ends_are_rounded_outward():
+    """beta = 1 at every float entropy outside the window, also for user polynomials."""
+    # -H^2 + 4H - 2 = 1 at exactly 1 and 3 (floats): kept
+    assert bounds.adaptive_window(Polynomial(("-1", "4", "-2"), "0.5")) == (1.0, 3.0)
+    # 2 + 2**-53 - H = 1 at 1 + 2**-53, a midpoint: the upper end goes up, not to even
+    exact_mid = "2.00000000000000011102230246251565404236316680908203125"
+    assert bounds.adaptive_window(Polynomial(("-1", exact_mid), "0.5")) == (0.5, 1 + 2.0**-52)
+    # the window opens at the threshold 0.7, whose float is below 7/10: kept, rounded down
+    lo, hi = bounds.adaptive_window(Polynomial(("-1", "3"), "0.7"))
+    assert Fraction(lo) <= Fraction("0.7") and hi == 2.0
 
 
 def test_constant_and_loglength_schedules():

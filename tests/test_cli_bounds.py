@@ -78,7 +78,7 @@ def test_gemma_example(capsys):
     assert code == 0
     assert "every coefficient is < 0.5 once n >= 297" in out
     assert "beta <= 2.4213877066315246" in out
-    assert "(0.8485819960098693, 5.9445208279051425)" in out
+    assert "(0.8485819960098693, 5.944520827905143)" in out
     assert "beta = 1 for every row once n >= 7419 " in out
     assert "from some n in [1253, 5828]" in out
     assert "9 at 4.40595" in out
