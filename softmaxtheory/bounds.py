@@ -1209,7 +1209,9 @@ def adaptive_max_coefficient(n: Any, spread: Any, schedule: Schedule | None = No
     that range, less on longer rows, and 1 once :math:`\log n - C(\delta) \ge
     H_{\mathrm{off}}`. It enters rounded upward. The largest coefficient a
     row is *known* to reach is the lower end of
-    :func:`adaptive_max_coefficient_bracket`.
+    :func:`adaptive_max_coefficient_bracket`, whose upper end is often far
+    below this closed form (at 4,096 items and spread 5.69: 0.0674, exact,
+    against 0.961), at about a second of branch and bound.
 
     Parameters
     ----------
