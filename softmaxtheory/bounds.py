@@ -1624,7 +1624,9 @@ def _exp_int(log_n: float) -> int:
 
 
 @certifying("a bound")
-def adaptive_dispersion_bracket(eps: Any, spread: Any, schedule: Schedule | None = None) -> Bracket:
+def adaptive_dispersion_bracket(
+    eps: Any, spread: Any, schedule: Schedule | None = None, *, budget: int = 0
+) -> Bracket:
     r"""The adaptive dispersion size, bracketed: the length from which no coefficient reaches `eps`.
 
     ``lower`` is one more than the length of an explicit row whose largest
@@ -1634,6 +1636,14 @@ def adaptive_dispersion_bracket(eps: Any, spread: Any, schedule: Schedule | None
     :func:`adaptive_dispersion_size`: from there on
     :func:`adaptive_max_coefficient` stays below `eps`.
 
+    With a `budget`, ``upper`` is lowered further by proofs that every length
+    from a smaller :math:`n` on stays below `eps`: a branch and bound over the
+    two shapes of rows that dominate every row (see
+    :func:`adaptive_max_coefficient_bracket`) with the number of items free,
+    bisecting on :math:`\log n` until the ends are within 1 % or the budget is
+    spent. At spread 5.69 and :math:`\varepsilon = 0.5`, 60,000 boxes (about
+    30 s) bring :math:`[1253, 5828]` to :math:`[1253, 1283]`.
+
     Parameters
     ----------
     eps : float
@@ -1642,6 +1652,8 @@ def adaptive_dispersion_bracket(eps: Any, spread: Any, schedule: Schedule | None
         Logit spread :math:`\delta > 0`.
     schedule : softmaxtheory.spec.Polynomial, optional
         Defaults to the paper's schedule.
+    budget : int, default 0
+        Boxes of branch and bound to spend lowering ``upper`` (0: none, fast).
 
     Returns
     -------
@@ -1660,13 +1672,20 @@ def adaptive_dispersion_bracket(eps: Any, spread: Any, schedule: Schedule | None
     if spread == 0.0:
         raise ValueError("spread must be > 0: at spread 0 the size is dispersion_size(eps, 0)")
     sched = adp.polynomial_schedule(schedule)
+    if isinstance(budget, bool) or not isinstance(budget, int | np.integer) or budget < 0:
+        raise ValueError(f"budget must be an integer >= 0, got {budget!r}")
     _check_exponent(spread * 2.5, "spread")
     upper = _adaptive_upper_size(eps, spread, sched)
     row = _dispersion_witness(eps, spread, sched, upper)
     if row is None:  # no longer row found that reaches eps: one item does (its coefficient is 1)
-        return Bracket(lower=2, upper=upper, witness=LevelRow((0.0,), (1,)))
-    n, j, c = row
-    return Bracket(lower=n + 1, upper=max(upper, n + 1), witness=_witness(n, j, c, spread))
+        lower, witness = 2, LevelRow((0.0,), (1,))
+    else:
+        n, j, c = row
+        lower, witness = n + 1, _witness(n, j, c, spread)
+        upper = max(upper, lower)
+    if budget and upper > lower:
+        upper = ext.dispersion_upper(eps, spread, sched, lower, upper, int(budget))
+    return Bracket(lower=lower, upper=upper, witness=witness)
 
 
 @certifying("a bound")

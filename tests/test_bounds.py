@@ -475,6 +475,23 @@ def test_dispersion_bracket_when_two_items_stay_below_eps(eps, spread, schedule)
         assert b.lower == b.upper == 6
 
 
+@pytest.mark.theorem("T6")
+def test_dispersion_bracket_with_a_budget_is_proven_length_by_length():
+    """With a budget the upper end falls from 129 to 122 at spread 2; each length between
+    is checked again by the per-length branch and bound, and a row of 120 items reaches 1/2."""
+    from softmaxtheory._certify.extremal import adaptive_top_upper
+
+    plain = bounds.adaptive_dispersion_bracket(0.5, 2.0)
+    tight = bounds.adaptive_dispersion_bracket(0.5, 2.0, budget=20000)
+    assert (plain.lower, plain.upper) == (121, 129)
+    assert (tight.lower, tight.upper) == (121, 122)
+    assert reference.adaptive_softmax(tight.witness.logits()).max() >= 0.5
+    for n in range(tight.upper, plain.upper):
+        assert adaptive_top_upper(n, 2.0, PaperPolynomial()) < Fraction(1, 2), n
+    with pytest.raises(ValueError, match="budget"):
+        bounds.adaptive_dispersion_bracket(0.5, 2.0, budget=-1)
+
+
 @given(eps=st.floats(0.01, 0.99), spread=st.floats(0.0, 12.0))
 @example(eps=0.5, spread=5.69)
 @example(eps=0.99, spread=0.0)

@@ -39,6 +39,12 @@ bounded below by its value at the corner that minimises it (it decreases in
 :math:`\beta` and :math:`c`, and is monotone in :math:`w`). Boxes whose bound
 cannot beat the best value found at a box's centre are dropped; the answer is
 the largest bound left, or that best value if it is larger.
+
+The same shapes with the counts free, :math:`w` items at the level and
+:math:`z` at the bottom (or :math:`z` more at the top), cover every length
+:math:`1 + w + z` at once: :func:`below_from` proves that no row of any length
+in a range reaches a level, and :func:`dispersion_upper` bisects with it for
+the adaptive dispersion size.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ from ..spec import Polynomial
 from . import interval as ivl
 from .adaptive import beta_up_on
 
-__all__ = ["FAMILIES", "adaptive_top_upper"]
+__all__ = ["FAMILIES", "adaptive_top_upper", "below_from", "dispersion_upper"]
 
 #: The two shapes of rows that dominate every row (see the module docstring).
 FAMILIES = ("bottom", "top")
@@ -304,3 +310,193 @@ def adaptive_top_upper(
             if bound > Fraction(best):
                 heapq.heappush(heap, (-bound, count, child))
     return Fraction(best)
+
+
+# --------------------------------------------------------------------------- every length at once
+
+
+class _Box3(NamedTuple):
+    """Rows of the two shapes with the counts free: ``w`` items at depth c, ``z`` at depth y.
+
+    ``y`` is δ (the bottom shape: z items at the bottom) or 0 (the top shape: z
+    more items at the top); the row has ``1 + w + z`` items.
+    """
+
+    y: Fraction
+    c0: Fraction
+    c1: Fraction
+    w0: Fraction
+    w1: Fraction
+    z0: Fraction
+    z1: Fraction
+
+
+def _entropy3(box: _Box3, c: ivl.Interval, w: ivl.Interval, z: ivl.Interval):
+    """H and its slopes in (c, w, z), enclosed."""
+    p = _PREC
+    e_c = ivl.iv_exp(ivl.iv_neg(c), p)
+    e_y = _exp_neg(box.y, box.y)
+    y_e = ivl.iv_mul(_iv(box.y), e_y, p)
+    c_e = ivl.iv_mul(c, e_c, p)
+    s = ivl.iv_add(ivl.iv_add(ivl.iv_exact(1), ivl.iv_mul(w, e_c, p), p), ivl.iv_mul(z, e_y, p), p)
+    if libmp.mpf_lt(s[0], libmp.fone):
+        s = (libmp.fone, s[1])
+    m = ivl.iv_add(ivl.iv_mul(w, c_e, p), ivl.iv_mul(z, y_e, p), p)
+    q = ivl.iv_div(m, s, p)
+    h = ivl.iv_add(ivl.iv_log(s, p), q, p)
+    one_q = ivl.iv_sub(ivl.iv_exact(1), q, p)
+
+    def slope(s_x: ivl.Interval, m_x: ivl.Interval) -> ivl.Interval:
+        return ivl.iv_div(ivl.iv_add(ivl.iv_mul(s_x, one_q, p), m_x, p), s, p)
+
+    h_w = slope(e_c, c_e)
+    h_z = slope(e_y, y_e)
+    h_c = slope(
+        ivl.iv_neg(ivl.iv_mul(w, e_c, p)),
+        ivl.iv_mul(w, ivl.iv_mul(ivl.iv_sub(ivl.iv_exact(1), c, p), e_c, p), p),
+    )
+    return h, h_w, h_z, h_c
+
+
+def _entropy3_bounds(box: _Box3) -> tuple[Fraction, Fraction]:
+    p = _PREC
+    c, w, z = _iv(box.c0, box.c1), _iv(box.w0, box.w1), _iv(box.z0, box.z1)
+    h, h_w, h_z, h_c = _entropy3(box, c, w, z)
+    cm, wm, zm = (box.c0 + box.c1) / 2, (box.w0 + box.w1) / 2, (box.z0 + box.z1) / 2
+    h_m = _entropy3(box, _iv(cm), _iv(wm), _iv(zm))[0]
+    terms = (
+        ivl.iv_mul(h_w, _iv(box.w0 - wm, box.w1 - wm), p),
+        ivl.iv_mul(h_z, _iv(box.z0 - zm, box.z1 - zm), p),
+        ivl.iv_mul(h_c, _iv(box.c0 - cm, box.c1 - cm), p),
+    )
+    mv = h_m
+    for t in terms:
+        mv = ivl.iv_add(mv, t, p)
+    return (
+        max(ivl.to_fraction(h[0]), ivl.to_fraction(mv[0])),
+        min(ivl.to_fraction(h[1]), ivl.to_fraction(mv[1])),
+    )
+
+
+def _upper3(box: _Box3, least: Fraction, schedule: Polynomial) -> Fraction:
+    """An upper bound on the top coefficient over the rows of a box with at least `least` items.
+
+    S = 1 + w e^{-βc} + z e^{-βy} grows with w and z and falls with β and c: its
+    least value on the box, cut by w + z >= least - 1, is at a vertex of that
+    polygon, at the largest β and c.
+    """
+    h_lo, h_hi = _entropy3_bounds(box)
+    beta = _iv(Fraction(beta_up_on(schedule, max(h_lo, Fraction(0)), h_hi)))
+    p = _PREC
+    e1 = ivl.to_fraction(ivl.iv_exp(ivl.iv_neg(ivl.iv_mul(beta, _iv(box.c1), p)), p)[0])
+    e2 = ivl.to_fraction(ivl.iv_exp(ivl.iv_neg(ivl.iv_mul(beta, _iv(box.y), p)), p)[0])
+    need = least - 1
+    if box.w0 + box.z0 >= need:
+        corners = [(box.w0, box.z0)]
+    else:  # the two ends of the segment w + z = need inside the box
+        w_a = max(box.w0, need - box.z1)
+        z_b = max(box.z0, need - box.w1)
+        corners = [(w_a, need - w_a), (need - z_b, z_b)]
+    low = min(1 + w * e1 + z * e2 for w, z in corners)
+    return 1 / max(low, Fraction(1))
+
+
+def _value3(box: _Box3, least: Fraction, schedule: Polynomial) -> float:
+    """The coefficient at a feasible point near the box's centre, in floats (a guide)."""
+    c = float((box.c0 + box.c1) / 2)
+    w = float((box.w0 + box.w1) / 2)
+    z = float((box.z0 + box.z1) / 2)
+    if 1 + w + z < least:  # move onto w + z = least - 1
+        extra = float(least) - 1 - w - z
+        w, z = w + extra / 2, z + extra / 2
+    y = float(box.y)
+    try:
+        s1 = 1 + w * math.exp(-c) + z * math.exp(-y)
+        h = math.log(s1) + (w * c * math.exp(-c) + z * y * math.exp(-y)) / s1
+        beta = 1.0
+        if h > schedule.exact_threshold:
+            horner = 0.0
+            for coefficient in _float_coefficients(schedule):
+                horner = horner * h + coefficient
+            beta = max(horner, 1.0)
+        return 1 / (1 + w * math.exp(-beta * c) + z * math.exp(-beta * y))
+    except (OverflowError, ValueError, ZeroDivisionError):
+        return 0.0
+
+
+def _split3(box: _Box3) -> tuple[_Box3, _Box3]:
+    widths = (
+        (float(box.c1 - box.c0), "c"),
+        (_log_ratio(box.w1, box.w0), "w"),
+        (_log_ratio(box.z1, box.z0), "z"),
+    )
+    _, side = max(widths)
+    if side == "c":
+        mid = (box.c0 + box.c1) / 2
+        return box._replace(c1=mid), box._replace(c0=mid)
+    if side == "w":
+        mid = _geometric(box.w0, box.w1)
+        return box._replace(w1=mid), box._replace(w0=mid)
+    mid = _geometric(box.z0, box.z1)
+    return box._replace(z1=mid), box._replace(z0=mid)
+
+
+def below_from(
+    least: int, most: int, spread: float, schedule: Polynomial, eps: float, *, budget: int = 3000
+) -> tuple[bool, int]:
+    r"""Whether every row of `least` to `most` items, spread ≤ δ, stays below `eps` (proven).
+
+    Branch and bound over both shapes with the counts free (rows of
+    :math:`1 + w + z` items, :math:`w + z + 1 \in [least, most]`, real counts):
+    proven when every box's bound is below `eps`; not when a guide point
+    reaches it or the `budget` of boxes runs out (nothing is proven then).
+
+    Returns
+    -------
+    tuple
+        ``(proven, boxes)``: the verdict and the boxes bounded.
+    """
+    delta = Fraction(spread)
+    target = Fraction(eps)
+    lo, hi = Fraction(least), Fraction(most)
+    stack = [
+        _Box3(y, Fraction(0), delta, Fraction(0), hi - 1, Fraction(0), hi - 1)
+        for y in (delta, Fraction(0))
+    ]
+    count = 0
+    while stack:
+        box = stack.pop()
+        if box.w0 + box.z0 > hi - 1 or box.w1 + box.z1 < lo - 1:
+            continue  # no length in range
+        count += 1
+        if count > budget:
+            return False, count
+        if _upper3(box, lo, schedule) < target:
+            continue
+        if _value3(box, lo, schedule) >= eps:
+            return False, count
+        stack.extend(_split3(box))
+    return True, count
+
+
+def dispersion_upper(
+    eps: float, spread: float, schedule: Polynomial, lower: int, upper: int, budget: int
+) -> int:
+    r"""A length from which no row reaches `eps`, at most `upper` (proven from `upper` on).
+
+    Bisects on :math:`\log n` between `lower` (a row one item shorter reaches
+    `eps`) and `upper`: a proof that the lengths from `mid` to the current upper
+    end stay below `eps` (:func:`below_from`) moves the upper end to `mid`.
+    Stops when the two ends are within 1 % or `budget` boxes are spent.
+    """
+    lo, hi = lower, upper
+    spent = 0
+    while hi - lo > max(1, lo // 100) and spent < budget:
+        mid = min(max(math.isqrt(lo * hi), lo + 1), hi - 1)
+        proven, used = below_from(mid, hi, spread, schedule, eps, budget=budget - spent)
+        spent += used
+        if proven:
+            hi = mid
+        else:
+            lo = mid
+    return hi
