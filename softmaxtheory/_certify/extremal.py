@@ -186,33 +186,28 @@ def _upper(box: _Box, n: int, delta: Fraction, schedule: Polynomial) -> Fraction
 
 def _value(box: _Box, n: int, delta: float, schedule: Polynomial) -> float:
     """The top coefficient at the box's centre, in floats (only guides the search)."""
-    try:
-        return _centre_value(box, n, delta, schedule)
-    except (OverflowError, ValueError, ZeroDivisionError):  # n beyond the float range
-        return 0.0
-
-
-def _centre_value(box: _Box, n: int, delta: float, schedule: Polynomial) -> float:
-    c = float((box.c0 + box.c1) / 2)
     w = float((box.w0 + box.w1) / 2)
-    if box.family == "bottom":
-        s1 = 1 + w * math.exp(-c) + (n - 1 - w) * math.exp(-delta)
-        m = w * c * math.exp(-c) + (n - 1 - w) * delta * math.exp(-delta)
-    else:
-        s1 = n - w * (1 - math.exp(-c))
-        m = w * c * math.exp(-c)
-    h = math.log(s1) + m / s1
-    beta = 1.0
-    if h > schedule.exact_threshold:
-        horner = 0.0
-        for coefficient in _float_coefficients(schedule):
-            horner = horner * h + coefficient
-        beta = max(horner, 1.0)
-    if box.family == "bottom":
-        s = 1 + w * math.exp(-beta * c) + (n - 1 - w) * math.exp(-beta * delta)
-    else:
-        s = n - w * (1 - math.exp(-beta * c))
-    return 1 / s
+    y = delta if box.family == "bottom" else 0.0
+    return _guide(float((box.c0 + box.c1) / 2), w, n - 1 - w, y, schedule)
+
+
+def _guide(c: float, w: float, z: float, y: float, schedule: Polynomial) -> float:
+    """The adaptive top coefficient of the row (top item, w at depth c, z at depth y), in floats.
+
+    Only guides the searches (no bound rests on it); 0.0 where floats overflow.
+    """
+    try:
+        s1 = 1 + w * math.exp(-c) + z * math.exp(-y)
+        h = math.log(s1) + (w * c * math.exp(-c) + z * y * math.exp(-y)) / s1
+        beta = 1.0
+        if h > schedule.exact_threshold:
+            horner = 0.0
+            for coefficient in _float_coefficients(schedule):
+                horner = horner * h + coefficient
+            beta = max(horner, 1.0)
+        return 1 / (1 + w * math.exp(-beta * c) + z * math.exp(-beta * y))
+    except (OverflowError, ValueError, ZeroDivisionError):  # counts beyond the float range
+        return 0.0
 
 
 def _log_ratio(hi: Fraction, lo: Fraction) -> float:
@@ -409,19 +404,7 @@ def _value3(box: _Box3, least: Fraction, schedule: Polynomial) -> float:
     if 1 + w + z < least:  # move onto w + z = least - 1
         extra = float(least) - 1 - w - z
         w, z = w + extra / 2, z + extra / 2
-    y = float(box.y)
-    try:
-        s1 = 1 + w * math.exp(-c) + z * math.exp(-y)
-        h = math.log(s1) + (w * c * math.exp(-c) + z * y * math.exp(-y)) / s1
-        beta = 1.0
-        if h > schedule.exact_threshold:
-            horner = 0.0
-            for coefficient in _float_coefficients(schedule):
-                horner = horner * h + coefficient
-            beta = max(horner, 1.0)
-        return 1 / (1 + w * math.exp(-beta * c) + z * math.exp(-beta * y))
-    except (OverflowError, ValueError, ZeroDivisionError):
-        return 0.0
+    return _guide(c, w, z, float(box.y), schedule)
 
 
 def _split3(box: _Box3) -> tuple[_Box3, _Box3]:
