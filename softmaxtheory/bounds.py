@@ -474,25 +474,15 @@ def _end_value(end: Any, sf: pr.Poly, direction: int) -> float:
     if end == math.inf:
         return math.inf
     if isinstance(end, Fraction):
-        return _float_directed(end, direction)
+        return ivl.float_directed(end, direction)
     a, b = end
     while True:
         if a == b or pr.evaluate(sf, b) == 0:  # the root is b itself
-            return _float_directed(b, direction)
-        lo, hi = _float_directed(a, direction), _float_directed(b, direction)
+            return ivl.float_directed(b, direction)
+        lo, hi = ivl.float_directed(a, direction), ivl.float_directed(b, direction)
         if lo == hi:
             return lo
         a, b = pr.refine(sf, a, b)
-
-
-def _float_directed(value: Fraction, direction: int) -> float:
-    """The float64 next to `value` on the side `direction` (-1 down, +1 up), `value` if one."""
-    out = float(value)
-    if direction > 0 and Fraction(out) < value:
-        return math.nextafter(out, math.inf)
-    if direction < 0 and Fraction(out) > value:
-        return math.nextafter(out, -math.inf)
-    return out
 
 
 @certifying("a bound")
@@ -577,10 +567,7 @@ def adaptive_beta_max(schedule: Schedule | None = None) -> float:
 
 def _float_up(value: Fraction) -> float:
     """The smallest float64 at least `value` (``inf`` beyond the float range)."""
-    try:
-        return _float_directed(value, +1)
-    except OverflowError:
-        return math.inf
+    return ivl.float_directed(value, +1)
 
 
 @certifying("a bound")
@@ -1575,8 +1562,9 @@ def _dispersion_witness(
         # β is not monotone in n: longer rows may reach eps where two items do not
         # (a schedule that sharpens only entropies above log 2); start from one
         for m in _ladder(3, upper):
-            if ok(float(adp.log_bounds(m)[0]), m)[0] >= eps:
-                lo_l = float(adp.log_bounds(m)[0])
+            log_m = float(adp.log_bounds(m)[0])
+            if ok(log_m, m)[0] >= eps:
+                lo_l = log_m
                 break
         else:
             return None
@@ -1752,10 +1740,7 @@ def _product_bound(*factors: float) -> float:
     raw = libmp.from_int(1)
     for f in factors:
         raw = libmp.mpf_mul(raw, libmp.from_float(f))  # exact: no precision given
-    near = ivl.float_of((raw, raw))  # to nearest
-    if math.isfinite(near) and libmp.mpf_lt(libmp.from_float(near), raw):
-        return math.nextafter(near, math.inf)
-    return near  # type: ignore[return-value]
+    return _float_up(ivl.to_fraction(raw))
 
 
 @certifying("a bound")

@@ -285,10 +285,7 @@ def beta_up_on(schedule: Polynomial, a: Fraction, b: Fraction) -> float:
     if any(cb >= lo and ca <= b for ca, cb in critical_points(schedule)):
         return beta_max_up(schedule)
     top = max(schedule.polynomial_exact(lo), schedule.polynomial_exact(b), Fraction(1))
-    if top == 1:
-        return 1.0
-    f = float(top)
-    return f if Fraction(f) >= top else math.nextafter(f, math.inf)
+    return ivl.float_directed(top, +1)
 
 
 def adaptive_beta_up(n: int, spread: float, schedule: Polynomial) -> float:

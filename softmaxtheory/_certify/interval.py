@@ -37,6 +37,7 @@ __all__ = [
     "Interval",
     "certify",
     "decimal_of",
+    "float_directed",
     "float_of",
     "iv_add",
     "iv_div",
@@ -162,6 +163,24 @@ def to_fraction(raw: Raw) -> Fraction:
 def _round_float(raw: Raw) -> float:
     sign, man, exp, _ = raw
     return round_exact(sign, man, exp, FORMATS["float64"])
+
+
+def float_directed(value: Fraction, direction: int) -> float:
+    """A rational rounded to float64 downward (`direction` < 0) or upward (> 0).
+
+    The float itself where `value` is one; beyond the float range, the largest
+    finite float or an infinity, as the direction asks.
+    """
+    try:
+        out = float(value)  # to nearest
+    except OverflowError:
+        top = math.inf if (value > 0) == (direction > 0) else 1.7976931348623157e308
+        return top if value > 0 else -top
+    if direction > 0 and Fraction(out) < value:
+        return math.nextafter(out, math.inf)
+    if direction < 0 and Fraction(out) > value:
+        return math.nextafter(out, -math.inf)
+    return out
 
 
 def float_of(iv: Interval) -> float | None:

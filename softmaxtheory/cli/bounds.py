@@ -174,13 +174,13 @@ def compute(
         # the closed form (T1 at the largest beta of the entropy range), or where it is
         # loose (beta can exceed 1) the bracket's upper end, from the dominating rows
         closed = bounds.adaptive_max_coefficient(n, spread)
+        adaptive_beta = beta_sup(n, spread, PaperPolynomial())
         bracketable = n >= 2 and 0.0 < spread * 2.5 <= bounds.MAX_EXPONENT
-        if bracketable and closed > bounds.max_coefficient(n, spread):
+        if bracketable and adaptive_beta > 1.0:
             upper = bounds.adaptive_max_coefficient_bracket(n, spread).upper
             if upper < closed:
                 raw = libmp.from_float(upper)
                 return upper, str(decimal_of((raw, raw), digits))
-        adaptive_beta = beta_sup(n, spread, PaperPolynomial())
         return closed, certified_text(n, spread, adaptive_beta, "max", digits)
 
     rows = []
