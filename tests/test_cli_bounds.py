@@ -80,8 +80,27 @@ def test_gemma_example(capsys):
     assert "beta <= 2.4213877066315246" in out
     assert "(0.8485819960098693, 5.944520827905143)" in out
     assert "beta = 1 for every row once n >= 7419 " in out
-    assert "from some n in [1253, 5828]" in out
+    # the default budget of branch and bound proves the upper end 1314; the closed form
+    # alone (--budget 0) gives 5828
+    assert "from some n in [1253, 1314]" in out
     assert "9 at 4.40595" in out
+    code, out, _ = run(capsys, "bounds", "--spread", "5.69", "--budget", "0", "--sizes", "16")
+    assert code == 0
+    assert "from some n in [1253, 5828]" in out
+
+
+def test_budget(capsys):
+    """--budget is the bracket's: its upper end is the library's at that budget, in the JSON too."""
+    code, out, _ = run(capsys, "bounds", "--spread", "3", "--budget", "4000", "--json")
+    assert code == 0
+    doc = json.loads(out)["adaptive_dispersion_bracket"]
+    b = bounds.adaptive_dispersion_bracket(0.5, 3.0, budget=4000)
+    assert (doc["lower"], doc["upper"], doc["budget"]) == (b.lower, b.upper, 4000)
+    assert b.upper < bounds.adaptive_dispersion_bracket(0.5, 3.0).upper
+    with pytest.raises(SystemExit) as exc:
+        main(["bounds", "--spread", "3", "--budget", "-1"])
+    assert exc.value.code == 2
+    assert "--budget must be >= 0, got -1" in capsys.readouterr().err
 
 
 def test_huge_spreads_print_scientific_sizes_at_once(capsys):
@@ -100,7 +119,8 @@ def test_huge_spreads_print_scientific_sizes_at_once(capsys):
 
 def test_sizes_print_rounded_so_that_their_sentence_holds(capsys):
     """The size 1,088,165 prints as 1.08817e+6 (to nearest 1.08816e+6, false of 1,088,160)."""
-    code, out, _ = run(capsys, "bounds", "--spread", "13.90000180000001", "--sizes", "16")
+    argv = ("bounds", "--spread", "13.90000180000001", "--sizes", "16", "--budget", "0")
+    code, out, _ = run(capsys, *argv)
     assert code == 0
     assert bounds.dispersion_size(0.5, 13.90000180000001) == 1088165
     assert "every coefficient is < 0.5 once n >= 1.08817e+6 " in out
@@ -225,7 +245,7 @@ def test_decimals_ignore_the_callers_decimal_context(capsys):
         ctx.traps[decimal.Inexact] = True
         code, got, _ = run(capsys, *argv)
     assert code == 0
-    row = "    1000     0.228508053           0.798137261  3.38296450e-06            1.47618382"
+    row = "    1000     0.228508053           0.764036819  3.38296450e-06            1.47618382"
     assert row in got.splitlines()
     code, want, _ = run(capsys, *argv)
     assert code == 0 and got == want

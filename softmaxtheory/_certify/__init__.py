@@ -9,6 +9,8 @@
 * :mod:`.rounding`: correct rounding of exact binary values to a format, and
   Ziv's rounding test (re-exported by :mod:`softmaxtheory.reference`);
 * :mod:`.interval`: outward-rounded interval arithmetic on mpmath raw numbers;
+* :mod:`.floativ`: the same on float64 pairs, with exp and log of its own (proven
+  within :math:`2^{-46}`), for branch and bound over many boxes;
 * :mod:`.polyroots`: exact real-root isolation for rational polynomials;
 * :mod:`.enclosures` and :mod:`.adaptive`: the certified quantities that
   :mod:`softmaxtheory.bounds` and the ``bounds`` command both print;
@@ -16,7 +18,8 @@
   branch and bound over the two shapes of rows that dominate every row.
 
 Nothing here touches mpmath's global context: every operation is given its
-precision.
+precision; :mod:`.floativ` needs IEEE 754's default environment, which
+:mod:`.environment` guarantees.
 """
 
 from .environment import FloatEnvironmentError

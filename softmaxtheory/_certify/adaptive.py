@@ -27,6 +27,7 @@ from typing import Any
 from mpmath import libmp
 
 from ..spec import Constant, LogLength, Polynomial, Schedule, resolve_schedule
+from . import floativ as fv
 from . import interval as ivl
 from . import polyroots as pr
 
@@ -34,6 +35,7 @@ __all__ = [
     "adaptive_beta_up",
     "beta_max_up",
     "beta_sup",
+    "beta_up_float",
     "beta_up_on",
     "critical_points",
     "entropy_gap_upper",
@@ -286,6 +288,48 @@ def beta_up_on(schedule: Polynomial, a: Fraction, b: Fraction) -> float:
         return beta_max_up(schedule)
     top = max(schedule.polynomial_exact(lo), schedule.polynomial_exact(b), Fraction(1))
     return ivl.float_directed(top, +1)
+
+
+@lru_cache(maxsize=64)
+def _float_enclosures(schedule: Polynomial) -> tuple[fv.FloatInterval, tuple, tuple]:
+    """Float enclosures of the threshold, the coefficients and the critical points of P."""
+
+    def enclose(lo: Fraction, hi: Fraction) -> fv.FloatInterval:
+        return ivl.float_directed(lo, -1), ivl.float_directed(hi, +1)
+
+    theta = schedule.exact_threshold
+    coefficients = tuple(enclose(c, c) for c in schedule.exact_coefficients)
+    critical = tuple(enclose(a, b) for a, b in critical_points(schedule))
+    return enclose(theta, theta), coefficients, critical
+
+
+def beta_up_float(schedule: Polynomial, a: float, b: float) -> float:
+    r"""A float at least :math:`\sup\{\beta(H) : a \le H \le b\}`, in float interval arithmetic.
+
+    What :func:`beta_up_on` bounds, for float ends and about ten times faster
+    (a branch and bound asks it once a box): P is evaluated by Horner's rule on
+    outward-rounded float intervals (:mod:`.floativ`) instead of exactly, so the
+    bound may exceed :func:`beta_up_on`'s by a few ulps.
+
+    Raises
+    ------
+    OverflowError
+        Where the evaluation leaves the float range (use :func:`beta_up_on`).
+    """
+    (t_lo, t_hi), coefficients, critical = _float_enclosures(schedule)
+    if b <= t_lo or (b <= t_hi and b <= schedule.exact_threshold):
+        return 1.0
+    # an enclosure of max(a, theta), where P's range on [max(a, theta), b] starts
+    lo = (a, a) if a >= t_hi else (max(a, t_lo), t_hi)
+    if any(c_hi >= lo[0] and c_lo <= b for c_lo, c_hi in critical):
+        return beta_max_up(schedule)
+    top = 1.0
+    for h in (lo, (b, b)):
+        acc = (0.0, 0.0)
+        for c in coefficients:
+            acc = fv.add(fv.mul(acc, h), c)
+        top = max(top, acc[1])
+    return top
 
 
 def adaptive_beta_up(n: int, spread: float, schedule: Polynomial) -> float:

@@ -45,12 +45,23 @@ The same shapes with the counts free, :math:`w` items at the level and
 :math:`1 + w + z` at once: :func:`below_from` proves that no row of any length
 in a range reaches a level, and :func:`dispersion_upper` bisects with it for
 the adaptive dispersion size.
+
+The formulas are written once against an interval arithmetic (:class:`_Mp`
+or :class:`_Float`): a box is bounded in outward-rounded float intervals
+(:mod:`.floativ`, about 60 µs a box where mpmath takes 450 µs), and in mpmath
+where floats overflow. Box coordinates are floats (exact numbers, split at
+float points) while every count is a float exactly, up to :math:`2^{53}`, and
+rationals beyond. Float bounds are looser than mpmath's by about
+:math:`10^{-13}` relative, so the boxes that decide the per-length answer are
+bounded again in mpmath (:data:`_REFINE` at most): at 4,096 items and spread
+5.69 the bracket stays exact to the float.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from fractions import Fraction
 from functools import lru_cache
 from typing import NamedTuple
@@ -58,8 +69,9 @@ from typing import NamedTuple
 from mpmath import libmp
 
 from ..spec import Polynomial
+from . import floativ as fv
 from . import interval as ivl
-from .adaptive import beta_up_on
+from .adaptive import beta_up_float, beta_up_on
 
 __all__ = ["FAMILIES", "adaptive_top_upper", "below_from", "dispersion_upper"]
 
@@ -69,119 +81,239 @@ FAMILIES = ("bottom", "top")
 _PREC = 64
 
 
+#: A box's coordinates: floats (exact numbers, cheap to split) where every count is a
+#: float exactly, else rationals.
+Coordinate = float | Fraction
+
+#: At most this many boxes of a final answer are bounded again in mpmath.
+_REFINE = 200
+
+#: Counts up to this are floats exactly; beyond it the boxes take rational coordinates.
+_FLOAT_COUNTS = 1 << 53
+
+
 class _Box(NamedTuple):
     family: str
-    c0: Fraction
-    c1: Fraction
-    w0: Fraction
-    w1: Fraction
+    c0: Coordinate
+    c1: Coordinate
+    w0: Coordinate
+    w1: Coordinate
 
 
-def _iv(lo: Fraction, hi: Fraction | None = None) -> ivl.Interval:
-    a = ivl.iv_fraction(lo, _PREC)
-    b = a if hi is None or hi == lo else ivl.iv_fraction(hi, _PREC)
-    return a[0], b[1]
+def _coordinate(most: int) -> type[float] | type[Fraction]:
+    """The coordinate type of boxes whose counts reach `most`."""
+    return float if most <= _FLOAT_COUNTS else Fraction
 
 
-def _exp_neg(c0: Fraction, c1: Fraction) -> ivl.Interval:
+class _Mp:
+    """Interval arithmetic at :data:`_PREC` bits (:mod:`.interval`): any magnitude, slow."""
+
+    one = ivl.iv_exact(1)
+    zero = ivl.iv_exact(0)
+    neg = staticmethod(ivl.iv_neg)
+
+    @staticmethod
+    def point(value: Coordinate) -> ivl.Interval:
+        if isinstance(value, float):
+            return ivl.iv_exact(value)
+        return ivl.iv_fraction(value, _PREC)
+
+    @staticmethod
+    def span(lo: Coordinate, hi: Coordinate | None = None) -> ivl.Interval:
+        a = _Mp.point(lo)
+        b = a if hi is None or hi == lo else _Mp.point(hi)
+        return a[0], b[1]
+
+    @staticmethod
+    def max(a: ivl.Interval, b: ivl.Interval) -> ivl.Interval:
+        return ivl.iv_max(a, b)
+
+    @staticmethod
+    def add(a: ivl.Interval, b: ivl.Interval) -> ivl.Interval:
+        return ivl.iv_add(a, b, _PREC)
+
+    @staticmethod
+    def sub(a: ivl.Interval, b: ivl.Interval) -> ivl.Interval:
+        return ivl.iv_sub(a, b, _PREC)
+
+    @staticmethod
+    def mul(a: ivl.Interval, b: ivl.Interval) -> ivl.Interval:
+        return ivl.iv_mul(a, b, _PREC)
+
+    @staticmethod
+    def div(a: ivl.Interval, b: ivl.Interval) -> ivl.Interval:
+        return ivl.iv_div(a, b, _PREC)
+
+    @staticmethod
+    def exp(a: ivl.Interval) -> ivl.Interval:
+        return ivl.iv_exp(a, _PREC)
+
+    @staticmethod
+    def log(a: ivl.Interval) -> ivl.Interval:
+        return ivl.iv_log(a, _PREC)
+
+    @staticmethod
+    def ends(a: ivl.Interval) -> tuple[Fraction, Fraction]:
+        return ivl.to_fraction(a[0]), ivl.to_fraction(a[1])
+
+    @staticmethod
+    def beta_up(schedule: Polynomial, lo: Fraction, hi: Fraction) -> float:
+        return beta_up_on(schedule, max(lo, Fraction(0)), hi)
+
+    @staticmethod
+    def at_least_one(s: ivl.Interval) -> ivl.Interval:
+        return (libmp.fone, s[1]) if libmp.mpf_lt(s[0], libmp.fone) else s
+
+    @staticmethod
+    def reciprocal_up(low: Fraction) -> Fraction:
+        return 1 / max(low, Fraction(1))
+
+
+class _Float:
+    """The same operations on float pairs (:mod:`.floativ`): fast, within the float range."""
+
+    one = (1.0, 1.0)
+    zero = (0.0, 0.0)
+    neg = staticmethod(fv.neg)
+    add = staticmethod(fv.add)
+    sub = staticmethod(fv.sub)
+    mul = staticmethod(fv.mul)
+    div = staticmethod(fv.div)
+    exp = staticmethod(fv.exp)
+    log = staticmethod(fv.log)
+
+    @staticmethod
+    def span(lo: Coordinate, hi: Coordinate | None = None) -> fv.FloatInterval:
+        return fv.point(lo) if hi is None else fv.span(lo, hi)
+
+    @staticmethod
+    def max(a: fv.FloatInterval, b: fv.FloatInterval) -> fv.FloatInterval:
+        return max(a[0], b[0]), max(a[1], b[1])
+
+    @staticmethod
+    def ends(a: fv.FloatInterval) -> fv.FloatInterval:
+        return a
+
+    @staticmethod
+    def beta_up(schedule: Polynomial, lo: float, hi: float) -> float:
+        return beta_up_float(schedule, max(lo, 0.0), hi)
+
+    @staticmethod
+    def at_least_one(s: fv.FloatInterval) -> fv.FloatInterval:
+        return (1.0, s[1]) if s[0] < 1.0 else s
+
+    @staticmethod
+    def reciprocal_up(low: float) -> float:
+        # a coefficient is at most 1 (S >= 1): keep the bound there, not an ulp above
+        return min(math.nextafter(1.0 / max(low, 1.0), math.inf), 1.0)
+
+
+_Arith = type[_Mp] | type[_Float]
+
+
+def _bounded(
+    evaluate: Callable[[_Arith], Fraction | float], *, fine: bool = False
+) -> Fraction | float:
+    """`evaluate` in floats where they suffice, else (past the float range) in mpmath.
+
+    ``fine=True`` asks for mpmath: its bounds are tighter than the floats' by about
+    :math:`10^{-13}` relative, which matters only for the last digits of a final answer.
+    """
+    if not fine:
+        try:
+            return evaluate(_Float)
+        except (OverflowError, ZeroDivisionError, ValueError):
+            pass  # a magnitude beyond the floats: the same bound in mpmath
+    return evaluate(_Mp)
+
+
+def _exp_neg(ar: _Arith, c0: Fraction, c1: Fraction):
     """An enclosure of :math:`e^{-c}` over an interval of c (it decreases in c)."""
-    lo = ivl.iv_exp(ivl.iv_neg(_iv(c1)), _PREC)[0]
-    hi = ivl.iv_exp(ivl.iv_neg(_iv(c0)), _PREC)[1]
-    return lo, hi
+    return ar.exp(ar.neg(ar.span(c1)))[0], ar.exp(ar.neg(ar.span(c0)))[1]
 
 
-def _parts(family: str, n: int, delta: Fraction, c: ivl.Interval) -> tuple[ivl.Interval, ...]:
+def _parts(ar: _Arith, family: str, n: int, delta: Fraction, c):
     r"""``(s0, u, m0, v, du, dv)``: :math:`S = s_0 + w u`, :math:`M = m_0 + w v`, u' and v'."""
-    p = _PREC
-    e_c = ivl.iv_exp(ivl.iv_neg(c), p)
-    ce_c = ivl.iv_mul(c, e_c, p)
-    du = ivl.iv_neg(e_c)
-    dv = ivl.iv_mul(ivl.iv_sub(ivl.iv_exact(1), c, p), e_c, p)
+    e_c = ar.exp(ar.neg(c))
+    ce_c = ar.mul(c, e_c)
+    du = ar.neg(e_c)
+    dv = ar.mul(ar.sub(ar.one, c), e_c)
     if family == "bottom":
-        s0, m0, e_d, de_d = _bottom_constants(n, delta)
-        return s0, ivl.iv_sub(e_c, e_d, p), m0, ivl.iv_sub(ce_c, de_d, p), du, dv
-    u = ivl.iv_sub(e_c, ivl.iv_exact(1), p)
-    return _iv(Fraction(n)), u, ivl.iv_exact(0), ce_c, du, dv
+        s0, m0, e_d, de_d = _bottom_constants(ar, n, delta)
+        return s0, ar.sub(e_c, e_d), m0, ar.sub(ce_c, de_d), du, dv
+    return ar.span(Fraction(n)), ar.sub(e_c, ar.one), ar.zero, ce_c, du, dv
 
 
 @lru_cache(maxsize=64)
-def _bottom_constants(n: int, delta: Fraction) -> tuple[ivl.Interval, ...]:
+def _bottom_constants(ar: _Arith, n: int, delta: Fraction):
     r"""``(s0, m0, e^-δ, δ e^-δ)`` of the bottom shape: :math:`s_0 = 1 + (n-1)e^{-\delta}`."""
-    p = _PREC
-    e_d = _exp_neg(delta, delta)
-    de_d = ivl.iv_mul(_iv(delta), e_d, p)
-    s0 = ivl.iv_add(ivl.iv_exact(1), ivl.iv_mul(_iv(Fraction(n - 1)), e_d, p), p)
-    m0 = ivl.iv_mul(_iv(Fraction(n - 1)), de_d, p)
-    return s0, m0, e_d, de_d
+    e_d = _exp_neg(ar, delta, delta)
+    de_d = ar.mul(ar.span(delta), e_d)
+    rest = ar.span(Fraction(n - 1))
+    return ar.add(ar.one, ar.mul(rest, e_d)), ar.mul(rest, de_d), e_d, de_d
 
 
-def _entropy_at(
-    family: str, n: int, delta: Fraction, c: ivl.Interval, w: ivl.Interval
-) -> tuple[ivl.Interval, ivl.Interval, ivl.Interval]:
+def _entropy_at(ar: _Arith, family: str, n: int, delta: Fraction, c, w):
     """H, dH/dw and dH/dc enclosed over ``c`` and ``w`` (intervals)."""
-    p = _PREC
-    s0, u, m0, v, du, dv = _parts(family, n, delta, c)
-    s = ivl.iv_add(s0, ivl.iv_mul(w, u, p), p)
-    if libmp.mpf_lt(s[0], libmp.fone):  # the top item alone gives S >= 1
-        s = (libmp.fone, s[1])
-    m = ivl.iv_add(m0, ivl.iv_mul(w, v, p), p)
-    q = ivl.iv_div(m, s, p)  # M / S
-    h = ivl.iv_add(ivl.iv_log(s, p), q, p)
+    s0, u, m0, v, du, dv = _parts(ar, family, n, delta, c)
+    s = ar.at_least_one(ar.add(s0, ar.mul(w, u)))  # the top item alone gives S >= 1
+    m = ar.add(m0, ar.mul(w, v))
+    q = ar.div(m, s)  # M / S
+    h = ar.add(ar.log(s), q)
     # dH/dw = (u + v - q u) / S ; dH/dc = w (du + dv - q du) / S
-    h_w = ivl.iv_div(ivl.iv_sub(ivl.iv_add(u, v, p), ivl.iv_mul(q, u, p), p), s, p)
-    h_c = ivl.iv_div(
-        ivl.iv_mul(w, ivl.iv_sub(ivl.iv_add(du, dv, p), ivl.iv_mul(q, du, p), p), p), s, p
-    )
+    h_w = ar.div(ar.sub(ar.add(u, v), ar.mul(q, u)), s)
+    h_c = ar.div(ar.mul(w, ar.sub(ar.add(du, dv), ar.mul(q, du))), s)
     return h, h_w, h_c
 
 
-def _entropy(box: _Box, n: int, delta: Fraction) -> tuple[Fraction, Fraction]:
+def _entropy(ar: _Arith, box: _Box, n: int, delta: Fraction) -> tuple[Fraction, Fraction]:
     """Rational bounds on the plain entropy of the rows of a box.
 
     The natural interval extension, intersected with the mean-value form
     :math:`H(m) + H_w(B)(w - m_w) + H_c(B)(c - m_c)`, whose excess shrinks with
     the square of the box's width.
     """
-    p = _PREC
-    c = _iv(box.c0, box.c1)
-    w = _iv(box.w0, box.w1)
-    h, h_w, h_c = _entropy_at(box.family, n, delta, c, w)
+    c = ar.span(box.c0, box.c1)
+    w = ar.span(box.w0, box.w1)
+    h, h_w, h_c = _entropy_at(ar, box.family, n, delta, c, w)
     cm, wm = (box.c0 + box.c1) / 2, (box.w0 + box.w1) / 2
-    h_m = _entropy_at(box.family, n, delta, _iv(cm), _iv(wm))[0]
-    dw = _iv(box.w0 - wm, box.w1 - wm)
-    dc = _iv(box.c0 - cm, box.c1 - cm)
-    mv = ivl.iv_add(h_m, ivl.iv_add(ivl.iv_mul(h_w, dw, p), ivl.iv_mul(h_c, dc, p), p), p)
-    lo = max(ivl.to_fraction(h[0]), ivl.to_fraction(mv[0]))
-    hi = min(ivl.to_fraction(h[1]), ivl.to_fraction(mv[1]))
-    return lo, hi
+    h_m = _entropy_at(ar, box.family, n, delta, ar.span(cm), ar.span(wm))[0]
+    dw = ar.sub(ar.span(box.w0, box.w1), ar.span(wm))
+    dc = ar.sub(ar.span(box.c0, box.c1), ar.span(cm))
+    mv = ar.add(h_m, ar.add(ar.mul(h_w, dw), ar.mul(h_c, dc)))
+    (h_lo, h_hi), (mv_lo, mv_hi) = ar.ends(h), ar.ends(mv)
+    return max(h_lo, mv_lo), min(h_hi, mv_hi)
 
 
-def _upper(box: _Box, n: int, delta: Fraction, schedule: Polynomial) -> Fraction:
-    """An upper bound on the top coefficient over the rows of a box.
+def _upper(
+    box: _Box, n: int, delta: Fraction, schedule: Polynomial, *, fine: bool = False
+) -> Fraction | float:
+    """An upper bound on the top coefficient over the rows of a box (:func:`_upper_in`)."""
+    return _bounded(lambda ar: _upper_in(ar, box, n, delta, schedule), fine=fine)
+
+
+def _upper_in(
+    ar: _Arith, box: _Box, n: int, delta: Fraction, schedule: Polynomial
+) -> Fraction | float:
+    """An upper bound on the top coefficient over the rows of a box, in the arithmetic `ar`.
 
     S at the largest β the box's entropies allow and at the corner of the box
     that minimises S (it decreases in β and c, and is monotone in w).
     """
-    h_lo, h_hi = _entropy(box, n, delta)
-    beta = Fraction(beta_up_on(schedule, max(h_lo, Fraction(0)), h_hi))
-    p = _PREC
-    b = _iv(beta)
-    e_bc = ivl.iv_exp(ivl.iv_neg(ivl.iv_mul(b, _iv(box.c1), p)), p)
+    h_lo, h_hi = _entropy(ar, box, n, delta)
+    b = ar.span(ar.beta_up(schedule, h_lo, h_hi))
+    e_bc = ar.exp(ar.neg(ar.mul(b, ar.span(box.c1))))
     if box.family == "bottom":
         # S(beta) = 1 + w e^{-beta c} + (n - 1 - w) e^{-beta delta}: least at w0, c1, beta
-        e_bd = ivl.iv_exp(ivl.iv_neg(ivl.iv_mul(b, _iv(delta), p)), p)
-        s = ivl.iv_add(
-            ivl.iv_add(ivl.iv_exact(1), ivl.iv_mul(_iv(box.w0), e_bc, p), p),
-            ivl.iv_mul(_iv(Fraction(n - 1) - box.w0), e_bd, p),
-            p,
+        e_bd = ar.exp(ar.neg(ar.mul(b, ar.span(delta))))
+        s = ar.add(
+            ar.add(ar.one, ar.mul(ar.span(box.w0), e_bc)),
+            ar.mul(ar.sub(ar.span(Fraction(n - 1)), ar.span(box.w0)), e_bd),
         )
     else:
         # S(beta) = n - w (1 - e^{-beta c}): least at w1, c1, beta
-        s = ivl.iv_sub(
-            _iv(Fraction(n)), ivl.iv_mul(_iv(box.w1), ivl.iv_sub(ivl.iv_exact(1), e_bc, p), p), p
-        )
-    low = ivl.to_fraction(s[0])
-    return Fraction(1) / max(low, Fraction(1))
+        s = ar.sub(ar.span(Fraction(n)), ar.mul(ar.span(box.w1), ar.sub(ar.one, e_bc)))
+    return ar.reciprocal_up(ar.ends(s)[0])
 
 
 def _value(box: _Box, n: int, delta: float, schedule: Polynomial) -> float:
@@ -210,18 +342,25 @@ def _guide(c: float, w: float, z: float, y: float, schedule: Polynomial) -> floa
         return 0.0
 
 
-def _log_ratio(hi: Fraction, lo: Fraction) -> float:
+def _log_ratio(hi: Coordinate, lo: Coordinate) -> float:
     r"""About :math:`\log((hi + 1) / (lo + 1))` for counts, in nats."""
+    if isinstance(hi, float):
+        return math.log((hi + 1.0) / (lo + 1.0))
     r = (hi + 1) / (lo + 1)
     bits = r.numerator.bit_length() - r.denominator.bit_length()
     return bits * 0.6931471805599453 if abs(bits) > 900 else math.log(float(r))
 
 
-def _geometric(lo: Fraction, hi: Fraction) -> Fraction:
+def _geometric(lo: Coordinate, hi: Coordinate) -> Coordinate:
     """A split point of a count range, near the geometric mean of lo + 1 and hi + 1."""
-    mid = Fraction(math.isqrt(int((lo + 1) * (hi + 1)))) - 1
+    mid = type(lo)(math.isqrt(int((lo + 1) * (hi + 1)))) - 1
     margin = (hi - lo) / 8
-    return min(max(mid, lo + margin), hi - margin)
+    return _within(min(max(mid, lo + margin), hi - margin), lo, hi)
+
+
+def _within(mid: Coordinate, lo: Coordinate, hi: Coordinate) -> Coordinate:
+    """`mid` moved into ``[lo, hi]`` (float rounding may leave it a little outside)."""
+    return min(max(mid, lo), hi)
 
 
 @lru_cache(maxsize=64)
@@ -237,7 +376,7 @@ def _split(box: _Box, n: int, delta: Fraction) -> tuple[_Box, _Box]:
     bottom's or the top's), which set the entropy when they are few.
     """
     c_width = float(box.c1 - box.c0)
-    rest = Fraction(n - 1)
+    rest = type(box.w1)(n - 1)
     w_ratio = _log_ratio(box.w1, box.w0)
     other_ratio = _log_ratio(rest - box.w0, rest - box.w1)
     if c_width >= max(w_ratio, other_ratio):
@@ -246,7 +385,7 @@ def _split(box: _Box, n: int, delta: Fraction) -> tuple[_Box, _Box]:
     if w_ratio >= other_ratio:
         mid = _geometric(box.w0, box.w1)
     else:
-        mid = rest - _geometric(rest - box.w1, rest - box.w0)
+        mid = _within(rest - _geometric(rest - box.w1, rest - box.w0), box.w0, box.w1)
     return box._replace(w1=mid), box._replace(w0=mid)
 
 
@@ -257,7 +396,7 @@ def adaptive_top_upper(
     *,
     known: float = 0.0,
     rel_tol: float = 1e-4,
-    budget: int = 2000,
+    budget: int = 10_000,
 ) -> Fraction:
     r"""An upper bound on the largest adaptive coefficient of any row of `n` items, spread ≤ δ.
 
@@ -285,25 +424,38 @@ def adaptive_top_upper(
         The bound (rational; round it upward for a float).
     """
     delta = Fraction(spread)
-    heap: list[tuple[Fraction, int, _Box]] = []
+    kind = _coordinate(n)
+    # entries (-bound, order, box, fine): `fine` where the bound is mpmath's
+    heap: list[tuple[Fraction | float, int, _Box, bool]] = []
     best = float(known)
-    count = 0
+    count = refined = 0
     for family in FAMILIES:
-        box = _Box(family, Fraction(0), delta, Fraction(0), Fraction(n - 1))
-        heapq.heappush(heap, (-_upper(box, n, delta, schedule), count, box))
+        box = _Box(family, kind(0), kind(spread), kind(0), kind(n - 1))
+        heapq.heappush(heap, (-_upper(box, n, delta, schedule), count, box, False))
         best = max(best, _value(box, n, spread, schedule))
         count += 1
     while heap:
-        top = -heap[0][0]
-        if top <= Fraction(best) * (1 + Fraction(rel_tol)) or count >= budget:
-            return max(top, Fraction(best))
-        _, _, box = heapq.heappop(heap)
+        top, order, box, fine = heap[0]
+        top = -top
+        if count >= budget:
+            return Fraction(max(top, best))
+        if top <= Fraction(best) * (1 + Fraction(rel_tol)):
+            if fine or refined >= _REFINE:
+                return Fraction(max(top, best))
+            # the answer is the top bound: tighten it in mpmath (lazily, top box first)
+            heapq.heappop(heap)
+            refined += 1
+            bound = _upper(box, n, delta, schedule, fine=True)
+            if bound > best:
+                heapq.heappush(heap, (-bound, order, box, True))
+            continue
+        heapq.heappop(heap)
         for child in _split(box, n, delta):
             bound = _upper(child, n, delta, schedule)
             best = max(best, _value(child, n, spread, schedule))
             count += 1
-            if bound > Fraction(best):
-                heapq.heappush(heap, (-bound, count, child))
+            if bound > best:
+                heapq.heappush(heap, (-bound, count, child, False))
     return Fraction(best)
 
 
@@ -317,86 +469,80 @@ class _Box3(NamedTuple):
     more items at the top); the row has ``1 + w + z`` items.
     """
 
-    y: Fraction
-    c0: Fraction
-    c1: Fraction
-    w0: Fraction
-    w1: Fraction
-    z0: Fraction
-    z1: Fraction
+    y: Coordinate
+    c0: Coordinate
+    c1: Coordinate
+    w0: Coordinate
+    w1: Coordinate
+    z0: Coordinate
+    z1: Coordinate
 
 
-def _entropy3(box: _Box3, c: ivl.Interval, w: ivl.Interval, z: ivl.Interval):
+def _entropy3(ar: _Arith, box: _Box3, c, w, z):
     """H and its slopes in (c, w, z), enclosed."""
-    p = _PREC
-    e_c = ivl.iv_exp(ivl.iv_neg(c), p)
-    e_y = _exp_neg(box.y, box.y)
-    y_e = ivl.iv_mul(_iv(box.y), e_y, p)
-    c_e = ivl.iv_mul(c, e_c, p)
-    s = ivl.iv_add(ivl.iv_add(ivl.iv_exact(1), ivl.iv_mul(w, e_c, p), p), ivl.iv_mul(z, e_y, p), p)
-    if libmp.mpf_lt(s[0], libmp.fone):
-        s = (libmp.fone, s[1])
-    m = ivl.iv_add(ivl.iv_mul(w, c_e, p), ivl.iv_mul(z, y_e, p), p)
-    q = ivl.iv_div(m, s, p)
-    h = ivl.iv_add(ivl.iv_log(s, p), q, p)
-    one_q = ivl.iv_sub(ivl.iv_exact(1), q, p)
+    e_c = ar.exp(ar.neg(c))
+    e_y = _exp_neg(ar, box.y, box.y)
+    y_e = ar.mul(ar.span(box.y), e_y)
+    c_e = ar.mul(c, e_c)
+    s = ar.at_least_one(ar.add(ar.add(ar.one, ar.mul(w, e_c)), ar.mul(z, e_y)))
+    m = ar.add(ar.mul(w, c_e), ar.mul(z, y_e))
+    q = ar.div(m, s)
+    h = ar.add(ar.log(s), q)
+    one_q = ar.sub(ar.one, q)
 
-    def slope(s_x: ivl.Interval, m_x: ivl.Interval) -> ivl.Interval:
-        return ivl.iv_div(ivl.iv_add(ivl.iv_mul(s_x, one_q, p), m_x, p), s, p)
+    def slope(s_x, m_x):
+        return ar.div(ar.add(ar.mul(s_x, one_q), m_x), s)
 
     h_w = slope(e_c, c_e)
     h_z = slope(e_y, y_e)
-    h_c = slope(
-        ivl.iv_neg(ivl.iv_mul(w, e_c, p)),
-        ivl.iv_mul(w, ivl.iv_mul(ivl.iv_sub(ivl.iv_exact(1), c, p), e_c, p), p),
-    )
+    h_c = slope(ar.neg(ar.mul(w, e_c)), ar.mul(w, ar.mul(ar.sub(ar.one, c), e_c)))
     return h, h_w, h_z, h_c
 
 
-def _entropy3_bounds(box: _Box3) -> tuple[Fraction, Fraction]:
-    p = _PREC
-    c, w, z = _iv(box.c0, box.c1), _iv(box.w0, box.w1), _iv(box.z0, box.z1)
-    h, h_w, h_z, h_c = _entropy3(box, c, w, z)
+def _entropy3_bounds(ar: _Arith, box: _Box3) -> tuple[Fraction, Fraction]:
+    c, w, z = ar.span(box.c0, box.c1), ar.span(box.w0, box.w1), ar.span(box.z0, box.z1)
+    h, h_w, h_z, h_c = _entropy3(ar, box, c, w, z)
     cm, wm, zm = (box.c0 + box.c1) / 2, (box.w0 + box.w1) / 2, (box.z0 + box.z1) / 2
-    h_m = _entropy3(box, _iv(cm), _iv(wm), _iv(zm))[0]
-    terms = (
-        ivl.iv_mul(h_w, _iv(box.w0 - wm, box.w1 - wm), p),
-        ivl.iv_mul(h_z, _iv(box.z0 - zm, box.z1 - zm), p),
-        ivl.iv_mul(h_c, _iv(box.c0 - cm, box.c1 - cm), p),
-    )
-    mv = h_m
-    for t in terms:
-        mv = ivl.iv_add(mv, t, p)
-    return (
-        max(ivl.to_fraction(h[0]), ivl.to_fraction(mv[0])),
-        min(ivl.to_fraction(h[1]), ivl.to_fraction(mv[1])),
-    )
+    mv = _entropy3(ar, box, ar.span(cm), ar.span(wm), ar.span(zm))[0]
+    sides = ((h_w, box.w0, box.w1, wm), (h_z, box.z0, box.z1, zm), (h_c, box.c0, box.c1, cm))
+    for slope, lo, hi, mid in sides:
+        mv = ar.add(mv, ar.mul(slope, ar.sub(ar.span(lo, hi), ar.span(mid))))
+    (h_lo, h_hi), (mv_lo, mv_hi) = ar.ends(h), ar.ends(mv)
+    return max(h_lo, mv_lo), min(h_hi, mv_hi)
 
 
-def _upper3(box: _Box3, least: Fraction, schedule: Polynomial) -> Fraction:
+def _upper3(box: _Box3, least: int, schedule: Polynomial) -> Fraction | float:
+    """An upper bound on the top coefficient over the rows of a box (:func:`_upper3_in`)."""
+    return _bounded(lambda ar: _upper3_in(ar, box, least, schedule))
+
+
+def _upper3_in(ar: _Arith, box: _Box3, least: int, schedule: Polynomial) -> Fraction | float:
     """An upper bound on the top coefficient over the rows of a box with at least `least` items.
 
     S = 1 + w e^{-βc} + z e^{-βy} grows with w and z and falls with β and c: its
     least value on the box, cut by w + z >= least - 1, is at a vertex of that
-    polygon, at the largest β and c.
+    polygon, at the largest β and c. (w0, z0) bounds S below on the whole box;
+    where w0 + z0 < least - 1 so do the two ends of the segment w + z = least - 1
+    inside it, which are enclosed (their coordinates round).
     """
-    h_lo, h_hi = _entropy3_bounds(box)
-    beta = _iv(Fraction(beta_up_on(schedule, max(h_lo, Fraction(0)), h_hi)))
-    p = _PREC
-    e1 = ivl.to_fraction(ivl.iv_exp(ivl.iv_neg(ivl.iv_mul(beta, _iv(box.c1), p)), p)[0])
-    e2 = ivl.to_fraction(ivl.iv_exp(ivl.iv_neg(ivl.iv_mul(beta, _iv(box.y), p)), p)[0])
     need = least - 1
+    w0, z0 = ar.span(box.w0), ar.span(box.z0)
     if box.w0 + box.z0 >= need:
-        corners = [(box.w0, box.z0)]
-    else:  # the two ends of the segment w + z = need inside the box
-        w_a = max(box.w0, need - box.z1)
-        z_b = max(box.z0, need - box.w1)
-        corners = [(w_a, need - w_a), (need - z_b, z_b)]
-    low = min(1 + w * e1 + z * e2 for w, z in corners)
-    return 1 / max(low, Fraction(1))
+        corners = [(w0, z0)]
+    else:
+        total = ar.span(need)
+        w_a = ar.max(w0, ar.sub(total, ar.span(box.z1)))
+        z_b = ar.max(z0, ar.sub(total, ar.span(box.w1)))
+        corners = [(w_a, ar.sub(total, w_a)), (ar.sub(total, z_b), z_b)]
+    h_lo, h_hi = _entropy3_bounds(ar, box)
+    beta = ar.span(ar.beta_up(schedule, h_lo, h_hi))
+    e1 = ar.exp(ar.neg(ar.mul(beta, ar.span(box.c1))))
+    e2 = ar.exp(ar.neg(ar.mul(beta, ar.span(box.y))))
+    low = min(ar.ends(ar.add(ar.one, ar.add(ar.mul(w, e1), ar.mul(z, e2))))[0] for w, z in corners)
+    return ar.reciprocal_up(low)
 
 
-def _value3(box: _Box3, least: Fraction, schedule: Polynomial) -> float:
+def _value3(box: _Box3, least: int, schedule: Polynomial) -> float:
     """The coefficient at a feasible point near the box's centre, in floats (a guide)."""
     c = float((box.c0 + box.c1) / 2)
     w = float((box.w0 + box.w1) / 2)
@@ -424,6 +570,13 @@ def _split3(box: _Box3) -> tuple[_Box3, _Box3]:
     return box._replace(z1=mid), box._replace(z0=mid)
 
 
+def _sum_compare(a: Coordinate, b: Coordinate, total: int) -> int:
+    """The sign of ``a + b - total``, exactly."""
+    # fsum rounds the exact sum once, which keeps its sign (total <= 2**53: a float exactly)
+    diff = math.fsum((a, b, -float(total))) if isinstance(a, float) else a + b - total
+    return (diff > 0) - (diff < 0)
+
+
 def below_from(
     least: int, most: int, spread: float, schedule: Polynomial, eps: float, *, budget: int = 3000
 ) -> tuple[bool, int]:
@@ -439,24 +592,23 @@ def below_from(
     tuple
         ``(proven, boxes)``: the verdict and the boxes bounded.
     """
-    delta = Fraction(spread)
-    target = Fraction(eps)
-    lo, hi = Fraction(least), Fraction(most)
-    stack = [
-        _Box3(y, Fraction(0), delta, Fraction(0), hi - 1, Fraction(0), hi - 1)
-        for y in (delta, Fraction(0))
-    ]
+    kind = _coordinate(most)
+    delta, zero, top = kind(spread), kind(0), kind(most - 1)
+    stack = [_Box3(y, zero, delta, zero, top, zero, top) for y in (delta, zero)]
     count = 0
     while stack:
         box = stack.pop()
-        if box.w0 + box.z0 > hi - 1 or box.w1 + box.z1 < lo - 1:
+        if (
+            _sum_compare(box.w0, box.z0, most - 1) > 0
+            or _sum_compare(box.w1, box.z1, least - 1) < 0
+        ):
             continue  # no length in range
         count += 1
         if count > budget:
             return False, count
-        if _upper3(box, lo, schedule) < target:
+        if _upper3(box, least, schedule) < eps:
             continue
-        if _value3(box, lo, schedule) >= eps:
+        if _value3(box, least, schedule) >= eps:
             return False, count
         stack.extend(_split3(box))
     return True, count
