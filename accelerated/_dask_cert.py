@@ -219,7 +219,7 @@ def after_entropy(row: Row, cfg: Config) -> Row:
     fmt = cfg.fmt
     if cfg.want == "entropy":
         H = row.H
-        h = round_ball(H.mid, H.rel, fmt, H.extra_log2)
+        h = round_ball(H.mid, H.rel, fmt, H.extra_log2, nonneg=cfg.eps == 0.0)
         return row.fail("the entropy is undecided") if h is None else replace(row, entropy=h)
     if cfg.want == "softmax":
         return coefficients_setup(row, row.ep, None, fmt)

@@ -43,7 +43,7 @@ __all__ = [
 #: Largest working precision (bits) Ziv's loop tries before giving up.
 MAX_PRECISION = 960
 
-Acceptor = Callable[[tuple, float, "int | None"], Any]
+Acceptor = Callable[[tuple, float, "int | None", bool], Any]
 
 
 class PrecisionError(CertificationError):
@@ -61,8 +61,8 @@ class PrecisionError(CertificationError):
 def float_acceptor(fmt: BinaryFormat) -> Acceptor:
     """Ziv's rounding test to `fmt` (:func:`round_ball`): the `accept` of :func:`evaluate_row`."""
 
-    def accept(mid: tuple, rel: float, extra: int | None) -> float | None:
-        return round_ball(mid, rel, fmt, extra)
+    def accept(mid: tuple, rel: float, extra: int | None, nonneg: bool = False) -> float | None:
+        return round_ball(mid, rel, fmt, extra, nonneg=nonneg)
 
     return accept
 
@@ -70,7 +70,9 @@ def float_acceptor(fmt: BinaryFormat) -> Acceptor:
 def _mp_acceptor(prec: int) -> Acceptor:
     target = math.ldexp(1.0, -prec)
 
-    def accept(mid: tuple, rel: float, extra: int | None) -> mpmath.mpf | None:
+    def accept(
+        mid: tuple, rel: float, extra: int | None, nonneg: bool = False
+    ) -> mpmath.mpf | None:
         if mid[1] == 0:
             return mpmath.mp.make_mpf(mid) if extra is None else None
         if extra is not None and extra - (mid[2] + mid[3] - 1) >= -prec - 1:
@@ -102,8 +104,8 @@ def evaluate_row(
         Any of the quantities ``"softmax"``, ``"entropy"``, ``"beta"``,
         ``"adaptive_softmax"`` (:data:`softmaxtheory._formats.QUANTITIES`).
     accept : callable
-        Ziv's rounding test: ``accept(mid, rel, extra_log2)`` returns the
-        certified value or ``None``.
+        Ziv's rounding test: ``accept(mid, rel, extra_log2, nonneg)`` returns the
+        certified value or ``None`` (``nonneg``: the value is known to be >= 0).
     start : int
         First working precision.
     qmin : int or None
@@ -193,7 +195,8 @@ def _attempt(
         assert ep1 is not None
         H = eng.entropy_ball(ep1, p, entropy_eps)
         if "entropy" in want:
-            h = accept(H.mid, H.rel, H.extra_log2)
+            # the plain entropy is >= 0 (a guarded one can be negative)
+            h = accept(H.mid, H.rel, H.extra_log2, entropy_eps == 0.0)
             if h is None:
                 return None
             result["entropy"] = h

@@ -213,6 +213,39 @@ class ExpPass:
     t_dead_log2: int | None = None
 
 
+#: The least normal float64: a β below it has lost relative precision as a float.
+_TINY = 2.2250738585072014e-308
+
+
+def _scaled_bounds(
+    row: PreparedRow, items: np.ndarray, beta: tuple
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""Lower and upper float bounds of :math:`|\beta|\,|z_i|` for `items`, within :math:`2^{-50}`.
+
+    In floats where both factors are normal floats; otherwise (a shift beyond
+    the float range, :math:`|x_i - \max x| > 1.8 \cdot 10^{308}`, or a β below
+    the normal floats) each product is formed in mpmath, where neither
+    overflows nor loses precision: a float product gave ``inf`` (the item taken
+    as negligible) for β = 1e-310 and :math:`|z| = 2 \cdot 10^{308}`, whose
+    :math:`\beta|z|` is 0.02, and NaN for a β that is 0 as a float.
+    """
+    bf = abs(to_float(beta))
+    zlow, zabs = row.zlow[items], row.zabs[items]
+    if bf >= _TINY and np.all(np.isfinite(zabs)):
+        with np.errstate(over="ignore"):
+            return bf * zlow, bf * zabs
+    b = mpf_abs(beta)
+    low = np.empty(items.size)
+    high = np.empty(items.size)
+    for j, k in enumerate(items.tolist()):
+        z = mpf_abs(row.z[k])
+        low[j] = to_float(mpf_mul(b, z, 64, round_floor), rnd=round_floor)
+        # a product below the normal floats is rounded to nearest by ldexp: 2**-1060 more
+        # covers what that rounding may drop
+        high[j] = to_float(mpf_mul(b, z, 64, round_ceiling), rnd=round_ceiling) + 2.0**-1060
+    return low, high
+
+
 def exp_pass(row: PreparedRow, beta: Ball | None, p: int, C: float, want_t: bool) -> ExpPass:
     r"""Compute :math:`e^{\beta z_i}`, their sum and (optionally) :math:`\sum e^{z_i} z_i`.
 
@@ -236,17 +269,16 @@ def exp_pass(row: PreparedRow, beta: Ball | None, p: int, C: float, want_t: bool
     nonones = np.flatnonzero(~row.ones)
     c = row.n_eff - nonones.size
     if beta is None:
-        bf, brel = 1.0, 0.0
         ymag_low = row.zlow[nonones]
         a = np.zeros(nonones.size)
     else:
-        bf = abs(to_float(beta.mid))
         brel = beta.rel
         if beta.extra_log2 is not None:
             raise ValueError("beta must carry a purely relative bound")
+        y_low, y_high = _scaled_bounds(row, nonones, beta.mid)
         with np.errstate(invalid="ignore", over="ignore"):
-            ymag_low = bf * (1.0 - brel - 2.0**-50) * row.zlow[nonones]
-            a = bf * (1.0 + 2.0**-50) * row.zabs[nonones] * (u + brel + u * brel) * SLACK
+            ymag_low = (1.0 - brel - 2.0**-50) * y_low
+            a = (1.0 + 2.0**-50) * y_high * (u + brel + u * brel) * SLACK
     live = ~(ymag_low > C)
     alive = nonones[live]
     a = a[live]

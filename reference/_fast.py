@@ -964,7 +964,7 @@ def _evaluate(
                 return None
             H = guarded
         if want == "entropy":
-            return round_ball(H.mid, H.rel, fmt, H.extra_log2)
+            return round_ball(H.mid, H.rel, fmt, H.extra_log2, nonneg=entropy_eps == 0.0)
     if want == "softmax":
         assert ps1 is not None
         res = _coefficients(row, ps1, None)

@@ -143,7 +143,9 @@ class StreamState:
         return self._m == other._m and self._terms == other._terms
 
     def __hash__(self) -> int:
-        return hash((self._invalid, self._m, frozenset(self._terms.items())))
+        if self._invalid:  # every invalid state is equal (its NaN m hashes by identity)
+            return hash((StreamState, "invalid"))
+        return hash((self._m, frozenset(self._terms.items())))
 
     def __repr__(self) -> str:
         if self._invalid:

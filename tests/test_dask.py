@@ -141,6 +141,15 @@ def test_certified_equals_the_reference_bit_for_bit(dtype):
     np.testing.assert_array_equal(dsm.beta(dx, certified=True).compute(), reference.beta(x))
 
 
+def test_certified_entropy_below_the_subnormals():
+    """[0, -781, -903] has entropy near 2**-1116 and a dead item of about the same mass:
+    its certification raised PrecisionError, which stopped the whole compute()."""
+    x = np.array([[0.0, -781.0, -903.0], [0.0, 1.0, 2.0]])
+    got = dsm.entropy(da.from_array(x, chunks=(1, 1)), certified=True).compute()
+    np.testing.assert_array_equal(got, reference.entropy(x))
+    assert got[0] == 0.0 and got[1] > 0.8
+
+
 def test_exact_fallback_reads_once_per_fallback_row(monkeypatch):
     """The exact path runs for fallback rows only, and once per row, not once per block.
 

@@ -79,8 +79,8 @@ def test_ziv_loop_retries_at_higher_precision(monkeypatch):
     refusals = iter([True, True])  # refuse the first two rounding tests
     original = _api.round_ball
 
-    def flaky(mid, rel, fmt, extra=None):
-        return None if next(refusals, False) else original(mid, rel, fmt, extra)
+    def flaky(mid, rel, fmt, extra=None, *, nonneg=False):
+        return None if next(refusals, False) else original(mid, rel, fmt, extra, nonneg=nonneg)
 
     monkeypatch.setattr(_api, "round_ball", flaky)
     got = reference.softmax(x)
@@ -114,3 +114,70 @@ def test_exact_zero_entropy_decides_a_jump_at_zero():
     assert float(reference.beta([5.0], schedule=Polynomial(("2",), "0"))) == 1.0
     # [0, -10000]: H = 10000 e**-10000 > 0, below every float, yet the jump is decided
     assert float(reference.beta([0.0, -10000.0], schedule=Polynomial(("2",), "0"))) == 2.0
+
+
+ENTROPY_BELOW_THE_SUBNORMALS = [[0.0, -781.0, -903.0], [0.0, -781.0, -785.0], [0.0, -781.0, -790.0]]
+
+
+@pytest.mark.parametrize("row", ENTROPY_BELOW_THE_SUBNORMALS)
+def test_entropy_below_the_subnormals_with_dead_items(row):
+    """An entropy near 2**-1116 whose dead items' mass (near 2**-1117) is as large as itself:
+    the ball held zero at every precision and the reference raised PrecisionError. An entropy
+    is >= 0, so a ball whose upper end rounds to 0 decides +0.0."""
+    exact = reference.entropy_mp(row, prec=200)
+    assert 0 < exact < mpmath.mpf(2) ** -1100
+    for dtype in (np.float64, np.float32, np.float16):
+        got = reference.entropy(row, dtype=dtype)
+        assert got == 0.0 and not np.signbit(got)
+    assert reference.StreamState.from_logits(row).entropy() == 0.0
+    # the next row's entropy is a subnormal: still decided, not flushed to zero
+    assert float(reference.entropy([0.0, -745.0, -903.0])) == 2.105e-321
+
+
+def test_round_ball_decides_a_ball_around_zero_only_for_a_known_sign():
+    from mpmath.libmp import from_man_exp
+
+    from softmaxtheory._certify.rounding import round_ball
+    from softmaxtheory._formats import FORMATS
+
+    f64 = FORMATS["float64"]
+    tiny = from_man_exp(1, -1117)  # the ball [-2**-1116, 3 * 2**-1117] holds zero
+    assert round_ball(tiny, 0.0, f64, -1116) is None  # the sign of the zero is unknown
+    assert round_ball(tiny, 0.0, f64, -1116, nonneg=True) == 0.0
+    # an upper end at the least subnormal does not round to zero: undecided either way
+    assert round_ball(from_man_exp(1, -1075), 0.0, f64, -1075, nonneg=True) is None
+    assert round_ball(from_man_exp(-1, -1117), 0.0, f64, -1116, nonneg=True) is None
+
+
+def _exact_adaptive(x, beta: mpmath.mpf) -> list[float]:
+    from tests.support.independent import round_to
+
+    with mpmath.workprec(400):
+        xs = [mpmath.mpf(v) for v in x]
+        m = max(xs)
+        e = [mpmath.exp(beta * (v - m)) for v in xs]
+        total = mpmath.fsum(e)
+        return [round_to(v / total, np.float64) for v in e]
+
+
+@pytest.mark.parametrize(
+    ("x", "beta"),
+    [
+        ([1e308, -1e308], "1e-310"),  # beta |z| = 0.02: was [1, 0], the item taken as dead
+        ([1e308, -1e308, 0.0, -1.7976931348623157e308], "3e-309"),
+        ([1e308, -1e308], "1e-400"),  # beta is 0 as a float: was PrecisionError
+        ([1.7976931348623157e308, -1.7976931348623157e308], "2.5e-307"),
+        ([1e308, -1e308], "1e-300"),  # beta |z| = 2e8: the second item is negligible
+    ],
+)
+def test_tiny_beta_times_an_overflowing_shift(x, beta):
+    """A shift x_i - max beyond the float range with a β below the normal floats: the float
+    product β|z| overflowed to inf or was NaN; it is now formed in mpmath."""
+    from softmaxtheory.spec import Constant
+
+    with mpmath.workprec(400):
+        want = _exact_adaptive(x, mpmath.mpf(beta))
+    got = reference.adaptive_softmax(x, schedule=Constant(beta))
+    np.testing.assert_array_equal(got, want)
+    state = reference.StreamState.from_logits(x)
+    np.testing.assert_array_equal(state.normalize(x, schedule=Constant(beta)), want)

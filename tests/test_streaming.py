@@ -246,3 +246,19 @@ def test_sums_with_huge_spread(d) -> None:
     assert state.entropy() == reference.entropy([0.0, -d]) == 0.0
     assert state.beta() == 1.0
     assert_bitwise_equal(state.normalize([-d, 0.0]), np.array([0.0, 1.0]))
+
+
+def test_equal_states_hash_equally() -> None:
+    """Every invalid state equals every other; their hashes read the NaN maximum, which Python
+    hashes by identity, so a pickled copy was equal but hashed differently (two set members)."""
+    import pickle
+
+    bad = StreamState.from_logits([np.nan])
+    copy = pickle.loads(pickle.dumps(bad))
+    other = StreamState.from_logits([1.0, np.inf])
+    assert bad == copy == other
+    assert hash(bad) == hash(copy) == hash(other)
+    assert len({bad, copy, other}) == 1
+    good = StreamState.from_logits([0.0, -1.0])
+    assert hash(good) == hash(pickle.loads(pickle.dumps(good)))
+    assert len({good, bad}) == 2

@@ -66,7 +66,12 @@ def round_exact(sign: int, man: int, exp: int, fmt: BinaryFormat) -> float:
 
 
 def round_ball(
-    mpf: tuple, rel: float, fmt: BinaryFormat, extra_log2: int | None = None
+    mpf: tuple,
+    rel: float,
+    fmt: BinaryFormat,
+    extra_log2: int | None = None,
+    *,
+    nonneg: bool = False,
 ) -> float | None:
     r"""Ziv's rounding test for a value known within a relative and an absolute bound.
 
@@ -82,6 +87,12 @@ def round_ball(
     extra_log2 : int, optional
         An extra absolute error :math:`2^{k}` (for contributions too small to be
         represented as floats); ``None`` for none.
+    nonneg : bool, default False
+        The exact value is known to be :math:`\ge 0` (an entropy, a
+        coefficient). A ball that holds zero is then decided where its upper end
+        rounds to zero: every value in :math:`[0, \tilde v + \mathrm{err}]` does,
+        to ``+0.0``. Without it such a ball is undecided (the sign of the zero is
+        not known).
 
     Returns
     -------
@@ -113,7 +124,12 @@ def round_ball(
     if extra_log2 is not None:
         err += 1 << (extra_log2 - exp) if extra_log2 >= exp else 1
     if err >= man:
-        return None  # the ball holds zero: the sign of the result is not decided yet
+        # the ball holds zero: the sign of the result is not decided, unless it cannot be
+        # negative and the ball's upper end already rounds to zero (an entropy below the
+        # subnormals, whose dead items' mass is as large as the value itself)
+        if nonneg and sign == 0 and round_exact(0, man + err, exp, fmt) == 0.0:
+            return 0.0
+        return None
     lo = round_exact(sign, man - err, exp, fmt)
     hi = round_exact(sign, man + err, exp, fmt)
     return hi if lo == hi else None
