@@ -79,8 +79,8 @@ class Prepared:
     """Validated attention inputs, as 4-D (B, H, L, D) views."""
 
     q: torch.Tensor
-    k: torch.Tensor  # (B, H // group, S, D)
-    v: torch.Tensor | None  # (B, H, S, Dv); None for attention_entropy
+    k: torch.Tensor  # (B, H // group, S, D); (B, Hkv, S, D) for H = 0 (group 0)
+    v: torch.Tensor | None  # (B, H // group, S, Dv) as k; None for attention_entropy
     lead: tuple[int, ...]
     scale: float
     is_causal: bool
@@ -108,7 +108,8 @@ def _to4(t: torch.Tensor, lead: tuple[int, ...], heads: int | None = None) -> to
     t = t.expand(*target, *t.shape[-2:])
     if len(target) <= 2:
         return t.reshape((1,) * (2 - len(target)) + tuple(t.shape))
-    return t.reshape(-1, target[-1], *t.shape[-2:])
+    # flatten, not reshape(-1, ...): with no elements (a zero n or d) -1 is ambiguous
+    return t.flatten(0, -4)
 
 
 def _abs_max(t: torch.Tensor) -> float:
@@ -244,7 +245,7 @@ def prepare(
     scale = (1.0 / math.sqrt(D) if D else 1.0) if scale is None else as_real(scale, "scale")
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale!r}")
-    group = 1
+    group, kv_heads = 1, None
     kv_shapes = [k.shape[:-2]] + ([v.shape[:-2]] if v is not None else [])
     if enable_gqa and q.ndim >= 3 and k.ndim >= 3 and q.shape[-3] != k.shape[-3]:
         hq, hkv = q.shape[-3], k.shape[-3]
@@ -255,7 +256,9 @@ def prepare(
             )
         if v is not None and v.shape[-3] != hkv:
             raise ValueError(f"k and v must have the same heads, got {hkv} and {v.shape[-3]}")
-        group = hq // hkv
+        # no query heads (hq = 0) give group 0: an empty problem, whose result is SDPA's
+        # empty one; the keys and values keep their own heads
+        group, kv_heads = hq // hkv, hkv
         kv_shapes = [(*s[:-1], hq) for s in kv_shapes]
     try:
         lead = broadcast_shapes(q.shape[:-2], *kv_shapes)
@@ -296,7 +299,6 @@ def prepare(
         mask = attn_mask.expand(*attn_mask.shape[:-2], L, S)  # a (..., L, 1) mask covers S
     # the reductions start now; their values are read after the views below are made
     read = _start_read(_scan([q, k] if v is None else [q, k, v]))
-    kv_heads = (lead[-1] // group) if group > 1 else None
     q4 = _to4(q, lead)
     k4 = _to4(k, lead, kv_heads)
     v4 = None if v is None else _to4(v, lead, kv_heads)

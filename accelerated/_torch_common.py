@@ -457,6 +457,11 @@ def beta_from_entropy(
             "gradient can flow through beta; pass detach_beta=True (or use Polynomial, "
             "Constant or LogLength)"
         )
+    if n_eff.device.type == "meta":
+        # meta tensors (shape inference, a model built on the meta device) have no values
+        # to copy to the host: β of the rows' shape, as the built-in schedules give there
+        shape = n_eff.shape if entropy is None else broadcast_shapes(entropy.shape, n_eff.shape)
+        return torch.empty(shape, dtype=torch.float64, device=n_eff.device)
     h_np = entropy.detach().to("cpu", torch.float64).numpy() if entropy is not None else math.nan
     values = schedule.beta_float(h_np, n_eff.detach().cpu().numpy())
     return torch.as_tensor(values, dtype=torch.float64, device=n_eff.device)

@@ -18,7 +18,7 @@ from softmaxtheory.accelerated.torch import (  # noqa: E402
     adaptive_softmax,
     attention_entropy,
 )
-from softmaxtheory.spec import Constant, LogLength  # noqa: E402
+from softmaxtheory.spec import Constant, LogLength, Schedule  # noqa: E402
 
 BACKENDS = ["auto", "hybrid", "composition", "chunked"]
 BIG = {torch.float64: 1e308, torch.float32: 3e38}
@@ -118,6 +118,9 @@ ZERO_SHAPES = {
     "D=0": ((2, 2, 3, 0), (2, 2, 5, 0), (2, 2, 5, 3)),
     "Dv=0": ((2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 0)),
     "issue": ((0, 3, 4), (0, 3, 4), (0, 3, 4)),
+    # three leading dimensions: the (B, H) views once reshaped with an ambiguous -1
+    "5-D L=0": ((2, 3, 2, 0, 4), (2, 3, 2, 5, 4), (2, 3, 2, 5, 3)),
+    "5-D S=0": ((2, 3, 2, 3, 4), (2, 3, 2, 0, 4), (2, 3, 2, 0, 3)),
 }
 
 
@@ -484,6 +487,48 @@ def test_zero_size_results_join_the_graph(shape):
     assert h.requires_grad
 
 
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("qs", "ks"),
+    [
+        ((1, 0, 5, 8), (1, 2, 7, 8)),  # the report's shapes
+        ((2, 3, 0, 5, 8), (2, 3, 2, 7, 8)),  # three leading dimensions
+        ((2, 3, 0, 5, 8), (2, 3, 2, 0, 8)),  # and no keys
+    ],
+)
+def test_gqa_with_no_query_heads_gives_sdpas_empty_result(qs, ks, backend, requires_grad):
+    """enable_gqa with zero query heads and some key heads: SDPA answers an empty result,
+    where the key heads were expanded to the zero query heads (a raw ``expand`` error). Now
+    the empty result every zero size gets, whose backward gives empty or zero gradients. A
+    key head count that does not divide the query heads' (0 included, where SDPA answers
+    zeros) is refused by name."""
+    import torch.nn.functional as F  # noqa: N812
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (
+        torch.randn(s, generator=g, dtype=torch.float64).requires_grad_(requires_grad)
+        for s in (qs, ks, (*ks[:-1], 3))
+    )
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    out = adaptive_attention(q, k, v, enable_gqa=True, backend=backend)
+    assert (out.shape, out.dtype, out.requires_grad) == (want.shape, want.dtype, requires_grad)
+    h, lse = attention_entropy(q, k, enable_gqa=True)
+    stats = (want.shape[:-1], torch.float64, requires_grad)
+    assert all((t.shape, t.dtype, t.requires_grad) == stats for t in (h, lse))
+    if requires_grad:
+        (out.sum() + h.sum() + lse.sum()).backward()
+        for t in (q, k, v):
+            assert t.grad.shape == t.shape and not t.grad.any()
+    # 0 key heads for some query heads, and a count that does not divide: named errors
+    for hq, hkv in ((2, 0), (3, 2)):
+        q, k, v = torch.ones(1, hq, 5, 8), torch.ones(1, hkv, 7, 8), torch.ones(1, hkv, 7, 3)
+        with pytest.raises(ValueError, match="enable_gqa needs"):
+            adaptive_attention(q, k, v, enable_gqa=True, backend=backend)
+        with pytest.raises(ValueError, match="enable_gqa needs"):
+            attention_entropy(q, k, enable_gqa=True)
+
+
 def test_triton_reads_a_wide_bias_in_its_own_dtype():
     """A float32 bias beside bfloat16 queries is not rounded to bfloat16: the Triton kernels
     read it as it is, and ``auto`` does not send it through SDPA (which would round it)."""
@@ -564,6 +609,55 @@ def test_meta_tensors_give_the_shapes_and_dtypes_of_real_ones(shapes, kwargs, dt
         assert (got.shape, got.dtype, got.requires_grad) == (want.shape, want.dtype, True)
         got.sum().backward()
         assert meta[0].grad.shape == meta[0].shape and meta[0].grad.device.type == "meta"
+
+
+class _HalfEntropy(Schedule):
+    """A user's schedule (evaluated through numpy): β = 1 + H / 2."""
+
+    needs_entropy = True
+
+    def beta_float(self, entropy, n_eff):
+        h = np.asarray(entropy, dtype=np.float64)
+        shape = np.broadcast(h, np.asarray(n_eff)).shape
+        return np.broadcast_to(1.0 + 0.5 * np.nan_to_num(h), shape).copy()
+
+
+class _ByLength(Schedule):
+    """A user's schedule that reads the unmasked count alone: β = 1 + n / 10."""
+
+    needs_entropy = False
+
+    def beta_float(self, entropy, n_eff):
+        return 1.0 + 0.1 * np.asarray(n_eff, dtype=np.float64)
+
+
+@pytest.mark.parametrize("schedule", [_HalfEntropy(), _ByLength()], ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"detach_beta": True}, {"entropy_eps": 1e-9}, {"dim": 0}], ids=str
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_meta_softmax_with_a_users_schedule(schedule, kwargs, dtype):
+    """adaptive_softmax (and the module) on the meta device with a user's schedule raised
+    ``Cannot copy out of meta tensor`` where β is read through numpy on the host; it now
+    answers as for the built-in schedules: the shape, dtype and gradient of a real call."""
+    real = torch.randn(3, 4, generator=torch.Generator().manual_seed(6)).to(dtype)
+    meta = real.to("meta")
+    want = adaptive_softmax(real, schedule=schedule, **kwargs)
+    for out in (
+        adaptive_softmax(meta, schedule=schedule, **kwargs),
+        AdaptiveSoftmax(schedule=schedule, **kwargs)(meta),
+    ):
+        assert out.device.type == "meta"
+        assert (out.shape, out.dtype) == (want.shape, want.dtype)
+    meta.requires_grad_()
+    if schedule.needs_entropy and "detach_beta" not in kwargs:
+        with pytest.raises(ValueError, match="detach_beta=True"):  # as for real tensors
+            adaptive_softmax(meta, schedule=schedule, **kwargs)
+        return
+    out = adaptive_softmax(meta, schedule=schedule, **kwargs)
+    assert out.requires_grad
+    out.sum().backward()
+    assert meta.grad.device.type == "meta" and meta.grad.shape == meta.shape
 
 
 # ---------------------------------------------------------------- autocast
