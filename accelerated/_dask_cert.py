@@ -219,7 +219,8 @@ def after_entropy(row: Row, cfg: Config) -> Row:
     fmt = cfg.fmt
     if cfg.want == "entropy":
         H = row.H
-        h = round_ball(H.mid, H.rel, fmt, H.extra_log2, nonneg=cfg.eps == 0.0)
+        nonneg = eng.entropy_nonneg(row.ep.c, cfg.eps)
+        h = round_ball(H.mid, H.rel, fmt, H.extra_log2, nonneg=nonneg)
         return row.fail("the entropy is undecided") if h is None else replace(row, entropy=h)
     if cfg.want == "softmax":
         return coefficients_setup(row, row.ep, None, fmt)

@@ -73,8 +73,8 @@ def _mp_acceptor(prec: int) -> Acceptor:
     def accept(
         mid: tuple, rel: float, extra: int | None, nonneg: bool = False
     ) -> mpmath.mpf | None:
-        if mid[1] == 0:
-            return mpmath.mp.make_mpf(mid) if extra is None else None
+        if mid[1] == 0:  # exactly zero only with no error at all
+            return mpmath.mp.make_mpf(mid) if extra is None and rel == 0.0 else None
         if extra is not None and extra - (mid[2] + mid[3] - 1) >= -prec - 1:
             return None
         total = rel + (math.ldexp(1.0, extra - (mid[2] + mid[3] - 1)) if extra is not None else 0)
@@ -195,8 +195,8 @@ def _attempt(
         assert ep1 is not None
         H = eng.entropy_ball(ep1, p, entropy_eps)
         if "entropy" in want:
-            # the plain entropy is >= 0 (a guarded one can be negative)
-            h = accept(H.mid, H.rel, H.extra_log2, entropy_eps == 0.0)
+            # the plain entropy is >= 0, and a guarded one where no p + eps exceeds 1
+            h = accept(H.mid, H.rel, H.extra_log2, eng.entropy_nonneg(ep1.c, entropy_eps))
             if h is None:
                 return None
             result["entropy"] = h

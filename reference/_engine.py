@@ -66,6 +66,7 @@ __all__ = [
     "coefficients",
     "cutoff",
     "entropy_ball",
+    "entropy_nonneg",
     "exp_pass",
     "max_log2",
     "prepare_row",
@@ -347,6 +348,20 @@ def exp_pass(row: PreparedRow, beta: Ball | None, p: int, C: float, want_t: bool
     return result
 
 
+def entropy_nonneg(c: int, entropy_eps: float) -> bool:
+    r"""Whether the (guarded) entropy of a row with `c` maxima is known to be :math:`\ge 0`.
+
+    Every term :math:`-p_i \log(p_i + \varepsilon)` is :math:`\ge 0` when
+    :math:`p_i + \varepsilon \le 1`, and :math:`p_i \le 1/c`: so for
+    :math:`\varepsilon \le 1 - 1/c` (the plain entropy, :math:`\varepsilon = 0`,
+    included). Then a ball around zero whose upper end rounds to zero decides
+    ``+0.0`` (:func:`~softmaxtheory._certify.rounding.round_ball`): with
+    :math:`\varepsilon = 1/2` and two tied maxima the maxima contribute nothing
+    and the rest, far below them, may be as small as the mass of the dead items.
+    """
+    return entropy_eps == 0.0 or (c >= 1 and Fraction(entropy_eps) <= 1 - Fraction(1, c))
+
+
 def entropy_ball(ep: ExpPass, p: int, entropy_eps: float) -> Ball:
     """Entropy of the row from a ``beta = 1`` pass that accumulated ``t``."""
     u = math.ldexp(1.0, -p)
@@ -448,14 +463,18 @@ def _entropy_eps_mode(ep: ExpPass, p: int, u: float, eps: float, H: Ball) -> Bal
         # a dead item has p <= e**-C: p log(1 + eps/p) <= C e**-C + e**-C log(1 + eps)
         G_extra = ep.dead_log2 + 1 + math.ceil(math.log2(1.0 + math.log1p(eps)))
     mid = mpf_sub(H.mid, total, p, RN)
-    if mid == fzero:
-        return Ball(mid, math.inf)
     mass = mpf_add(
         mpf_mul(mpf_abs(H.mid), from_float(H.rel), 60, round_ceiling),
         mpf_mul(total, from_float(G_rel), 60, round_ceiling),
         60,
         round_ceiling,
     )
+    if mid == fzero:
+        # H and G agree to p bits: the exact value lies within `mass` of zero, an absolute
+        # bound (a relative one is meaningless here); the sign stays open
+        mass = mpf_add(mass, mpf_mul(mpf_abs(H.mid), from_float(u), 60, round_ceiling), 60)
+        mass_log2 = _mag(mass) if mass != fzero else None
+        return Ball(fzero, 0.0, max_log2(mass_log2, H.extra_log2, G_extra))
     ratio = to_float(mpf_div(mass, mpf_abs(mid), 60, round_ceiling), rnd="u")
     return Ball(mid, (ratio + u) * SLACK, max_log2(H.extra_log2, G_extra))
 

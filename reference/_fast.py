@@ -964,7 +964,8 @@ def _evaluate(
                 return None
             H = guarded
         if want == "entropy":
-            return round_ball(H.mid, H.rel, fmt, H.extra_log2, nonneg=entropy_eps == 0.0)
+            nonneg = eng.entropy_nonneg(ps1.ep.c, entropy_eps)
+            return round_ball(H.mid, H.rel, fmt, H.extra_log2, nonneg=nonneg)
     if want == "softmax":
         assert ps1 is not None
         res = _coefficients(row, ps1, None)

@@ -181,3 +181,32 @@ def test_tiny_beta_times_an_overflowing_shift(x, beta):
     np.testing.assert_array_equal(got, want)
     state = reference.StreamState.from_logits(x)
     np.testing.assert_array_equal(state.normalize(x, schedule=Constant(beta)), want)
+
+
+@pytest.mark.parametrize("row", [[0.0, -773.0, 0.0], [0.0, -700.053, -700.071, 0.0]])
+def test_guard_that_cancels_the_maxima(row):
+    """entropy_eps = 1/2 with two tied maxima: the maxima's terms vanish and H_eps is the
+    tiny rest (about 2**-1010 to 2**-1115). H - G cancelled to exactly 0 at some precision,
+    which the mpmath acceptor returned as a certified 0 (the value is positive); a float16 or
+    float32 result, 0, is decided from an absolute bound; a float64 one needs more than the
+    960 bits the loop allows (and the entropy's bound is floored at 2**-1070 relative), so it
+    is refused."""
+    with mpmath.workprec(3000):
+        xs = [mpmath.mpf(v) for v in row]
+        e = [mpmath.exp(v) for v in xs]
+        s = mpmath.fsum(e)
+        exact = -mpmath.fsum(v / s * mpmath.log(v / s + mpmath.mpf(0.5)) for v in e)
+        assert 0 < exact < mpmath.mpf(2) ** -1000
+    from tests.support.independent import round_to
+
+    try:  # never a wrong number: a refusal, or the value within its bound (was 0 exactly)
+        got = reference.entropy_mp(row, entropy_eps=0.5)
+        assert abs(got - exact) <= mpmath.mpf(2) ** -113 * exact
+    except PrecisionError:
+        pass
+    for dtype in (np.float32, np.float16):
+        assert reference.entropy(row, entropy_eps=0.5, dtype=dtype) == 0.0  # was PrecisionError
+    try:
+        assert reference.entropy(row, entropy_eps=0.5) == round_to(exact, np.float64)
+    except PrecisionError:
+        pass
