@@ -63,7 +63,7 @@ import heapq
 import math
 from collections.abc import Callable
 from fractions import Fraction
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 from mpmath import libmp
@@ -128,29 +128,13 @@ class _Mp:
     def max(a: ivl.Interval, b: ivl.Interval) -> ivl.Interval:
         return ivl.iv_max(a, b)
 
-    @staticmethod
-    def add(a: ivl.Interval, b: ivl.Interval) -> ivl.Interval:
-        return ivl.iv_add(a, b, _PREC)
-
-    @staticmethod
-    def sub(a: ivl.Interval, b: ivl.Interval) -> ivl.Interval:
-        return ivl.iv_sub(a, b, _PREC)
-
-    @staticmethod
-    def mul(a: ivl.Interval, b: ivl.Interval) -> ivl.Interval:
-        return ivl.iv_mul(a, b, _PREC)
-
-    @staticmethod
-    def div(a: ivl.Interval, b: ivl.Interval) -> ivl.Interval:
-        return ivl.iv_div(a, b, _PREC)
-
-    @staticmethod
-    def exp(a: ivl.Interval) -> ivl.Interval:
-        return ivl.iv_exp(a, _PREC)
-
-    @staticmethod
-    def log(a: ivl.Interval) -> ivl.Interval:
-        return ivl.iv_log(a, _PREC)
+    # the operations of .interval at this module's precision
+    add = staticmethod(partial(ivl.iv_add, prec=_PREC))
+    sub = staticmethod(partial(ivl.iv_sub, prec=_PREC))
+    mul = staticmethod(partial(ivl.iv_mul, prec=_PREC))
+    div = staticmethod(partial(ivl.iv_div, prec=_PREC))
+    exp = staticmethod(partial(ivl.iv_exp, prec=_PREC))
+    log = staticmethod(partial(ivl.iv_log, prec=_PREC))
 
     @staticmethod
     def ends(a: ivl.Interval) -> tuple[Fraction, Fraction]:
