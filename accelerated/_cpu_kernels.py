@@ -250,6 +250,88 @@ def exp_array(x, out):
         out[i] = fexp(x[i])
 
 
+#: β below these bounds takes the careful tempered passes (:func:`small_beta_like`)
+_SMALL_BETA64 = 2.0**-1010
+_SMALL_BETA32 = 2.0**-120
+
+
+def small_beta_like(arr):  # pragma: no cover - replaced by the overload in jitted code
+    r"""The β below which a tempered pass over `arr` takes the careful path.
+
+    The vectorised passes form :math:`\beta\,(x - m)` in the row's dtype and give weight
+    0 to an item whose shift ``x - m`` is ``-inf``: a masked item, or a finite one whose
+    shift overflowed (``x = -1e308``, ``m = 1e308``). For β at least this bound both
+    are exact: an overflowed shift has :math:`|x - m|` above the format's largest value
+    (about :math:`2^{1024}`, :math:`2^{128}`), so :math:`\beta\,|x - m| \ge 2^{14}`
+    (:math:`2^{8}` in float32) and the weight underflows to 0 in any case; and β is a
+    normal number of the row's format (no precision lost converting a float32 row's β).
+    Below it -- a β that rounded to 0 or is subnormal (``Constant("1e-400")``) -- the
+    product :math:`0 \cdot (-\infty)` would be NaN and an overflowed shift's weight is
+    not 0 (:math:`\beta = 10^{-310}`: :math:`e^{-0.02}`), so :func:`tempered_small` and
+    :func:`write_small` compute each exponent with :func:`tempered_exponent` instead.
+    """
+    raise NotImplementedError
+
+
+@overload(small_beta_like)
+def _ol_small_beta_like(arr):
+    if arr.dtype == types.float32:
+        return lambda arr: _SMALL_BETA32
+    return lambda arr: _SMALL_BETA64
+
+
+@njit(cache=True)
+def tempered_exponent(x, m, beta):
+    r""":math:`\beta\,(x - m)` in float64 for an item `x` of a row of finite maximum `m`.
+
+    ``-inf`` for a masked item (``x = -inf``) whatever β, 0 included (a masked item
+    has weight 0: ``0 * -inf`` would be NaN). An unmasked item whose shift ``x - m``
+    overflows (so :math:`x < 0 < m`) gets :math:`\beta x - \beta m`: two terms of one
+    sign, no cancellation, finite for :math:`\beta \le 1`; 0 when β is 0. Flag-free:
+    no fast-math reassociation folds it back into ``β * (x - m)``. For ``β >= 0``;
+    the result is at most 0.
+    """
+    if x == -np.inf:
+        return -np.inf
+    d = x - m
+    if d > -np.inf:
+        return beta * d
+    return beta * x - beta * m
+
+
+@njit(cache=True)
+def tempered_small(x, lo, hi, m, beta, out, store):
+    r""":math:`\sum e^{\beta(x-m)}` over ``x[lo:hi]`` for β below :func:`small_beta_like`.
+
+    Every exponent from :func:`tempered_exponent`, the float64 β (not rounded to a
+    float32 row's format) and the exponential in float64, summed with Neumaier's
+    compensation; stored in `out` (in its dtype) if asked. A slow path: only a β that
+    is 0 or nearly so (a rounded-to-0 ``Constant``) takes it.
+    """
+    m64 = np.float64(m)
+    s = 0.0
+    sc = 0.0
+    for i in range(lo, hi):
+        e = exp64(tempered_exponent(np.float64(x[i]), m64, beta))
+        if store:
+            out[i] = like_array(e, out)
+        s, sc = _neumaier(s, sc, e)
+    return s + sc
+
+
+@njit(cache=True)
+def write_small(x, lo, hi, m, beta, inv, out):
+    r"""``out = e^(β(x-m)) * inv`` over ``[lo, hi)`` for β below :func:`small_beta_like`.
+
+    The exponents of :func:`tempered_small`; each product formed in float64 and
+    rounded once to the dtype of `out`.
+    """
+    m64 = np.float64(m)
+    for i in range(lo, hi):
+        e = exp64(tempered_exponent(np.float64(x[i]), m64, beta))
+        out[i] = like_array(e * inv, out)
+
+
 # ---------------------------------------------------------------------------
 # flag-free helpers
 # ---------------------------------------------------------------------------
@@ -513,7 +595,12 @@ def _block_tempered(x, lo, hi, m, beta, out, store):
 
 @njit(cache=True)
 def pass_tempered(x, lo, hi, m, beta, out, store):
-    """Return (0, s): s sums the tempered exponentials e^(β(x-m)) (stored in `out` if asked)."""
+    """Return (0, s): s sums the tempered exponentials e^(β(x-m)) (stored in `out` if asked).
+
+    A β below :func:`small_beta_like` takes :func:`tempered_small`.
+    """
+    if beta < small_beta_like(x):
+        return 0, tempered_small(x, lo, hi, m, beta, out, store)
     if hi - lo <= BLOCK:
         return 0, _block_tempered(x, lo, hi, m, beta, out, store)
     s = 0.0
@@ -848,7 +935,10 @@ def _short_row_second(x, out, i, beta_out, m_buf):
     if beta == beta and beta != 1.0:
         xs = x[i]
         os = out[i]
-        s2 = _short_tempered(xs, m_buf[i], beta_like(beta, like_array(0.0, xs)), os)
+        if beta < small_beta_like(xs):  # 0 * -inf, overflowed shifts: see small_beta_like
+            s2 = tempered_small(xs, 0, xs.size, m_buf[i], beta, os, True)
+        else:
+            s2 = _short_tempered(xs, m_buf[i], beta_like(beta, like_array(0.0, xs)), os)
         _short_scale(os, like_array(1.0 / s2, xs))
 
 
@@ -1007,11 +1097,15 @@ def chunks_tempered(x, chunk, m, beta, out, store, c_out, r_out):
 
 @njit(parallel=True, cache=True)
 def chunks_write(x, chunk, m, beta, inv, out, nchunk):
-    """``out = e^(β(x-m)) * inv`` chunk by chunk."""
+    """``out = e^(β(x-m)) * inv`` chunk by chunk (:func:`write_small` for a tiny β)."""
     n = x.size
+    small = beta < small_beta_like(x)
     for k in prange(nchunk):
         lo = k * chunk
-        pass_write(x, lo, min(lo + chunk, n), m, beta, inv, out)
+        if small:
+            write_small(x, lo, min(lo + chunk, n), m, beta, inv, out)
+        else:
+            pass_write(x, lo, min(lo + chunk, n), m, beta, inv, out)
 
 
 @njit(parallel=True, cache=True)
@@ -1232,15 +1326,23 @@ def attention_apply(q, k, v, addmask, keep, causal, qbad, kbad, scale, kind, m, 
         M = like_array(m[i], buf)
         b = beta_like(beta[i], like_array(0.0, buf))
         low = lowest_like(buf)
+        # a β that is 0 or nearly so: exponents in float64 from tempered_exponent, where
+        # an overflowed shift keeps its weight (see small_beta_like)
+        b64 = min(beta[i], _F64_MAX)
+        small = b64 < small_beta_like(buf)
         for j0 in range(0, S, KEY_BLOCK):
             j1 = min(j0 + KEY_BLOCK, S)
             _logits_block(q, k, addmask, keep, causal, qbad[i], kbad, i, j0, j1, scale, buf)
             for j in range(j1 - j0):
                 if buf[j] == -np.inf:
                     continue  # masked: weight 0 for any β (0 * -inf would be NaN)
-                d = buf[j] - M
-                d = d if d >= low else low  # a finite logit whose shift overflowed
-                w = np.float64(fexp(b * d))
+                if small:
+                    w = exp64(tempered_exponent(np.float64(buf[j]), np.float64(M), b64))
+                else:
+                    d = buf[j] - M
+                    # a finite logit whose shift overflowed: weight 0 for this β
+                    d = d if d >= low else low
+                    w = np.float64(fexp(b * d))
                 if w != 0.0:
                     total += w
                     for f in range(dv):
@@ -1293,12 +1395,34 @@ def _wide_logit(q, k, addmask, keep, causal, qbad, kbad, i, j, qe, ke, se, sn, g
 
 @njit(cache=True)
 def _wide_shift(y, m, g):
-    # (y - m) 2**g, clamped to a finite value: the item is unmasked, its weight e^(β d) is
-    # 0 for β > 0 and 1 for β = 0
+    # (y - m) 2**g for pass 1's e^d, clamped to a finite value (e^d = 0 there, and e^d d = 0,
+    # not 0 * -inf); pass 2's β (y - m) 2**g is _wide_tempered_exponent, not β times this
     d = math.ldexp(y - m, g) if g <= 2000 else (y - m) * math.inf
     if y == m:
         d = 0.0
     return d if d >= -1e300 else -1e300
+
+
+@njit(cache=True)
+def _wide_tempered_exponent(b, y, m, g):
+    r""":math:`\beta\,(y - m)\,2^{g}` for scaled logits `y` <= `m`, β = `b` finite >= 0.
+
+    Formed from the binary mantissas and exponents of β and :math:`y - m`, so neither
+    the shift :math:`(y - m) 2^g` (beyond the float range) nor the product overflows or
+    underflows on the way: a tiny β (``1e-305``) times a shift of ``-1e400`` is
+    :math:`-10^{95}` (β times the shift clamped to ``-1e300`` would be ``-1e-5``,
+    weight 1). 0 at the maximum and for β = 0; ``-inf`` once the product is at least
+    1024 in magnitude (weight 0 in float64).
+    """
+    fb, eb = math.frexp(b)
+    fd, ed = math.frexp(y - m)
+    p = fb * fd  # |p| in [1/4, 1) unless 0
+    if p == 0.0:
+        return 0.0
+    e = eb + ed + g
+    if e >= 12:  # |p| 2**e >= 2**10
+        return -np.inf
+    return math.ldexp(p, max(e, -1100))  # below 2**-1100 it rounds to 0 either way
 
 
 @njit(parallel=True, cache=True)
@@ -1405,7 +1529,7 @@ def attention_wide_apply(
             y = _wide_logit(q, k, addmask, keep, causal, qbad[i], kbad, i, j, qe, ke, se, sn, g)
             if y == -np.inf:
                 continue
-            w = math.exp(b * _wide_shift(y, M, g))
+            w = math.exp(_wide_tempered_exponent(b, y, M, g))
             if w != 0.0:
                 total += w
                 for f in range(dv):

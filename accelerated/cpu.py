@@ -23,7 +23,11 @@ A row of :math:`n` items takes two passes when β = 1 and three when β ≠ 1:
    written, summed, and scaled. A β past the row's format (a float64 β that
    overflowed, a float32 row's β above 3.4e38) enters the product clamped to the
    format's largest finite value: 0 at the maximum, not ``inf * 0``; the
-   returned β stays ``inf``.
+   returned β stays ``inf``. A β that is 0 or nearly so (below :math:`2^{-1010}`,
+   :math:`2^{-120}` for a float32 row: a ``Constant("1e-400")`` that rounded to 0)
+   takes a slower path with each exponent in float64: a masked item keeps weight
+   0 (not ``0 * -inf``) and a finite item whose shift :math:`x_i - m` overflows
+   (``-1e308`` against ``1e308``) gets :math:`\beta x_i - \beta m`, not weight 0.
 
 Rows are processed in parallel (``numba.prange``). A row longer than
 :data:`CHUNK` items is split into fixed chunks whose states are merged by
@@ -91,6 +95,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -779,7 +784,14 @@ class StreamingSoftmax:
        combine with :meth:`merge` (or ``+``). Then :meth:`entropy` and
        :meth:`beta` are available.
     2. Only when β ≠ 1 (:attr:`needs_tempered_pass`): :meth:`update_tempered`
-       with every chunk sums :math:`e^{\beta(x - m)}` (merge these too).
+       with every chunk sums :math:`e^{\beta(x - m)}`, relative to the maximum
+       :math:`m` and the β of the *whole* row, so pass 1 must be complete (every
+       part merged) before pass 2 starts. In parallel: give each worker a copy of
+       the merged pass-1 state (``copy.deepcopy``, or the state pickled to another
+       process), feed each chunk of the row to one copy (every copy calls
+       :meth:`update_tempered`, with an empty chunk if it has none), and merge
+       the copies: copies in pass 2 keep that pass 1 once and add their tempered
+       sums (see the second example).
     3. :meth:`normalize` returns each chunk's probabilities.
 
     Parameters
@@ -796,6 +808,18 @@ class StreamingSoftmax:
     needs the normaliser before the sum). Merging is the fixed-order float ⊕ of
     T7; different chunkings give results equal within the documented error, and
     the same chunking gives identical bits for any thread count.
+
+    :meth:`merge` of two states in pass 1 is the ⊕ of T7, for states of two
+    parts of the row (a state merged with itself, or a copy of itself, is the
+    row twice). Once either side is in pass 2 (:meth:`update_tempered` was
+    called on it, even with an empty chunk or where β = 1), the merge is accepted
+    only between copies of one pass-1 state (made by ``copy.deepcopy``,
+    ``copy.copy`` or pickling, with no :meth:`update` since: each state carries a
+    random 64-bit tag of its pass-1 state, renewed by every change of it), which
+    keep that pass 1 once and add their tempered sums; any other raises
+    :class:`ValueError`, since tempered sums are relative to the maximum and β of
+    the state they were taken in. So every worker of a parallel pass 2 calls
+    :meth:`update_tempered`, with an empty chunk if it has none.
 
     Misuse is detected where it is cheap. Each pass keeps a multiset digest of its
     items (a sum of 64-bit hashes, independent of order and chunking, added on
@@ -824,6 +848,25 @@ class StreamingSoftmax:
     >>> p = np.concatenate([state.normalize(c) for c in chunks])
     >>> bool(np.allclose(p, cpu.adaptive_softmax(x)))
     True
+
+    Each pass in parallel (the states pickle, so the workers may be processes):
+    pass 1 on the parts, merged; pass 2 on copies of the merged state, merged.
+
+    >>> import copy
+    >>> merged = cpu.StreamingSoftmax().update(chunks[0]) + cpu.StreamingSoftmax().update(
+    ...     chunks[1]
+    ... )
+    >>> merged.needs_tempered_pass
+    True
+    >>> copies = [copy.deepcopy(merged) for _ in chunks]
+    >>> for cp, c in zip(copies, chunks):
+    ...     _ = cp.update_tempered(c)  # a no-op when β = 1
+    >>> final = copies[0] + copies[1]
+    >>> final.count
+    10
+    >>> p = np.concatenate([final.normalize(c) for c in chunks])
+    >>> bool(np.allclose(p, cpu.adaptive_softmax(x)))
+    True
     """
 
     def __init__(self, schedule: Schedule | None = None, dtype: Any = np.float64) -> None:
@@ -848,6 +891,14 @@ class StreamingSoftmax:
         self._digest = 0  # multiset digests (mod 2**64) of the items of each pass
         self._tb_digest = 0
         self._beta: float | None = None
+        # a random tag of the pass-1 state, renewed by every change of it (None while
+        # nothing was folded in): copies share it, and merge() keeps their pass 1 once
+        # when they are pass-2 workers
+        self._lineage: int | None = None
+        # whether update_tempered() was called (even with nothing, even where β = 1), and
+        # the items it was given
+        self._in_pass2 = False
+        self._tempered_fed = 0
 
     # -- pass 1 ------------------------------------------------------------
     def _chunk(self, chunk: Any) -> np.ndarray:
@@ -861,7 +912,7 @@ class StreamingSoftmax:
     @_ieee
     def update(self, chunk: Any) -> StreamingSoftmax:
         """Fold a chunk of logits into the state (pass 1); returns self."""
-        if self._tb_count:
+        if self._in_pass2:
             raise RuntimeError("update() after the tempered pass started: make a new state")
         arr = self._chunk(chunk)
         if arr.size == 0:
@@ -884,26 +935,110 @@ class StreamingSoftmax:
             )
         self._count += count
         self._beta = None
+        self._lineage = int.from_bytes(os.urandom(8), "little")
+
+    def _pass1(self) -> tuple:
+        """The pass-1 state with its tag: equal for copies of one pass-1 state only."""
+        return (
+            self._lineage, self._bad, self._m, self._c, self._n, self._r, self._t,
+            self._count, self._digest,
+        )  # fmt: skip
 
     @_ieee
     def merge(self, other: StreamingSoftmax) -> StreamingSoftmax:
-        """Return a new state ``self ⊕ other`` (both passes' sums are merged)."""
+        """Return a new state ``self ⊕ other`` (also ``self + other``).
+
+        States in pass 1 (different parts of the row) are merged by the ⊕ of T7.
+        Once either is in pass 2 (:meth:`update_tempered` was called), both must be
+        copies of one pass-1 state (``copy.deepcopy``, ``copy.copy``, pickling, or
+        the same object): the merge keeps that pass 1 once and adds the tempered
+        sums each was fed, which is pass 2 run in parallel on copies of the merged
+        pass-1 state.
+
+        Parameters
+        ----------
+        other : StreamingSoftmax
+            A state with the same schedule and dtype.
+
+        Returns
+        -------
+        StreamingSoftmax
+            A new state; `self` and `other` are left as they are.
+
+        Raises
+        ------
+        TypeError
+            If `other` is not a :class:`StreamingSoftmax`.
+        ValueError
+            If the schedules or dtypes differ; if either state is in pass 2
+            (:meth:`update_tempered`) and the two are not copies of one pass-1 state
+            (tempered sums are relative to the maximum and β of the state that was
+            fed them, not of the merged row); if copies together were fed more items
+            in pass 2 than pass 1 saw or, once as many, other items.
+        """
         if not isinstance(other, StreamingSoftmax):
             raise TypeError(f"can only merge with a StreamingSoftmax, got {type(other).__name__}")
         if other.schedule != self.schedule or other.dtype != self.dtype:
             raise ValueError("cannot merge states with different schedules or dtypes")
+        if self._in_pass2 or other._in_pass2:
+            if self._lineage is not None and self._pass1() == other._pass1():
+                return self._merge_copies(other)
+            raise self._tempered_merge_error(other)
         new = StreamingSoftmax(self.schedule, self.dtype)
         new._fold(self._bad, self._m, self._c, self._n, self._r, self._t, self._count)
         new._fold(other._bad, other._m, other._c, other._n, other._r, other._t, other._count)
         new._digest = (self._digest + other._digest) & _MASK64
-        new._tb_digest = (self._tb_digest + other._tb_digest) & _MASK64
-        if self._tb_count or other._tb_count:
-            if self._m != other._m and self._tb_count and other._tb_count:
-                raise ValueError("tempered sums of states with different maxima cannot be merged")
-            new._tb_c = self._tb_c + other._tb_c
-            new._tb_r = self._tb_r + other._tb_r
-            new._tb_count = self._tb_count + other._tb_count
         return new
+
+    def _merge_copies(self, other: StreamingSoftmax) -> StreamingSoftmax:
+        """Merge two copies of one pass-1 state: pass 1 once, the tempered sums added."""
+        new = StreamingSoftmax(self.schedule, self.dtype)
+        new._bad, new._m, new._c, new._n = self._bad, self._m, self._c, self._n
+        new._r, new._t, new._count, new._digest = self._r, self._t, self._count, self._digest
+        new._lineage, new._beta = self._lineage, self._beta
+        new._in_pass2 = True
+        fed = self._tempered_fed + other._tempered_fed
+        if fed > self._count:
+            raise ValueError(
+                f"copies of one pass-1 state were fed {fed} items in update_tempered() "
+                f"({self._tempered_fed} + {other._tempered_fed}), more than the {self._count} "
+                "fed to update(): feed each chunk of the row to one copy only"
+            )
+        new._tempered_fed = fed
+        tb_count = self._tb_count + other._tb_count
+        new._tb_c = self._tb_c + other._tb_c
+        new._tb_r = self._tb_r + other._tb_r
+        new._tb_count = tb_count
+        new._tb_digest = (self._tb_digest + other._tb_digest) & _MASK64
+        new._check_passes_agree()
+        return new
+
+    def _tempered_merge_error(self, other: StreamingSoftmax) -> ValueError:
+        """The error of a merge of tempered sums that are not relative to one state."""
+
+        def describe(s: StreamingSoftmax) -> str:
+            if not s._in_pass2:
+                return "in pass 1"
+            return f"tempered sums of {s._tb_count} items for max {s._m!r} and β {s.beta()!r}"
+
+        if not (self._in_pass2 and other._in_pass2):
+            why = "one is in pass 2 and the other is not a copy of its pass-1 state"
+        elif (self._m, self.beta()) != (other._m, other.beta()):
+            why = "the tempered sums were computed for different maxima or β"
+        elif self._pass1()[1:] == other._pass1()[1:]:
+            why = (
+                "their pass-1 states are equal but were computed separately, which makes "
+                "them two parts of a row, not copies of one pass-1 state"
+            )
+        else:
+            why = "they are not copies of one pass-1 state"
+        return ValueError(
+            f"cannot merge these states ({describe(self)}; {describe(other)}): {why}. "
+            "Tempered sums are relative to the maximum and β of the whole row: merge the "
+            "pass-1 states of every part first, then feed update_tempered() the merged state, "
+            "or copies of it (copy.deepcopy, pickle) that each get part of the row, and merge "
+            "those copies"
+        )
 
     __add__ = merge
 
@@ -963,6 +1098,8 @@ class StreamingSoftmax:
         """
         arr = self._chunk(chunk)
         b = self.beta()
+        self._in_pass2 = True  # pass 1 is closed from here on
+        self._tempered_fed += arr.size
         if not self.needs_tempered_pass:
             return self
         if self._tb_count + arr.size > self._count:

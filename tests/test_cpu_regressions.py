@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -783,3 +784,119 @@ def test_without_a_writable_cache_location_the_kernels_compile_in_memory() -> No
     x = np.random.default_rng(3).normal(size=(16, 40)) * 3
     assert got["softmax"] == cpu.softmax(x).tobytes().hex()
     assert got["adaptive"] == cpu.adaptive_softmax(x).tobytes().hex()
+
+
+# ------------------------------------------------------------ 13. a β that is 0 or nearly so
+
+
+def _tempered_exact(x: np.ndarray, beta: Fraction) -> np.ndarray:
+    """softmax(β x) of a row: each exponent β (x_i − m) exact, then rounded (masked: 0)."""
+    live = x > -INF
+    m = Fraction(float(x[live].max()))
+    z = [
+        float(beta * (Fraction(float(v)) - m)) if ok else -INF
+        for v, ok in zip(x, live, strict=True)
+    ]
+    w = np.exp(np.array(z))
+    return w / w.sum()
+
+
+def _on_path(path: str, x: np.ndarray, schedule) -> np.ndarray:
+    """The CPU's probabilities of the row `x` on one of its paths: a short row (and a
+    batch), a row padded with masked items to an in-memory or a chunked length, the
+    stream."""
+    if path == "short":
+        batch = cpu.adaptive_softmax(np.stack([x, x[::-1]]), schedule=schedule)
+        np.testing.assert_array_equal(batch[1], batch[0][::-1])
+        return batch[0]
+    if path == "stream":
+        state = cpu.StreamingSoftmax(schedule, x.dtype)
+        chunks = np.array_split(x, 2)
+        for c in chunks:
+            state.update(c)
+        if state.needs_tempered_pass:
+            for c in chunks:
+                state.update_tempered(c)
+        return np.concatenate([state.normalize(c) for c in chunks])
+    n = 2000 if path == "in-memory" else cpu.CHUNK + 5
+    padded = np.full(n, -INF, dtype=x.dtype)
+    padded[: x.size] = x
+    p = cpu.adaptive_softmax(padded, schedule=schedule)
+    assert np.all(p[x.size :] == 0.0)
+    return p[: x.size]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "beta"), [(np.float64, "1e-400"), (np.float32, "1e-300"), (np.float32, "1e-50")]
+)
+def test_masked_item_with_a_beta_that_rounds_to_zero(dtype, beta) -> None:
+    """-inf is a mask (T8) whatever β: a β that rounds to 0 in the row's format made the
+    short rows' ``0 * -inf`` NaN, and the whole row NaN (the reference: [0, 1/2, 1/2])."""
+    x = np.array([-INF, 3.0, 1.0], dtype=dtype)
+    schedule = Constant(beta)
+    np.testing.assert_array_equal(reference.adaptive_softmax(x, schedule=schedule), [0, 0.5, 0.5])
+    np.testing.assert_array_equal(_on_path("short", x, schedule), [0.0, 0.5, 0.5])
+
+
+@pytest.mark.parametrize("path", ["short", "in-memory", "chunked", "stream"])
+@pytest.mark.parametrize(
+    ("dtype", "beta"),
+    [
+        (np.float64, "1e-400"),  # rounds to 0: uniform
+        (np.float64, "1e-310"),  # subnormal: β (x − m) = −0.02
+        (np.float32, "1e-300"),  # 0 in float32, not in float64: uniform
+        (np.float32, "1e-40"),  # subnormal in float32: β (x − m) = −0.06
+    ],
+)
+def test_overflowed_shift_with_a_tiny_beta(path, dtype, beta) -> None:
+    """x − m overflows (±1e308, ±3e38) while β (x − m) is small: the weight of the exact
+    product, not NaN (``0 * -inf``, short rows) nor 0 (the other paths gave [1, 0])."""
+    big = 1e308 if dtype == np.float64 else 3e38
+    x = np.array([big, -big], dtype=dtype)
+    schedule = Constant(beta)
+    want = _tempered_exact(x, schedule.exact_beta)
+    got = _on_path(path, x, schedule)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, want, rtol=1e-14 if dtype == np.float64 else 1e-6, atol=0)
+
+
+@pytest.mark.parametrize("path", ["short", "in-memory", "chunked", "stream"])
+def test_overflowed_shift_with_a_zero_beta_of_another_schedule(path) -> None:
+    """LogLength with a scale that rounds to 0 (β through ``beta_float``, rows_finish):
+    the two unmasked items get 1/2 each, not [1, 0]."""
+    x = np.array([1e308, -1e308])
+    np.testing.assert_array_equal(_on_path(path, x, LogLength("1e-400")), [0.5, 0.5])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_attention_overflowed_shift_with_a_tiny_beta(dtype) -> None:
+    """Attention logits ±1e308 (±3e38 in float32) with β = 1e-308 (1e-40): the clamped
+    shift gave the second key e^-1.8 instead of e^-2 (1.284 for 1.238); a masked key
+    keeps weight 0 with β = 0."""
+    big, beta = (1e308, "1e-308") if dtype == np.float64 else (3e38, "1e-40")
+    q = np.zeros((1, 2), dtype=dtype)
+    k = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=dtype)
+    v = np.array([[1.0], [3.0], [100.0]], dtype=dtype)
+    add = np.array([[big, -big, -INF]], dtype=dtype)
+    schedule = Constant(beta)
+    w = _tempered_exact(add[0], schedule.exact_beta)
+    want = w @ v.astype(np.float64)
+    got = cpu.adaptive_attention(q, k, v, mask=add, scale=1.0, schedule=schedule)
+    np.testing.assert_allclose(got[0], want, rtol=1e-14 if dtype == np.float64 else 1e-6)
+    zero = cpu.adaptive_attention(q, k, v, mask=add, scale=1.0, schedule=Constant("1e-400"))
+    np.testing.assert_allclose(zero[0], [2.0], rtol=1e-14 if dtype == np.float64 else 1e-6)
+
+
+@pytest.mark.parametrize("beta", ["1e-305", "1e-310"])
+def test_attention_logits_beyond_the_float_range_with_a_tiny_beta(beta) -> None:
+    """Logits 1e400, −1e400 and 0 (the scaled path): β (x − m) ≤ −1e85, the maximum takes
+    all the weight. The shift clamped to −1e300 made it −1e-5 (weights ≈ 1: 2.99999)."""
+    q = np.array([[1e200, 0.0]])
+    k = np.array([[1e200, 0.0], [-1e200, 0.0], [0.0, 1.0]])
+    v = np.array([[1.0], [3.0], [5.0]])
+    schedule = Constant(beta)
+    got = cpu.adaptive_attention(q, k, v, scale=1.0, schedule=schedule)
+    np.testing.assert_array_equal(got, [[1.0]])
+    np.testing.assert_array_equal(
+        reference.adaptive_attention(q, k, v, scale=1.0, schedule=schedule), [[1.0]]
+    )

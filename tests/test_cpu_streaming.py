@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 
 pytest.importorskip("numba")
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from softmaxtheory import reference
@@ -149,3 +152,139 @@ def test_npy_streaming_example_matches_the_in_memory_kernel(tmp_path):
     expected = cpu.adaptive_softmax(row)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=0)
     assert report["sum"] == pytest.approx(1.0, abs=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# merging tempered sums: only copies of one pass-1 state, for a parallel pass 2
+# ---------------------------------------------------------------------------
+
+#: the report's row: two parts whose own β (1.748 and 2.399) differ from the row's
+X1 = np.r_[np.zeros(20), 4.0]
+X2 = np.r_[np.zeros(200), 4.0]
+
+COPIERS = {
+    "deepcopy": copy.deepcopy,
+    "copy": copy.copy,
+    "pickle": lambda s: pickle.loads(pickle.dumps(s)),
+}
+
+
+def test_merge_refuses_tempered_sums_for_another_beta() -> None:
+    """Each part's own pass 2 (same maximum, β 1.748 and 2.399) merged silently gave a row
+    summing to 0.991; the merge now raises, naming both β."""
+    a = cpu.StreamingSoftmax().update(X1).update_tempered(X1)
+    b = cpu.StreamingSoftmax().update(X2).update_tempered(X2)
+    assert a.max == b.max and a.beta() != b.beta()
+    for left, right in ((a, b), (b, a)):
+        with pytest.raises(ValueError, match=r"different maxima or β") as info:
+            left + right
+        assert repr(a.beta()) in str(info.value) and repr(b.beta()) in str(info.value)
+    with pytest.raises(ValueError, match="merge the pass-1 states of every part first"):
+        a.merge(b)
+
+
+def test_merge_refuses_a_state_in_pass_two_with_one_in_pass_one() -> None:
+    """Tempered sums merged with a pass-1 state (then completed) were relative to a part's
+    β: refused, in either order."""
+    a = cpu.StreamingSoftmax().update(X1).update_tempered(X1)
+    b = cpu.StreamingSoftmax().update(X2)
+    for left, right in ((a, b), (b, a)):
+        with pytest.raises(ValueError, match="one is in pass 2 and the other is not a copy"):
+            left + right
+
+
+def test_merge_refuses_equal_states_computed_separately() -> None:
+    """Two states fed the same items separately are two parts of a row (the row twice),
+    not copies: their tempered sums are not merged as a parallel pass 2."""
+    a = cpu.StreamingSoftmax().update(X1).update_tempered(X1[:5])
+    b = cpu.StreamingSoftmax().update(X1).update_tempered(X1[5:])
+    with pytest.raises(ValueError, match="equal but were computed separately"):
+        a + b
+
+
+@st.composite
+def parallel_pass_two(draw):
+    """A row, its chunking and merge order, and pass 2 spread over 1 to 4 copies."""
+    x, cuts, order = draw(rows_and_chunkings())
+    workers = draw(st.integers(1, 4))
+    owner = draw(
+        st.lists(st.integers(0, workers - 1), min_size=len(cuts) + 1, max_size=len(cuts) + 1)
+    )
+    merge_order = list(draw(st.permutations(range(workers))))
+    return x, cuts, order, owner, merge_order
+
+
+@pytest.mark.theorem("T7")
+@given(
+    case=parallel_pass_two(),
+    copier=st.sampled_from(sorted(COPIERS)),
+    schedule=st.sampled_from([None, Constant("1"), LogLength("0.5")]),
+)
+@settings(max_examples=40, deadline=None)
+# the report: deep copies of the merged state, one part each (count 602, not 301)
+@example(case=(np.r_[X1, X2], [21], [0, 1], [0, 1], [0, 1]), copier="deepcopy", schedule=None)
+# β = 1: update_tempered is a no-op, the doubled pass 1 halved every probability
+@example(case=(X2, [50], [1, 0], [1, 1], [1, 0]), copier="pickle", schedule=Constant("1"))
+def test_parallel_pass_two_on_copies_of_the_merged_state(case, copier, schedule) -> None:
+    """Pass 2 on copies of the merged pass-1 state, each fed some chunks (perhaps none),
+    merged in any order: the reference's probabilities, with pass 1 counted once."""
+    x, cuts, order, owner, merge_order = case
+    parts = np.split(x, cuts)
+    states = [cpu.StreamingSoftmax(schedule).update(p) for p in parts]
+    merged = states[order[0]]
+    for i in order[1:]:
+        merged = merged + states[i]
+    copies = [COPIERS[copier](merged) for _ in merge_order]
+    for cp in copies:
+        cp.update_tempered(np.empty(0))  # every worker enters pass 2, chunks or not
+    for part, w in zip(parts, owner, strict=True):
+        copies[w].update_tempered(part)  # a no-op when β = 1
+    final = copies[merge_order[0]]
+    for w in merge_order[1:]:
+        final = final + copies[w]
+    assert final.count == x.size and final.n_eff == int(np.sum(x > -np.inf))
+    p = np.concatenate([final.normalize(part) for part in parts])
+    exact = reference.adaptive_softmax(x, schedule=schedule)
+    np.testing.assert_allclose(p, exact, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(p, cpu.adaptive_softmax(x, schedule=schedule), rtol=1e-12, atol=0)
+
+
+def test_merged_copies_fed_too_much_or_other_items_are_refused() -> None:
+    """Copies that together were fed more items than the row, or other items, raise a
+    ValueError at the merge (not a misleading 'feed every chunk' error at normalize)."""
+    merged = cpu.StreamingSoftmax().update(X1) + cpu.StreamingSoftmax().update(X2)
+    assert merged.needs_tempered_pass and merged.count == 222
+    a, b = copy.deepcopy(merged), copy.deepcopy(merged)
+    for s in (a, b):
+        s.update_tempered(X1).update_tempered(X2)
+    with pytest.raises(ValueError, match=r"fed 444 items .* more than the 222"):
+        a + b
+    c, d = copy.deepcopy(merged), copy.deepcopy(merged)
+    c.update_tempered(X1).update_tempered(X2[:100])
+    d.update_tempered(X2[:101])  # X2[100:] was due: the same count, other items
+    with pytest.raises(ValueError, match="not those fed to update"):
+        c + d
+
+
+def test_pass_one_merges_of_copies_are_the_monoid() -> None:
+    """In pass 1 a state merged with itself or a copy is the row twice (T7's ⊕, as the
+    reference's StreamState); only copies in pass 2 keep pass 1 once."""
+    s = cpu.StreamingSoftmax().update(X1)
+    for twice in (s + s, s + copy.deepcopy(s), s + pickle.loads(pickle.dumps(s))):
+        assert twice.count == 2 * X1.size
+        row = np.r_[X1, X1]
+        assert twice.entropy() == pytest.approx(float(reference.entropy(row)), rel=1e-12)
+        assert (reference.StreamState.from_logits(X1) + reference.StreamState.from_logits(X1)) == (
+            reference.StreamState.from_logits(row)
+        )
+    # a copy that entered pass 2 with no chunk merges as a pass-2 worker
+    merged = cpu.StreamingSoftmax().update(X1) + cpu.StreamingSoftmax().update(X2)
+    busy, idle = copy.deepcopy(merged), copy.deepcopy(merged)
+    busy.update_tempered(X1).update_tempered(X2)
+    idle.update_tempered([])
+    done = idle + busy
+    assert done.count == X1.size + X2.size
+    p = np.concatenate([done.normalize(X1), done.normalize(X2)])
+    np.testing.assert_allclose(p, reference.adaptive_softmax(np.r_[X1, X2]), rtol=1e-12)
+    with pytest.raises(RuntimeError, match="after the tempered pass started"):
+        idle.update(X1)

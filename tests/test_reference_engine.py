@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import mpmath
@@ -206,7 +207,5 @@ def test_guard_that_cancels_the_maxima(row):
         pass
     for dtype in (np.float32, np.float16):
         assert reference.entropy(row, entropy_eps=0.5, dtype=dtype) == 0.0  # was PrecisionError
-    try:
+    with contextlib.suppress(PrecisionError):
         assert reference.entropy(row, entropy_eps=0.5) == round_to(exact, np.float64)
-    except PrecisionError:
-        pass
