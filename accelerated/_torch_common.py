@@ -18,7 +18,9 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import sys
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,7 @@ __all__ = [
     "as_real",
     "autocast_dtype",
     "beta_bound",
+    "beta_floor",
     "beta_from_entropy",
     "broadcast_shapes",
     "compact",
@@ -238,7 +241,10 @@ def shifted_logits(
     rows whose spread exceeds the float maximum, :math:`x_j - m` would round to
     ``-inf`` and :math:`e^{z_j} z_j` to ``0 * -inf = NaN``; clamped, the item
     still gets :math:`e^{z_j} = 0` (its exact weight rounds to zero in every
-    format) and contributes exactly 0 to every sum. Masked entries give 0.
+    format) and contributes exactly 0 to every sum. So does :math:`e^{\beta z_j}`
+    for any β above :math:`2^{10}` over the float maximum; below it (a tiny
+    constant schedule) the adaptive softmax forms that exponent as
+    :math:`\beta x_j - \beta m` instead. Masked entries give 0.
     Both ``where`` branches are finite, so no NaN reaches a gradient.
 
     Returns
@@ -388,6 +394,33 @@ def beta_bound(schedule: Schedule, n_max: int) -> float | None:
         return None
     bound = 2.0 * max(1.0, bound)
     return bound if math.isfinite(bound) else None
+
+
+@constant_under_compile
+@_memo
+def beta_floor(schedule: Schedule) -> float | None:
+    r"""A lower bound of β over rows of at least two unmasked items, on the host.
+
+    A polynomial schedule gives :math:`\max(P(H), 1) \ge 1` (or 1); a constant is
+    itself (its float rounded down); Scalable-Softmax gives :math:`s \log n \ge s
+    \log 2`. None for a user's schedule. A row of one item has weight 1 whatever β.
+    """
+    if isinstance(schedule, Polynomial):
+        return 1.0
+    if isinstance(schedule, Constant):
+        return _float_down(schedule.exact_beta)
+    if isinstance(schedule, LogLength):
+        return _float_down(schedule.exact_s) * 0.6931471805599452  # ln 2, rounded down
+    return None
+
+
+def _float_down(value: Fraction) -> float:
+    """A non-negative rational rounded down to a float (0.0 below the subnormals)."""
+    try:
+        f = float(value)
+    except OverflowError:
+        return sys.float_info.max
+    return math.nextafter(f, 0.0) if f > 0 and Fraction(f) > value else f
 
 
 def _horner(h: torch.Tensor, coeffs: tuple[float, ...]) -> torch.Tensor:

@@ -15,8 +15,10 @@ import torch
 from ..spec import Schedule
 from ._torch_common import (
     beta_bound,
+    beta_floor,
     beta_from_entropy,
     entropy_from_stats,
+    mul_pow2,
     shifted_logits,
 )
 
@@ -71,6 +73,8 @@ def adaptive_softmax_lastdim(
         beta = beta.detach()
     zb = z.to(beta.dtype) if wide else z
     y = torch.where(masked, torch.full_like(zb, -torch.inf), beta.unsqueeze(-1) * zb)
+    if _beta_may_be_tiny(schedule, x.dtype):
+        y = _overflowed_shifts(x, z, masked, beta, log2_unit, y)
     e2 = torch.exp(y)
     s2 = e2.sum(-1, keepdim=True)
     s2 = torch.where(s2 == 0, torch.ones_like(s2), s2)
@@ -78,3 +82,39 @@ def adaptive_softmax_lastdim(
     if entropy is None:
         entropy = torch.full_like(beta, torch.nan)
     return (e2 / s2).to(x.dtype), entropy, beta
+
+
+def _beta_may_be_tiny(schedule: Schedule, dtype: torch.dtype) -> bool:
+    r"""Whether β may be small enough that a clamped shift's weight is not 0 (on the host).
+
+    :func:`shifted_logits` clamps a shift :math:`x_j - m` beyond the float range to
+    the dtype's most negative value :math:`-M`; its weight :math:`e^{-\beta M}` is 0
+    while :math:`\beta M > 745`, that is for β above :math:`2^{10}/M` (about
+    :math:`5.7 \cdot 10^{-306}` in float64). Only a constant or Scalable-Softmax
+    schedule, or a user's, goes below.
+    """
+    floor = beta_floor(schedule)
+    return floor is None or floor < 1024.0 / torch.finfo(dtype).max
+
+
+def _overflowed_shifts(
+    x: torch.Tensor,
+    z: torch.Tensor,
+    masked: torch.Tensor,
+    beta: torch.Tensor,
+    log2_unit: int,
+    y: torch.Tensor,
+) -> torch.Tensor:
+    r"""`y` (:math:`\beta z`) with each clamped shift's exponent as :math:`\beta x - \beta m`.
+
+    A shift beyond the float range has :math:`x_j < 0 < m`, so
+    :math:`\beta' x_j - \beta' m` (:math:`\beta' = \beta\,2^{\mathrm{log2\_unit}}`)
+    is two terms of one sign: each rounded once, no cancellation. For β = 1e-310,
+    ``[1e308, -1e308]`` has exponents 0 and -0.02; the clamped shift gave -0.018.
+    """
+    clamped = (z == -torch.finfo(z.dtype).max) & ~masked
+    m = torch.amax(x, dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).to(beta.dtype)
+    b = mul_pow2(beta, log2_unit).unsqueeze(-1)
+    exact = b * x.to(beta.dtype) - b * m
+    return torch.where(clamped, exact.to(y.dtype), y)

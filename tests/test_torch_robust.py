@@ -747,3 +747,29 @@ def test_logits_far_below_their_bound_keep_their_small_products(backend):
     qg = q.clone().requires_grad_()
     adaptive_attention(qg, k, v, backend=backend).sum().backward()
     assert torch.isfinite(qg.grad[0]).all()
+
+
+@pytest.mark.parametrize(
+    "schedule", [Constant("1e-310"), Constant("1e-400"), LogLength("1e-310"), Constant("3e-306")]
+)
+@pytest.mark.parametrize(
+    "row", [[1e308, -1e308], [1e308, -1e308, -math.inf, 0.0], [-math.inf, 3.0, 1.0]]
+)
+def test_tiny_beta_with_a_shift_beyond_the_float_range(schedule, row):
+    """A shift x - m beyond the float range was clamped to -1.8e308 before β scaled it:
+    under β = 1e-310, [1e308, -1e308] gave [0.50449, 0.49551] for [0.50500, 0.49500] (the
+    exponent -0.018 for -0.02), in adaptive_softmax and in attention alike."""
+    from softmaxtheory.testing import assert_adaptive_softmax_close, assert_attention_close
+
+    x = torch.tensor(row, dtype=torch.float64, requires_grad=True)
+    got = adaptive_softmax(x, schedule=schedule)
+    assert_adaptive_softmax_close(got.detach(), x.detach(), schedule=schedule, strict=True)
+    got[0].backward()
+    assert torch.isfinite(x.grad).all()
+    finite = [v for v in row if v > -math.inf]
+    k = torch.tensor([[v] for v in finite], dtype=torch.float64)
+    v = torch.arange(1.0, len(finite) + 1, dtype=torch.float64).unsqueeze(-1)
+    q = torch.ones(1, 1, dtype=torch.float64)
+    for backend in ("auto", "composition", "chunked"):
+        out = adaptive_attention(q, k, v, scale=1.0, schedule=schedule, backend=backend)
+        assert_attention_close(out, (q, k, v), scale=1.0, schedule=schedule, strict=True)
