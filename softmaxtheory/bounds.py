@@ -1248,7 +1248,22 @@ def _t1_below(n: int, spread: float, beta: float, eps: float) -> bool:
 
 
 def _adaptive_upper_size(eps: float, spread: float, sched: Polynomial) -> int:
-    r"""A certified n from which :func:`adaptive_max_coefficient` stays below `eps`."""
+    r"""A certified n from which :func:`adaptive_max_coefficient` stays below `eps`.
+
+    Raises
+    ------
+    ValueError
+        If β grows without bound (P's leading coefficient is positive): then
+        :math:`\bar\beta(n)` grows with :math:`n`, T1 with it proves nothing from
+        any length on, and rows of every length may reach `eps` (β = 2H at
+        spread 1 reaches 0.9 with ten items and more).
+    """
+    top = adp.beta_max_up(sched)
+    if not math.isfinite(top):
+        raise ValueError(
+            f"schedule {sched!r} grows without bound (beta -> inf as the entropy grows): "
+            "no length from which every adaptive coefficient stays below eps can be proven"
+        )
     gap = adp.entropy_gap_upper(spread)
     crit = adp.critical_points(sched)
     last = max((cb for _, cb in crit), default=Fraction(-(10**9)))
@@ -1260,16 +1275,21 @@ def _adaptive_upper_size(eps: float, spread: float, sched: Polynomial) -> int:
     def below(n: int) -> bool:
         return _t1_below(n, spread, adp.adaptive_beta_up(n, spread, sched), eps)
 
+    # T1 at beta_max: no row of this length or more reaches eps
+    t_top = (1 / Fraction(eps) - 1) * ivl.to_fraction(enc.exp_enclosure(spread, top, 96, +1)[1])
     if below(n_a):
-        top = adp.beta_max_up(sched)
-        x = (1 / Fraction(eps) - 1) * ivl.to_fraction(enc.exp_enclosure(spread, top, 96, +1)[1]) + 2
-        return min(n_a, _round_up_coarse(x))
-    # beyond e^(H_off + C) beta-bar is 1, and T2 at beta = 1 applies
-    found = _off_root(sched)
-    h_top = found[1][1] if found is not None else Fraction(0)
-    off = ivl.iv_exp(ivl.iv_fraction(max(h_top, Fraction(0)) + gap, 96), 96)[1]
-    t2 = (1 / Fraction(eps) - 1) * ivl.to_fraction(enc.exp_enclosure(spread, 1.0, 96, +1)[1]) + 2
-    hi = max(n_a, _round_up_coarse(max(ivl.to_fraction(off), t2)) + 1)
+        return min(n_a, _round_up_coarse(t_top + 2))
+    segments = adp.window_exact(sched)[0]
+    if segments and segments[-1][1] == math.inf:
+        # beta never returns to 1 but stays at most beta_max (P is constant far out)
+        hi = max(n_a, _round_up_coarse(t_top + 2) + 1)
+    else:
+        # beyond e^(H_off + C) beta-bar is 1, and T2 at beta = 1 applies
+        found = _off_root(sched)
+        h_top = found[1][1] if found is not None else Fraction(0)
+        off = ivl.iv_exp(ivl.iv_fraction(max(h_top, Fraction(0)) + gap, 96), 96)[1]
+        t2 = (1 / Fraction(eps) - 1) * ivl.to_fraction(enc.exp_enclosure(spread, 1.0, 96, +1)[1])
+        hi = max(n_a, _round_up_coarse(max(ivl.to_fraction(off), t2 + 2)) + 1)
     for _ in range(64):
         if below(hi):
             break
@@ -1539,12 +1559,22 @@ def adaptive_max_coefficient_bracket(
     return _max_coefficient_bracket(n, spread, sched)
 
 
+def _max_coefficient_up(n: int, spread: float, beta: float | Fraction) -> float:
+    """T1 at `beta` rounded upward (at most one ulp above the exact value rounded up).
+
+    The bracket's upper end must not be below the exact bound; the correctly
+    rounded :func:`max_coefficient` is, for about half the arguments.
+    """
+    hi = enc.coefficient_enclosure(n, spread, beta, -1)(128)[1]
+    return ivl.float_directed(ivl.to_fraction(hi), +1)
+
+
 @lru_cache(maxsize=1024)
 def _max_coefficient_bracket(n: int, spread: float, sched: Polynomial) -> Bracket:
     log_n = float(adp.log_bounds(n)[0])
     _, j, c = _search_rows(log_n, n, spread, sched)
     lower = _certified_lower((n, j, c), spread, sched)
-    upper = adaptive_max_coefficient(n, spread, sched)
+    upper = _max_coefficient_up(n, spread, adp.beta_sup(n, spread, sched))
     if upper > lower:
         upper = min(upper, _float_up(ext.adaptive_top_upper(n, spread, sched, known=lower)))
     return Bracket(lower=lower, upper=upper, witness=_witness(n, j, c, spread))
@@ -1650,6 +1680,13 @@ def adaptive_dispersion_bracket(
     Bracket
         ``lower``, ``upper`` (ints) and the ``witness`` row (of ``lower - 1`` items).
 
+    Raises
+    ------
+    ValueError
+        For a bad argument, or a schedule whose β grows without bound (a positive
+        leading coefficient): no length from which every coefficient stays below
+        `eps` can be proven, and rows of every length may reach it.
+
     Examples
     --------
     >>> from softmaxtheory import bounds
@@ -1702,6 +1739,14 @@ def adaptive_dispersion_size(eps: Any, spread: Any, schedule: Schedule | None = 
     -------
     int or numpy.ndarray
         The size (``object`` arrays of Python ints for array input).
+
+    Raises
+    ------
+    ValueError
+        For a :class:`~softmaxtheory.spec.LogLength` schedule, or a polynomial
+        whose β grows without bound (no such size can be proven). A β that
+        stays above 1 but bounded (``Polynomial(("2",))``) has one: T1 at
+        :math:`\beta_{\max}`.
 
     Examples
     --------

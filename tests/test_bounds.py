@@ -476,6 +476,51 @@ def test_dispersion_bracket_when_two_items_stay_below_eps(eps, spread, schedule)
 
 
 @pytest.mark.theorem("T6")
+@pytest.mark.parametrize(
+    ("coefficients", "threshold", "eps", "spread", "n"),
+    [
+        (("2", "0"), "0.5", 0.9, 1.0, 10),  # beta = 2H: the bracket was [2, 2]
+        (("1", "0", "-3", "0"), "0", 0.5, 1.0, 20),  # was [3, 3]; 20 items reach 0.99999
+        (("1", "-2", "1.5"), "0", 0.5, 1.0, 40),  # the size was 2, below the bracket's 3
+    ],
+)
+def test_schedules_without_bound_have_no_dispersion_size(coefficients, threshold, eps, spread, n):
+    """Past its last critical point such a P grows, so beta-bar(n) does: T1 with it proves
+    no length, and rows longer than the size once returned reach eps."""
+    sched = Polynomial(coefficients, threshold)
+    row = np.zeros(n)
+    row[0] = spread
+    assert reference.adaptive_softmax(row, schedule=sched).max() >= eps
+    for func in (bounds.adaptive_dispersion_bracket, bounds.adaptive_dispersion_size):
+        with pytest.raises(ValueError, match="grows without bound"):
+            func(eps, spread, sched)
+
+
+@pytest.mark.theorem("T6")
+def test_a_schedule_that_stays_above_one_still_disperses():
+    """beta = 2 above H = 0.5 never switches off, yet beta <= 2 everywhere: T1 at 2 gives
+    the size (it raised 'never switches off'). 404 items reach 1/2, 405 do not."""
+    sched = Polynomial(("2",), "0.5")
+    b = bounds.adaptive_dispersion_bracket(0.5, 3.0, sched)
+    assert b.lower == b.upper == bounds.adaptive_dispersion_size(0.5, 3.0, sched) == 405
+    assert bounds.max_coefficient(404, 3.0, 2.0) >= 0.5 > bounds.max_coefficient(405, 3.0, 2.0)
+    assert reference.adaptive_softmax(b.witness.logits(), schedule=sched).max() >= 0.5
+
+
+@pytest.mark.theorem("T6")
+@pytest.mark.parametrize(("n", "spread"), [(100000, 5.69), (2**53, 5.69), (10**400, 5.69)])
+def test_bracket_upper_end_is_never_below_the_exact_maximum(n, spread):
+    """Where beta is 1 at every row of the length the bracket is T1's value: its upper end was
+    that value rounded to nearest, below the exact one for about half the lengths (and 0.0 at
+    10**400 items, whose maximum is 3e-398)."""
+    b = bounds.adaptive_max_coefficient_bracket(n, spread)
+    with mpmath.workprec(600):
+        exact = 1 / (1 + (n - 1) * mpmath.exp(-mpmath.mpf(spread)))
+        assert mpmath.mpf(b.lower) <= exact <= mpmath.mpf(b.upper)
+    assert b.upper <= math.nextafter(math.nextafter(float(exact), 1.0), 1.0)
+
+
+@pytest.mark.theorem("T6")
 def test_dispersion_bracket_with_a_budget_is_proven_length_by_length():
     """With a budget the upper end falls from 129 to 122 at spread 2; each length between
     is checked again by the per-length branch and bound, and a row of 120 items reaches 1/2."""

@@ -97,6 +97,7 @@ def mp_inside(value: mpmath.mpf, iv: tuple[float, float]) -> bool:
 
 @given(a=st.floats(-800.0, 709.0), b=st.floats(-800.0, 709.0))
 @example(a=-745.5, b=-700.5)  # below e^-700: enclosed by [0, e^-700]
+@example(a=-800.0, b=-800.0)  # a point below -700: its lower end was e^-700, above e^-800
 @example(a=0.0, b=0.0)
 @example(a=709.0, b=709.78)
 def test_exp_encloses(a, b):
@@ -294,3 +295,19 @@ def test_long_rows_take_rational_boxes():
     n = 2**60 + 1
     fast = ext.adaptive_top_upper(n, 40.0, PaperPolynomial(), budget=50)
     assert Fraction(1, n) < fast <= 1
+
+
+@pytest.mark.parametrize(
+    ("call", "args"),
+    [
+        ("adaptive_max_coefficient_bracket", (10**309, 720.0)),
+        ("adaptive_max_coefficient_bracket", (2**1024, 720.0)),
+        ("adaptive_dispersion_bracket", (0.9, 720.0)),
+    ],
+)
+def test_counts_beyond_the_float_range(call, args):
+    """Guide values took float() of counts past 1.8e308: OverflowError from valid input
+    (the bounds command at --spread 720 --eps 0.9 printed a traceback)."""
+    kwargs = {"budget": 2000} if call == "adaptive_dispersion_bracket" else {}
+    b = getattr(bounds, call)(*args, **kwargs)
+    assert b.lower <= b.upper

@@ -301,10 +301,17 @@ def _upper_in(
 
 
 def _value(box: _Box, n: int, delta: float, schedule: Polynomial) -> float:
-    """The top coefficient at the box's centre, in floats (only guides the search)."""
-    w = float((box.w0 + box.w1) / 2)
+    """The top coefficient at the box's centre, in floats (only guides the search).
+
+    0.0 where the counts are beyond the float range (a guide value no row is below).
+    """
+    try:
+        w = float((box.w0 + box.w1) / 2)
+        rest = float(n - 1) - w
+    except OverflowError:
+        return 0.0
     y = delta if box.family == "bottom" else 0.0
-    return _guide(float((box.c0 + box.c1) / 2), w, n - 1 - w, y, schedule)
+    return _guide(float((box.c0 + box.c1) / 2), w, rest, y, schedule)
 
 
 def _guide(c: float, w: float, z: float, y: float, schedule: Polynomial) -> float:
@@ -527,10 +534,17 @@ def _upper3_in(ar: _Arith, box: _Box3, least: int, schedule: Polynomial) -> Frac
 
 
 def _value3(box: _Box3, least: int, schedule: Polynomial) -> float:
-    """The coefficient at a feasible point near the box's centre, in floats (a guide)."""
+    """The coefficient at a feasible point near the box's centre, in floats (a guide).
+
+    0.0 where the counts are beyond the float range.
+    """
     c = float((box.c0 + box.c1) / 2)
-    w = float((box.w0 + box.w1) / 2)
-    z = float((box.z0 + box.z1) / 2)
+    try:
+        w = float((box.w0 + box.w1) / 2)
+        z = float((box.z0 + box.z1) / 2)
+        float(least)
+    except OverflowError:
+        return 0.0
     if 1 + w + z < least:  # move onto w + z = least - 1
         extra = float(least) - 1 - w - z
         w, z = w + extra / 2, z + extra / 2

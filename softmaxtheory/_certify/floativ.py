@@ -147,7 +147,8 @@ def exp(a: FloatInterval) -> FloatInterval:
     """An enclosure of ``exp(a)`` (``OverflowError`` past :math:`e^{709}`)."""
     a0, a1 = a
     top = exp_approx(max(a1, _EXP_FLOOR))
-    low = top if a0 == a1 else (0.0 if a0 < _EXP_FLOOR else exp_approx(a0))
+    # below -700, e^a0 is positive and below e^-700: 0 bounds it (even for a point)
+    low = 0.0 if a0 < _EXP_FLOOR else (top if a0 == a1 else exp_approx(a0))
     return _finite(max(_next(low * _SLACK_DOWN, -_INF), 0.0), _next(top * _SLACK_UP, _INF))
 
 
