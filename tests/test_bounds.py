@@ -1137,3 +1137,17 @@ def test_weights_no_float_holds_are_refused():
         with pytest.raises(ValueError, match="w_k holds"):
             bounds.spread_from_weights(np.eye(2), third, 1.0)
     assert bounds.spread_from_weights(np.array([[2, 0], [0, 1]]), np.eye(2), 1.0) > 4.0
+
+
+@pytest.mark.theorem("T6")
+def test_dispersion_bracket_between_2_53_and_2_1000_items():
+    """Spread 36 (sizes near 2**52) raised 'negative shift count' in the witness search (the
+    bounds command exited 2); spread 40 (2.4e17 items) was left at the closed form's 8.2e17:
+    boxes of counts past 2**53 took rationals, and the segment's corner need - w0 rounded away
+    the few hundred items it leaves. Floats now, with the corner formed exactly."""
+    plain = bounds.adaptive_dispersion_bracket(0.5, 36.0)
+    assert plain.lower <= plain.upper
+    b = bounds.adaptive_dispersion_bracket(0.5, 40.0, budget=30000)
+    assert b.lower == 235385264793510273 and b.upper <= 1.02 * b.lower
+    assert bounds.adaptive_dispersion_bracket(0.5, 40.0).upper > 3 * b.lower  # the closed form
+    assert b.witness.n == b.lower - 1

@@ -289,11 +289,14 @@ def test_overflowing_floats_fall_back_to_mpmath(monkeypatch):
 
 
 def test_long_rows_take_rational_boxes():
-    """Counts past 2**53 are not floats exactly: the boxes keep rationals."""
-    assert ext._coordinate(2**53) is float
-    assert ext._coordinate(2**53 + 1) is Fraction
-    n = 2**60 + 1
-    fast = ext.adaptive_top_upper(n, 40.0, PaperPolynomial(), budget=50)
+    """Counts past 2**1000 take rational coordinates; below, floats (rounded up at the top
+    of the boxes: a float past 2**53 may be below the integer)."""
+    assert ext._coordinate(2**1000) is float
+    assert ext._coordinate(2**1000 + 1) is Fraction
+    top = ext._count_up(float, 2**60 + 1)
+    assert Fraction(top) >= 2**60 + 1 and top == math.nextafter(2.0**60, math.inf)
+    n = 2**1001 + 1
+    fast = ext.adaptive_top_upper(n, 800.0, PaperPolynomial(), budget=50)
     assert Fraction(1, n) < fast <= 1
 
 

@@ -50,11 +50,13 @@ The formulas are written once against an interval arithmetic (:class:`_Mp`
 or :class:`_Float`): a box is bounded in outward-rounded float intervals
 (:mod:`.floativ`, about 60 µs a box where mpmath takes 450 µs), and in mpmath
 where floats overflow. Box coordinates are floats (exact numbers, split at
-float points) while every count is a float exactly, up to :math:`2^{53}`, and
-rationals beyond. Float bounds are looser than mpmath's by about
-:math:`10^{-13}` relative, so the boxes that decide the per-length answer are
-bounded again in mpmath (:data:`_REFINE` at most): at 4,096 items and spread
-5.69 the bracket stays exact to the float.
+float points; the top count rounded up, so the boxes cover it) up to
+:math:`2^{1000}` items, and rationals beyond; whatever must be exact (the
+corners of a length constraint, :math:`n - 1 - w`) is formed in rationals.
+Float bounds are looser than mpmath's by about :math:`10^{-13}` relative, so
+the boxes that decide the per-length answer are bounded again in mpmath
+(:data:`_REFINE` at most): at 4,096 items and spread 5.69 the bracket stays
+exact to the float.
 """
 
 from __future__ import annotations
@@ -81,15 +83,19 @@ FAMILIES = ("bottom", "top")
 _PREC = 64
 
 
-#: A box's coordinates: floats (exact numbers, cheap to split) where every count is a
-#: float exactly, else rationals.
+#: A box's coordinates: floats (exact numbers, cheap to split) while the counts are well
+#: inside the float range, else rationals.
 Coordinate = float | Fraction
 
 #: At most this many boxes of a final answer are bounded again in mpmath.
 _REFINE = 200
 
-#: Counts up to this are floats exactly; beyond it the boxes take rational coordinates.
-_FLOAT_COUNTS = 1 << 53
+#: Counts below this take float coordinates; beyond it, rational ones (hundreds of digits:
+#: tens of milliseconds a box).
+_FLOAT_COUNTS = 1 << 1000
+
+#: Integers up to this are floats exactly.
+_EXACT_INTS = 1 << 53
 
 
 class _Box(NamedTuple):
@@ -103,6 +109,18 @@ class _Box(NamedTuple):
 def _coordinate(most: int) -> type[float] | type[Fraction]:
     """The coordinate type of boxes whose counts reach `most`."""
     return float if most <= _FLOAT_COUNTS else Fraction
+
+
+def _count_up(kind: type[float] | type[Fraction], count: int) -> Coordinate:
+    """`count` as a coordinate at least it: the top of the boxes covers it.
+
+    (A float past :math:`2^{53}` may round below the integer; boxes reaching past a
+    length are then cut by the length test, not lost.)
+    """
+    if kind is Fraction:
+        return Fraction(count)
+    f = float(count)
+    return math.nextafter(f, math.inf) if f < count else f
 
 
 class _Mp:
@@ -123,10 +141,6 @@ class _Mp:
         a = _Mp.point(lo)
         b = a if hi is None or hi == lo else _Mp.point(hi)
         return a[0], b[1]
-
-    @staticmethod
-    def max(a: ivl.Interval, b: ivl.Interval) -> ivl.Interval:
-        return ivl.iv_max(a, b)
 
     # the operations of .interval at this module's precision
     add = staticmethod(partial(ivl.iv_add, prec=_PREC))
@@ -169,10 +183,6 @@ class _Float:
     @staticmethod
     def span(lo: Coordinate, hi: Coordinate | None = None) -> fv.FloatInterval:
         return fv.point(lo) if hi is None else fv.span(lo, hi)
-
-    @staticmethod
-    def max(a: fv.FloatInterval, b: fv.FloatInterval) -> fv.FloatInterval:
-        return max(a[0], b[0]), max(a[1], b[1])
 
     @staticmethod
     def ends(a: fv.FloatInterval) -> fv.FloatInterval:
@@ -292,7 +302,7 @@ def _upper_in(
         e_bd = ar.exp(ar.neg(ar.mul(b, ar.span(delta))))
         s = ar.add(
             ar.add(ar.one, ar.mul(ar.span(box.w0), e_bc)),
-            ar.mul(ar.sub(ar.span(Fraction(n - 1)), ar.span(box.w0)), e_bd),
+            ar.mul(ar.span((n - 1) - Fraction(box.w0)), e_bd),  # exact: w0 may be near n - 1
         )
     else:
         # S(beta) = n - w (1 - e^{-beta c}): least at w1, c1, beta
@@ -344,7 +354,10 @@ def _log_ratio(hi: Coordinate, lo: Coordinate) -> float:
 
 def _geometric(lo: Coordinate, hi: Coordinate) -> Coordinate:
     """A split point of a count range, near the geometric mean of lo + 1 and hi + 1."""
-    mid = type(lo)(math.isqrt(int((lo + 1) * (hi + 1)))) - 1
+    if isinstance(lo, float):  # (the product may pass the float range)
+        mid = math.sqrt(lo + 1.0) * math.sqrt(hi + 1.0) - 1.0
+    else:
+        mid = Fraction(math.isqrt(int((lo + 1) * (hi + 1)))) - 1
     margin = (hi - lo) / 8
     return _within(min(max(mid, lo + margin), hi - margin), lo, hi)
 
@@ -421,7 +434,7 @@ def adaptive_top_upper(
     best = float(known)
     count = refined = 0
     for family in FAMILIES:
-        box = _Box(family, kind(0), kind(spread), kind(0), kind(n - 1))
+        box = _Box(family, kind(0), kind(spread), kind(0), _count_up(kind, n - 1))
         heapq.heappush(heap, (-_upper(box, n, delta, schedule), count, box, False))
         best = max(best, _value(box, n, spread, schedule))
         count += 1
@@ -514,22 +527,25 @@ def _upper3_in(ar: _Arith, box: _Box3, least: int, schedule: Polynomial) -> Frac
     least value on the box, cut by w + z >= least - 1, is at a vertex of that
     polygon, at the largest β and c. (w0, z0) bounds S below on the whole box;
     where w0 + z0 < least - 1 so do the two ends of the segment w + z = least - 1
-    inside it, which are enclosed (their coordinates round).
+    inside it, whose coordinates are formed exactly (in rationals: at counts near
+    :math:`10^{17}` a float ``need - w0`` lost the few hundred items it leaves).
     """
     need = least - 1
-    w0, z0 = ar.span(box.w0), ar.span(box.z0)
     if box.w0 + box.z0 >= need:
-        corners = [(w0, z0)]
+        corners = [(box.w0, box.z0)]
     else:
-        total = ar.span(need)
-        w_a = ar.max(w0, ar.sub(total, ar.span(box.z1)))
-        z_b = ar.max(z0, ar.sub(total, ar.span(box.w1)))
-        corners = [(w_a, ar.sub(total, w_a)), (ar.sub(total, z_b), z_b)]
+        w0, w1, z0, z1 = (Fraction(v) for v in (box.w0, box.w1, box.z0, box.z1))
+        w_a = max(w0, need - z1)
+        z_b = max(z0, need - w1)
+        corners = [(w_a, need - w_a), (need - z_b, z_b)]
     h_lo, h_hi = _entropy3_bounds(ar, box)
     beta = ar.span(ar.beta_up(schedule, h_lo, h_hi))
     e1 = ar.exp(ar.neg(ar.mul(beta, ar.span(box.c1))))
     e2 = ar.exp(ar.neg(ar.mul(beta, ar.span(box.y))))
-    low = min(ar.ends(ar.add(ar.one, ar.add(ar.mul(w, e1), ar.mul(z, e2))))[0] for w, z in corners)
+    low = min(
+        ar.ends(ar.add(ar.one, ar.add(ar.mul(ar.span(w), e1), ar.mul(ar.span(z), e2))))[0]
+        for w, z in corners
+    )
     return ar.reciprocal_up(low)
 
 
@@ -570,8 +586,11 @@ def _split3(box: _Box3) -> tuple[_Box3, _Box3]:
 
 def _sum_compare(a: Coordinate, b: Coordinate, total: int) -> int:
     """The sign of ``a + b - total``, exactly."""
-    # fsum rounds the exact sum once, which keeps its sign (total <= 2**53: a float exactly)
-    diff = math.fsum((a, b, -float(total))) if isinstance(a, float) else a + b - total
+    if isinstance(a, float) and total <= _EXACT_INTS:
+        # fsum rounds the exact sum once, which keeps its sign (total is a float exactly)
+        diff = math.fsum((a, b, -float(total)))
+    else:
+        diff = Fraction(a) + Fraction(b) - total
     return (diff > 0) - (diff < 0)
 
 
@@ -591,7 +610,7 @@ def below_from(
         ``(proven, boxes)``: the verdict and the boxes bounded.
     """
     kind = _coordinate(most)
-    delta, zero, top = kind(spread), kind(0), kind(most - 1)
+    delta, zero, top = kind(spread), kind(0), _count_up(kind, most - 1)
     stack = [_Box3(y, zero, delta, zero, top, zero, top) for y in (delta, zero)]
     count = 0
     while stack:
@@ -620,8 +639,12 @@ def dispersion_upper(
     Bisects on :math:`\log n` between `lower` (a row one item shorter reaches
     `eps`) and `upper`: a proof that the lengths from `mid` to the current upper
     end stay below `eps` (:func:`below_from`) moves the upper end to `mid`.
-    Stops when the two ends are within 1 % or `budget` boxes are spent.
+    Stops when the two ends are within 1 % or `budget` boxes are spent. Lengths
+    past :math:`2^{1000}` are left alone (`upper` is returned): their boxes would
+    need rational counts of hundreds of digits, tens of milliseconds a box.
     """
+    if upper > _FLOAT_COUNTS:
+        return upper
     lo, hi = lower, upper
     spent = 0
     while hi - lo > max(1, lo // 100) and spent < budget:

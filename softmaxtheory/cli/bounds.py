@@ -27,8 +27,8 @@ DEFAULT_SIZES: tuple[int, ...] = tuple(16 * 2**k for k in range(11))
 STATISTICS = ("max", "mean", "median")
 
 #: Boxes of branch and bound the command spends on the adaptive dispersion size's upper
-#: end (``--budget``): about 2 s on one core, and within 3 % of the lower end at spreads
-#: 3 to 15 (spread 5.69: [1253, 1314], where the closed form alone gives 5828).
+#: end (``--budget``): about 2 s on one core; the bracket is then within 7 % at spreads 2
+#: to 40 (spread 5.69: [1253, 1283], where the closed form alone gives 5828).
 DEFAULT_BUDGET = 30_000
 
 
