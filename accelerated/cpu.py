@@ -1019,6 +1019,8 @@ class StreamingSoftmax:
         def describe(s: StreamingSoftmax) -> str:
             if not s._in_pass2:
                 return "in pass 1"
+            if not s.needs_tempered_pass:
+                return f"in pass 2 at β = 1 (no tempered sums needed), max {s._m!r}"
             return f"tempered sums of {s._tb_count} items for max {s._m!r} and β {s.beta()!r}"
 
         if not (self._in_pass2 and other._in_pass2):

@@ -1559,22 +1559,13 @@ def adaptive_max_coefficient_bracket(
     return _max_coefficient_bracket(n, spread, sched)
 
 
-def _max_coefficient_up(n: int, spread: float, beta: float | Fraction) -> float:
-    """T1 at `beta` rounded upward (at most one ulp above the exact value rounded up).
-
-    The bracket's upper end must not be below the exact bound; the correctly
-    rounded :func:`max_coefficient` is, for about half the arguments.
-    """
-    hi = enc.coefficient_enclosure(n, spread, beta, -1)(128)[1]
-    return ivl.float_directed(ivl.to_fraction(hi), +1)
-
-
 @lru_cache(maxsize=1024)
 def _max_coefficient_bracket(n: int, spread: float, sched: Polynomial) -> Bracket:
     log_n = float(adp.log_bounds(n)[0])
     _, j, c = _search_rows(log_n, n, spread, sched)
     lower = _certified_lower((n, j, c), spread, sched)
-    upper = _max_coefficient_up(n, spread, adp.beta_sup(n, spread, sched))
+    # upward: the bracket's upper end must not be below the exact bound
+    upper = enc.max_coefficient_up(n, spread, adp.beta_sup(n, spread, sched))
     if upper > lower:
         upper = min(upper, _float_up(ext.adaptive_top_upper(n, spread, sched, known=lower)))
     return Bracket(lower=lower, upper=upper, witness=_witness(n, j, c, spread))

@@ -52,6 +52,18 @@ def assert_correctly_rounded(text: str, exact: mpmath.mpf, digits: int) -> None:
         assert err <= mpmath.mpf(str(half_unit)), (text, mpmath.nstr(exact, 30))
 
 
+def assert_rounded_up(text: str, bound: mpmath.mpf, digits: int) -> None:
+    """`text` has `digits` significant digits, is at least `bound`, and one unit less is not
+    (up to the float the bound was rounded up to first)."""
+    d = Decimal(text)
+    sig = d.as_tuple()
+    assert len(sig.digits) == digits, text
+    unit = Decimal(1).scaleb(sig.exponent)
+    with mpmath.workprec(3000):
+        assert mpmath.mpf(str(d)) >= bound, (text, mpmath.nstr(bound, 30))
+        assert mpmath.mpf(str(d - unit)) < bound * (1 + mpmath.mpf(2) ** -50), text
+
+
 @pytest.mark.parametrize(
     ("spread", "beta", "digits"), [(5.69, 1.0, 6), (2.0, 0.5, 4), (30.0, 1.0, 9)]
 )
@@ -66,7 +78,10 @@ def test_table_values_are_correctly_rounded(capsys, spread, beta, digits):
     for m in rows:
         exact = exact_values(int(m.group(1)), spread, beta)
         for text, key in zip(m.groups()[1:], ("max", "adaptive", "min", "entropy"), strict=True):
-            assert_correctly_rounded(text, exact[key], digits)
+            if key == "adaptive":  # an upper bound: rounded up, so that it stays one
+                assert_rounded_up(text, exact[key], digits)
+            else:
+                assert_correctly_rounded(text, exact[key], digits)
     # sizes with more digits than shown are rounded up: "from n on" stays true
     up = {"digits": digits, "rounding": "up"}
     assert f"once n >= {bounds.dispersion_size(0.5, spread, beta, **up)} " in out
@@ -245,13 +260,39 @@ def test_decimals_ignore_the_callers_decimal_context(capsys):
         ctx.traps[decimal.Inexact] = True
         code, got, _ = run(capsys, *argv)
     assert code == 0
-    from mpmath import libmp
+    from softmaxtheory._certify.enclosures import decimal_up
 
-    from softmaxtheory._certify.interval import decimal_of
-
-    upper = libmp.from_float(bounds.adaptive_max_coefficient_bracket(1000, 5.69).upper)
-    adaptive = decimal_of((upper, upper), 9)  # the branch and bound's upper end, to 9 digits
+    # the branch and bound's upper end, rounded up to 9 digits
+    adaptive = decimal_up(bounds.adaptive_max_coefficient_bracket(1000, 5.69).upper, 9)
     row = f"    1000     0.228508053           {adaptive}  3.38296450e-06            1.47618382"
     assert row in got.splitlines()
     code, want, _ = run(capsys, *argv)
     assert code == 0 and got == want
+
+
+def test_the_adaptive_column_is_an_upper_bound_rounded_up(capsys):
+    """The column was the bracket's upper end (or T1 at beta's bound) rounded to nearest:
+    'at most 0.0673880' at 4,096 items, below the bound 0.06738801852305... it prints."""
+    from softmaxtheory._certify.enclosures import decimal_up
+
+    assert decimal_up(0.99949, 3) == "1.00" and decimal_up(1.0, 3) == "1.00"
+    assert decimal_up(0.0673880185230548, 6) == "0.0673881"
+    assert decimal_up(5e-324, 3) == "4.95e-324"
+    code, out, _ = run(capsys, "bounds", "--spread", "5.69", "--sizes", "4096")
+    assert code == 0 and "0.0673880             0.0673881" in out
+    code, out, _ = run(capsys, "bounds", "--spread", "5.69", "--sizes", "4096", "--json")
+    b = bounds.adaptive_max_coefficient_bracket(4096, 5.69)
+    assert b.lower <= json.loads(out)["rows"][0]["adaptive_max_coefficient"] == b.upper
+
+
+def test_exact_digits_print_the_witness_in_full(capsys):
+    """--exact-digits printed the witness's counts in scientific notation (2.72637e+347, as
+    large as the lower end it is one item shorter than); --digits did not reach them."""
+    code, out, _ = run(
+        capsys, "bounds", "--spread", "800", "--budget", "0", "--sizes", "16", "--exact-digits"
+    )
+    b = bounds.adaptive_dispersion_bracket(0.5, 800.0)
+    assert code == 0 and f"at {800.0!r}, {b.witness.counts[-1]} at 0.0)" in out
+    code, out, _ = run(capsys, "bounds", "--spread", "5.69", "--digits", "3", "--sizes", "16")
+    assert "1 at 5.69, 9 at 4.405952962239583, 1.24e+3 at 0.0)" in out
+    assert "adaptive, at most" in out

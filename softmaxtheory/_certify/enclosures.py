@@ -13,6 +13,7 @@ whose width shrinks with ``prec``, for Ziv's loop (:func:`.interval.certify`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from decimal import MAX_EMAX, MIN_EMIN, ROUND_CEILING, Context, Decimal
 from fractions import Fraction
 from typing import Any
 
@@ -24,8 +25,10 @@ __all__ = [
     "EXP_CAP",
     "certified_text",
     "coefficient_enclosure",
+    "decimal_up",
     "entropy_floor_enclosure",
     "exp_enclosure",
+    "max_coefficient_up",
 ]
 
 
@@ -71,6 +74,31 @@ def coefficient_enclosure(n: int, spread: float, beta: float, sign: int) -> Call
         return ivl.iv_div(ivl.iv_exact(1), denom, prec)
 
     return enclose
+
+
+def max_coefficient_up(n: int, spread: float, beta: float | Fraction) -> float:
+    """T1's largest coefficient rounded upward to float64 (a bound that holds).
+
+    At most one ulp above the exact value rounded upward (the enclosure at 128
+    bits); the correctly rounded value is below the exact one about half the time.
+    """
+    hi = coefficient_enclosure(n, spread, beta, -1)(128)[1]
+    return ivl.float_directed(ivl.to_fraction(hi), +1)
+
+
+def decimal_up(value: float, digits: int) -> str:
+    """The least decimal of `digits` significant digits at least `value`, as printed.
+
+    The format of :func:`certified_text`; for a column of upper bounds, whose
+    decimals rounded to nearest could fall below what they bound.
+    """
+    ctx = Context(prec=digits, rounding=ROUND_CEILING, Emax=MAX_EMAX, Emin=MIN_EMIN)
+    q = Fraction(ctx.plus(Decimal(value)))  # the float's exact value, rounded up
+    lo = libmp.from_rational(q.numerator, q.denominator, 256, libmp.round_floor)
+    hi = libmp.from_rational(q.numerator, q.denominator, 256, libmp.round_ceiling)
+    text = ivl.decimal_of((lo, hi), digits)
+    assert text is not None  # both ends are within 2**-250 of a decimal of `digits` digits
+    return text
 
 
 def entropy_floor_enclosure(n: int, spread: float, beta: float) -> Callable[[int], Any]:

@@ -10,11 +10,9 @@ import sys
 from typing import Any
 
 import numpy as np
-from mpmath import libmp
 
 from softmaxtheory._certify.adaptive import beta_sup
-from softmaxtheory._certify.enclosures import certified_text
-from softmaxtheory._certify.interval import decimal_of
+from softmaxtheory._certify.enclosures import certified_text, decimal_up, max_coefficient_up
 
 from ..spec import PaperPolynomial
 from . import load_npy, parse_float, plural
@@ -53,9 +51,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
             "and the entropy floor at each length, with and without the paper's adaptive "
             "temperature, and the length from which that temperature is 1. Give the spread, "
             "or a .npy of logits to measure it (-inf entries are masks). Every decimal shown "
-            "is correctly rounded to the digits shown, except sizes in scientific notation, "
-            "which are rounded in the direction that keeps their sentence true (a length "
-            "from which something holds upward, the bracket's lower end downward)."
+            "is correctly rounded to the digits shown, except where rounding in a direction "
+            "keeps a statement true: sizes in scientific notation (a length from which "
+            "something holds upward, the bracket's lower end downward), beta's bound (the "
+            "float at or above it) and the window (outward). The adaptive column, and the "
+            "JSON's adaptive_max_coefficient and adaptive_dispersion_size, are upper bounds: "
+            "where beta can exceed 1 the upper end of a proven bracket."
         ),
     )
     src = p.add_mutually_exclusive_group(required=True)
@@ -96,7 +97,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
             f"(default {DEFAULT_BUDGET:,}, about 2 s; 0: the closed form alone, at once)"
         ),
     )
-    p.add_argument("--json", action="store_true", help="print JSON (float64 values) instead")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help=(
+            "print JSON instead: float64 values, sizes as integers (as text in scientific "
+            "notation when they have more digits than --digits)"
+        ),
+    )
     p.add_argument("--plot", metavar="FILE", help="also write a PNG of the bounds against n")
     return p
 
@@ -185,22 +193,20 @@ def compute(
             "upper": b.upper
             if exact or b.upper < 10**digits
             else bounds.size_text(b.upper, digits, rounding="up"),
-            "witness": str(b.witness),
+            "witness": _witness_text(b.witness, digits, exact),
             "budget": budget,
         }
 
     def adaptive_top(n: int) -> tuple[float, str]:
-        # the closed form (T1 at the largest beta of the entropy range), or where it is
-        # loose (beta can exceed 1) the bracket's upper end, from the dominating rows
-        closed = bounds.adaptive_max_coefficient(n, spread)
+        # an upper bound, rounded upward (float and decimal): the closed form (T1 at the
+        # largest beta of the entropy range), or where it is loose (beta can exceed 1) the
+        # bracket's upper end, from the dominating rows
         adaptive_beta = beta_sup(n, spread, PaperPolynomial())
+        upper = max_coefficient_up(n, spread, adaptive_beta)
         bracketable = n >= 2 and 0.0 < spread * 2.5 <= bounds.MAX_EXPONENT
         if bracketable and adaptive_beta > 1.0:
-            upper = bounds.adaptive_max_coefficient_bracket(n, spread).upper
-            if upper < closed:
-                raw = libmp.from_float(upper)
-                return upper, str(decimal_of((raw, raw), digits))
-        return closed, certified_text(n, spread, adaptive_beta, "max", digits)
+            upper = min(upper, bounds.adaptive_max_coefficient_bracket(n, spread).upper)
+        return upper, decimal_up(upper, digits)
 
     rows = []
     for n in sizes:
@@ -232,6 +238,18 @@ def compute(
         "adaptive_window": [h_on, h_off],
         "rows": rows,
     }
+
+
+def _witness_text(witness: Any, digits: int, exact: bool) -> str:
+    """The witness row as its levels and counts, each count as the sizes are printed."""
+    parts = []
+    for level, count in zip(witness.levels, witness.counts, strict=True):
+        if count:
+            from ..bounds import size_text
+
+            text = _show(count) if exact or count < 10**digits else size_text(count, digits)
+            parts.append(f"{text} at {level!r}")
+    return ", ".join(parts)
 
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -323,7 +341,7 @@ def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
         )
     else:
         out.write("\n")
-    headers = ("n", "max coef", "max coef (adaptive)", "min coef", "entropy floor (nats)")
+    headers = ("n", "max coef", "adaptive, at most", "min coef", "entropy floor (nats)")
     widths = [max(8, len(str(doc["rows"][-1]["n"]))), 14, 20, 14, 20]
     out.write("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)) + "\n")
     for r in doc["rows"]:
