@@ -415,7 +415,11 @@ def beta_floor(schedule: Schedule) -> float | None:
 
 
 def _float_down(value: Fraction) -> float:
-    """A non-negative rational rounded down to a float (0.0 below the subnormals)."""
+    """A non-negative rational rounded down to a float (0.0 below the subnormals).
+
+    What ``_certify.interval.float_directed(value, -1)`` does, without importing
+    mpmath with the torch path (which keeps its import light).
+    """
     try:
         f = float(value)
     except OverflowError:

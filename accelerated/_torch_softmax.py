@@ -46,7 +46,7 @@ def adaptive_softmax_lastdim(
     """
     masked = x == -torch.inf
     n_eff = (~masked).sum(-1)
-    z, _ = shifted_logits(x, masked, log2_unit)
+    z, m = shifted_logits(x, masked, log2_unit)
     entropy = None
     if schedule.needs_entropy:
         e = torch.where(masked, torch.zeros_like(z), torch.exp(z))
@@ -74,7 +74,7 @@ def adaptive_softmax_lastdim(
     zb = z.to(beta.dtype) if wide else z
     y = torch.where(masked, torch.full_like(zb, -torch.inf), beta.unsqueeze(-1) * zb)
     if _beta_may_be_tiny(schedule, x.dtype):
-        y = _overflowed_shifts(x, z, masked, beta, log2_unit, y)
+        y = _overflowed_shifts(x, z, m, masked, beta, log2_unit, y)
     e2 = torch.exp(y)
     s2 = e2.sum(-1, keepdim=True)
     s2 = torch.where(s2 == 0, torch.ones_like(s2), s2)
@@ -100,6 +100,7 @@ def _beta_may_be_tiny(schedule: Schedule, dtype: torch.dtype) -> bool:
 def _overflowed_shifts(
     x: torch.Tensor,
     z: torch.Tensor,
+    m: torch.Tensor,
     masked: torch.Tensor,
     beta: torch.Tensor,
     log2_unit: int,
@@ -111,9 +112,10 @@ def _overflowed_shifts(
     :math:`\beta' x_j - \beta' m` (:math:`\beta' = \beta\,2^{\mathrm{log2\_unit}}`)
     is two terms of one sign: each rounded once, no cancellation. For β = 1e-310,
     ``[1e308, -1e308]`` has exponents 0 and -0.02; the clamped shift gave -0.018.
+    `m` is the rows' maxima from :func:`shifted_logits` (keepdim, ``-inf`` for a
+    fully masked row).
     """
     clamped = (z == -torch.finfo(z.dtype).max) & ~masked
-    m = torch.amax(x, dim=-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).to(beta.dtype)
     b = mul_pow2(beta, log2_unit).unsqueeze(-1)
     exact = b * x.to(beta.dtype) - b * m

@@ -482,11 +482,17 @@ class _Box3(NamedTuple):
     z1: Coordinate
 
 
+@lru_cache(maxsize=64)
+def _level_constants(ar: _Arith, y: Coordinate):
+    r"""``(e^-y, y e^-y)`` of the items at depth y (0 or δ: the same for every box)."""
+    e_y = _exp_neg(ar, y, y)
+    return e_y, ar.mul(ar.span(y), e_y)
+
+
 def _entropy3(ar: _Arith, box: _Box3, c, w, z):
     """H and its slopes in (c, w, z), enclosed."""
     e_c = ar.exp(ar.neg(c))
-    e_y = _exp_neg(ar, box.y, box.y)
-    y_e = ar.mul(ar.span(box.y), e_y)
+    e_y, y_e = _level_constants(ar, box.y)
     c_e = ar.mul(c, e_c)
     s = ar.at_least_one(ar.add(ar.add(ar.one, ar.mul(w, e_c)), ar.mul(z, e_y)))
     m = ar.add(ar.mul(w, c_e), ar.mul(z, y_e))
