@@ -453,9 +453,15 @@ def _raise_or_return(report: ErrorReport) -> ErrorReport:
 
 
 def _repro_call(repro: str | None, call: str) -> str:
+    """The snippet: imports, the caller's `repro` lines, then `call`.
+
+    An import line of `call` that `repro` already made is not repeated.
+    """
     head = "import numpy as np\nfrom softmaxtheory import reference\n"
     if repro:
         head += repro.rstrip() + "\n"
+        made = {ln for ln in head.splitlines() if ln.startswith(("import ", "from "))}
+        call = "\n".join(ln for ln in call.split("\n") if ln not in made)
     return head + call
 
 

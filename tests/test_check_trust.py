@@ -65,6 +65,15 @@ def exits_on_nan(x):  # fine until the special-value table's NaN row
     return softmax(x)
 
 
+_calls = [0]
+
+
+def sometimes_reversed(x):  # right, except that every fifth call reverses its rows
+    _calls[0] += 1
+    y = softmax(x)
+    return y[..., ::-1].copy() if _calls[0] % 5 == 0 else y
+
+
 def attention(q, k, v):  # takes no mask= and no is_causal=
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
     return (softmax(s) @ v).astype(q.dtype)
@@ -271,6 +280,50 @@ def test_in_process_run_still_fails_a_kernel_that_calls_exit(folder, monkeypatch
     code = cli.main(["check", "mykernels:calls_exit", "--in-process", "--only", "dtype_shape"])
     assert code == 1
     assert "SystemExit(0)" in capsys.readouterr().out
+
+
+def test_nondeterministic_kernel_fails_with_its_first_result(folder, monkeypatch, capsys):
+    # Hypothesis replays a counterexample; one that passes then raised FlakyFailure, which
+    # ended the property as a crash ("the process exited") or, in process, a traceback
+    monkeypatch.chdir(folder)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, "mykernels", raising=False)
+    code = cli.main(["check", "mykernels:sometimes_reversed", "--in-process", "--only", "values"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "FAIL  values" in out
+    assert "the kernel is not deterministic" in out
+    assert "softmax is outside the error model" in out and "repro:" in out
+    assert "Traceback" not in out and "exited" not in out
+
+
+@pytest.mark.parametrize(
+    ("returns", "says"),
+    [
+        (lambda y: y.tolist(), "the kernel returned list, not a numpy array"),
+        (lambda y: None, "the kernel returned None, not a numpy array"),
+    ],
+)
+def test_numpy_kernel_must_return_an_array(returns, says):
+    # a list passed as float64 (it has no dtype to keep), as torch's framework refuses it
+    def kernel(x):
+        return returns(_np_softmax(x))
+
+    res = conf.run_property("values", conf.Target(kernel, "k"))
+    assert res.status == "fail" and says in res.message, res.message
+
+
+def test_numpy_kernel_returning_a_tensor_is_named():
+    torch = pytest.importorskip("torch")
+    res = conf.run_property(
+        "dtype_shape", conf.Target(lambda x: torch.from_numpy(_np_softmax(x)), "k")
+    )
+    assert res.status == "fail" and "returned torch.Tensor, not a numpy array" in res.message
+
+
+def _np_softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 # -- section 2: find the kernel where the user is -----------------------------------------

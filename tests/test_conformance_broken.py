@@ -96,8 +96,15 @@ def test_a_kernel_that_refuses_float_masks_passes_with_a_note():
     res = conf.run_property("attention_masks", conf.Target(boolean_only, kind="attention"))
     assert res.status == "pass", res.message
     assert res.notes == ["float (additive) masks refused with TypeError"]
-    full = conf.run_property("attention_masks", conf.Target(bk.attention, kind="attention"))
+
+    def both(q, k, v, mask=None, is_causal=False):  # no schedule=: the same calls but two
+        return bk.attention(q, k, v, mask=mask, is_causal=is_causal)
+
+    full = conf.run_property("attention_masks", conf.Target(both, kind="attention"))
     assert full.status == "pass" and full.checks == res.checks + 2 and not full.notes
+    # a kernel that takes schedule= is also called with the suite's other schedules
+    sched = conf.run_property("attention_masks", conf.Target(bk.attention, kind="attention"))
+    assert sched.status == "pass" and sched.checks == full.checks + 4 and not sched.notes
 
 
 def _promised(snippet):

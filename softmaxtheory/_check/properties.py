@@ -19,7 +19,7 @@ from .._formats import FORMATS, ROWWISE_KINDS, Kind
 from ..spec import Constant, LogLength, Polynomial, Schedule
 from . import error_model as model
 from .memory import changed, snapshot
-from .report import row_literal
+from .report import row_literal, with_schedule
 from .runner import Failed, Run, Skip, run_given
 from .target import Target
 
@@ -31,6 +31,21 @@ def _rng_array(
 ) -> tuple[np.ndarray, str]:
     """Normal numbers of `shape` from generator `seed` in `dtype`, and their source text."""
     src = f"np.random.default_rng({seed}).normal(0.0, {scale}, {shape})"
+    return strat.cast(eval(src, {"np": np}), dtype), _src_cast(src, dtype)
+
+
+def _padded_array(
+    seed: int, n: int, scale: float, masked: str, dtype: str
+) -> tuple[np.ndarray, str]:
+    """:func:`_rng_array` of length `n` with ``-inf`` where `masked` (source text in ``i``) holds.
+
+    ``i`` is ``np.arange(n)``: ``"i < 3072"`` masks a run of 3072 leading items, as a
+    left-padded sequence has.
+    """
+    src = (
+        f"np.where((lambda i: {masked})(np.arange({n})), -np.inf, "
+        f"np.random.default_rng({seed}).normal(0.0, {scale}, {n}))"
+    )
     return strat.cast(eval(src, {"np": np}), dtype), _src_cast(src, dtype)
 
 
@@ -62,12 +77,23 @@ def _p_values(t: Target, run: Run) -> None:
 ODD_TAIL = 4099
 
 
+#: Runs of ``-inf`` in a row of :data:`ODD_TAIL` items (``i`` its positions): padding masks
+#: whole blocks, for every block size up to 2048. A blocked kernel that takes a block's
+#: maximum and rescales by ``exp(m_block - m)`` gets ``exp(-inf - (-inf))``, NaN, there
+#: unless it tests for it; random masks almost never fill a block.
+PADDINGS = (
+    ("i < 3072", "left padding: the first 3072 items masked"),
+    ("i >= 1000", "right padding: all but the first 1000 items masked"),
+    ("(i >= 1024) & (i < 3072)", "items 1024 to 3071 masked"),
+)
+
+
 def _p_long_rows(t: Target, run: Run) -> None:
     """Long rows (4096 to 16384 items): accumulation error against the bound.
 
     Lengths that are powers of two and lengths that are not (``4096 + 3``,
     ``16384 + 27``): a blocked kernel whose last, partial block is handled wrongly is
-    right on the first kind.
+    right on the first kind. Padded rows (:data:`PADDINGS`): whole blocks masked.
     """
     sizes = [(4096, 1.0), (4099, 4.0), (16384, 2.0), (16411, 1.0)]
     if t.thorough:
@@ -79,6 +105,9 @@ def _p_long_rows(t: Target, run: Run) -> None:
     x = strat.cast(strat.row_with_entropy(4.0, 8192, 3), t.dtype)
     src = _src_cast("softmaxtheory.strategies.row_with_entropy(4.0, 8192, 3)", t.dtype)
     run.compare(run.call(x), x, source=src, what="long row in the adaptive window, n = 8192")
+    for seed, (masked, label) in enumerate(PADDINGS, start=30):
+        x, src = _padded_array(seed, ODD_TAIL, 2.0, masked, t.dtype)
+        run.compare(run.call(x), x, source=src, what=f"padded row, n = {ODD_TAIL}, {label}")
 
 
 def _p_million_row(t: Target, run: Run) -> None:
@@ -333,16 +362,24 @@ def _p_temperature_cap(t: Target, run: Run) -> None:
     run_given(t, strategy, t.budget(40), body)
 
 
+#: The schedules passed as ``schedule=`` to a kernel that takes one.
+OTHER_SCHEDULES: tuple[Schedule, ...] = (
+    Constant("2"),
+    Constant("0.5"),
+    LogLength("0.5"),
+    Polynomial(("0.5", "1"), threshold="1"),  # beta jumps from 1 to 1.5 at H = 1
+)
+
+
 def _p_schedules(t: Target, run: Run) -> None:
-    """Other schedules passed as ``schedule=``: Constant, LogLength, a polynomial with a jump."""
+    r"""Other schedules passed as ``schedule=``: Constant, LogLength, a polynomial with a jump.
+
+    Rows with masked items too: ``LogLength`` counts the unmasked items (its
+    :math:`n_{\mathrm{eff}}`), and a kernel that passes the row's length is right
+    on rows without masks only.
+    """
     if not t.takes_schedule:
         raise Skip("the kernel takes no schedule= keyword")
-    schedules: list[Schedule] = [
-        Constant("2"),
-        Constant("0.5"),
-        LogLength("0.5"),
-        Polynomial(("0.5", "1"), threshold="1"),  # beta jumps from 1 to 1.5 at H = 1
-    ]
     rows, src = _branch_rows(t.dtype)
     hs = [0.3, 0.9, 1.5, 2.5]
     small = np.stack([strat.cast(strat.row_with_entropy(h, 16, 1), t.dtype) for h in hs])
@@ -350,10 +387,39 @@ def _p_schedules(t: Target, run: Run) -> None:
         f"np.stack([softmaxtheory.strategies.row_with_entropy(h, 16, 1) for h in {hs!r}])",
         t.dtype,
     )
-    for sched in schedules:
-        for x, xs in ((small, small_src), (rows, src)):
+    # 16 items, the odd ones masked: n_eff = 8
+    hm = [0.3, 0.9, 1.5, 2.0]
+    masked_src = (
+        "np.where(np.arange(16) % 2 == 0, np.repeat(np.stack([softmaxtheory.strategies."
+        f"row_with_entropy(h, 8, 1) for h in {hm!r}]), 2, axis=1), -np.inf)"
+    )
+    masked = strat.cast(eval(masked_src, {"np": np, "softmaxtheory": _softmaxtheory()}), t.dtype)
+    cases = ((small, small_src), (masked, _src_cast(masked_src, t.dtype)), (rows, src))
+    for sched in OTHER_SCHEDULES:
+        for x, xs in cases:
             out = run.call(x, schedule=sched)
             run.compare(out, x, schedule=sched, source=xs, what=f"schedule={sched!r}")
+
+
+def _softmaxtheory() -> Any:
+    import softmaxtheory
+
+    return softmaxtheory
+
+
+def _attention_schedules(
+    run: Run, inputs: dict[str, Any], what: str, source: dict[str, str]
+) -> None:
+    """`inputs` again with each of :data:`OTHER_SCHEDULES`, for a kernel that takes ``schedule=``.
+
+    With masks, ``LogLength`` counts each query's unmasked keys.
+    """
+    if not run.target.takes_schedule:
+        return
+    for sched in OTHER_SCHEDULES:
+        _attention_compare(
+            run, inputs, f"{what}, schedule={sched!r}", source=source, schedule=sched
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -400,13 +466,15 @@ def _attention_compare(
     what: str,
     views: dict[str, str] | None = None,
     source: dict[str, str] | None = None,
+    schedule: Schedule | None = None,
 ) -> None:
     """Call the kernel on `inputs` and check its output against the reference.
 
     ``inputs["scale"]`` is passed when present; `views` maps operands (``"q"``, ``"k"``,
     ``"v"``) to a label of :data:`VIEWS`, applied once they are in the framework (the
     repro applies them too); `source` maps operands to source text that rebuilds them
-    (for the repro of operands too large to write out).
+    (for the repro of operands too large to write out); `schedule`, when given, is
+    passed as ``schedule=`` (the target's own otherwise).
     """
     t = run.target
     q, k, v, mask, causal = (inputs[n] for n in ("q", "k", "v", "mask", "is_causal"))
@@ -415,7 +483,7 @@ def _attention_compare(
     try:
         out = t.call_attention(
             q, k, v, mask, causal, scale=scale,
-            views={n: _view(t, lb) for n, lb in views.items()},
+            views={n: _view(t, lb) for n, lb in views.items()}, schedule=schedule,
         )  # fmt: skip
     except Failed as exc:
         raise Failed(f"{what}: {exc}") from exc
@@ -426,7 +494,7 @@ def _attention_compare(
             + ("" if scale is None else f", scale {scale!r}")
             + ")"
         ) from exc
-    _attention_check(run, out, inputs, what, views, source)
+    _attention_check(run, out, inputs, what, views, source, schedule)
 
 
 def _attention_check(
@@ -436,11 +504,13 @@ def _attention_check(
     what: str,
     views: dict[str, str] | None = None,
     source: dict[str, str] | None = None,
+    schedule: Schedule | None = None,
 ) -> None:
     """Check the kernel's output `out` on `inputs` (see :func:`_attention_compare`)."""
     t = run.target
     q, k, v, mask, causal = (inputs[n] for n in ("q", "k", "v", "mask", "is_causal"))
     repro = t.attention_repro({n: _view_source(t, lb) for n, lb in (views or {}).items()})
+    repro = with_schedule(repro, schedule)
     if source and any("softmaxtheory.strategies" in text for text in source.values()):
         repro = "import softmaxtheory.strategies\n" + repro
     got, got_dtype = run.output(out, what)
@@ -449,7 +519,7 @@ def _attention_check(
     try:
         rep = tst.assert_attention_close(
             got, (q, k, v), mask=mask, is_causal=causal, scale=inputs.get("scale"),
-            schedule=t.schedule, entropy_eps=t.entropy_eps, dtype=t.dtype, repro=repro,
+            schedule=schedule or t.schedule, entropy_eps=t.entropy_eps, dtype=t.dtype, repro=repro,
             strict=t.strict, source=source,
         )  # fmt: skip
     except tst.KernelMismatch as exc:
@@ -500,6 +570,20 @@ def _p_attention_masks(t: Target, run: Run) -> None:
         inputs = {"q": q, "k": k, "v": v, "mask": mask, "is_causal": False}
         _attention_compare(run, inputs, f"masked, {label}", source=source)
     _additive_masks(run, {"q": q, "k": k, "v": v, "is_causal": False}, padding, source)
+    # key padding over whole key blocks: entry 0 keeps its last 100 of 300 keys (left
+    # padding), entry 1 its first 37 (right padding); see PADDINGS
+    (q, q_src), (k, k_src), (v, v_src) = (
+        _rng_array(seed, shape, 1.0, t.dtype)
+        for seed, shape in ((13, (2, 4, 8)), (14, (2, 300, 8)), (15, (2, 300, 3)))
+    )
+    keys = np.arange(300)[None, None, :]
+    blocks = np.concatenate([keys >= 200, keys < 37])  # (2, 1, 300)
+    source = {"q": q_src, "k": k_src, "v": v_src,
+              "mask": "np.concatenate([np.arange(300)[None, None, :] >= 200, "
+                      "np.arange(300)[None, None, :] < 37])"}  # fmt: skip
+    inputs = {"q": q, "k": k, "v": v, "mask": blocks, "is_causal": False}
+    _attention_compare(run, inputs, "masked, key padding over whole blocks of keys", source=source)
+    _attention_schedules(run, inputs, "masked, key padding", source)
 
 
 def _additive_masks(
@@ -547,6 +631,16 @@ def _p_attention_causal(t: Target, run: Run) -> None:
         lambda d: d["is_causal"]
     )
     run_given(t, strategy, t.budget(25), lambda inp: _attention_compare(run, inp, "causal"))
+    # 130 queries and keys: for the first queries, whole blocks of keys lie beyond the
+    # diagonal (masked), for every block size up to 64
+    (q, q_src), (k, k_src), (v, v_src) = (
+        _rng_array(seed, shape, 1.0, t.dtype)
+        for seed, shape in ((16, (1, 130, 8)), (17, (1, 130, 8)), (18, (1, 130, 3)))
+    )
+    inputs = {"q": q, "k": k, "v": v, "mask": None, "is_causal": True}
+    source = {"q": q_src, "k": k_src, "v": v_src}
+    _attention_compare(run, inputs, "causal, 130 queries and keys", source=source)
+    _attention_schedules(run, inputs, "causal, 130 queries and keys", source)
 
 
 def _p_attention_layouts(t: Target, run: Run) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from ..spec import Schedule
     from ..testing import ErrorReport, KernelMismatch
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "precision_hint",
     "row_literal",
     "with_hint",
+    "with_schedule",
 ]
 
 #: How the message of a property stopped from outside (timed out, process ended) begins.
@@ -129,3 +131,18 @@ def mismatch_text(exc: KernelMismatch, dtype: str) -> str:
     """
     text = "\n".join([*getattr(exc, "__notes__", ()), str(exc)])
     return with_hint(text, precision_hint(dtype, exc.report))
+
+
+def with_schedule(repro: str, schedule: Schedule | None) -> str:
+    """`repro` (lines defining ``kernel``) with ``kernel`` bound to ``schedule=schedule``.
+
+    Unchanged when `schedule` is None (the call passed none).
+    """
+    if schedule is None:
+        return repro
+    if "import functools" not in repro:
+        repro = "import functools\n" + repro
+    return (
+        f"import softmaxtheory.spec\n{repro}\n"
+        f"kernel = functools.partial(kernel, schedule=softmaxtheory.spec.{schedule!r})"
+    )

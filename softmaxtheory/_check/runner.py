@@ -27,13 +27,14 @@ from typing import Any
 import numpy as np
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import FlakyFailure
 from hypothesis.reporting import with_reporter
 
 from .. import testing as tst
 from .._certify.environment import FloatEnvironmentError, default_float_environment
 from ..spec import Schedule
 from .errors import Failed, Skip
-from .report import STOPPED, fmt_ulp, is_torch, mismatch_text, row_literal
+from .report import STOPPED, fmt_ulp, is_torch, mismatch_text, row_literal, with_schedule
 from .target import Target
 
 __all__ = [
@@ -113,6 +114,12 @@ class Run:
         t = self.target
         if t.framework == "torch" and not is_torch(out):
             raise Failed(f"the kernel returned {type(out).__name__}, not a torch tensor ({x_desc})")
+        if t.framework == "numpy" and not isinstance(out, (np.ndarray, np.generic)):
+            # a list or None has no dtype to keep; a tensor is another framework's result
+            raise Failed(
+                f"the kernel returned {_type_name(out)}, not a numpy array (framework numpy; "
+                f"{x_desc})"
+            )
         if t.framework == "torch" and out.device.type != t.device.split(":")[0]:
             raise Failed(
                 f"the kernel returned a tensor on {out.device} for input on {t.device} "
@@ -121,7 +128,7 @@ class Run:
         try:
             return tst.to_numpy(out, "output")
         except TypeError as exc:
-            raise Failed(f"the kernel's output has a bad dtype: {exc} ({x_desc})") from exc
+            raise Failed(f"the kernel's output cannot be checked: {exc} ({x_desc})") from exc
 
     def compare(
         self,
@@ -148,14 +155,7 @@ class Run:
                 f"{what}: the kernel returned dtype {got_dtype} for {t.dtype} input "
                 "(dtype not preserved)"
             )
-        repro = t.repro
-        if schedule is not None:
-            if "import functools" not in repro:
-                repro = "import functools\n" + repro
-            repro = (
-                f"import softmaxtheory.spec\n{repro}\n"
-                f"kernel = functools.partial(kernel, schedule=softmaxtheory.spec.{schedule!r})"
-            )
+        repro = with_schedule(t.repro, schedule)
         if source is not None and "softmaxtheory.strategies" in source:
             repro = "import softmaxtheory.strategies\n" + repro
         kw: dict[str, Any] = dict(dtype=t.dtype, repro=repro, source=source, strict=t.strict)
@@ -198,6 +198,15 @@ class Run:
     def result(self, name: str, status: str, message: str = "") -> PropertyResult:
         """The :class:`PropertyResult` of this run."""
         return PropertyResult(name, status, self.max_ulp, self.checks, message, list(self.notes))
+
+
+def _type_name(obj: Any) -> str:
+    """``None``, or the qualified type name of `obj` (``torch.Tensor``, ``list``)."""
+    if obj is None:
+        return "None"
+    cls = type(obj)
+    mod = cls.__module__.split(".")[0]
+    return cls.__name__ if mod == "builtins" else f"{mod}.{cls.__name__}"
 
 
 def run_check(name: str, check: Callable[[Target, Run], None], target: Target) -> PropertyResult:
@@ -274,10 +283,36 @@ def run_given(
     with with_reporter(lambda _msg: None), without_local_constants():
         try:
             prop()  # Hypothesis re-raises the (minimal) failure; anything else is a bug here
+        except FlakyFailure as exc:  # the failing example passed when Hypothesis replayed it
+            first = exc.exceptions[0] if exc.exceptions else exc
+            if last and last[0][0] is first:
+                _set_notes(first, last[0][1])
+            raise Failed(_flaky_text(first, target.dtype)) from exc
         except Exception as exc:
             if last and last[0][0] is exc:
                 _set_notes(exc, last[0][1])
             raise
+
+
+def _flaky_text(first: BaseException, dtype: str) -> str:
+    """The failure message of a property whose counterexample did not fail again.
+
+    The property's checks are deterministic functions of the example (the
+    exact value is the reference's), so a failure that does not repeat on the
+    same input is the kernel's: it returned different results for equal calls.
+    `first` is the failure as it was first seen.
+    """
+    if isinstance(first, tst.KernelMismatch):
+        detail = mismatch_text(first, dtype)
+    elif isinstance(first, Failed):
+        detail = str(first)
+    else:
+        detail = "".join(traceback.format_exception_only(first)).strip()
+    return (
+        "the kernel is not deterministic: called again on the same input, it returned a "
+        "different result (this failure did not repeat); a kernel must return the same "
+        f"result for the same input. The first call:\n{detail}"
+    )
 
 
 def _remembering_notes(

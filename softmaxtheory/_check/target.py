@@ -423,13 +423,15 @@ class Target:
         *,
         scale: float | None = None,
         views: dict[str, Any] | None = None,
+        schedule: Schedule | None = None,
     ) -> Any:
         """Call an attention kernel on numpy operands (converted to the framework).
 
-        `scale` is passed only when given; `views` maps ``"q"``, ``"k"`` or ``"v"`` to a
-        function applied to that operand once converted (a strided view, say).
+        `scale` and `schedule` are passed only when given; `views` maps ``"q"``, ``"k"``
+        or ``"v"`` to a function applied to that operand once converted (a strided view,
+        say).
         """
-        kw = self._kwargs(None)
+        kw = self._kwargs(schedule)
         originals = {"q": q, "k": k, "v": v}
         if mask is not None:
             originals["mask"] = np.asarray(mask)

@@ -70,17 +70,20 @@ def _beta(H, n_eff, schedule, dtype):
     return schedule.beta_float(H, n_eff).astype(dtype)
 
 
-def adaptive_softmax(x, *, schedule=None, entropy_eps=0.0):
+def adaptive_softmax(x, *, schedule=None, entropy_eps=0.0, _count_masked=False):
     """A correct adaptive softmax following the spec (max subtracted, then scaled)."""
     x = np.asarray(x)
     w = _work(x)
     schedule = resolve_schedule(schedule)
     H = _entropy(w, entropy_eps)
-    b = _beta(H, np.sum(w > -np.inf, axis=-1), schedule, w.dtype)
+    n_eff = np.full(w.shape[:-1], w.shape[-1]) if _count_masked else np.sum(w > -np.inf, axis=-1)
+    b = _beta(H, n_eff, schedule, w.dtype)
     with np.errstate(invalid="ignore"):
         m = np.max(w, axis=-1, keepdims=True, initial=-np.inf)
         z = w - np.where(m == -np.inf, 0, m)
-    return _softmax(b[..., None] * z).astype(x.dtype)
+        # masked items stay masked at beta = 0 (LogLength with one item left): 0 * -inf
+        bz = np.where(np.isneginf(z), -np.inf, b[..., None] * z)
+    return _softmax(bz).astype(x.dtype)
 
 
 def adaptive_softmax_listing(x):
@@ -106,13 +109,16 @@ def _apply_mask(logits, mask, is_causal):
     return logits
 
 
-def attention(q, k, v, mask=None, is_causal=False):
-    """A correct adaptive attention (paper schedule), numpy; masks boolean or additive."""
+def attention(q, k, v, mask=None, is_causal=False, schedule=None, _count_masked=False):
+    """A correct adaptive attention (the paper's schedule by default), numpy; masks boolean
+    or additive."""
     q, k, v = (np.asarray(a) for a in (q, k, v))
     dt = q.dtype
     q, k, v = _work(q), _work(k), _work(v)
     logits = (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(1 / np.sqrt(q.shape[-1]))
-    a = adaptive_softmax(_apply_mask(logits, mask, is_causal))
+    a = adaptive_softmax(
+        _apply_mask(logits, mask, is_causal), schedule=schedule, _count_masked=_count_masked
+    )
     return (a @ v).astype(dt)
 
 
@@ -564,6 +570,78 @@ def attention_tail_unscaled(q, k, v, mask=None, is_causal=False):
     return (probs.reshape(logits.shape) @ v).astype(dt)
 
 
+#: The block of the split kernels below.
+SPLIT_BLOCK = 64
+
+
+def _split_softmax(row):
+    """Softmax of a 1-d row from each block's (max, sum), merged by ``exp(m_block - m)``:
+    a fully masked block has ``m_block = -inf`` and gives ``exp(-inf - (-inf))``, NaN (the
+    defect). Rows of special values are left to the correct softmax."""
+    if not np.any(row > -np.inf) or np.any(np.isnan(row)) or np.any(np.isposinf(row)):
+        return _softmax(row)
+    starts = range(0, row.size, SPLIT_BLOCK)
+    maxima = [row[lo : lo + SPLIT_BLOCK].max() for lo in starts]
+    m = max(maxima)
+    with np.errstate(invalid="ignore"):
+        s = sum(np.sum(np.exp(row[lo : lo + SPLIT_BLOCK] - mb)) * np.exp(mb - m)
+                for lo, mb in zip(starts, maxima, strict=True))  # fmt: skip
+        return np.exp(row - m) / s
+
+
+def split_softmax_nan_on_masked_block(x):
+    """Defect: a split softmax over blocks of 64 items (each block's max and sum, then
+    merged) that gives NaN rows when a whole block is masked, as padding does."""
+    x = np.asarray(x)
+    w = _work(x)
+    flat = w.reshape(-1, w.shape[-1])
+    out = np.empty_like(flat)
+    for r, row in enumerate(flat):
+        out[r] = _split_softmax(row)
+    return out.reshape(x.shape).astype(x.dtype)
+
+
+def attention_nan_on_masked_key_block(q, k, v, mask=None, is_causal=False):
+    """Defect: an adaptive attention whose normaliser is split over key blocks of 64 the same
+    way: NaN rows where a whole block of keys is masked (key padding, causal rows)."""
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    dt = q.dtype
+    q, k, v = _work(q), _work(k), _work(v)
+    logits = (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(1 / np.sqrt(q.shape[-1]))
+    logits = _apply_mask(logits, mask, is_causal)
+    H = _entropy(logits)
+    b = _beta(H, np.sum(logits > -np.inf, axis=-1), resolve_schedule(None), logits.dtype)
+    with np.errstate(invalid="ignore"):
+        m = np.max(logits, axis=-1, keepdims=True, initial=-np.inf)
+        z = b[..., None] * (logits - np.where(m == -np.inf, 0, m))
+    flat = z.reshape(-1, z.shape[-1])
+    probs = np.stack([_split_softmax(row) for row in flat]) if flat.size else flat
+    return (probs.reshape(z.shape) @ v).astype(dt)
+
+
+def loglength_counting_masked(x, *, schedule=None):
+    """Defect: the schedule given the row's length, where LogLength's n_eff counts the
+    unmasked items (right on rows without masks)."""
+    return adaptive_softmax(x, schedule=schedule, _count_masked=True)
+
+
+def attention_loglength_counting_masked(q, k, v, mask=None, is_causal=False, schedule=None):
+    """Defect: the same in attention: LogLength given the number of keys, masked ones too."""
+    return attention(q, k, v, mask=mask, is_causal=is_causal, schedule=schedule,
+                     _count_masked=True)  # fmt: skip
+
+
+_CALLS = [0]
+
+
+def every_fifth_call_reversed(x):
+    """Defect: right, except that every fifth call returns its rows reversed (a result that
+    changes from call to call, as a race does)."""
+    _CALLS[0] += 1
+    y = softmax(x)
+    return y[..., ::-1].copy() if _CALLS[0] % 5 == 0 else y
+
+
 def softmax_in_place(x):
     """Defect: the softmax written into the input array, which is returned (values right)."""
     x = np.asarray(x)
@@ -693,6 +771,15 @@ CATALOGUE = {
         online_tail_unscaled, {"dtype": "float32"}, "long_rows"),
     "blocked attention losing the scale of its last, partial key block": (
         attention_tail_unscaled, {"kind": "attention"}, "attention_batch"),
+    "split softmax giving NaN on a fully masked block": (
+        split_softmax_nan_on_masked_block, {"dtype": "float32"}, "long_rows"),
+    "split attention giving NaN on a fully masked block of keys": (
+        attention_nan_on_masked_key_block, {"kind": "attention"}, "attention_masks"),
+    "LogLength given the row's length, masked items counted": (
+        loglength_counting_masked, _A, "schedules"),
+    "attention's LogLength given every key, masked ones counted": (
+        attention_loglength_counting_masked, {"kind": "attention"}, "attention_masks"),
+    "a result that changes from call to call": (every_fifth_call_reversed, {}, "values"),
     # kernels whose values are right but whose memory is not
     "result written into the input": (softmax_in_place, {"dtype": "float32"}, "values"),
     "output buffer reused between calls": (reused_output_buffer, {}, "fresh_results"),
