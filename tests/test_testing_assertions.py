@@ -541,3 +541,28 @@ def test_attention_check_allows_a_tie_broken_by_the_dot_products_error(got):
     assert_attention_close(np.array([[got]], dtype=np.float32), (q, k, v), schedule=Constant(1))
     with pytest.raises(KernelMismatch):  # outside every mix of the values
         assert_attention_close(np.array([[5.0]], dtype=np.float32), (q, k, v), schedule=Constant(1))
+
+
+@pytest.mark.parametrize("far", [-1e300, -1e308, -1.7e308])
+@pytest.mark.parametrize("kind", ["softmax", "adaptive_softmax"])
+def test_an_item_near_minus_1e308_leaves_the_others_bounds_alone(far, kind):
+    # beta |z| of the far item overflowed to inf and its weight was 0: 0 * inf made every
+    # item's bound NaN, read as 0, so a correct kernel 1 ulp off anywhere in the row failed
+    # (mode="bound": the a-priori bound alone, without the naive algorithm's baseline)
+    x = np.array([far, 1.4010897706987802, -0.8895349113655682, -2.1528116802016153, 0.0522])
+    exact = getattr(reference, kind)(x)
+    check = getattr(testing, f"assert_{kind}_close")
+    off = exact.copy()
+    off[3] = np.nextafter(off[3], 1.0)
+    assert check(off, x, mode="bound").max_ulp == 1.0
+    off[1] *= 1.001  # an error of 4.5e12 ulps is still one
+    with pytest.raises(testing.KernelMismatch, match="index \\(1,\\)"):
+        check(off, x, mode="bound")
+
+
+def test_an_item_near_minus_1e308_leaves_the_entropy_bound_alone():
+    x = np.array([-1e308, 1.4010897706987802, -0.8895349113655682, -2.1528116802016153])
+    exact = float(reference.entropy(x))
+    assert testing.assert_entropy_close(np.nextafter(exact, 2.0), x, mode="bound").max_ulp == 1
+    with pytest.raises(testing.KernelMismatch):
+        testing.assert_entropy_close(exact * 1.001, x, mode="bound")

@@ -173,20 +173,59 @@ def softmax_rel_error(
     where :math:`q = \operatorname{softmax}(\beta x)`.
     """
     b = np.asarray(beta, dtype=np.float64)[..., None]
-    a = 2.0 * b * np.abs(cond.z)
-    if scale_first:
-        a = a + 2.0 * b * (cond.absx + cond.absm[..., None])
-    q = _softmax_beta(cond, b)
-    mean_a = np.sum(q * a, axis=-1, keepdims=True)
-    sigma = summation_factor(cond.n_eff)[..., None]
     with np.errstate(over="ignore", invalid="ignore"):
+        a = 2.0 * b * np.abs(cond.z)
+        if scale_first:
+            a = a + 2.0 * b * (cond.absx + cond.absm[..., None])
+        q = _softmax_beta(cond, b)
+        mean_a = _weighted(q, a)
+        sigma = summation_factor(cond.n_eff)[..., None]
         d = u * a
-        shift = perturbed_logits_rel_error(cond, b, q, d, u * (a + mean_a))
+        # |x_j| <= |z_j| + |m|: d_j <= 4u (beta |z_j| + beta |m|) either way
+        top = _moved_logits(cond, b, d, 4.0 * u)
+        shift = perturbed_logits_rel_error(cond, b, q, d, u * (a + mean_a), top)
     return shift + u * (2.0 * C_EXP + sigma + 2.0)
 
 
+def _weighted(q: np.ndarray, v: np.ndarray) -> np.ndarray:
+    r""":math:`\sum_j q_j v_j` along the last axis (shape ``(..., 1)``), a term of weight 0 being 0.
+
+    A weight that underflows to 0 belongs to an item at least 745 nats below the row's
+    maximum, where :math:`q_j v_j \le s e^{-s}` with :math:`s \ge 745` is below every
+    float; its :math:`v_j` may be infinite there (a logit near :math:`-10^{308}` makes
+    :math:`\beta|z_j|` overflow), and :math:`0 \cdot \infty` must not make the sum NaN.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.sum(np.where(q > 0, q * v, 0.0), axis=-1, keepdims=True)
+
+
+def _moved_logits(
+    cond: RowConditioning, b: np.ndarray, d: np.ndarray, c: float, eta: float = 0.0
+) -> np.ndarray:
+    r"""An upper bound on each moved logit :math:`\beta z_j + d_j`, finite where it can be.
+
+    Where the sum overflows (:math:`\beta|z_j|` beyond the float range, so
+    :math:`d_j = \infty`), the callers' form of the perturbation, :math:`d_j \le
+    c(\beta|z_j| + \beta|m|) + \eta` (:math:`z_j \le 0`), gives :math:`\beta z_j + d_j
+    \le -\beta|z_j|(1 - c) + c\beta|m| + \eta`: :math:`-\infty` for such an item
+    when :math:`\beta|m|` is finite, :math:`+\infty` (nothing known) otherwise.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        top = b * cond.z + d
+        s = b * np.abs(cond.z)
+        bm = b * cond.absm[..., None]
+        safe = -s * (1.0 - c) + (c * bm + eta)
+        top = np.where(np.isfinite(top), top, safe)
+    return np.where(np.isnan(top), np.inf, top)
+
+
 def perturbed_logits_rel_error(
-    cond: RowConditioning, b: np.ndarray, q: np.ndarray, d: np.ndarray, first: np.ndarray
+    cond: RowConditioning,
+    b: np.ndarray,
+    q: np.ndarray,
+    d: np.ndarray,
+    first: np.ndarray,
+    top: np.ndarray | None = None,
 ) -> np.ndarray:
     r"""Bound on :math:`|\Delta \log y_i|` when each logit :math:`w_j` moves by at most :math:`d_j`.
 
@@ -209,12 +248,16 @@ def perturbed_logits_rel_error(
     :math:`\sum_{j \ne i}` is formed in the log domain, excluding the row's
     largest term (a sum of the others, no cancellation) and bounded by the full
     sum for the other items; a non-finite intermediate gives
-    :math:`T = \infty` (the first-order bound).
+    :math:`T = \infty` (the first-order bound). `top`, when given, is an upper
+    bound on :math:`\beta z_j + d_j` that stays finite where that sum overflows
+    (:func:`_moved_logits`).
     """
     live = cond.live & cond.regular[..., None]
     with np.errstate(all="ignore"):
+        if top is None:
+            top = b * cond.z + d
         # log q_j from the logits: q_j may underflow where q_j e^{d_j} does not
-        g = np.where(live, b * cond.z - _log_sum(cond, b) + d, -np.inf)
+        g = np.where(live, top - _log_sum(cond, b), -np.inf)
         m = np.max(g, axis=-1, keepdims=True, initial=-np.inf)
         t = np.where(live, np.exp(g - m), 0.0)
         is_top = np.zeros(g.shape, dtype=bool)
@@ -262,7 +305,7 @@ def entropy_abs_error(cond: RowConditioning, u: float, entropy_eps: float = 0.0)
     r = softmax_rel_error(cond, np.ones(cond.H.shape), 1.0, scale_first=False)
     with np.errstate(divide="ignore"):
         lg = np.abs(np.log(np.where(cond.p + entropy_eps > 0, cond.p + entropy_eps, 1.0)))
-    first = np.sum(cond.p * r * (1.0 + lg), axis=-1)
+    first = _weighted(cond.p, r * (1.0 + lg))[..., 0]
     sigma = summation_factor(cond.n_eff)
     return u * (first + (sigma + C_EXP + 2.0) * (1.0 + np.abs(cond.H)))
 
@@ -334,8 +377,9 @@ def adaptive_rel_error(
     """
     r = softmax_rel_error(cond, beta, u, scale_first=True)
     q = _softmax_beta(cond, np.asarray(beta)[..., None])
-    zbar = np.sum(q * cond.z, axis=-1, keepdims=True)
-    return r + np.abs(cond.z - zbar) * np.asarray(dbeta)[..., None]
+    zbar = _weighted(q, cond.z)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return r + np.abs(cond.z - zbar) * np.asarray(dbeta)[..., None]
 
 
 def logit_rounding_rel_error(
@@ -376,16 +420,19 @@ def logit_rounding_rel_error(
     """
     b = np.asarray(beta, dtype=np.float64)[..., None]
     q = _softmax_beta(cond, b)
-    wz = b * np.abs(cond.z)
-    shifted = wz + np.sum(q * wz, axis=-1, keepdims=True)
-    wx = b * cond.absx
-    unshifted = wx + np.sum(q * wx, axis=-1, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        wz = b * np.abs(cond.z)
+        shifted = wz + _weighted(q, wz)
+        wx = b * cond.absx
+        unshifted = wx + _weighted(q, wx)
     scaled = ((np.asarray(beta) != 1.0) | (np.asarray(dbeta) > 0))[..., None]
     worst = np.where(scaled, np.maximum(shifted, unshifted), shifted)
     eta = math.ldexp(1.0, fmt.qmin - 1)
     with np.errstate(over="ignore", invalid="ignore"):
         d = fmt.u * np.where(scaled, np.maximum(wz, wx), wz) + eta
-        rel = perturbed_logits_rel_error(cond, b, q, d, fmt.u * worst + 2.0 * eta)
+        # |x_j| <= |z_j| + |m|: d_j <= u (beta |z_j| + beta |m|) + eta
+        top = _moved_logits(cond, b, d, fmt.u, eta)
+        rel = perturbed_logits_rel_error(cond, b, q, d, fmt.u * worst + 2.0 * eta, top)
     return np.where(cond.live, rel, 0.0)
 
 
@@ -402,10 +449,12 @@ def logit_rounding_entropy_error(cond: RowConditioning, fmt: Format) -> np.ndarr
 
     (The unshifted logits are the input itself, exact in `fmt`.)
     """
-    zbar = np.sum(cond.p * cond.z, axis=-1, keepdims=True)
+    zbar = _weighted(cond.p, cond.z)
     eta = math.ldexp(1.0, fmt.qmin - 1)
-    dz = fmt.u * np.abs(cond.z) + eta
-    return np.sum(np.where(cond.live, cond.p * np.abs(cond.z - zbar) * dz, 0.0), axis=-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        dz = fmt.u * np.abs(cond.z) + eta
+        terms = np.abs(cond.z - zbar) * dz
+    return _weighted(np.where(cond.live, cond.p, 0.0), terms)[..., 0]
 
 
 def attention_bound(
@@ -436,9 +485,9 @@ def attention_bound(
     cond = row_conditioning(logits, entropy_eps)
     ex = np.where(cond.live, logit_err, 0.0)
     emax = np.max(ex, axis=-1, initial=0.0)
-    dH = entropy_abs_error(cond, ui, entropy_eps) + np.sum(
-        cond.p * np.abs(cond.z - np.sum(cond.p * cond.z, -1, keepdims=True)) * 2 * ex, -1
-    )
+    with np.errstate(over="ignore", invalid="ignore"):
+        spread = np.abs(cond.z - _weighted(cond.p, cond.z)) * 2 * ex
+    dH = entropy_abs_error(cond, ui, entropy_eps) + _weighted(cond.p, spread)[..., 0]
     beta, dbeta = beta_error(schedule, cond, dH, ui)
     r = adaptive_rel_error(cond, beta, dbeta, ui)
     r = SLACK * (r + 2.0 * beta[..., None] * (ex + emax[..., None]) + fmt.u)
