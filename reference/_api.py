@@ -207,7 +207,7 @@ def _attempt(
             return None
         result["softmax"] = values
     if wants_beta:
-        b = eng.beta_ball(schedule, H, row.n_eff, p)
+        b = eng.beta_ball(schedule, H, row.n_eff, p, entropy_eps)
         if "beta" in want:
             bv = accept(b.mid, b.rel, b.extra_log2)
             if bv is None:

@@ -72,7 +72,9 @@ def _entropy(ctx: MPIntervalContext, z: list, counts: list[int], entropy_eps: fl
     return h
 
 
-def _beta(ctx: MPIntervalContext, schedule: Schedule, h: Any, n_eff: int) -> Any | None:
+def _beta(
+    ctx: MPIntervalContext, schedule: Schedule, h: Any, n_eff: int, entropy_eps: float
+) -> Any | None:
     """β as an interval; None where a jump of the schedule cannot be decided (or unknown)."""
     if isinstance(schedule, Constant):
         return _rational(ctx, schedule.exact_beta)
@@ -87,7 +89,7 @@ def _beta(ctx: MPIntervalContext, schedule: Schedule, h: Any, n_eff: int) -> Any
     if mpf_cmp(hi, t_lo) <= 0 and (mpf_cmp(hi, t_lo) < 0 or t_lo == t_hi):
         return ctx.mpf(1)  # H <= theta
     straddles = mpf_cmp(lo, t_hi) <= 0
-    if straddles and schedule.jumps_at_threshold:
+    if straddles and schedule.jumps_for(entropy_eps):
         return None
     poly = ctx.mpf(0)
     for c in schedule.exact_coefficients:
@@ -145,7 +147,7 @@ def interval_outputs(
     ctx.prec = p
     zi = [_point(ctx, zg) for zg in z]
     h = _entropy(ctx, zi, counts, entropy_eps) if schedule.needs_entropy else None
-    beta = _beta(ctx, schedule, h, n_eff)
+    beta = _beta(ctx, schedule, h, n_eff, entropy_eps)
     if beta is None:
         return None
     w = [ctx.exp(beta * zg) for zg in zi]

@@ -487,8 +487,13 @@ def _rational_mpf(value: object, p: int) -> tuple[tuple, float]:
     return from_rational(num, den, p, RN), math.ldexp(1.0, -p)
 
 
-def beta_ball(schedule: Schedule, H: Ball | None, n_eff: int, p: int) -> Ball:
+def beta_ball(
+    schedule: Schedule, H: Ball | None, n_eff: int, p: int, entropy_eps: float = 0.0
+) -> Ball:
     """Inverse temperature of a regular row, with its relative error bound.
+
+    `entropy_eps` is the mode `H` was computed in: a guarded entropy may be negative,
+    so a threshold at or below 0 may be a jump (:meth:`~softmaxtheory.spec.Polynomial.jumps_for`).
 
     Raises
     ------
@@ -509,11 +514,13 @@ def beta_ball(schedule: Schedule, H: Ball | None, n_eff: int, p: int) -> Ball:
     if isinstance(schedule, Polynomial):
         if H is None:
             raise ValueError("an entropy schedule needs the entropy")
-        return _polynomial_beta(schedule, H, p, u)
+        return _polynomial_beta(schedule, H, p, u, entropy_eps)
     raise TypeError(f"the reference does not know the schedule {schedule!r}")
 
 
-def _polynomial_beta(schedule: Polynomial, H: Ball, p: int, u: float) -> Ball:
+def _polynomial_beta(
+    schedule: Polynomial, H: Ball, p: int, u: float, entropy_eps: float = 0.0
+) -> Ball:
     Hf = to_float(H.mid)
     EH = H.abs_bound()
     theta = schedule.exact_threshold
@@ -537,7 +544,7 @@ def _polynomial_beta(schedule: Polynomial, H: Ball, p: int, u: float) -> Ball:
     # decide max(P, 1) with exact comparisons of the bounds P -/+ EP against 1
     above = mpf_cmp(mpf_sub(acc, EPm, p + 10, round_floor), fone) >= 0
     below = mpf_cmp(mpf_add(acc, EPm, p + 10, round_ceiling), fone) <= 0
-    if straddles and schedule.jumps_at_threshold:
+    if straddles and schedule.jumps_for(entropy_eps):
         # the entropy straddles the threshold of a schedule that jumps there
         raise Undecided("entropy too close to the threshold of a schedule with a jump")
     # past the threshold, or straddling it where the rule is continuous (P(theta) <= 1):

@@ -970,7 +970,7 @@ def _evaluate(
         assert ps1 is not None
         res = _coefficients(row, ps1, None)
         return None if res is None else res[0]
-    b = eng.beta_ball(schedule, H, row.index.size, P_SCALAR)
+    b = eng.beta_ball(schedule, H, row.index.size, P_SCALAR, entropy_eps)
     if want == "beta":
         return round_ball(b.mid, b.rel, fmt, b.extra_log2)
     if b.extra_log2 is not None or mpmath.libmp.mpf_sign(b.mid) <= 0:

@@ -183,7 +183,7 @@ def _certify_row(
             if schedule.needs_entropy:
                 ep1 = eng.exp_pass(row, None, p, C, want_t=True)
                 H = eng.entropy_ball(ep1, p, entropy_eps)
-            b = eng.beta_ball(schedule, H, row.n_eff, p)
+            b = eng.beta_ball(schedule, H, row.n_eff, p, entropy_eps)
         except eng.Undecided:
             keep_all = True  # see evaluate_row: negligible mass may decide a jump
             return None

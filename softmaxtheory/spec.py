@@ -227,9 +227,37 @@ class Polynomial(Schedule):
         negative, and it is 0 only for rows with one unmasked item, whose
         softmax is 1 whatever β is; every other row has :math:`H > 0 \ge \theta`
         and gets :math:`\max(P(H), 1)`, a continuous function of the logits.
+        This is the exact entropy's answer; see :meth:`jumps_for` for a guarded one.
+        """
+        return self.jumps_for(0.0)
+
+    def jumps_for(self, entropy_eps: float) -> bool:
+        r"""Whether β can jump at the threshold for entropies of mode `entropy_eps`.
+
+        A guarded entropy :math:`H_\varepsilon = -\sum_i p_i \log(p_i + \varepsilon)`
+        can be negative: it is at least :math:`-\log(1 + \varepsilon) >
+        -\varepsilon` (each :math:`p_i + \varepsilon \le 1 + \varepsilon`), and a
+        row of one item attains it. So with :math:`\varepsilon > 0` a threshold
+        :math:`\theta \in (-\varepsilon, 0]` can separate two rows' entropies,
+        and β jumps there when :math:`P(\theta) > 1`; only :math:`\theta \le
+        -\varepsilon` lies below every guarded entropy. With
+        :math:`\varepsilon = 0` this is :attr:`jumps_at_threshold`.
+
+        Parameters
+        ----------
+        entropy_eps : float
+            The entropy mode (``0.0``: exact).
+
+        Examples
+        --------
+        >>> from softmaxtheory.spec import Polynomial
+        >>> jump = Polynomial(("3",), threshold="-0.25")
+        >>> jump.jumps_at_threshold, jump.jumps_for(1.0)
+        (False, True)
         """
         theta = self.exact_threshold
-        return theta > 0 and self.polynomial_exact(theta) > 1
+        floor = -Fraction(float(entropy_eps)) if entropy_eps else Fraction(0)
+        return theta > floor and self.polynomial_exact(theta) > 1
 
     def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
         h = np.asarray(entropy, dtype=np.float64)

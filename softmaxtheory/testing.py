@@ -726,7 +726,7 @@ def _check_adaptive(
     ui = fmt.internal.u
     dH = model.entropy_abs_error(cond, ui, entropy_eps)
     beta, dbeta = model.beta_error(schedule, cond, dH, ui)
-    jump = model.near_jump(schedule, cond.H, dH) & cond.regular
+    jump = model.near_jump(schedule, cond.H, dH, entropy_eps) & cond.regular
     ref = np.zeros(x.shape)
     try:
         ref[...] = _reference_rows(

@@ -209,3 +209,35 @@ def test_guard_that_cancels_the_maxima(row):
         assert reference.entropy(row, entropy_eps=0.5, dtype=dtype) == 0.0  # was PrecisionError
     with contextlib.suppress(PrecisionError):
         assert reference.entropy(row, entropy_eps=0.5) == round_to(exact, np.float64)
+
+
+def _guarded_two_item_entropy() -> mpmath.mpf:
+    with mpmath.workprec(400):
+        e = [mpmath.mpf(1), mpmath.exp(-1)]
+        p = [ei / sum(e) for ei in e]
+        return -sum(pi * mpmath.log(pi + 1) for pi in p)  # eps = 1: -0.4652...
+
+
+@pytest.mark.parametrize(("side", "beta"), [(1, 1.0), (-1, 3.0)])
+def test_a_jump_below_zero_is_decided_for_a_guarded_entropy(side, beta):
+    # with eps = 1 the row [0, -1] has H = -0.465...; theta 1e-60 above it (H <= theta: beta 1)
+    # or below it (beta = P = 3). Read as continuous, beta was 3 on both sides
+    from softmaxtheory.reference.streaming import StreamState
+
+    h = _guarded_two_item_entropy()
+    with mpmath.workprec(400):
+        theta = mpmath.nstr(h + side * mpmath.mpf(10) ** -60, 80)
+    sched = Polynomial(("3",), threshold=theta)
+    x = np.array([0.0, -1.0])
+    want = reference.softmax(beta * x)
+    assert float(reference.beta(x, schedule=sched, entropy_eps=1.0)) == beta
+    np.testing.assert_array_equal(
+        reference.adaptive_softmax(x, schedule=sched, entropy_eps=1.0), want
+    )
+    state = StreamState.from_logits(x[:1]) + StreamState.from_logits(x[1:])
+    assert state.beta(schedule=sched, entropy_eps=1.0) == beta
+    out = reference.adaptive_attention(
+        np.array([[1.0]]), np.array([[0.0], [-1.0]]), np.array([[1.0], [0.0]]),
+        scale=1.0, schedule=sched, entropy_eps=1.0,
+    )  # fmt: skip
+    assert out[0, 0] == want[0]

@@ -131,3 +131,12 @@ def test_classify_rows():
         RowKind.REGULAR,
     ]
     assert classify_rows(np.zeros((3, 0))).tolist() == [RowKind.EMPTY] * 3
+
+
+def test_a_threshold_at_or_below_zero_jumps_for_a_guarded_entropy():
+    # -sum p log(p + eps) >= -log(1 + eps) > -eps can be negative: theta in (-eps, 0] splits rows
+    jump = Polynomial(("3",), threshold="-0.25")
+    assert not jump.jumps_at_threshold and not jump.jumps_for(0.0)
+    assert jump.jumps_for(1.0) and not jump.jumps_for(0.25) and not jump.jumps_for(0.1)
+    assert Polynomial(("3",), threshold="0").jumps_for(1e-9)
+    assert not Polynomial(("1",), threshold="-0.25").jumps_for(1.0)  # P(theta) = 1: continuous

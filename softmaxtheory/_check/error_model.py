@@ -134,6 +134,7 @@ class RowConditioning:
     n_eff: np.ndarray  #: unmasked items per row
     live: np.ndarray  #: False at masked items
     regular: np.ndarray  #: row is regular (finite, at least one unmasked item)
+    entropy_eps: float = 0.0  #: the mode of `H` (a guarded entropy may be negative)
 
 
 def row_conditioning(x: np.ndarray, entropy_eps: float = 0.0) -> RowConditioning:
@@ -157,7 +158,7 @@ def row_conditioning(x: np.ndarray, entropy_eps: float = 0.0) -> RowConditioning
         else:
             terms = np.where(p > 0, -p * np.log(np.where(p > 0, p, 1.0)), 0.0)
     H = np.where(regular, np.sum(terms, axis=-1), 0.0)
-    return RowConditioning(z, np.abs(xs), np.abs(m), p, H, n_eff, live, regular)
+    return RowConditioning(z, np.abs(xs), np.abs(m), p, H, n_eff, live, regular, entropy_eps)
 
 
 def softmax_rel_error(
@@ -343,7 +344,8 @@ def beta_error(
             return np.maximum(np.polyval(coeffs, h), 1.0)
 
     hi = smooth(H + 2.0 * dH)
-    lo = smooth(np.maximum(H - 2.0 * dH, 0.0))
+    # no entropy lies below 0, nor a guarded one below -log(1 + eps) > -eps
+    lo = smooth(np.maximum(H - 2.0 * dH, -cond.entropy_eps))
     mid = smooth(H)
     prop = np.maximum(np.abs(hi - mid), np.abs(lo - mid))
     above = H + 2.0 * dH > theta
@@ -356,9 +358,11 @@ def beta_error(
     return beta, prop + evaluation
 
 
-def near_jump(schedule: Schedule, H: np.ndarray, dH: np.ndarray) -> np.ndarray:
-    """Rows whose entropy lies within its error bound of a jump of the schedule."""
-    if not isinstance(schedule, Polynomial) or not schedule.jumps_at_threshold:
+def near_jump(
+    schedule: Schedule, H: np.ndarray, dH: np.ndarray, entropy_eps: float = 0.0
+) -> np.ndarray:
+    """Rows whose entropy (of mode `entropy_eps`) lies within its error bound of a jump."""
+    if not isinstance(schedule, Polynomial) or not schedule.jumps_for(entropy_eps):
         return np.zeros(np.shape(H), dtype=bool)
     theta = float(schedule.exact_threshold)
     return np.abs(H - theta) <= 2.0 * dH + 4.0 * np.spacing(theta)
