@@ -300,3 +300,17 @@ def test_a_key_too_far_for_any_precision_still_decides_a_tied_midpoint(gap, ulps
         assert adaptive_attention(q, k, v, scale=1.0, schedule=Constant(1))[0, 0] == want
     two = adaptive_attention(q, np.array([[gap], [gap]]), np.array([[a], [b]]), scale=1.0)
     assert two[0, 0] == even
+
+
+@pytest.mark.parametrize("far", [1e19, 1e308])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_a_key_beyond_1e18_nats_below_rounds_instead_of_overflowing(far, dtype):
+    # column 1 (about 5e-324) is undecided in float bounds, so the row went to the interval
+    # path, where column 0's end e**-far was shifted by its exponent: MemoryError at 1e19,
+    # OverflowError ("too many digits in integer") at 1e308
+    q, k = np.array([[1.0]]), np.array([[-far], [0.0]])
+    v = np.array([[1.0, 1.0], [0.0, 5e-324]])
+    out = adaptive_attention(q, k, v, scale=1.0, schedule=Constant(1), dtype=dtype)
+    assert out.dtype == dtype and out.tolist() == [[0.0, 0.0]]
+    wide = adaptive_attention(q, k, v, scale=1.0, schedule=Constant(1))
+    assert wide.tolist() == [[0.0, 5e-324]]

@@ -60,6 +60,21 @@ def test_round_exact_narrow_formats_match_independent(fmt, man, exp):
     assert float(fmt.dtype.type(got)) == got  # representable in the format
 
 
+@pytest.mark.parametrize("fmt", [F64, F32, F16])
+def test_round_exact_far_outside_the_format_is_immediate(fmt):
+    # an interval end of e**-1e308 has an exponent near -1.4e308: the shift by it raised
+    # OverflowError ("too many digits") or MemoryError in adaptive_attention
+    big = 10**20
+    assert math.copysign(1.0, round_exact(1, 2**70 + 1, -big, fmt)) == -1.0
+    assert round_exact(0, 2**70 + 1, -big, fmt) == 0.0
+    assert round_exact(0, 3, big, fmt) == math.inf and round_exact(1, 3, big, fmt) == -math.inf
+    # the cut-offs themselves: below half the least subnormal, and 2**(emax + 2)
+    assert round_exact(0, 2**40 - 1, fmt.qmin - 41, fmt) == 0.0
+    assert round_exact(0, 1, fmt.qmin - 1, fmt) == 0.0  # exactly half: ties to even
+    assert round_exact(0, 3, fmt.qmin - 2, fmt) == math.ldexp(1.0, fmt.qmin)
+    assert round_exact(0, 1, fmt.emax + 1, fmt) == math.inf
+
+
 def test_round_exact_zero_keeps_sign():
     assert math.copysign(1.0, round_exact(1, 0, 0, F64)) == -1.0
     assert round_exact(0, 0, 5, F32) == 0.0

@@ -48,6 +48,12 @@ def round_exact(sign: int, man: int, exp: int, fmt: BinaryFormat) -> float:
     if man == 0:
         return -0.0 if sign else 0.0
     top = exp + man.bit_length()  # 2**(top-1) <= value < 2**top
+    # far outside the format, decided without shifting by the exponent (an end of
+    # e**-1e308 has an exponent of -1.4e308: 1 << shift would not fit in memory)
+    if top < fmt.qmin:  # below half the smallest subnormal, 2**(qmin - 1)
+        return -0.0 if sign else 0.0
+    if top > fmt.emax + 2:  # at least 2**(emax + 1), beyond the largest finite value
+        return -math.inf if sign else math.inf
     q = max(top - fmt.precision, fmt.qmin)
     shift = q - exp
     if shift <= 0:
