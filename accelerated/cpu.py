@@ -170,7 +170,7 @@ def _check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, name: str = "o
         raise TypeError(f"{name} must be a numpy array, got {type(out).__name__}")
     if out.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
-    if out.dtype != dtype:
+    if out.dtype.newbyteorder("=") != np.dtype(dtype).newbyteorder("="):  # any byte order
         raise TypeError(f"{name} must have dtype {dtype}, got {out.dtype}")
     if not out.flags.writeable:
         raise ValueError(f"{name} must be writeable, got a read-only array")
@@ -1100,16 +1100,22 @@ class StreamingSoftmax:
         """
         arr = self._chunk(chunk)
         b = self.beta()
+        tempered = self.needs_tempered_pass
+        # every check before any change: a refused chunk leaves the state as it was
+        self._check_fed(arr)
+        fed = (self._tb_count if tempered else self._tempered_fed) + arr.size
+        if fed > self._count:
+            raise ValueError(
+                f"update_tempered() was fed {fed} items, more than the {self._count} fed to "
+                "update(): feed each chunk of the row once"
+            )
+        digest = (self._tb_digest + _digest(arr)) & _MASK64 if tempered else self._tb_digest
+        if tempered:
+            self._check_passes_agree(fed, digest)
         self._in_pass2 = True  # pass 1 is closed from here on
         self._tempered_fed += arr.size
-        if not self.needs_tempered_pass:
+        if not tempered:
             return self
-        if self._tb_count + arr.size > self._count:
-            raise ValueError(
-                f"update_tempered() was fed {self._tb_count + arr.size} items, more than the "
-                f"{self._count} fed to update(): feed each chunk of the row once"
-            )
-        self._check_fed(arr)
         nchunk = max(1, -(-arr.size // CHUNK))
         cb = np.zeros(nchunk, dtype=np.int64)
         rb = np.zeros(nchunk)
@@ -1117,9 +1123,8 @@ class StreamingSoftmax:
             _k.chunks_tempered(arr, CHUNK, self.dtype.type(self._m), b, arr, False, cb, rb)
         self._tb_c += int(cb.sum())
         self._tb_r += float(_k.fold_sum(rb))
-        self._tb_count += arr.size
-        self._tb_digest = (self._tb_digest + _digest(arr)) & _MASK64
-        self._check_passes_agree()
+        self._tb_count = fed
+        self._tb_digest = digest
         return self
 
     def _check_fed(self, arr: np.ndarray) -> None:
@@ -1138,8 +1143,14 @@ class StreamingSoftmax:
                 f"fed to update(): it was never fed to this state"
             )
 
-    def _check_passes_agree(self) -> None:
-        if self._tb_count == self._count and self._tb_digest != self._digest:
+    def _check_passes_agree(self, count: int | None = None, digest: int | None = None) -> None:
+        """Refuse a tempered pass of as many items as pass 1 but other values.
+
+        `count` and `digest` are the tempered pass's (its current ones by default).
+        """
+        count = self._tb_count if count is None else count
+        digest = self._tb_digest if digest is None else digest
+        if count == self._count and digest != self._digest:
             raise ValueError(
                 "the chunks fed to update_tempered() are not those fed to update() (same "
                 f"number of items, {self._count}, different values): feed every chunk of "
@@ -1166,6 +1177,9 @@ class StreamingSoftmax:
             _check_out(out, arr.shape, self.dtype)
             if not out.flags.c_contiguous:
                 raise ValueError("out must be C-contiguous")
+            if not out.dtype.isnative:  # the kernels write the machine's byte order
+                out[...] = self.normalize(arr)
+                return out
         self._check_fed(arr)
         if self._bad:
             out[...] = np.nan

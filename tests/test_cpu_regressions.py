@@ -6,6 +6,7 @@ O(L·S) allocation.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -212,8 +213,37 @@ def test_tempered_pass_over_other_chunks_is_refused() -> None:
     state.update_tempered(AUDIT_ROW[:3])
     with pytest.raises(ValueError, match="not those fed to update"):
         state.update_tempered(AUDIT_ROW[:3])
-    with pytest.raises(ValueError, match="not those fed to update"):
+    # refused before any change (the refused items counted as fed, and a merge of correct
+    # worker copies was refused): the pass goes on with the right items
+    with pytest.raises(RuntimeError, match="tempered"):
         state.normalize(AUDIT_ROW)
+    state.update_tempered(AUDIT_ROW[3:])
+    np.testing.assert_allclose(state.normalize(AUDIT_ROW), cpu.adaptive_softmax(AUDIT_ROW))
+
+
+def test_a_refused_chunk_leaves_worker_copies_mergeable() -> None:
+    x = np.r_[np.linspace(-3, 3, 10), [4.0, 4.0]]  # beta != 1
+    merged = cpu.StreamingSoftmax().update(x[:6]) + cpu.StreamingSoftmax().update(x[6:])
+    w0, w1 = copy.deepcopy(merged), copy.deepcopy(merged)
+    with pytest.raises(ValueError, match="above the maximum"):
+        w0.update_tempered(np.r_[x[:6], 99.0])
+    w0.update_tempered(x[:6])
+    w1.update_tempered(x[6:])
+    np.testing.assert_allclose((w0 + w1).normalize(x), cpu.adaptive_softmax(x), rtol=1e-12)
+
+
+def test_beta_one_tempered_pass_still_refuses_what_was_never_fed() -> None:
+    x = np.array([0.0, 1.0, 2.0])
+    state = cpu.StreamingSoftmax(schedule=Constant(1)).update(x)
+    assert not state.needs_tempered_pass
+    with pytest.raises(ValueError, match="above the maximum"):
+        state.update_tempered(np.array([5.0]))
+    with pytest.raises(ValueError, match="above the maximum"):
+        state.update_tempered(np.array([np.nan]))
+    state.update_tempered(x)
+    with pytest.raises(ValueError, match="more than the 3 fed"):
+        state.update_tempered(x[:1])
+    np.testing.assert_allclose(state.normalize(x), cpu.softmax(x))
 
 
 def test_tempered_pass_in_another_chunking_and_order_is_accepted() -> None:
@@ -900,3 +930,29 @@ def test_attention_logits_beyond_the_float_range_with_a_tiny_beta(beta) -> None:
     np.testing.assert_array_equal(
         reference.adaptive_attention(q, k, v, scale=1.0, schedule=schedule), [[1.0]]
     )
+
+
+@pytest.mark.parametrize("func", ["softmax", "adaptive_softmax"])
+def test_out_of_the_other_byte_order_is_written(func):
+    # '>f8' is float64: out=x for big-endian x raised "out must have dtype float64, got >f8"
+    x = np.array([[1.0, 2.0, 3.0], [0.5, -np.inf, 4.0]])
+    want = getattr(cpu, func)(x)
+    order = ">" if np.little_endian else "<"
+    out = np.zeros(want.shape, dtype=f"{order}f8")
+    assert getattr(cpu, func)(x, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    xb = x.astype(f"{order}f8")
+    assert getattr(cpu, func)(xb, out=xb) is xb
+    np.testing.assert_array_equal(xb, want)
+    with pytest.raises(TypeError, match=r"must have dtype float64, got [<>]f4"):
+        getattr(cpu, func)(x, out=np.zeros(want.shape, dtype=f"{order}f4"))
+
+
+def test_streaming_normalize_into_the_other_byte_order():
+    x = np.array([3.0, 1.0, 0.0, 0.0, -1.0, 2.0])
+    state = cpu.StreamingSoftmax().update(x)
+    state.update_tempered(x)
+    order = ">" if np.little_endian else "<"
+    out = np.zeros(6, dtype=f"{order}f8")
+    assert state.normalize(x, out=out) is out
+    np.testing.assert_array_equal(out, state.normalize(x))
