@@ -274,6 +274,13 @@ def _combine(
         value = round_ball(total, rel, fmt, extra)
         if value is None:
             return None
+        if mass == fzero and extra is not None:
+            # every live key's value is 0: the output is the dead keys' tiny sum, whose
+            # sign is theirs (a negative one rounds to -0.0) when they share one
+            signs = {s[c][0] for d, s in group_sums.items() if d not in coeff and s[c] != fzero}
+            if len(signs) > 1:
+                return None  # keep more keys alive (or go to the intervals)
+            value = -0.0 if signs == {1} else 0.0
         out.append(value)
     return out
 

@@ -314,3 +314,23 @@ def test_a_key_beyond_1e18_nats_below_rounds_instead_of_overflowing(far, dtype):
     assert out.dtype == dtype and out.tolist() == [[0.0, 0.0]]
     wide = adaptive_attention(q, k, v, scale=1.0, schedule=Constant(1))
     assert wide.tolist() == [[0.0, 5e-324]]
+
+
+@pytest.mark.parametrize(
+    ("keys", "values", "negative"),
+    [
+        ([0.0, -800.0], [0.0, -1.0], True),  # -3.7e-348: -0.0 (was +0.0)
+        ([0.0, -2000.0], [0.0, -1.0], True),
+        ([0.0, -760.0], [0.0, -1.0], True),  # above the dead-item cut-off: it was right
+        ([0.0, -800.0, -900.0], [0.0, -1.0, 1.0], True),  # the nearer key's sign wins
+        ([0.0, -900.0, -800.0], [0.0, -1.0, 1.0], False),
+        ([0.0, -800.0, -800.0], [0.0, -1.0, 1.0], False),  # exactly 0: +0.0
+        ([0.0, -800.0], [0.0, 1.0], False),
+    ],
+)
+def test_an_output_below_the_subnormals_keeps_the_sign_of_its_dead_keys(keys, values, negative):
+    # the live keys' values are all 0, so the output is the dead keys' sum alone
+    q, k, v = np.array([[1.0]]), np.array(keys)[:, None], np.array(values)[:, None]
+    for dtype in (np.float64, np.float32):
+        out = adaptive_attention(q, k, v, scale=1.0, schedule=Constant(1), dtype=dtype)
+        assert out[0, 0] == 0.0 and bool(np.signbit(out[0, 0])) is negative
