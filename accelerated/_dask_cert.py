@@ -225,7 +225,7 @@ def after_entropy(row: Row, cfg: Config) -> Row:
     if cfg.want == "softmax":
         return coefficients_setup(row, row.ep, None, fmt)
     try:
-        b = eng.beta_ball(cfg.schedule, row.H, row.n_eff, P)
+        b = eng.beta_ball(cfg.schedule, row.H, row.n_eff, P, cfg.eps)
     except eng.Undecided:
         return row.fail("the entropy is at the schedule's jump")
     if cfg.want == "beta":

@@ -32,6 +32,7 @@ __all__ = [
     "adaptive_softmax_mp",
     "beta",
     "beta_mp",
+    "certify_row",
     "entropy",
     "entropy_mp",
     "evaluate_row",
@@ -65,6 +66,52 @@ def float_acceptor(fmt: BinaryFormat) -> Acceptor:
         return round_ball(mid, rel, fmt, extra, nonneg=nonneg)
 
     return accept
+
+
+def certify_row(
+    row: eng.PreparedRow,
+    want: Quantity,
+    fmt: BinaryFormat,
+    schedule: Schedule,
+    entropy_eps: float,
+) -> Any:
+    """The certified `want` of one regular row in `fmt` (:func:`evaluate_row`'s value).
+
+    A guarded entropy (``entropy_eps > 0``) may be negative, so its sign is needed even
+    where it rounds to zero; in float32 or float16 the format's dead-item cut-off can
+    leave that sign undecided (an item 720 nats below the maximum carries as much mass
+    as the value). Then the float64 value decides: float64's cut-off is deeper, and
+    when its correctly rounded value lies below half the format's least subnormal, so
+    does the exact value (rounding is monotone and that bound is a float64), which
+    rounds to a zero of its sign.
+
+    Raises
+    ------
+    PrecisionError
+        As :func:`evaluate_row`.
+    """
+
+    def run(f: BinaryFormat) -> Any:
+        return evaluate_row(
+            row,
+            frozenset({want}),
+            float_acceptor(f),
+            start=f.precision + 40 + row.n.bit_length(),
+            qmin=f.qmin,
+            schedule=schedule,
+            entropy_eps=entropy_eps,
+        )[want]
+
+    try:
+        return run(fmt)
+    except PrecisionError:
+        wide = format_for(np.float64)
+        if want != "entropy" or not entropy_eps or fmt.qmin <= wide.qmin:
+            raise
+        value = run(wide)
+        if abs(value) < math.ldexp(1.0, fmt.qmin - 1):
+            return math.copysign(0.0, value)
+        raise
 
 
 def _mp_acceptor(prec: int) -> Acceptor:
@@ -243,8 +290,6 @@ def _evaluate(
     vector = want in ("softmax", "adaptive_softmax")
     out = np.zeros(arr.shape if vector else arr.shape[:-1], dtype=fmt.dtype)
     kinds = classify_rows(arr)
-    accept = float_acceptor(fmt)
-    wants = frozenset({want})
     for idx in np.ndindex(arr.shape[:-1]):
         kind = kinds[idx]
         if kind == RowKind.INVALID:
@@ -258,17 +303,7 @@ def _evaluate(
                 out[idx] = fast
                 continue
             row = eng.prepare_row(arr[idx])
-            start = fmt.precision + 40 + row.n.bit_length()
-            res = evaluate_row(
-                row,
-                wants,
-                accept,
-                start=start,
-                qmin=fmt.qmin,
-                schedule=schedule,
-                entropy_eps=entropy_eps,
-            )
-            out[idx] = res[want]
+            out[idx] = certify_row(row, want, fmt, schedule, entropy_eps)
     return out
 
 

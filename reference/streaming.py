@@ -37,7 +37,7 @@ from softmaxtheory._formats import Quantity
 from softmaxtheory.spec import Schedule, as_logits, check_entropy_eps, resolve_schedule
 
 from . import _engine as eng
-from ._api import MAX_PRECISION, PrecisionError, evaluate_row, float_acceptor
+from ._api import MAX_PRECISION, PrecisionError, certify_row
 from ._rounding import format_for
 
 __all__ = ["StreamState"]
@@ -220,16 +220,7 @@ class StreamState:
             return empty
         key = (want, schedule, entropy_eps, fmt.name)
         if key not in self._cache:
-            row = self._row()
-            self._cache[key] = evaluate_row(
-                row,
-                frozenset({want}),
-                float_acceptor(fmt),
-                start=fmt.precision + 40 + row.n.bit_length(),
-                qmin=fmt.qmin,
-                schedule=schedule,
-                entropy_eps=entropy_eps,
-            )[want]
+            self._cache[key] = certify_row(self._row(), want, fmt, schedule, entropy_eps)
         return self._cache[key]
 
     def entropy(self, *, entropy_eps: float = 0.0, dtype: Any = np.float64) -> float:

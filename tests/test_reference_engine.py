@@ -241,3 +241,30 @@ def test_a_jump_below_zero_is_decided_for_a_guarded_entropy(side, beta):
         scale=1.0, schedule=sched, entropy_eps=1.0,
     )  # fmt: skip
     assert out[0, 0] == want[0]
+
+
+@pytest.mark.parametrize(
+    ("row", "eps", "negative"),
+    [
+        ([0.0, -720.0], 5e-324, False),  # H = +1.5e-310
+        ([-1.0, -1e5], 5e-324, True),  # H = -4.9e-324
+        ([0.0, -720.0], 2.0**-1000, True),  # H = -9.3e-302
+    ],
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_tiny_guarded_entropy_rounds_to_a_zero_of_its_sign(row, eps, negative, dtype):
+    # the narrow format's dead-item cut-off (about 702 nats) left the sign of a value far
+    # below its subnormals undecided at every precision: PrecisionError
+    from softmaxtheory.reference.streaming import StreamState
+
+    with mpmath.workprec(3000):
+        x = [mpmath.mpf(v) for v in row]
+        e = [mpmath.exp(v - max(x)) for v in x]
+        p = [ei / sum(e) for ei in e]
+        exact = -sum(pi * mpmath.log(pi + mpmath.mpf(eps)) for pi in p)
+    assert (exact < 0) is negative
+    got = reference.entropy(np.array(row), entropy_eps=eps, dtype=dtype)
+    assert got == 0.0 and bool(np.signbit(got)) is negative
+    state = StreamState.from_logits(np.array(row))
+    h = state.entropy(entropy_eps=eps, dtype=dtype)
+    assert h == 0.0 and math.copysign(1.0, h) == (-1.0 if negative else 1.0)
