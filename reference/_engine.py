@@ -536,6 +536,13 @@ def _polynomial_beta(
         return Ball(fone, 0.0)  # H <= theta
     straddles = mpf_cmp(h_lo, t_hi) <= 0
     coeffs = schedule.exact_coefficients
+    if straddles and schedule.jumps_for(entropy_eps):
+        # the entropy straddles the threshold of a schedule that jumps there
+        raise Undecided("entropy too close to the threshold of a schedule with a jump")
+    exact = _exact_polynomial(coeffs, H, straddles)
+    if exact is not None:  # beta = max(P, 1) known exactly: a rounding tie is decided
+        mid, rel = _rational_mpf(max(exact, Fraction(1)), p)
+        return Ball(mid, rel)
     cm = [from_rational(c.numerator, c.denominator, p, RN) for c in coeffs]
     acc = fzero
     for c in cm:
@@ -544,9 +551,6 @@ def _polynomial_beta(
     # decide max(P, 1) with exact comparisons of the bounds P -/+ EP against 1
     above = mpf_cmp(mpf_sub(acc, EPm, p + 10, round_floor), fone) >= 0
     below = mpf_cmp(mpf_add(acc, EPm, p + 10, round_ceiling), fone) <= 0
-    if straddles and schedule.jumps_for(entropy_eps):
-        # the entropy straddles the threshold of a schedule that jumps there
-        raise Undecided("entropy too close to the threshold of a schedule with a jump")
     # past the threshold, or straddling it where the rule is continuous (P(theta) <= 1):
     # beta is within EP of max(P, 1) on both sides
     if below:
@@ -561,6 +565,31 @@ def _polynomial_beta(
 
 
 _ONE_LESS = from_float(1 - 1e-9)
+
+
+def _exact_polynomial(coeffs: tuple[Fraction, ...], H: Ball, straddles: bool) -> Fraction | None:
+    r""":math:`P(H)` as an exact rational where it is known exactly, else None.
+
+    A constant polynomial (leading coefficients 0) has one value, and on either side
+    of a threshold it does not jump at (the caller's case) :math:`\max(P, 1)` is that
+    value's on both sides (:math:`P(\theta) \le 1` there, or :math:`\theta` below every
+    entropy). An exact entropy past the threshold (one item: :math:`H = 0`) gives
+    :math:`P(H)` exactly. A constant equal to a rounding tie (``1 + 2**-11`` in
+    float16) was undecidable from a Horner bound, which is never 0.
+    """
+    lead = 0
+    while lead < len(coeffs) - 1 and coeffs[lead] == 0:
+        lead += 1
+    if lead == len(coeffs) - 1:
+        return coeffs[-1]
+    if straddles or H.rel != 0.0 or H.extra_log2 is not None:
+        return None
+    sign, man, exp, _ = H.mid
+    h = Fraction(-man if sign else man) * (Fraction(2) ** exp if exp >= 0 else Fraction(1, 2**-exp))
+    acc = Fraction(0)
+    for c in coeffs:
+        acc = acc * h + c
+    return acc
 
 
 def _polynomial_error(coeffs: tuple[Fraction, ...], Hf: float, EH: float, u: float) -> tuple:

@@ -14,7 +14,7 @@ from mpmath.libmp import from_float, mpf_exp, mpf_log, mpf_sub, round_nearest, t
 
 from softmaxtheory import reference
 from softmaxtheory.reference import PrecisionError, _engine, _fast
-from softmaxtheory.spec import Polynomial
+from softmaxtheory.spec import Constant, Polynomial
 
 
 @settings(max_examples=200)
@@ -268,3 +268,30 @@ def test_a_tiny_guarded_entropy_rounds_to_a_zero_of_its_sign(row, eps, negative,
     state = StreamState.from_logits(np.array(row))
     h = state.entropy(entropy_eps=eps, dtype=dtype)
     assert h == 0.0 and math.copysign(1.0, h) == (-1.0 if negative else 1.0)
+
+
+TIE16 = "1.00048828125"  # 1 + 2**-11: the float16 midpoint of 1 and 1 + 2**-10
+TIE64 = "1.00000000000000011102230246251565404236316680908203125"  # 1 + 2**-53
+
+
+@pytest.mark.parametrize(
+    ("coefficients", "threshold", "row", "dtype"),
+    [
+        ((TIE16,), "-1", [0.0, 1.0], np.float16),
+        (("0", "0", TIE16), "-1", [0.0, 1.0], np.float16),
+        ((TIE64,), "-1", [0.0, 1.0], np.float64),
+        ((TIE64,), "0.5", [0.0, 1.0], np.float64),
+        (("3", TIE64), "-1", [2.5], np.float64),  # one item: H = 0, P(0) the tie
+    ],
+)
+def test_a_polynomial_whose_beta_is_a_rounding_tie_rounds_to_even(
+    coefficients, threshold, row, dtype
+):
+    # a Horner bound is never 0, so an exact tie raised PrecisionError; ties go to even (1)
+    sched = Polynomial(coefficients, threshold=threshold)
+    assert float(reference.beta(np.array(row), schedule=sched, dtype=dtype)) == 1.0
+    want = reference.adaptive_softmax(
+        np.array(row), schedule=Constant(coefficients[-1]), dtype=dtype
+    )
+    got = reference.adaptive_softmax(np.array(row), schedule=sched, dtype=dtype)
+    np.testing.assert_array_equal(got, want)
