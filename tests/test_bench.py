@@ -504,3 +504,20 @@ def test_docs_report_of_a_run_stopped_early(tmp_path) -> None:
     assert ("- ``entropy_kernel: fastest (64, 64, 4, 2) 1.000 ms of 2; launched (128, 64, 4, 2)"
             " 2.000 ms (2.00x)`` at (8, 16, 4096, 4096, 64)") in text  # fmt: skip
     assert "- ``entropy_bwd_dq_kernel: no configuration ran`` at (4, 16, 4096, 4096, 64)" in text
+
+
+def test_kernel_table_says_which_comparison_is_missing():
+    # without torch or scipy (not in the cpu extra) their rows and the ratio column were
+    # blank with no word why
+    from softmaxtheory.cli.bench import _fmt_kernels
+
+    def row(backend):
+        return bench.KernelResult(backend, (4, 8), "float64", "beta>1", 0.5, 1e-3, None, 1, 1, 0.1)
+
+    info = {"threads": 2, "bandwidth_gb_per_second": 10.0}
+    alone = "\n".join(_fmt_kernels([row("cpu.softmax")], info))
+    assert "torch is not installed" in alone and "scipy is not installed" in alone
+    both = "\n".join(
+        _fmt_kernels([row("cpu.softmax"), row("torch.softmax"), row("scipy.special.softmax")], info)
+    )
+    assert "not installed" not in both

@@ -195,6 +195,9 @@ def test_module_that_ends_or_hangs_while_imported(tmp_path, module, code, says):
         ["--timeout", "nan"],
         ["--schedule", "poly:"],
         ["--timeout", "5", "--in-process"],
+        ["--schedule", "constant:2"],  # kind softmax: was ignored, the kernel checked at beta 1
+        ["--kind", "entropy", "--schedule", "paper"],
+        ["--entropy-eps", "1e-9"],  # kind softmax takes no entropy
     ],
 )
 def test_bad_options_are_usage_errors_before_the_kernel_runs(folder, argv):

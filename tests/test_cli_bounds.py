@@ -173,6 +173,14 @@ def test_json(capsys):
     assert row["entropy_lower_bound"] == bounds.entropy_lower_bound(10**6, 800.0)
 
 
+def test_a_npy_of_empty_rows_is_refused(tmp_path, capsys):
+    np.save(tmp_path / "empty.npy", np.zeros((3, 0)))
+    with pytest.raises(SystemExit) as info:
+        main(["bounds", "--npy", str(tmp_path / "empty.npy")])
+    assert info.value.code == 2
+    assert "rows of 0 items (shape (3, 0)): no spread to measure" in capsys.readouterr().err
+
+
 def test_measures_a_npy_file(tmp_path, capsys):
     x = np.array([[0.0, 3.0, -np.inf, 1.0], [0.0, 1.0, 2.0, 0.5], [0.0, np.nan, 1.0, 1.0]])
     path = tmp_path / "logits.npy"
@@ -221,6 +229,7 @@ def test_plot_without_matplotlib(tmp_path, capsys, monkeypatch):
         (["bounds", "--spread", "1", "--digits", "30"], "--digits must be between 1 and 17"),
         (["bounds", "--spread", "1e7"], "too large"),
         (["bounds", "--npy", "/nonexistent/x.npy"], "cannot read"),
+        (["bounds", "--spread", "1", "--statistic", "mean"], "--statistic applies to the rows"),
     ],
 )
 def test_usage_errors(capsys, argv, message):
@@ -296,3 +305,40 @@ def test_exact_digits_print_the_witness_in_full(capsys):
     code, out, _ = run(capsys, "bounds", "--spread", "5.69", "--digits", "3", "--sizes", "16")
     assert "1 at 5.69, 9 at 4.405952962239583, 1.24e+3 at 0.0)" in out
     assert "adaptive, at most" in out
+
+
+def test_spread_zero_states_the_adaptive_dispersion_size(capsys):
+    # every row is uniform: the line was left out, with no word why
+    code, out, _ = run(capsys, "bounds", "--spread", "0", "--sizes", "16")
+    assert code == 0
+    assert "every adaptive coefficient is < 0.5 once n >= 3   (adaptive dispersion size" in out
+
+
+def test_beyond_the_branch_and_bound_the_adaptive_size_has_closed_forms(capsys):
+    # at spread 6e5 and --beta 0.5 the JSON gave T2's size at beta 0.5 (2.2e130288) as the
+    # adaptive size, below the switch-off size; the schedule's beta is >= 1 on the given logits
+    code, out, _ = run(capsys, "bounds", "--spread", "6e5", "--beta", "0.5", "--sizes", "16",
+                       "--json")  # fmt: skip
+    assert code == 0
+    doc = json.loads(out)
+    at_one = Decimal(bounds.dispersion_size(0.5, 6e5, digits=6, rounding="up"))
+    assert doc["dispersion_size"] == bounds.dispersion_size(0.5, 6e5, 0.5, digits=6, rounding="up")
+    assert Decimal(doc["adaptive_dispersion_size"]) >= at_one
+    assert Decimal(doc["adaptive_dispersion_size"]) >= Decimal(doc["adaptive_switch_off_size"])
+    low = doc["adaptive_dispersion_bracket"]["lower"]
+    assert low == bounds.dispersion_size(0.5, 6e5, digits=6, rounding="down") == "4.88812e+260576"
+    code, out, _ = run(capsys, "bounds", "--spread", "6e5", "--sizes", "16")
+    assert "from some n in [4.88812e+260576, 4.88813e+260576]   (adaptive dispersion size, " in out
+
+
+def test_json_writes_sizes_beyond_the_int_to_str_limit_as_digits():
+    # json.dump raised in the middle of the document for a bracket end of 4,341 digits
+    from softmaxtheory.cli.bounds import _json_ready
+
+    big = 7 * 10**4340 + 1
+    doc = _json_ready({"a": big, "b": {"lower": big, "upper": 5}, "c": [big, True]})
+    text = json.dumps(doc)
+    digits = json.loads(text)["b"]["lower"]
+    assert digits == doc["a"] == doc["c"][0] and len(digits) == 4341
+    assert digits.startswith("70000") and digits.endswith("00001")
+    assert doc["b"]["upper"] == 5 and doc["c"][1] is True

@@ -251,10 +251,20 @@ def _p_special_values(t: Target, run: Run) -> None:
                     why = "NaNs are tolerated as a convention, finite numbers are not"
                 raise Failed(f"{label}: got {got[0]!r}; the table gives {table} ({why})")
             if not ok_table:
-                run.notes.append(f"{label}: NaN where the table gives {table}")
+                run.notes.append(f"{label}: {_nan_text(bad)} where the table gives {table}")
             run.compare(out[1:], x[1:], what=label)
             continue
         run.compare(out, x, what=label)
+
+
+def _nan_text(got: np.ndarray) -> str:
+    """``NaN``, or where the NaNs of a row are when some of its values are numbers."""
+    flat = np.atleast_1d(np.asarray(got, dtype=np.float64))
+    nans = int(np.isnan(flat).sum())
+    if nans == flat.size:
+        return "NaN"
+    values = ", ".join("nan" if np.isnan(v) else repr(float(v)) for v in flat)
+    return f"NaN at {nans} of {flat.size} items ([{values}])"
 
 
 def _table_value(t: Target, label: str) -> str:

@@ -34,7 +34,15 @@ from .. import testing as tst
 from .._certify.environment import FloatEnvironmentError, default_float_environment
 from ..spec import Schedule
 from .errors import Failed, Skip
-from .report import STOPPED, fmt_ulp, is_torch, mismatch_text, row_literal, with_schedule
+from .report import (
+    STOPPED,
+    array_literal,
+    fmt_ulp,
+    is_torch,
+    mismatch_text,
+    row_literal,
+    with_schedule,
+)
 from .target import Target
 
 __all__ = [
@@ -191,13 +199,27 @@ class Run:
         except Exception as exc:
             raise Failed(
                 f"the kernel raised {type(exc).__name__}: {exc}\non input of shape {x.shape}, "
-                f"dtype {self.target.dtype}:\n{row_literal(x.ravel()[:64], self.target.dtype)}"
+                f"dtype {self.target.dtype}{_input_text(x, self.target.dtype)}"
                 f"\n{''.join(traceback.format_exception_only(exc)).strip()}"
             ) from exc
 
     def result(self, name: str, status: str, message: str = "") -> PropertyResult:
         """The :class:`PropertyResult` of this run."""
         return PropertyResult(name, status, self.max_ulp, self.checks, message, list(self.notes))
+
+
+#: Inputs up to this many values are written out whole in a failure message.
+LITERAL_LIMIT = 64
+
+
+def _input_text(x: np.ndarray, dtype: str) -> str:
+    """``:`` and source text that rebuilds `x` (its shape kept), or its first values, said so."""
+    if x.size <= LITERAL_LIMIT:
+        return f":\n{array_literal(x, dtype)}"
+    return (
+        f"; its first {LITERAL_LIMIT} of {x.size} values, flattened (not a repro):\n"
+        f"{row_literal(x.ravel()[:LITERAL_LIMIT], dtype)}"
+    )
 
 
 def _type_name(obj: Any) -> str:

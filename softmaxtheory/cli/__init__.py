@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -92,6 +93,12 @@ def _is_number(word: str) -> bool:
     return True
 
 
+#: A word argparse should read as a negative number: decimals, exponents, inf and nan.
+_NEGATIVE_NUMBER = re.compile(
+    r"^-(?:\d+\.?\d*(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?|inf|infinity|nan)$", re.IGNORECASE
+)
+
+
 class _Parser(argparse.ArgumentParser):
     """The parser of every subcommand: no abbreviated options, one-line errors.
 
@@ -104,6 +111,10 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        # argparse takes only -2 and -2.5 for negative numbers: -1e308, -inf and -nan
+        # were options ("argument --beta: expected one argument"). No option of ours
+        # looks like a number, so such words are values (argparse reads this attribute)
+        self._negative_number_matcher = _NEGATIVE_NUMBER
 
     def error(self, message: str) -> Any:  # type: ignore[override]
         """Print one line on stderr and exit with status 2.

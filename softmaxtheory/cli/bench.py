@@ -79,6 +79,14 @@ def _fmt_kernels(results: list[Any], info: dict[str, Any]) -> list[str]:
             f"{ratio:>8} {r.elements_per_second / 1e6:>9.1f} {r.gb_per_second:>6.1f} "
             f"{100 * r.bandwidth_fraction:>5.0f}"
         )
+    backends = {r.backend for r in results}
+    if results and "torch.softmax" not in backends:
+        lines.append(
+            "torch is not installed: no torch rows, and no 'x torch' ratios "
+            "(pip install 'softmaxtheory[torch]')"
+        )
+    if results and "scipy.special.softmax" not in backends:
+        lines.append("scipy is not installed: no scipy.special.softmax rows (pip install scipy)")
     return lines
 
 

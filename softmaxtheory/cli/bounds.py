@@ -48,15 +48,17 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description=(
             "Print the dispersion limits of softmax for logits of a given spread: the size "
             "from which every coefficient is below EPS, the largest and smallest coefficient "
-            "and the entropy floor at each length, with and without the paper's adaptive "
-            "temperature, and the length from which that temperature is 1. Give the spread, "
-            "or a .npy of logits to measure it (-inf entries are masks). Every decimal shown "
-            "is correctly rounded to the digits shown, except where rounding in a direction "
-            "keeps a statement true: sizes in scientific notation (a length from which "
-            "something holds upward, the bracket's lower end downward), beta's bound (the "
-            "float at or above it) and the window (outward). The adaptive column, and the "
-            "JSON's adaptive_max_coefficient and adaptive_dispersion_size, are upper bounds: "
-            "where beta can exceed 1 the upper end of a proven bracket."
+            "and a floor on the entropy at each length (T3: the least min-entropy, -log of the "
+            "largest coefficient; the entropy itself stays above it), with and without the "
+            "paper's adaptive temperature, and the length from which that temperature is 1. "
+            "Give the spread, or a .npy of logits to measure it (-inf entries are masks). "
+            "Every decimal shown is correctly rounded to the digits shown, except where "
+            "rounding in a direction keeps a statement true: sizes in scientific notation (a "
+            "length from which something holds upward, the bracket's lower end downward), "
+            "beta's bound (the float at or above it), the window (outward) and the adaptive "
+            "column (upward, also where it equals max coef). That column, and the JSON's "
+            "adaptive_max_coefficient and adaptive_dispersion_size, are upper bounds: where "
+            "beta can exceed 1 the upper end of a proven bracket."
         ),
     )
     src = p.add_mutually_exclusive_group(required=True)
@@ -65,7 +67,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--statistic",
         choices=STATISTICS,
-        default="max",
+        default=None,
         help="with --npy: which row spread to use (default max, the worst case)",
     )
     p.add_argument("--eps", type=parse_float, default=0.5, help="coefficient level (default 0.5)")
@@ -121,6 +123,8 @@ def _measure(path: str, statistic: str, parser: argparse.ArgumentParser) -> dict
     good = spreads[~np.isnan(spreads)]
     if spreads.size == 0:
         parser.error(f"{path} holds no rows (shape {arr.shape})")
+    if arr.shape[-1] == 0:
+        parser.error(f"{path} holds rows of 0 items (shape {arr.shape}): no spread to measure")
     if good.size == 0:
         parser.error(f"{path}: no row has a finite spread (every row holds NaN or +inf)")
     if not np.all(np.isfinite(good)):
@@ -169,8 +173,8 @@ def compute(
     beta_max = bounds.adaptive_beta_max()
     h_on, h_off = bounds.adaptive_window()
 
-    def size(func: Any, *args: Any) -> int | str:
-        text = func(*args, digits=digits, rounding="up")
+    def size(func: Any, *args: Any, rounding: str = "up") -> int | str:
+        text = func(*args, digits=digits, rounding=rounding)
         if exact or ("e" not in text):
             if exact and "e" in text:
                 print(
@@ -183,8 +187,19 @@ def compute(
 
     n_off = size(bounds.adaptive_switch_off_size, spread)
     n_star = size(bounds.dispersion_size, eps, spread, beta)
-    bracket = None
-    if spread > 0 and spread * 2.5 <= bounds.MAX_EXPONENT:
+    # the adaptive column applies the schedule to the logits as given (beta = 1 under it)
+    n_one = n_star if beta == 1.0 else size(bounds.dispersion_size, eps, spread, 1.0)
+    bracket: dict[str, Any] | None = None
+    if spread == 0:
+        # every row is uniform, whatever beta: T2's size, exactly
+        bracket = {"lower": n_one, "upper": n_one, "witness": None, "budget": 0}
+    elif spread * 2.5 > bounds.MAX_EXPONENT:
+        # beyond the branch and bound's range, closed forms: beta >= 1 reaches at least
+        # T2's coefficient at beta = 1, and from the switch-off size on beta = 1
+        upper = n_off if _as_decimal(n_off) > _as_decimal(n_one) else n_one
+        lower = size(bounds.dispersion_size, eps, spread, 1.0, rounding="down")
+        bracket = {"lower": lower, "upper": upper, "witness": None, "budget": 0}
+    else:
         b = bounds.adaptive_dispersion_bracket(eps, spread, budget=budget)
         bracket = {
             "lower": b.lower
@@ -231,7 +246,7 @@ def compute(
         "eps": eps,
         "beta": beta,
         "dispersion_size": n_star,
-        "adaptive_dispersion_size": bracket["upper"] if bracket else n_star,
+        "adaptive_dispersion_size": bracket["upper"],
         "adaptive_dispersion_bracket": bracket,
         "adaptive_switch_off_size": n_off,
         "adaptive_beta_max": beta_max,
@@ -263,6 +278,28 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--digits must be between 1 and 17, got {args.digits}")
     if args.budget < 0:
         parser.error(f"--budget must be >= 0, got {args.budget}")
+
+
+def _json_ready(value: Any) -> Any:
+    """`value` with every int beyond Python's int-to-str limit (4300 digits) as its digits.
+
+    ``json.dump`` raised ``ValueError`` midway through such an int (a bracket end at
+    spread 10,000 with ``--exact-digits``), leaving half a document on stdout.
+    """
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**4000:
+        return _show(value)
+    return value
+
+
+def _as_decimal(size: int | str) -> Any:
+    """A size (an exact int, or its text in scientific notation) as an exact Decimal."""
+    import decimal
+
+    return decimal.Decimal(size) if isinstance(size, str) else decimal.Decimal(int(size))
 
 
 def _show(size: int | str) -> str:
@@ -331,16 +368,25 @@ def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
         "   (switch-off size, T6)\n"
     )
     bracket = doc["adaptive_dispersion_bracket"]
-    if bracket is not None:
+    low, high = _show(bracket["lower"]), _show(bracket["upper"])
+    if bracket["witness"] is not None:
         out.write(
-            f"    every adaptive coefficient is < {doc['eps']!r} from some n in "
-            f"[{_show(bracket['lower'])}, {_show(bracket['upper'])}]"
+            f"    every adaptive coefficient is < {doc['eps']!r} from some n in [{low}, {high}]"
             "   (adaptive dispersion size, bracketed)\n"
             f"      (a row one item shorter than the lower end reaches it: "
             f"{bracket['witness']})\n\n"
         )
+    elif doc["spread"] == 0:
+        out.write(
+            f"    every adaptive coefficient is < {doc['eps']!r} once n >= {low}"
+            "   (adaptive dispersion size: every row is uniform, beta changes nothing)\n\n"
+        )
     else:
-        out.write("\n")
+        out.write(
+            f"    every adaptive coefficient is < {doc['eps']!r} from some n in [{low}, {high}]"
+            "   (adaptive dispersion size, closed forms: T2 at beta = 1, the switch-off "
+            "size)\n\n"
+        )
     headers = ("n", "max coef", "adaptive, at most", "min coef", "entropy floor (nats)")
     widths = [max(8, len(str(doc["rows"][-1]["n"]))), 14, 20, 14, 20]
     out.write("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)) + "\n")
@@ -423,8 +469,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return 1
     measured = None
     spread = args.spread
+    if args.statistic is not None and args.npy is None:
+        parser.error("--statistic applies to the rows of --npy; with --spread there is one spread")
     if args.npy is not None:
-        measured = _measure(args.npy, args.statistic, parser)
+        measured = _measure(args.npy, args.statistic or "max", parser)
         spread = measured["spread"]
     _check_range(spread, args.beta, parser)
     if args.plot is not None:
@@ -440,10 +488,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         out["rows"] = [{k: v for k, v in r.items() if k != "text"} for r in doc["rows"]]
         if measured is not None:
             out["measured"] = measured
-        for key in ("dispersion_size", "adaptive_dispersion_size", "adaptive_switch_off_size"):
-            if isinstance(out[key], int) and out[key] >= 10**4000:
-                out[key] = _show(out[key])  # beyond Python's int-to-str limit: digits as text
-        json.dump(out, sys.stdout, indent=2)
+        json.dump(_json_ready(out), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         _print_table(doc, measured)

@@ -114,10 +114,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--schedule",
         type=_schedule_text,
-        default="paper",
+        default=None,
         metavar="SPEC",
         help="schedule the kernel implements: paper (default), constant:BETA, loglength:S, "
-        "poly:C0,C1,...[@THETA]",
+        "poly:C0,C1,...[@THETA] (kinds adaptive_softmax and attention)",
     )
     p.add_argument(
         "--kwarg",
@@ -167,6 +167,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.timeout is not None and args.in_process and not args.protocol:
         parser.error("--timeout needs the child process: drop --in-process")
     dtype = args.dtype or default_dtype(args.framework)
+    if args.schedule is not None and args.kind in ("softmax", "entropy"):
+        return _usage_error(
+            f"--schedule does not apply to kind {args.kind} (a softmax is checked at beta = 1, "
+            "an entropy needs none): give --kind adaptive_softmax or attention"
+        )
+    if args.entropy_eps and args.kind == "softmax":
+        return _usage_error("--entropy-eps does not apply to kind softmax, which takes no entropy")
+    args.schedule = args.schedule or "paper"
     try:
         conf.check_options(
             kind=args.kind, framework=args.framework, device=args.device, dtype=dtype,
@@ -308,9 +316,12 @@ def _child_argv(args: argparse.Namespace, dtype: str) -> list[str]:
     """The options of this run, for the child (``--only`` and the mode flags aside)."""
     argv = [
         args.kernel, "--kind", args.kind, "--framework", args.framework, "--device",
-        args.device, "--dtype", dtype, "--entropy-eps", repr(float(args.entropy_eps)),
-        "--schedule", args.schedule,
+        args.device, "--dtype", dtype,
     ]  # fmt: skip
+    if args.kind != "softmax":  # the options a kind takes (the parent refused the others)
+        argv += ["--entropy-eps", repr(float(args.entropy_eps))]
+    if args.kind not in ("softmax", "entropy"):
+        argv += ["--schedule", args.schedule]
     for text in args.kwarg:
         argv += ["--kwarg", text]
     if args.thorough:
