@@ -1151,3 +1151,47 @@ def test_dispersion_bracket_between_2_53_and_2_1000_items():
     assert b.lower == 235385264793510273 and b.upper <= 1.02 * b.lower
     assert bounds.adaptive_dispersion_bracket(0.5, 40.0).upper > 3 * b.lower  # the closed form
     assert b.witness.n == b.lower - 1
+
+
+def test_spread_from_weights_never_overflows_midway():
+    # formed in floats: 2 * 1e308 * 0 was NaN, and 1e308 * 1e-300 or weights of 1e160 inf
+    w = np.diag([2.0, 1.0])  # ||W^T W||_2 = 4: the bound is 8 s B_K B_Q
+    assert bounds.spread_from_weights(w, w, 1.0, key_input_norm=0.0, scale=1e308) == 0.0
+    got = bounds.spread_from_weights(w, w, 1.0, key_input_norm=1e-300, scale=1e308)
+    assert 8e8 <= got <= 8e8 * (1 + 1e-12)
+    got = bounds.spread_from_weights(w * 1e160, w * 1e160, 1e-100)
+    assert 8e120 <= got <= 8e120 * (1 + 1e-12)
+    assert bounds.spread_from_weights(w * 1e200, w * 1e200, 1.0) == math.inf  # 8e400
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (0, 3), (3, 0)])
+def test_spread_from_weights_of_empty_matrices_is_zero(shape):
+    z = np.zeros(shape)
+    assert bounds.spread_from_weights(z, z, 1.0) == 0.0
+
+
+def test_spread_from_weights_names_a_mismatched_input_norm():
+    w = np.diag([2.0, 1.0])
+    with pytest.raises(ValueError, match=r"input_norm of shape \(3,\) does not broadcast"):
+        bounds.spread_from_weights(np.stack([w, w]), w, [1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: bounds.max_coefficient(2, 10**400), "spread=an integer of 401 digits lies beyond"),
+        (lambda: bounds.max_coefficient(2, 1.0, Fraction(10**400)), r"beta=Fraction\("),
+        (lambda: bounds.spread_from_norms(10**400, 1.0), "query_norm=an integer of 401 digits"),
+        (lambda: bounds.spread_from_weights([[1.0]], [[1.0]], 10**400), "input_norm holds a value"),
+        (lambda: bounds.adaptive_switch_off_size(10**400), "spread=an integer of 401 digits"),
+        (lambda: bounds.max_coefficient(2, np.int64(-1)), "got -1$"),  # not np.int64(-1)
+    ],
+)
+def test_arguments_beyond_the_float_range_are_named(call, message):
+    # a bare OverflowError ("int too large to convert to float") named no argument
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_a_whole_fraction_is_a_size_of_any_magnitude():
+    assert bounds.max_coefficient(Fraction(10**400), 1.0) == bounds.max_coefficient(10**400, 1.0)
