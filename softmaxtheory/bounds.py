@@ -357,10 +357,11 @@ def entropy_lower_bound(n: Any, spread: Any, beta: Any = 1.0) -> Any:
 # --------------------------------------------------------------------------- T2
 
 
-def _check_exponent(exponent: float, what: str) -> None:
-    if exponent > MAX_EXPONENT:
+def _check_exponent(value: float, what: str, factor: float = 1.0) -> None:
+    """Refuse `value` when ``value * factor`` (the exponent a size depends on) is too large."""
+    if value * factor > MAX_EXPONENT:
         raise ValueError(
-            f"{what} = {exponent!r} is too large: it must be at most {MAX_EXPONENT:.3g}, "
+            f"{what} = {value!r} is too large: it must be at most {MAX_EXPONENT / factor:.6g}, "
             "where the size has 630,000 digits"
         )
 
@@ -1575,7 +1576,7 @@ def adaptive_max_coefficient_bracket(
     if spread == 0.0:
         raise ValueError("spread must be > 0: at spread 0 every coefficient is 1/n")
     sched = adp.polynomial_schedule(schedule)
-    _check_exponent(spread * 2.5, "spread")
+    _check_exponent(spread, "spread", 2.5)
     return _max_coefficient_bracket(n, spread, sched)
 
 
@@ -1712,7 +1713,7 @@ def adaptive_dispersion_bracket(
     sched = adp.polynomial_schedule(schedule)
     if isinstance(budget, bool) or not isinstance(budget, int | np.integer) or budget < 0:
         raise ValueError(f"budget must be an integer >= 0, got {budget!r}")
-    _check_exponent(spread * 2.5, "spread")
+    _check_exponent(spread, "spread", 2.5)
     upper = _adaptive_upper_size(eps, spread, sched)
     row = _dispersion_witness(eps, spread, sched, upper)
     if row is None:  # no longer row found that reaches eps: one item does (its coefficient is 1)
@@ -1775,7 +1776,7 @@ def adaptive_dispersion_size(eps: Any, spread: Any, schedule: Schedule | None = 
         poly = adp.polynomial_schedule(sched)
         if spread == 0.0:
             return _dispersion_size(eps, 0.0, 1.0)
-        _check_exponent(spread * 2.5, "spread")
+        _check_exponent(spread, "spread", 2.5)
         return _adaptive_upper_size(eps, spread, poly)
 
     return _elementwise(

@@ -93,10 +93,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         _SCHEDULE,
-        default="paper",
+        default=None,
         metavar="SPEC",
         help="schedule the kernel implements: paper (default), constant:BETA, loglength:S, "
-        "poly:C0,C1,...[@THETA]",
+        "poly:C0,C1,...[@THETA] (kinds adaptive_softmax and attention)",
     )
     group.addoption(
         _THOROUGH, action="store_true", default=False, help="explore ten times more examples"
@@ -205,19 +205,25 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     try:
         _timeout(cfg)
-        cfg.stash[_TARGET] = conf.target_from_options(
+        target = conf.target_from_options(
             kernel,
             kind=cfg.getoption(_KIND),
             framework=cfg.getoption(_FRAMEWORK),
             device=cfg.getoption(_DEVICE),
             dtype=_dtype(cfg),
             entropy_eps=cfg.getoption(_ENTROPY_EPS),
-            schedule=cfg.getoption(_SCHEDULE),
+            schedule=cfg.getoption(_SCHEDULE) or "paper",
             thorough=bool(cfg.getoption(_THOROUGH)),
             examples=cfg.getoption(_EXAMPLES),
             kwargs=cfg.getoption(_KWARG),
             strict=bool(cfg.getoption(_STRICT)),
         )
+        # options the kind would ignore (a tempered softmax checked at beta = 1 passed)
+        if cfg.getoption(_SCHEDULE) is not None and target.kind in ("softmax", "entropy"):
+            raise ValueError(f"{_SCHEDULE} does not apply to kind {target.kind}")
+        if target.kind == "softmax" and target.entropy_eps:
+            raise ValueError(f"{_ENTROPY_EPS} does not apply to kind softmax")
+        cfg.stash[_TARGET] = target
     except Exception as exc:  # usage errors: one clear message, no traceback
         raise pytest.UsageError(f"softmaxtheory conformance: {exc}") from None
 
@@ -241,9 +247,12 @@ def _child_argv(cfg: pytest.Config) -> list[str]:
         "--framework", cfg.getoption(_FRAMEWORK),
         "--device", cfg.getoption(_DEVICE),
         "--dtype", _dtype(cfg),
-        "--entropy-eps", str(cfg.getoption(_ENTROPY_EPS)),
-        "--schedule", str(cfg.getoption(_SCHEDULE)),
     ]  # fmt: skip
+    kind = cfg.getoption(_KIND)
+    if kind != "softmax":  # the options the kind takes (the others are refused)
+        argv += ["--entropy-eps", str(cfg.getoption(_ENTROPY_EPS))]
+    if kind not in ("softmax", "entropy"):
+        argv += ["--schedule", str(cfg.getoption(_SCHEDULE) or "paper")]
     for text in cfg.getoption(_KWARG):
         argv += ["--kwarg", text]
     if cfg.getoption(_THOROUGH):

@@ -152,6 +152,9 @@ def test_npy_streaming_example_matches_the_in_memory_kernel(tmp_path):
     expected = cpu.adaptive_softmax(row)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=0)
     assert report["sum"] == pytest.approx(1.0, abs=1e-5)
+    # its command line: a usage line, not a traceback, for missing or bad arguments
+    assert module.main([]) == 2 and module.main([str(src), str(dst), "0"]) == 2
+    assert module.main([str(src), str(dst), "65536"]) == 0
 
 
 # ---------------------------------------------------------------------------

@@ -79,9 +79,21 @@ def adaptive_softmax_npy(src: str, dst: str, chunk: int = 1 << 22) -> dict[str, 
     }
 
 
-def main(argv: list[str]) -> None:
-    """Run on the command line: ``SRC DST [CHUNK]``."""
-    chunk = int(argv[2]) if len(argv) > 2 else 1 << 22
+def main(argv: list[str]) -> int:
+    """Run on the command line: ``SRC DST [CHUNK]``; returns the exit status."""
+    usage = "usage: python stream_npy.py logits.npy probabilities.npy [CHUNK]"
+    if len(argv) not in (2, 3):
+        print(usage, file=sys.stderr)
+        return 2
+    try:
+        chunk = int(argv[2]) if len(argv) > 2 else 1 << 22
+    except ValueError:
+        chunk = 0
+    if chunk < 1:
+        print(
+            f"{usage}\nCHUNK must be a whole number of items >= 1, got {argv[2]!r}", file=sys.stderr
+        )
+        return 2
     print(f"peak RSS after import: {_peak_mib():.0f} MiB", flush=True)
     r = adaptive_softmax_npy(argv[0], argv[1], chunk)
     print(
@@ -89,7 +101,8 @@ def main(argv: list[str]) -> None:
         f"passes: state {r['state']:.2f} s, tempered {r['tempered']:.2f} s, "
         f"normalize {r['normalize']:.2f} s; peak RSS {r['peak_rss_mib']:.0f} MiB"
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

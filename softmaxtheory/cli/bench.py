@@ -109,8 +109,8 @@ def _reference_speedup(args: argparse.Namespace, doc: dict[str, Any], say: Any) 
     for r in results:
         undecided = "whole row" if r.row_fallback else f"{r.undecided_fraction:.2e}"
         lines.append(
-            f"{r.function:<18} {r.row:<8} {r.dtype:<8} {r.fast_seconds:>8.3f} "
-            f"{r.mpmath_seconds:>9.1f} {r.speedup:>8.0f}x {undecided:>10}"
+            f"{r.function:<18} {r.row:<8} {r.dtype:<8} {r.fast_seconds:>8.3g} "
+            f"{r.mpmath_seconds:>9.3g} {r.speedup:>8.0f}x {undecided:>10}"
         )
     return lines
 
@@ -177,7 +177,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
         for r in results:
             lines.append(
-                f"{r.case:<40} {r.dtype:<8} {r.n:>7} {r.beta:>8.4f} {r.seconds:>9.3f} "
+                f"{r.case:<40} {r.dtype:<8} {r.n:>7} {r.beta:>8.4f} {r.seconds:>9.3g} "
                 f"{r.items_per_second:>10.0f}"
             )
     if "reference" in sections:

@@ -388,7 +388,7 @@ def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
             "size)\n\n"
         )
     headers = ("n", "max coef", "adaptive, at most", "min coef", "entropy floor (nats)")
-    widths = [max(8, len(str(doc["rows"][-1]["n"]))), 14, 20, 14, 20]
+    widths = [max([8, *(len(str(r["n"])) for r in doc["rows"])]), 14, 20, 14, 20]
     out.write("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)) + "\n")
     for r in doc["rows"]:
         t = r["text"]

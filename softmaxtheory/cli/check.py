@@ -276,7 +276,10 @@ def _first_call(target: Any) -> float | None:
 
 
 def _usage_error(message: str) -> int:
-    print(f"softmaxtheory check: error: {message}", file=sys.stderr)
+    """One line on stderr, as the parser's own usage errors write it; exit status 2."""
+    print(
+        f"softmaxtheory check: error: {message} (see softmaxtheory check --help)", file=sys.stderr
+    )
     return 2
 
 
