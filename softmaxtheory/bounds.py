@@ -2106,7 +2106,7 @@ def spread_from_weights(
     >>> from softmaxtheory import bounds
     >>> w = np.diag([2.0, 1.0])
     >>> bounds.spread_from_weights(w, w, 1.0)  # 2 * ||W^T W|| = 2 * 4, rounded up
-    8.000000000000037
+    8.000000000000034
     """
     wq = _matrix(w_q, "w_q")
     wk = _matrix(w_k, "w_k")
