@@ -303,22 +303,6 @@ def test_closed_pipe_exits_quietly(tmp_path):
     assert code == 1
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["bounds", "--spread", "1", "--beta", "-1e308"], "--beta must be finite and > 0"),
-        (["bounds", "--spread", "-inf"], "--spread must be finite and >= 0, got -inf"),
-        (["bounds", "--spread", "1", "--eps", "-nan"], "--eps must lie strictly between 0 and 1"),
-    ],
-)
-def test_negative_numbers_in_any_notation_are_values(capsys, argv, message):
-    # argparse read -1e308, -inf and -nan as options: "argument --beta: expected one argument"
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    assert info.value.code == 2
-    assert message in capsys.readouterr().err
-
-
 def test_negative_logits_need_no_double_dash(capsys):
     # they went after '--' (the error said so); the double dash still works
     assert main(["reference", "--json", "-inf", "-1e3", "0"]) == 0

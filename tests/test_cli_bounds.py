@@ -230,6 +230,10 @@ def test_plot_without_matplotlib(tmp_path, capsys, monkeypatch):
         (["bounds", "--spread", "1e7"], "too large"),
         (["bounds", "--npy", "/nonexistent/x.npy"], "cannot read"),
         (["bounds", "--spread", "1", "--statistic", "mean"], "--statistic applies to the rows"),
+        # argparse read these as options: "argument --beta: expected one argument"
+        (["bounds", "--spread", "1", "--beta", "-1e308"], "--beta must be finite and > 0"),
+        (["bounds", "--spread", "-inf"], "--spread must be finite and >= 0, got -inf"),
+        (["bounds", "--spread", "1", "--eps", "-nan"], "--eps must lie strictly between 0 and 1"),
     ],
 )
 def test_usage_errors(capsys, argv, message):
