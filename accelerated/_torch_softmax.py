@@ -62,7 +62,11 @@ def adaptive_softmax_lastdim(
     beta = beta_from_entropy(schedule, h_beta, n_eff)
     # β above the float maximum of x (a huge constant, say) would round to inf, and inf * 0
     # is NaN: then β z is formed in float64 (β's dtype), where β is finite
-    bound = beta_bound(schedule, x.shape[-1])
+    # under torch.compile the bound over every row length, which holds for this one: the
+    # length may be symbolic (a second shape), and a symbolic argument cannot be folded
+    # into the graph ("assume_constant_result argument conversion failed")
+    compiling = getattr(torch.compiler, "is_compiling", lambda: False)()
+    bound = beta_bound(schedule, 2**63 if compiling else x.shape[-1])
     wide = x.dtype != torch.float64 and (bound is None or bound > torch.finfo(x.dtype).max / 4)
     beta = beta if wide else beta.to(x.dtype)
     # a β that overflowed float64 (a schedule evaluated beyond the range) stands for a
