@@ -94,6 +94,7 @@ class Prepared:
     log2_bound: float = -math.inf  # log2 of a bound on |logit| (finite entries)
     log2_qmax: float = -math.inf  # log2 of the largest finite |q|
     values_finite: bool = True  # every entry of v is finite (known from the scan)
+    log2_vmax: float = -math.inf  # log2 of the largest |v| (finite values; nan: not read)
     # pass 1 queued before the scan was read (see pass1_early); None when not, or void
     pass1: tuple[torch.Tensor, torch.Tensor] | None = None
     # a torch.func transform or forward AD is active (see transformed): torch's own ops only
@@ -356,9 +357,10 @@ def prepare(
         pass1 = None  # computed on operands the scan has since replaced
     if pass1 is not None and lb > _early_log2_bound():
         pass1 = None  # queued as for small logits (RAW); larger ones take another variant
+    v_ok = all(map(math.isfinite, vmax))
     return Prepared(q4, k4, v4, lead, scale, is_causal, keep, add, bias, n_eff, bad,
-                    group, False, lb, lq, all(map(math.isfinite, vmax)), pass1,
-                    transformed(q, k, v, attn_mask))  # fmt: skip
+                    group, False, lb, lq, v_ok, _log2(vmax[0]) if vmax and v_ok else math.nan,
+                    pass1, transformed(q, k, v, attn_mask))  # fmt: skip
 
 
 def _bad_rows(
@@ -1491,6 +1493,29 @@ def _finite_values(p: Prepared) -> tuple[Prepared, torch.Tensor | None]:
     return replace(p, v=torch.where(bad, zero, p.v), values_finite=True), bad
 
 
+def _values_in_range(p: Prepared) -> tuple[Prepared, int]:
+    r"""`p` with its (finite) values scaled by :math:`2^{-k}`, and `k`, so that no sum overflows.
+
+    The fused kernels (SDPA's, the Triton one) sum :math:`\sum_j e^{x_j - m} v_j`
+    before dividing by the weights' sum: up to :math:`S \max|v|`, which overflowed
+    for values near the float maximum divided by :math:`S` (``inf``, or NaN once a
+    later key block rescaled it by :math:`e^{m_{\mathrm{old}} - m_{\mathrm{new}}} = 0`),
+    where the answer is finite. A power of two scales exactly (values below
+    :math:`2^{k}` times the least normal number lose low bits, far below the output's
+    error bound, which :math:`\max|v|` sets); the caller multiplies the output back.
+    `k` is 0, and nothing is done, in the common case.
+    """
+    if p.v is None or p.v.numel() == 0:
+        return p, 0
+    lv = p.log2_vmax if not math.isnan(p.log2_vmax) else _log2(_abs_max(p.v))
+    room = math.log2(torch.finfo(stats_dtype(p.v.dtype)).max) - 3.0
+    over = lv + math.log2(max(p.k.shape[-2], 1)) - room
+    if not over > 0.0:
+        return p, 0
+    shift = math.ceil(over)
+    return replace(p, v=p.v * math.ldexp(1.0, -shift)), shift
+
+
 def _nonfinite_columns(p: Prepared, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     r"""Override the output columns that meet a non-finite value of an unmasked key.
 
@@ -1576,6 +1601,7 @@ def attention(
     # enable_gqa; the other paths repeat them (_ungrouped)
     v_orig = p.v
     p, v_bad = _finite_values(p)
+    p, v_shift = _values_in_range(p)
     safe = q.shape[-1] == 0 or not _fits(p)
     if safe:
         pass  # the overflow-safe chunked path below (also for an empty feature axis)
@@ -1593,6 +1619,8 @@ def attention(
         out = _composition(_ungrouped(p), schedule, detach_beta)
     if out is None:
         out = _chunked(_ungrouped(p), schedule, entropy_eps, detach_beta, safe=safe)
+    if v_shift:
+        out = out * math.ldexp(1.0, v_shift)  # exact: the scale taken off the values
     out = out.to(q.dtype)
     if v_bad is not None:
         out = _nonfinite_columns(p, v_orig, out)

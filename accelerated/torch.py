@@ -247,12 +247,12 @@ def adaptive_attention(
         Outputs in the input dtype (under ``torch.autocast``, float32 operands
         are cast to its dtype first, as SDPA casts them). A query with every key masked gives
         zeros; a NaN or infinite query, unmasked key or mask entry (NaN /
-        ``+inf``) gives a NaN row. Finite queries and keys never give NaN,
-        however large. Values are summed unnormalised by the fused kernels
-        (SDPA's, the Triton one): values near the float maximum divided by
-        ``S`` overflow there (``inf``, or NaN once a later key block rescales
-        it); ``backend="chunked"`` normalises first and gives them. Zero-size
-        inputs give zero-size outputs; ``S = 0`` (no keys) gives zeros.
+        ``+inf``) gives a NaN row. Finite inputs never give NaN, however
+        large: values whose sum over the keys could overflow the fused
+        kernels' unnormalised accumulator (:math:`S \max|v|` near the float
+        maximum) are scaled by a power of two before them and the output
+        back after. Zero-size inputs give zero-size outputs; ``S = 0`` (no
+        keys) gives zeros.
 
     Raises
     ------

@@ -778,3 +778,27 @@ def test_tiny_beta_with_a_shift_beyond_the_float_range(schedule, row):
     for backend in ("auto", "composition", "chunked"):
         out = adaptive_attention(q, k, v, scale=1.0, schedule=schedule, backend=backend)
         assert_attention_close(out, (q, k, v), scale=1.0, schedule=schedule, strict=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", ["auto", "composition", "hybrid", "chunked"])
+def test_values_near_the_float_maximum_do_not_overflow_the_fused_sums(dtype, backend):
+    # the fused kernels sum e^{x - m} v before dividing: values of max / 4 gave inf, and
+    # NaN where a later key raised the running maximum (inf * e^{-800} = inf * 0)
+    fmax = torch.finfo(dtype).max
+    S, D = 600, 16
+    q = torch.zeros(1, 1, 1, D, dtype=dtype)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 1, S, D, dtype=dtype)
+    k[0, 0, -1, 0] = 800.0  # the last key dominates: the output is 1 + 599 e^-800 max / 4
+    v = torch.full((1, 1, S, D), fmax / 4, dtype=dtype)
+    v[0, 0, -1] = 1.0
+    out = adaptive_attention(q, k, v, scale=1.0, backend=backend)
+    assert torch.all(out == 1.0), out
+    # uniform weights: the output is the value itself, max / 4
+    v = torch.full((1, 1, 8, 2), fmax / 4, dtype=dtype, requires_grad=True)
+    q, k = torch.zeros(1, 1, 3, 2, dtype=dtype), torch.zeros(1, 1, 8, 2, dtype=dtype)
+    out = adaptive_attention(q, k, v, schedule=Constant(1), backend=backend)
+    assert torch.all(out == fmax / 4), out
+    out.sum().backward()  # d out / d v = the weights, 3 queries * 1/8 each
+    torch.testing.assert_close(v.grad, torch.full_like(v, 3 / 8), rtol=1e-12, atol=0)
