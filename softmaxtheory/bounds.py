@@ -1928,8 +1928,8 @@ def _power_scaled(w: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.
 
     The scaling is exact except for entries that fall below the normal range
     (each then moves by at most :math:`2^{-1075}`, which the callers' bounds
-    cover); it keeps the products of :func:`_product_norm_upper` and
-    :func:`_mat_vec_norm_upper` within the float range, where weights near
+    cover); it keeps the products of :func:`_product_norm_parts` and
+    :func:`_mat_vec_norm_parts` within the float range, where weights near
     :math:`10^{200}` overflowed (the bound came out NaN) and weights near
     :math:`10^{-200}` underflowed to 0 (a "bound" below the exact value).
     """
@@ -1938,32 +1938,17 @@ def _power_scaled(w: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.
     return np.ldexp(w, -np.expand_dims(e, axes)), e
 
 
-def _scaled_back(x: np.ndarray, e: np.ndarray) -> np.ndarray:
-    r""":math:`x \cdot 2^{e}` rounded up (``inf`` beyond the float range).
+def _product_norm_parts(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r"""Upper bounds on :math:`\lVert a^\top b\rVert_2` over the last two axes, as ``(x, e)``.
 
-    ``ldexp`` is exact unless its result is subnormal, where it rounds to nearest:
-    only there is it moved up a step.
-    """
-    y = np.ldexp(x, e)
-    return np.where(np.abs(y) < np.finfo(np.float64).tiny, np.nextafter(y, np.inf), y)
-
-
-def _product_norm_upper(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    r"""Upper bounds on :math:`\lVert a^\top b\rVert_2` over the last two axes.
-
+    The bound is :math:`x\,2^{e}` (kept apart: it may pass the float range).
     Computed on the power-of-two scaled matrices (:func:`_power_scaled`),
     whose entries are below 1. The computed product differs from the exact
     one by at most :math:`\gamma_r |a|^\top |b|` entrywise (:math:`r` rows
     summed) plus :math:`(2r + 4)\,2^{-1074}` for gradual underflow (of the
     scaled entries, the products and the sums), whose Frobenius norm bounds
-    the spectral norm of the difference (Weyl). ``inf`` where the bound
-    exceeds the float range.
+    the spectral norm of the difference (Weyl).
     """
-    return _scaled_back(*_product_norm_parts(a, b))
-
-
-def _product_norm_parts(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_product_norm_upper` as ``(x, e)``, the bound being ``x * 2**e`` (never overflows)."""
     if a.size == 0 or b.size == 0:  # an empty product: norm 0
         shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         return np.zeros(shape), np.zeros(shape, dtype=int)
@@ -1993,16 +1978,12 @@ def _norm_upper(x: np.ndarray, axes: tuple[int, ...], rel: float) -> np.ndarray:
     return np.squeeze(top, axis=axes) * np.sqrt(total) * (1 + rel) + _SUB
 
 
-def _mat_vec_norm_upper(w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    r"""Upper bounds on :math:`\lVert w^\top b\rVert`, `w` of shape (..., r, c), `b` of (..., r).
-
-    On power-of-two scaled operands, as :func:`_product_norm_upper`.
-    """
-    return _scaled_back(*_mat_vec_norm_parts(w, b))
-
-
 def _mat_vec_norm_parts(w: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_mat_vec_norm_upper` as ``(x, e)``, the bound being ``x * 2**e``."""
+    r"""Upper bounds on :math:`\lVert w^\top b\rVert` as ``(x, e)``, the bound :math:`x\,2^{e}`.
+
+    `w` of shape (..., r, c), `b` of (..., r); on power-of-two scaled operands, as
+    :func:`_product_norm_parts`.
+    """
     if w.size == 0 or b.size == 0:
         shape = np.broadcast_shapes(w.shape[:-2], b.shape[:-1])
         return np.zeros(shape), np.zeros(shape, dtype=int)

@@ -371,25 +371,22 @@ def test_plugin_reports_an_import_failure_once(pytester):
     assert "softmaxtheory conformance:" in err
 
 
-def test_plugin_bad_option_is_a_usage_error(pytester):
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (("--softmax-entropy-eps", "-1"), "entropy_eps must be a finite number >= 0"),
+        # a softmax kernel is checked at beta = 1 whatever the option said: refused
+        (("--softmax-schedule", "constant:2"), "--softmax-schedule does not apply to kind softmax"),
+    ],
+)
+def test_plugin_bad_option_is_a_usage_error(pytester, option, says):
     pytester.makepyfile(mykernels=KERNELS)
     result = pytester.runpytest_subprocess(
         "--pyargs", "softmaxtheory.conformance", "--softmax-kernel", "mykernels:softmax",
-        "--softmax-entropy-eps", "-1", "-p", "no:cacheprovider",
+        *option, "-p", "no:cacheprovider",
     )  # fmt: skip
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "entropy_eps must be a finite number >= 0" in result.stderr.str()
-
-
-def test_plugin_refuses_a_schedule_for_a_softmax_kernel(pytester):
-    # checked at beta = 1 whatever the option said
-    pytester.makepyfile(mykernels=KERNELS)
-    result = pytester.runpytest_subprocess(
-        "--pyargs", "softmaxtheory.conformance", "--softmax-kernel", "mykernels:softmax",
-        "--softmax-schedule", "constant:2", "-p", "no:cacheprovider",
-    )  # fmt: skip
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "--softmax-schedule does not apply to kind softmax" in result.stderr.str()
+    assert says in result.stderr.str()
 
 
 def test_plugin_fails_the_property_whose_kernel_aborts(pytester):
