@@ -356,6 +356,24 @@ def _child_edges(out_dir: Path) -> None:
     """Overflow, large logits, causal block skipping, and the scale's sign."""
     from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
     from softmaxtheory.accelerated import _triton_attention as tri
+    from softmaxtheory.accelerated.torch import adaptive_attention
+    from softmaxtheory.spec import Constant
+
+    # values of a quarter of the float maximum: the kernel's unnormalised sum of
+    # e^{x - m} v overflows unless the caller scales the values (by a power of two) first
+    fmax = torch.finfo(torch.float32).max
+    q = torch.zeros(1, 1, 1, 16)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 1, 40, 16)
+    k[0, 0, -1, 0] = 800.0  # the last key, in the last block, dominates: the output is 1
+    v = torch.full((1, 1, 40, 4), fmax / 4)
+    v[0, 0, -1] = 1.0
+    dominant = adaptive_attention(q, k, v, scale=1.0, backend="triton")
+    v = torch.full((1, 1, 8, 2), fmax / 4)  # uniform weights: the output is fmax / 4
+    q, k = torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 8, 2)
+    uniform = adaptive_attention(q, k, v, schedule=Constant(1), backend="triton")
+    np.savez(out_dir / "large-values.npz", dominant=dominant.double().numpy(),
+             uniform=uniform.double().numpy())  # fmt: skip
 
     # the kernel itself at the edge of the callers' overflow guard (|x| <= 2**125): a row
     # whose base-2 spread, 2**126.5, is near the float maximum (no clamp in the kernels)
@@ -774,6 +792,16 @@ def test_pass_one_kernel_overflowing_spread(child_outputs):
     assert np.isfinite(h).all() and np.isfinite(lse).all()
     np.testing.assert_allclose(h, math.log(2), rtol=1e-6)
     np.testing.assert_allclose(lse, 2.0**125, rtol=1e-6)
+
+
+def test_triton_forward_values_near_the_float_maximum(child_outputs):
+    """float32 values of max/4 behind a dominant last key (the answer 1; the kernel's
+    first blocks summed to inf, and inf * e^{-800} gave NaN) and with uniform weights
+    (the answer max/4, where the sum of eight overflowed to inf): exact after the
+    caller's power-of-two scaling."""
+    r = np.load(child_outputs / "large-values.npz")
+    np.testing.assert_array_equal(r["dominant"], 1.0)
+    np.testing.assert_array_equal(r["uniform"], np.float32(np.finfo(np.float32).max / 4))
 
 
 def test_pass_one_backward_overflowing_exponent(child_outputs):
