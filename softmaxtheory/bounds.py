@@ -789,13 +789,22 @@ def _nu(k: int, spread: float, h: ivl.Interval, big_e: ivl.Interval, prec: int) 
 
 
 def _switch_off_value(spread: float, schedule: Polynomial) -> Callable[[int], ivl.Interval] | None:
-    r"""Enclosures of :math:`V = \max_k \nu(k)`; the switch-off size is :math:`\lceil V\rceil`."""
+    r"""Enclosures of :math:`V = \max_k \nu(k)`, or None where V <= 1.
+
+    :math:`\lceil V\rceil` is the least n with :math:`m(n) \ge H_{\mathrm{off}}`.
+    """
     found = _off_root(schedule)
     if found is None:
         return None
-    sf, root = found
+    return _level_value(spread, *found)
+
+
+def _level_value(
+    spread: float, sf: pr.Poly, root: tuple[Fraction, Fraction]
+) -> Callable[[int], ivl.Interval] | None:
+    r"""As :func:`_switch_off_value` for the level `h`, the root of `sf` isolated in `root`."""
     if root[1] <= 0:
-        return None  # H_off <= 0: every entropy is at least H_off
+        return None  # h <= 0: every entropy is at least h
 
     def enclose(prec: int) -> ivl.Interval:
         h = _root_interval(sf, root, prec)
@@ -985,13 +994,67 @@ def _digits_option(digits: Any) -> int | None:
 # --------------------------------------------------------------------------- T6: switch-off
 
 
-@lru_cache(maxsize=4096)
-def _switch_off(spread: float, schedule: Polynomial) -> int:
-    enclose = _switch_off_value(spread, schedule)
+def _level_size(spread: float, sf: pr.Poly, root: tuple[Fraction, Fraction]) -> int:
+    r"""The least n with :math:`m(n) \ge h`, h the root of `sf` isolated in `root`."""
+    enclose = _level_value(spread, sf, root)
     if enclose is None:
         return 1
     _check_exponent(spread, "spread")
     return ivl.certify(_with_magnitude(enclose, spread + 8.0), _ceil_of)
+
+
+def _end_interval(end: Any, sf: pr.Poly, prec: int) -> ivl.Interval:
+    """An enclosure of a window end: the threshold (a Fraction) or a root of `sf`."""
+    if isinstance(end, Fraction):
+        return ivl.iv_fraction(end, prec)
+    return _root_interval(sf, (end[0], end[1]), prec)
+
+
+def _log_above(n: int, end: Any, sf: pr.Poly) -> bool:
+    r"""Whether :math:`\log n` exceeds the window end `end`, decided exactly.
+
+    :math:`\log n` is transcendental for :math:`n \ge 2` (Lindemann) and the
+    end is algebraic, so they differ and a precise enough enclosure decides;
+    for :math:`n = 1` it is the sign of the end.
+    """
+    if n == 1:
+        if isinstance(end, Fraction):
+            return end < 0
+        a, b = end
+        while a < 0 < b and pr.evaluate(sf, Fraction(0)) != 0:
+            a, b = pr.refine(sf, a, b)
+        return b < 0 or (b == 0 and a < 0 and pr.evaluate(sf, Fraction(0)) != 0)
+
+    def enclose(prec: int) -> ivl.Interval:
+        return ivl.iv_sub(ivl.iv_log(adp.int_interval(n), prec), _end_interval(end, sf, prec), prec)
+
+    def accept(iv: ivl.Interval) -> bool | None:
+        if libmp.mpf_gt(iv[0], libmp.fzero):
+            return True
+        if libmp.mpf_lt(iv[1], libmp.fzero):
+            return False
+        return None
+
+    return ivl.certify(enclose, accept)
+
+
+@lru_cache(maxsize=4096)
+def _switch_off(spread: float, schedule: Polynomial) -> int:
+    """The least N such that no row of N items or more gets beta > 1 (see the public docstring)."""
+    found = _off_root(schedule)
+    if found is None:
+        return 1
+    segments, sf = adp.window_exact(schedule)
+    # The entropies of rows of n items fill [m(n), log n], both ends increasing
+    # with n; they meet the segment (a, b) of the window exactly when
+    # log n > a and n < N_b, the least n with m(n) >= b. Segments further right
+    # have larger N_b: the last one met decides, nearly always the last.
+    for i in range(len(segments) - 1, -1, -1):
+        left, right = segments[i]
+        n_b = _level_size(spread, sf, found[1] if i == len(segments) - 1 else (right[0], right[1]))
+        if n_b >= 2 and _log_above(n_b - 1, left, sf):
+            return n_b
+    return 1
 
 
 @lru_cache(maxsize=4096)
@@ -1000,13 +1063,25 @@ def _switch_off_text(spread: float, schedule: Polynomial, digits: int, rounding:
     if enclose is None:
         return "1"
     _check_exponent(spread, "spread")
-    if spread <= _EXACT_SWITCH_OFF_SPREAD:
-        # the exact integer costs milliseconds here: round it (correctly) instead
-        return size_text(_switch_off(spread, schedule), digits, rounding=rounding)
     extra = max(8, int(spread).bit_length() + 8)
 
     def wrapped(prec: int) -> ivl.Interval:
         return enclose(prec + extra)
+
+    segments, sf = adp.window_exact(schedule)
+    left = segments[-1][0]
+
+    def meets_last(iv: ivl.Interval) -> bool | None:
+        # rows of ceil(V) - 1 >= V - 1 items reach the last segment (a, H_off) if V - 1 > e^a
+        if not _finite(iv):
+            return None
+        e_a = ivl.iv_exp(_end_interval(left, sf, 64), 64)[1]
+        return bool(libmp.mpf_gt(ivl.iv_sub(iv, ivl.iv_exact(1), 64)[0], e_a))
+
+    if spread <= _EXACT_SWITCH_OFF_SPREAD or not ivl.certify(wrapped, meets_last):
+        # the exact integer costs milliseconds here: round it (correctly) instead;
+        # so also where the size may be another segment's (never seen at such spreads)
+        return size_text(_switch_off(spread, schedule), digits, rounding=rounding)
 
     return _size_text_of(wrapped, "ceil", digits, rounding, lambda: _switch_off(spread, schedule))
 
@@ -1036,10 +1111,16 @@ def adaptive_switch_off_size(
         m(n) = \min_{0 \le k \le n} \Bigl[\log\bigl(k e^\delta + n - k\bigr)
         - \frac{k\delta e^\delta}{k e^\delta + n - k}\Bigr],
 
-    which increases with :math:`n`; the result is the least :math:`n` with
-    :math:`m(n) \ge H_{\mathrm{off}}`. From there on β = 1 and adaptive
-    softmax is plain softmax; one item fewer, and some row gets
-    :math:`\beta > 1`. It is :math:`\lceil \max_k \nu(k) \rceil`, where
+    which increases with :math:`n`. The result is one more than the longest
+    length some row of which gets :math:`\beta > 1` (1 if none does): from there
+    on β = 1 and adaptive softmax is plain softmax. For the paper's schedule it
+    is the least :math:`n` with :math:`m(n) \ge H_{\mathrm{off}}`, rows of one
+    item fewer reaching into the window below :math:`H_{\mathrm{off}}`; for a
+    user's polynomial, rows that short may miss the window (or the segment of
+    it that ends at :math:`H_{\mathrm{off}}`), and the same construction at the
+    window's other ends decides (see :doc:`/theory/no_escape`). The least
+    :math:`n` with :math:`m(n) \ge H_{\mathrm{off}}` is
+    :math:`\lceil \max_k \nu(k) \rceil`, where
     :math:`\nu(k)` is the real length at which :math:`k` top logits reach
     :math:`H_{\mathrm{off}}`; :math:`\nu` is unimodal in :math:`k` with its
     peak next to
@@ -1268,6 +1349,35 @@ def _t1_below(n: int, spread: float, beta: float, eps: float) -> bool:
     return bool(libmp.mpf_gt(lhs[0], rhs[1]))
 
 
+def _last_not_below(a: int, b: int, spread: float, sched: Polynomial, eps: float) -> int | None:
+    r"""The largest n in [a, b] at which T1 with :math:`\bar\beta(n)` does not prove eps.
+
+    None if every length there is proven. Below the last critical point of
+    :math:`P`, :math:`\bar\beta(n)` need not be monotone, so no bisection
+    applies; a block :math:`[a', b']` is proven at once by T1 at :math:`n = a'`
+    with the largest β of any entropy in :math:`[\log a' - C, \log b']`
+    (T1 falls with :math:`n` at fixed β). Blocks that fail are split, the upper
+    half searched first, until a single length fails.
+    """
+    gap = adp.entropy_gap_upper(spread)
+    stack = [(a, b)] if a <= b else []
+    while stack:
+        lo, hi = stack.pop()
+        if lo == hi:
+            if not _t1_below(lo, spread, adp.adaptive_beta_up(lo, spread, sched), eps):
+                return lo
+            continue
+        log_lo, log_hi = adp.log_bounds(lo)[0], adp.log_bounds(hi)[1]
+        beta = adp.beta_up_on(sched, max(Fraction(0), log_lo - gap), log_hi)
+        if _t1_below(lo, spread, beta, eps):
+            continue
+        mid = math.isqrt(lo * hi) if hi > 2 * lo else (lo + hi) // 2
+        mid = min(max(mid, lo), hi - 1)
+        stack.append((lo, mid))  # popped after the upper half
+        stack.append((mid + 1, hi))
+    return None
+
+
 def _adaptive_upper_size(eps: float, spread: float, sched: Polynomial) -> int:
     r"""A certified n from which :func:`adaptive_max_coefficient` stays below `eps`.
 
@@ -1299,7 +1409,9 @@ def _adaptive_upper_size(eps: float, spread: float, sched: Polynomial) -> int:
     # T1 at beta_max: no row of this length or more reaches eps
     t_top = (1 / Fraction(eps) - 1) * ivl.to_fraction(enc.exp_enclosure(spread, top, 96, +1)[1])
     if below(n_a):
-        return min(n_a, _round_up_coarse(t_top + 2))
+        start = min(n_a, _round_up_coarse(t_top + 2))
+        last = _last_not_below(2, start - 1, spread, sched, eps)
+        return 2 if last is None else last + 1
     segments = adp.window_exact(sched)[0]
     if segments and segments[-1][1] == math.inf:
         # beta never returns to 1 but stays at most beta_max (P is constant far out)
@@ -1317,16 +1429,22 @@ def _adaptive_upper_size(eps: float, spread: float, sched: Polynomial) -> int:
         hi *= 2
     else:
         raise ivl.CertificationError("adaptive size search did not converge")
-    lo = n_a
-    s = max(0, hi.bit_length() - 62)
-    lo_u, hi_u = lo >> s, -((-hi) >> s)
-    while hi_u - lo_u > 1:
-        mid = (lo_u + hi_u) // 2
-        if below(mid << s):
-            hi_u = mid
+    # Bisect over integers of at most 62 significant bits between n_a (not
+    # proven) and hi (proven; so is every longer length, the bound falls with n).
+    # Geometric midpoints while the ends are more than a factor 2 apart: hi may
+    # lie hundreds of binary orders above the answer, and a grid of multiples of
+    # 2**(hi's bits - 62) would then start above n_a and never come down to it.
+    lo, hi = n_a, _round_up_coarse(Fraction(hi))
+    while True:
+        mid = _round_up_coarse(Fraction(math.isqrt(lo * hi) if hi > 2 * lo else (lo + hi) // 2))
+        if not lo < mid < hi:
+            mid = _round_up_coarse(Fraction(lo + 1))
+        if mid >= hi:
+            return hi
+        if below(mid):
+            hi = mid
         else:
-            lo_u = mid
-    return hi_u << s
+            lo = mid
 
 
 @dataclass(frozen=True)
@@ -1663,7 +1781,10 @@ def adaptive_dispersion_bracket(
     ``lower`` is one more than the length of an explicit row whose largest
     adaptive coefficient reaches `eps` (the ``witness``, found by the search of
     :func:`adaptive_max_coefficient_bracket` at each length, bisecting on
-    :math:`\log n`), so the truth is at least ``lower``. ``upper`` is
+    :math:`\log n`), so the truth is at least ``lower``; and at least
+    :func:`dispersion_size` at :math:`\beta = 1`, since every adaptive β is at
+    least 1 (the witness is then T1's extreme row, the spread on one item).
+    ``upper`` is
     :func:`adaptive_dispersion_size`: from there on
     :func:`adaptive_max_coefficient` stays below `eps`.
 
@@ -1721,7 +1842,13 @@ def adaptive_dispersion_bracket(
     else:
         n, j, c = row
         lower, witness = n + 1, _witness(n, j, c, spread)
-        upper = max(upper, lower)
+    # beta >= 1, so the row of T1's extreme (the spread on one item, the rest at
+    # 0) reaches eps with one item fewer than the plain dispersion size: the
+    # search above stops within a relative 1e-9 of its end, and below this
+    plain = _dispersion_size(eps, spread, 1.0)
+    if plain > lower:
+        lower, witness = plain, LevelRow((spread, 0.0), (1, plain - 2))
+    upper = max(upper, lower)
     if budget and upper > lower:
         upper = ext.dispersion_upper(eps, spread, sched, lower, upper, int(budget))
     return Bracket(lower=lower, upper=upper, witness=witness)
@@ -1731,12 +1858,16 @@ def adaptive_dispersion_bracket(
 def adaptive_dispersion_size(eps: Any, spread: Any, schedule: Schedule | None = None) -> Any:
     r"""A certified length from which no adaptive-softmax coefficient can reach `eps`.
 
-    The least :math:`n` (among integers with at most 62 significant bits) from
-    which :func:`adaptive_max_coefficient` stays below :math:`\varepsilon`:
-    beyond the last critical point of :math:`P`, :math:`\bar\beta(n)` falls
-    with :math:`n`, so the bound does too and a bisection finds the point;
-    below it, T1 with :math:`\beta_{\max}` decides. The truth lies between the
-    lower end of :func:`adaptive_dispersion_bracket` and this.
+    The least :math:`n` from which :func:`adaptive_max_coefficient` stays
+    below :math:`\varepsilon` (above :math:`2^{62}`, the least among integers
+    with at most 62 significant bits). Beyond the last critical point of
+    :math:`P`, :math:`\bar\beta(n)` falls with :math:`n`, so the bound does
+    too and a bisection finds the point, geometric while its ends are more than
+    a factor 2 apart. Before it :math:`\bar\beta(n)` need not be monotone:
+    blocks of lengths are proven at once by T1 at the largest β any of their
+    entropies gets, and split where that fails, down to single lengths. The
+    truth lies between the lower end of :func:`adaptive_dispersion_bracket` and
+    this.
 
     Parameters
     ----------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from decimal import Decimal
@@ -349,6 +350,67 @@ def test_switch_off_size_is_the_least_n_with_two_level_minimum_above_h_off(sprea
         assert two_level_minimum(n - 1, spread)[0] < h_off
 
 
+def window_segments(schedule):
+    """The segments (a, b) above the threshold where P > 1, from mpmath's roots of P - 1."""
+    coeffs = [mpmath.mpf(c.numerator) / c.denominator for c in schedule.exact_coefficients]
+    coeffs[-1] -= 1
+    theta = mpmath.mpf(schedule.exact_threshold.numerator) / schedule.exact_threshold.denominator
+    roots = sorted(
+        r.real for r in mpmath.polyroots(coeffs, maxsteps=200, extraprec=200) if abs(r.imag) < 1e-40
+    )
+    ends = [theta, *(r for r in roots if r > theta), mpmath.inf]
+    segments = []
+    for a, b in itertools.pairwise(ends):
+        probe = (a + b) / 2 if b != mpmath.inf else a + 1
+        if mpmath.polyval(coeffs, probe) > 0:
+            segments.append((a, b))
+    return segments
+
+
+def rows_reach(n, spread, segments):
+    """Whether a row of n items and spread <= `spread` has its entropy in a segment: the
+    entropies fill [m(n), log n], m the two-level minimum."""
+    low = two_level_minimum(n, spread)[0]
+    return any(mpmath.log(n) > a and low < b for a, b in segments)
+
+
+TWO_SEGMENTS = Polynomial(("-1", "5.63", "-11.107", "8.9124", "-1.4354"), "0.5")
+
+
+@pytest.mark.theorem("T6")
+@pytest.mark.parametrize(
+    ("schedule", "spread", "size"),
+    [
+        # window (0.7, 0.75): rows of two items stay below 0.7, of three above 0.75 (was 3)
+        (Polynomial(("-100", "145", "-51.5"), "0"), 1.0, 1),
+        # window (0.078, 0.32): one item has entropy 0, two at least 0.58 (was 2)
+        (Polynomial(("-40", "16", "0"), "0"), 0.1, 1),
+        (Polynomial(("-40", "16", "0"), "0"), 1.0, 1),
+        # beta > 1 on (0.6, 1) and (1.98, 2.05): uniform rows of 7 and 8 items miss the second,
+        # 2 items reach the first (was 8)
+        (TWO_SEGMENTS, 0.0, 3),
+        (TWO_SEGMENTS, 0.3, 3),
+        (TWO_SEGMENTS, 1.0, 9),  # rows of 8 items reach (1.98, 2.05) at spread 1
+        (PaperPolynomial(), 5.69, 7419),
+    ],
+)
+def test_switch_off_size_when_short_rows_miss_the_window(schedule, spread, size):
+    """The switch-off size is one more than the longest length some row of which gets
+    beta > 1. It was the least n with m(n) >= H_off, which is that only when rows of one
+    item fewer reach the window's last segment; short rows may miss it, or all of it."""
+    n = bounds.adaptive_switch_off_size(spread, schedule)
+    assert n == size
+    segments = window_segments(schedule)
+    with mpmath.workprec(200):
+        if n > 1:
+            assert rows_reach(n - 1, spread, segments)
+        for m in range(n, n + 40):
+            assert not rows_reach(m, spread, segments), m
+    if spread == 0.0 and n > 1:
+        assert float(reference.beta(np.zeros(n - 1), schedule=schedule)) > 1.0
+        assert float(reference.beta(np.zeros(n), schedule=schedule)) == 1.0
+
+
 @pytest.mark.theorem("T6")
 def test_switch_off_size_at_gemma_spread():
     """At spread 5.69 the switch-off is 7,419: n = 7,418 with k = 118 top logits is below H_off."""
@@ -522,19 +584,65 @@ def test_bracket_upper_end_is_never_below_the_exact_maximum(n, spread):
 
 @pytest.mark.theorem("T6")
 def test_dispersion_bracket_with_a_budget_is_proven_length_by_length():
-    """With a budget the upper end falls from 129 to 122 at spread 2; each length between
+    """With a budget the upper end falls from 128 to 122 at spread 2; each length between
     is checked again by the per-length branch and bound, and a row of 120 items reaches 1/2."""
     from softmaxtheory._certify.extremal import adaptive_top_upper
 
     plain = bounds.adaptive_dispersion_bracket(0.5, 2.0)
     tight = bounds.adaptive_dispersion_bracket(0.5, 2.0, budget=20000)
-    assert (plain.lower, plain.upper) == (121, 129)
+    assert (plain.lower, plain.upper) == (121, 128)
     assert (tight.lower, tight.upper) == (121, 122)
     assert reference.adaptive_softmax(tight.witness.logits()).max() >= 0.5
     for n in range(tight.upper, plain.upper):
         assert adaptive_top_upper(n, 2.0, PaperPolynomial()) < Fraction(1, 2), n
     with pytest.raises(ValueError, match="budget"):
         bounds.adaptive_dispersion_bracket(0.5, 2.0, budget=-1)
+
+
+@pytest.mark.theorem("T6")
+@pytest.mark.parametrize(
+    ("coefficients", "eps", "spread", "size", "lower"),
+    [
+        (("-0.04", "3"), 0.5, 3.0, 3443, 3095),  # was 2**32
+        (("-0.001", "3"), 0.5, 3.0, 7913, 7889),  # was about 3e871, and so the bracket's end
+    ],
+)
+def test_dispersion_size_when_the_window_ends_far_out(coefficients, eps, spread, size, lower):
+    """beta = 3 - 0.04 H switches off at H = 50: the search's upper end starts near e**50, and
+    its last bisection ran on a grid of multiples of 2**(bits - 62) that began above the
+    answer. The size is the least length whose bound is below eps; a row of lower - 1 items
+    reaches eps."""
+    sched = Polynomial(coefficients)
+    n = bounds.adaptive_dispersion_size(eps, spread, sched)
+    assert n == size
+    assert bounds.adaptive_max_coefficient(n - 1, spread, sched) >= eps
+    assert bounds.adaptive_max_coefficient(n, spread, sched) < eps
+    b = bounds.adaptive_dispersion_bracket(eps, spread, sched, budget=30000)
+    assert b.lower == lower <= b.upper <= size
+    assert reference.adaptive_softmax(b.witness.logits(), schedule=sched).max() >= eps
+
+
+@given(
+    eps=st.floats(0.01, 0.99),
+    spread=st.floats(0.0, 6.0),
+    schedule=st.sampled_from(
+        [
+            None,
+            Polynomial(("-0.04", "3")),
+            Polynomial(("2",), "0.5"),
+            Polynomial(("-1", "4", "-2"), "0.5"),
+        ]
+    ),
+)
+@example(eps=0.8212127935128151, spread=0.38132851715513205, schedule=None)  # was 3
+@example(eps=0.8810986009044778, spread=2.606527913605865, schedule=None)  # was 77
+@example(eps=0.5, spread=2.0, schedule=None)  # was 129
+def test_adaptive_dispersion_size_is_the_least_proven_length(eps, spread, schedule):
+    """One item fewer and T1 with beta-bar does not prove eps (or the size is 2): below the
+    last critical point of P, where beta-bar need not fall with n, the size was the first
+    length of the region after it, or T1's size at beta_max, not the least."""
+    n = bounds.adaptive_dispersion_size(eps, spread, schedule)
+    assert n == 2 or bounds.adaptive_max_coefficient(n - 1, spread, schedule) >= eps
 
 
 @given(eps=st.floats(0.01, 0.99), spread=st.floats(0.0, 12.0))
@@ -1148,9 +1256,22 @@ def test_dispersion_bracket_between_2_53_and_2_1000_items():
     plain = bounds.adaptive_dispersion_bracket(0.5, 36.0)
     assert plain.lower <= plain.upper
     b = bounds.adaptive_dispersion_bracket(0.5, 40.0, budget=30000)
-    assert b.lower == 235385264793510273 and b.upper <= 1.02 * b.lower
+    assert b.lower == 235385266837019987 and b.upper <= 1.02 * b.lower
     assert bounds.adaptive_dispersion_bracket(0.5, 40.0).upper > 3 * b.lower  # the closed form
     assert b.witness.n == b.lower - 1
+
+
+@pytest.mark.theorem("T6")
+@pytest.mark.parametrize("spread", [20.0, 30.0, 40.0])
+def test_dispersion_bracket_lower_end_is_at_least_the_plain_size(spread):
+    """beta >= 1, so T1's extreme row at beta = 1 reaches eps with dispersion_size - 1 items:
+    the lower end was below that (485165189 against 485165197 at spread 20, 10686474539733
+    against 10686474581526 at 30), the witness search stopping within 1e-9 of its end."""
+    b = bounds.adaptive_dispersion_bracket(0.5, spread)
+    plain = bounds.dispersion_size(0.5, spread)
+    assert b.lower == plain
+    assert b.witness == bounds.LevelRow((spread, 0.0), (1, plain - 2))
+    assert bounds.max_coefficient(plain - 1, spread) >= 0.5
 
 
 def test_spread_from_weights_never_overflows_midway():
