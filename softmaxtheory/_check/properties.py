@@ -178,6 +178,29 @@ def _p_batch_independence(t: Target, run: Run) -> None:
     run_given(t, strategy, t.budget(30), body)
 
 
+#: Batches of many rows, ``(batch shape, n, scale)``: a kernel that gives each program a
+#: group of rows and rounds the number of groups down (``rows // group`` for
+#: ``ceil(rows / group)``) leaves the last rows unwritten, and batches of a few rows (the
+#: other properties draw at most 9) never show it. The counts of rows (1031, 1045 and 231)
+#: are odd, so they leave a partial last group for every group of a power-of-two size up
+#: to 1024.
+MANY_ROWS = (((1031,), 17, 1.0), ((5, 209), 12, 3.0), ((3, 7, 11), 5, 0.5))
+
+
+def _p_many_rows(t: Target, run: Run) -> None:
+    """Batches of 231 to 1045 rows (16411 more with --thorough) against the reference.
+
+    See :data:`MANY_ROWS`: every row is checked, the last ones included.
+    """
+    cases = list(MANY_ROWS)
+    if t.thorough:
+        cases.append(((16411,), 8, 2.0))
+    for seed, (batch, n, scale) in enumerate(cases, start=40):
+        x, src = _rng_array(seed, (*batch, n), scale, t.dtype)
+        what = f"{int(np.prod(batch))} rows of {n} items, batch shape {batch}"
+        run.compare(run.call(x), x, source=src, what=what)
+
+
 def _p_dtype_shape(t: Target, run: Run) -> None:
     """Output dtype equals the input dtype; shapes (n,), (1, n), (2, 3, n), views."""
     base = strat.cast(np.random.default_rng(11).normal(0, 3, (2, 3, 5)), t.dtype)
@@ -681,7 +704,8 @@ def _p_attention_batch(t: Target, run: Run) -> None:
     """Each batch entry and query row is independent of the others; long key sequences.
 
     256 keys, and 256 + 5: a kernel that loops over key blocks and handles its last,
-    partial block wrongly is right on whole blocks.
+    partial block wrongly is right on whole blocks. Batches of 67 and 69 (batch, head)
+    slices: every slice is checked, the last ones included.
     """
     (q, q_src), (k, k_src), (v, v_src) = (
         _rng_array(seed, shape, scale, t.dtype)
@@ -702,6 +726,18 @@ def _p_attention_batch(t: Target, run: Run) -> None:
         cut = f"[{i}:{i + 1}]"
         source = {"q": f"({q_src}){cut}[:, :1]", "k": f"({k_src}){cut}", "v": f"({v_src}){cut}"}
         _attention_compare(run, one, f"head {i}, query 0 alone", source=source)
+    # many (batch, head) slices, an odd number of them: a kernel that gives each program a
+    # group of slices and rounds the number of groups down leaves the last ones unwritten
+    for seed, lead in ((8, (67,)), (11, (3, 23))):
+        (q, q_src), (k, k_src), (v, v_src) = (
+            _rng_array(seed + i, (*lead, rows, d), 1.5, t.dtype)
+            for i, (rows, d) in enumerate(((3, 8), (21, 8), (21, 4)))
+        )
+        count = int(np.prod(lead))
+        _attention_compare(
+            run, {"q": q, "k": k, "v": v, **base}, f"{count} slices, batch shape {lead}",
+            source={"q": q_src, "k": k_src, "v": v_src},
+        )  # fmt: skip
 
 
 def _fresh_sources(t: Target) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -797,6 +833,7 @@ PROPERTIES: dict[str, tuple[Callable[[Target, Run], None], tuple[Kind, ...]]] = 
     "million_row": (_p_million_row, ROWWISE_KINDS),
     "branch_points": (_p_branch_points, ("entropy", "adaptive_softmax")),
     "batch_independence": (_p_batch_independence, ROWWISE_KINDS),
+    "many_rows": (_p_many_rows, ROWWISE_KINDS),
     "dtype_shape": (_p_dtype_shape, ROWWISE_KINDS),
     "special_values": (_p_special_values, ROWWISE_KINDS),
     "invariances": (_p_invariances, ROWWISE_KINDS),

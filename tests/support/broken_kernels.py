@@ -642,6 +642,35 @@ def every_fifth_call_reversed(x):
     return y[..., ::-1].copy() if _CALLS[0] % 5 == 0 else y
 
 
+#: Rows (or attention's (batch, head) slices) given to each program of the grouped kernels.
+GROUP = 8
+
+
+def softmax_grouped_rows(x):
+    """Defect: rows computed GROUP to a program on a grid of ``rows // GROUP`` programs (at
+    least 1), the count rounded down: with more than GROUP rows, the rows of a partial last
+    group are never written and stay zero."""
+    x = np.asarray(x)
+    flat = _work(x).reshape(-1, x.shape[-1])
+    out = np.zeros_like(flat)
+    for pid in range(max(1, flat.shape[0] // GROUP)):
+        rows = slice(pid * GROUP, (pid + 1) * GROUP)
+        out[rows] = _softmax(flat[rows])
+    return out.reshape(x.shape).astype(x.dtype)
+
+
+def attention_grouped_slices(q, k, v, mask=None, is_causal=False):
+    """Defect: the (batch, head) slices computed GROUP to a program on a grid of
+    ``slices // GROUP`` programs (at least 1): the slices of a partial last group stay zero."""
+    full = attention(q, k, v, mask=mask, is_causal=is_causal)
+    lead = full.shape[:-2]
+    flat = full.reshape(-1, *full.shape[-2:])
+    out = np.zeros_like(flat)
+    done = max(1, flat.shape[0] // GROUP) * GROUP
+    out[:done] = flat[:done]
+    return out.reshape(*lead, *full.shape[-2:])
+
+
 def softmax_in_place(x):
     """Defect: the softmax written into the input array, which is returned (values right)."""
     x = np.asarray(x)
@@ -767,6 +796,10 @@ CATALOGUE = {
         attention_first_mask_for_every_entry, {"kind": "attention"}, "attention_masks"),
     "causal mask aligned to the bottom right": (
         attention_causal_bottom_right, {"kind": "attention"}, "attention_causal"),
+    "rows in groups, the partial last group never computed": (
+        softmax_grouped_rows, {"dtype": "float32"}, "many_rows"),
+    "attention slices in groups, the partial last group never computed": (
+        attention_grouped_slices, {"kind": "attention"}, "attention_batch"),
     "online softmax losing the scale of its last, partial block": (
         online_tail_unscaled, {"dtype": "float32"}, "long_rows"),
     "blocked attention losing the scale of its last, partial key block": (
