@@ -46,6 +46,7 @@ import enum
 import functools
 import math
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
@@ -88,14 +89,34 @@ Number = str | float | int | Fraction
 _FLOAT_MAX = float(np.finfo(np.float64).max)
 
 
+def _plain_number(value: Any) -> Any:
+    """`value` as a Python number where it is a numpy scalar or a :class:`~decimal.Decimal`.
+
+    numpy integers become ints, numpy floats their exact value (a float, or a
+    Fraction for a ``longdouble`` no float holds), finite Decimals their decimal
+    string; anything else is returned as it is, for :func:`exact_value` to judge.
+    """
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        if not np.isfinite(value):
+            return float(value)
+        as_float = float(value)
+        exact = Fraction(*value.as_integer_ratio())
+        return as_float if Fraction(as_float) == exact else exact
+    if isinstance(value, Decimal):
+        return str(value) if value.is_finite() else float(value)
+    return value
+
+
 def exact_value(value: Number, name: str) -> Fraction:
     """Return the exact rational value of a schedule parameter.
 
     Parameters
     ----------
-    value : str, float, int or Fraction
-        A decimal string is read exactly (``"0.1"`` is one tenth); a float is
-        taken at its exact binary value.
+    value : str, float, int, Fraction, numpy scalar or Decimal
+        A decimal string (or Decimal) is read exactly (``"0.1"`` is one tenth);
+        a float is taken at its exact binary value.
     name : str
         The parameter's name, used in error messages.
 
@@ -112,6 +133,7 @@ def exact_value(value: Number, name: str) -> Fraction:
         If `value` is not finite, not a valid decimal, or beyond the float64
         range (float backends need its nearest float).
     """
+    value = _plain_number(value)
     if isinstance(value, bool) or not isinstance(value, str | float | int | Fraction):
         raise TypeError(f"{name} must be a decimal string or a real number, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
@@ -197,10 +219,12 @@ class Polynomial(Schedule):
         coefficients = tuple(raw)
         if not coefficients:
             raise ValueError("coefficients must hold at least one value")
+        coefficients = tuple(_plain_number(c) for c in coefficients)
         for i, c in enumerate(coefficients):
             exact_value(c, f"coefficients[{i}]")
         exact_value(self.threshold, "threshold")
         object.__setattr__(self, "coefficients", coefficients)
+        object.__setattr__(self, "threshold", _plain_number(self.threshold))
 
     @functools.cached_property
     def exact_coefficients(self) -> tuple[Fraction, ...]:
@@ -266,7 +290,8 @@ class Polynomial(Schedule):
             p = np.polyval(coeffs, h)
             beta = np.where(h > float(self.exact_threshold), np.maximum(p, 1.0), 1.0)
         beta = np.where(np.isnan(h), np.nan, beta)
-        return np.broadcast_to(beta, np.broadcast(h, np.asarray(n_eff)).shape).copy()
+        n = np.asarray(n_eff)
+        return np.broadcast_to(np.where(n == 0, 1.0, beta), np.broadcast(h, n).shape).copy()
 
 
 class PaperPolynomial(Polynomial):
@@ -304,6 +329,7 @@ class Constant(Schedule):
     needs_entropy = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "beta", _plain_number(self.beta))
         if exact_value(self.beta, "beta") <= 0:
             raise ValueError(f"beta must be > 0, got {self.beta!r}")
 
@@ -315,7 +341,8 @@ class Constant(Schedule):
     def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
         n = np.asarray(n_eff)
         shape = np.broadcast(np.asarray(entropy), n).shape
-        return np.full(shape, float(exact_value(self.beta, "beta")))
+        beta = float(exact_value(self.beta, "beta"))
+        return np.broadcast_to(np.where(n == 0, 1.0, beta), shape).copy()
 
 
 @dataclass(frozen=True)
@@ -335,6 +362,7 @@ class LogLength(Schedule):
     needs_entropy = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "s", _plain_number(self.s))
         if exact_value(self.s, "s") <= 0:
             raise ValueError(f"s must be > 0, got {self.s!r}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from fractions import Fraction
 
 import numpy as np
@@ -65,6 +66,40 @@ def test_float_beta_of_each_schedule_and_special_values():
         0.0,
         0.5 * np.log(4),
     ]
+
+
+def test_float_beta_is_one_on_rows_without_items():
+    """n_eff == 0 gives 1 for every schedule, as the docstring and the special-value table
+    say: the polynomial gave P(0) or 2.25 (its value at the entropy), a Constant its beta."""
+    h = np.array([0.0, 3.0, np.nan])
+    for schedule in (PaperPolynomial(), Polynomial(("5",), "-1"), Constant(2), LogLength("2")):
+        assert schedule.beta_float(h, np.array([0, 0, 0])).tolist() == [1.0, 1.0, 1.0]
+    assert PaperPolynomial().beta_float(3.0, np.array([0, 4]))[1] > 2.0
+
+
+@pytest.mark.parametrize(
+    ("given", "stored"),
+    [
+        (np.int64(2), 2),
+        (np.float32(0.5), 0.5),
+        (np.float64(1.25), 1.25),
+        (Decimal("0.3"), "0.3"),
+        (np.longdouble(2) ** -3, 0.125),
+    ],
+)
+def test_numpy_scalars_and_decimals_are_numbers(given, stored):
+    """They raised 'must be a decimal string or a real number, got np.int64(2)'. They are
+    stored as the plain number of the same exact value, so schedules compare, hash and
+    print as if given that number."""
+    for make in (Constant, LogLength, lambda v: Polynomial((v, "1"), v)):
+        schedule = make(given)
+        assert schedule == make(stored) and hash(schedule) == hash(make(stored))
+        assert repr(schedule) == repr(make(stored))
+    assert Constant(given).exact_beta == Fraction(stored)
+    with pytest.raises(ValueError, match="finite"):
+        Constant(Decimal("NaN"))
+    with pytest.raises(ValueError, match="finite"):
+        Constant(np.float32("inf"))
 
 
 def test_float_beta_is_close_to_the_certified_beta():
