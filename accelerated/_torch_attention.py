@@ -1493,27 +1493,55 @@ def _finite_values(p: Prepared) -> tuple[Prepared, torch.Tensor | None]:
     return replace(p, v=torch.where(bad, zero, p.v), values_finite=True), bad
 
 
-def _values_in_range(p: Prepared) -> tuple[Prepared, int]:
-    r"""`p` with its (finite) values scaled by :math:`2^{-k}`, and `k`, so that no sum overflows.
+def _values_in_range(p: Prepared) -> tuple[Prepared, torch.Tensor | None]:
+    r"""`p` with its (finite) values scaled by powers of two so that no sum overflows.
 
     The fused kernels (SDPA's, the Triton one) sum :math:`\sum_j e^{x_j - m} v_j`
     before dividing by the weights' sum: up to :math:`S \max|v|`, which overflowed
     for values near the float maximum divided by :math:`S` (``inf``, or NaN once a
     later key block rescaled it by :math:`e^{m_{\mathrm{old}} - m_{\mathrm{new}}} = 0`),
-    where the answer is finite. A power of two scales exactly (values below
-    :math:`2^{k}` times the least normal number lose low bits, far below the output's
-    error bound, which :math:`\max|v|` sets); the caller multiplies the output back.
-    `k` is 0, and nothing is done, in the common case.
+    where the answer is finite. Each value column (of each batch entry and head)
+    is scaled by its own :math:`2^{-k_c}`, from its own largest magnitude:
+    a power of two scales exactly, and a column of small values next to a huge one
+    keeps its bits (one scale for all columns pushed it into the subnormals, 78 ulps
+    off where the column's error bound is a few). Returns the powers :math:`2^{k_c}`
+    (shape (B, H', 1, Dv)) that the output is multiplied back by
+    (:func:`_scaled_back`), or None, and nothing is done, in the common case.
     """
     if p.v is None or p.v.numel() == 0:
-        return p, 0
+        return p, None
     lv = p.log2_vmax if not math.isnan(p.log2_vmax) else _log2(_abs_max(p.v))
     room = math.log2(torch.finfo(stats_dtype(p.v.dtype)).max) - 3.0
-    over = lv + math.log2(max(p.k.shape[-2], 1)) - room
-    if not over > 0.0:
-        return p, 0
-    shift = math.ceil(over)
-    return replace(p, v=p.v * math.ldexp(1.0, -shift)), shift
+    S = max(p.k.shape[-2], 1)
+    if not lv + math.log2(S) - room > 0.0:
+        return p, None
+    with torch.no_grad():
+        col = p.v.abs().amax(dim=-2, keepdim=True)  # (B, H', 1, Dv); |v| < 2**e
+        e = torch.frexp(col).exponent.to(torch.int32)
+        k = (e + (math.ceil(math.log2(S)) - math.floor(room))).clamp(min=0)
+        one = torch.ones(k.shape, dtype=p.v.dtype, device=p.v.device)
+        down, up = torch.ldexp(one, -k), torch.ldexp(one, k)
+    return replace(p, v=p.v * down), up
+
+
+def _scaled_back(
+    out: torch.Tensor, up: torch.Tensor, group: int, dtype: torch.dtype
+) -> torch.Tensor:
+    r"""`out` times the powers of two :func:`_values_in_range` took off the values, in `dtype`.
+
+    Exact, but for one rounding: each output is a weighted mean of finite values, so
+    its magnitude is at most the float maximum, yet rounded a few ulps above it
+    the product or the cast to `dtype` gave ``inf`` (values all at the maximum).
+    Such an element is the float maximum, with its sign.
+    """
+    if out.numel() == 0:
+        return out.to(dtype)
+    if group > 1:
+        up = up.repeat_interleave(group, dim=1)  # (B, H, 1, Dv): key heads -> query heads
+    res = (out * up.to(out.dtype)).to(dtype)
+    over = torch.isinf(res) & torch.isfinite(out)
+    cap = torch.full_like(res, torch.finfo(dtype).max)
+    return torch.where(over, torch.where(out > 0, cap, -cap), res)
 
 
 def _nonfinite_columns(p: Prepared, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -1601,7 +1629,7 @@ def attention(
     # enable_gqa; the other paths repeat them (_ungrouped)
     v_orig = p.v
     p, v_bad = _finite_values(p)
-    p, v_shift = _values_in_range(p)
+    p, v_up = _values_in_range(p)
     safe = q.shape[-1] == 0 or not _fits(p)
     if safe:
         pass  # the overflow-safe chunked path below (also for an empty feature axis)
@@ -1619,9 +1647,7 @@ def attention(
         out = _composition(_ungrouped(p), schedule, detach_beta)
     if out is None:
         out = _chunked(_ungrouped(p), schedule, entropy_eps, detach_beta, safe=safe)
-    if v_shift:
-        out = out * math.ldexp(1.0, v_shift)  # exact: the scale taken off the values
-    out = out.to(q.dtype)
+    out = out.to(q.dtype) if v_up is None else _scaled_back(out, v_up, p.group, q.dtype)
     if v_bad is not None:
         out = _nonfinite_columns(p, v_orig, out)
     if p.keep is not None:

@@ -19,6 +19,7 @@ from softmaxtheory.accelerated.torch import (  # noqa: E402
     attention_entropy,
 )
 from softmaxtheory.spec import Constant, LogLength, Schedule  # noqa: E402
+from softmaxtheory.testing import assert_attention_close  # noqa: E402
 
 BACKENDS = ["auto", "hybrid", "composition", "chunked"]
 BIG = {torch.float64: 1e308, torch.float32: 3e38}
@@ -764,7 +765,7 @@ def test_tiny_beta_with_a_shift_beyond_the_float_range(schedule, row):
     """A shift x - m beyond the float range was clamped to -1.8e308 before β scaled it:
     under β = 1e-310, [1e308, -1e308] gave [0.50449, 0.49551] for [0.50500, 0.49500] (the
     exponent -0.018 for -0.02), in adaptive_softmax and in attention alike."""
-    from softmaxtheory.testing import assert_adaptive_softmax_close, assert_attention_close
+    from softmaxtheory.testing import assert_adaptive_softmax_close
 
     x = torch.tensor(row, dtype=torch.float64, requires_grad=True)
     got = adaptive_softmax(x, schedule=schedule)
@@ -802,3 +803,46 @@ def test_values_near_the_float_maximum_do_not_overflow_the_fused_sums(dtype, bac
     assert torch.all(out == fmax / 4), out
     out.sum().backward()  # d out / d v = the weights, 3 queries * 1/8 each
     torch.testing.assert_close(v.grad, torch.full_like(v, 3 / 8), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["auto", "composition", "hybrid", "chunked"])
+def test_values_at_the_float_maximum_give_the_float_maximum(backend):
+    """Every value at +-max: the output is +-max, which rounded a few ulps above it and
+    became inf when multiplied back by the scale taken off the values (float64, 40 keys;
+    float32, 3 keys)."""
+    torch.manual_seed(0)
+    for dtype, S in ((torch.float64, 40), (torch.float32, 3)):
+        fmax = torch.finfo(dtype).max
+        q, k = torch.randn(3, 4, dtype=dtype), torch.randn(S, 4, dtype=dtype)
+        v = torch.full((S, 2), fmax, dtype=dtype)
+        v[:, 1] = -fmax
+        for schedule in (None, Constant(1)):
+            out = adaptive_attention(q, k, v, schedule=schedule, backend=backend)
+            assert torch.isfinite(out).all(), out
+            assert_attention_close(out, (q, k, v), schedule=schedule)
+
+
+@pytest.mark.parametrize("backend", ["auto", "composition", "hybrid", "chunked"])
+def test_small_values_beside_huge_ones_keep_their_bits(backend):
+    """Values near the float maximum are scaled down before the fused kernels; one scale
+    for every column took a column of subnormal values 78 ulps off (its bound: a few).
+    Each column has its own scale: the small column's output is the one it has alone."""
+    torch.manual_seed(0)
+    S = 64
+    q, k = torch.randn(2, 4, dtype=torch.float64), torch.randn(S, 4, dtype=torch.float64)
+    v = torch.empty(S, 2, dtype=torch.float64)
+    v[:, 0] = 1e307
+    v[:, 1] = torch.randint(1, 10**6, (S,)).double() * 5e-324
+    out = adaptive_attention(q, k, v, backend=backend)
+    alone = adaptive_attention(q, k, v[:, 1:], backend=backend)
+    assert torch.equal(out[:, 1:], alone), (out[:, 1], alone[:, 0])
+    assert_attention_close(out, (q, k, v))
+    # grouped-query attention: two key heads, each with its own columns' scales
+    q = torch.randn(1, 4, 3, 8, dtype=torch.float64)
+    k = torch.randn(1, 2, 5, 8, dtype=torch.float64)
+    v = torch.randn(1, 2, 5, 3, dtype=torch.float64)
+    v[:, 0, :, 0] = torch.finfo(torch.float64).max / 2
+    v[:, 1, :, 1] = 1e-310
+    out = adaptive_attention(q, k, v, enable_gqa=True, backend=backend)
+    rep = (q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+    assert_attention_close(out, rep)

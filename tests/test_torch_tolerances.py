@@ -103,7 +103,8 @@ def attention_tolerance(
     :math:`\delta H \le 2u\,\mathrm{scale}\sum_d |q_d|\, E_p|k_d| +
     \gamma_S u_s(2 + \max|x|)` through :math:`|\beta'(H)|` and
     :math:`|\mathrm{Cov}_p(x, v)| \le \sqrt{\mathrm{Var}_p x\, \mathrm{Var}_p v}`; the softmax in
-    statistics precision :math:`\gamma_S u_s(3 + 2\beta \max|z|) V`. Doubled.
+    statistics precision :math:`\gamma_S u_s(3 + 2\beta \max|z|) V`. Doubled. Underflow:
+    :math:`S` smallest subnormals of the statistics dtype and two of the input dtype's.
     """
     u, us = units(dtype)
     d = q.shape[-1]
@@ -155,7 +156,10 @@ def attention_tolerance(
         + S * us * (3.0 + 2.0 * beta * spread)[..., None] * vmax
     )
     del L
-    return 2.0 * terms + 2.0 * SMALLEST_SUBNORMAL[dtype]
+    # underflow: each of the S products p_j v_jc rounds to the statistics' subnormal grid
+    # (half its step at most, doubled as the rest), the output to the input dtype's
+    stats = torch.float64 if dtype == torch.float64 else torch.float32
+    return 2.0 * terms + S * SMALLEST_SUBNORMAL[stats] + 2.0 * SMALLEST_SUBNORMAL[dtype]
 
 
 def test_softmax_tolerance_tightens_with_precision():
