@@ -226,6 +226,29 @@ def test_huge_spreads_stay_finite_and_exact():
     assert bounds.adaptive_switch_off_size(800.0) > 10**340
 
 
+@pytest.mark.parametrize(
+    ("n", "spread"),
+    [
+        (2 ** (2**22), 2.9e6),  # (n - 1) e^-spread = e^7270: never returned
+        (2 ** (2**22), 2907411.0),  # e^-140: the coefficient a hair below 1
+        (10**1263000, 2908180.0),  # e^-15: every bound a number well inside its range
+        (2 ** (2**22), 1e300),
+    ],
+    ids=["2**2**22-e7270", "2**2**22-e-140", "10**1263000-e-15", "2**2**22-1e300"],
+)
+def test_huge_counts_against_exponents_beyond_the_cap(n, spread):
+    """Past EXP_CAP (2**21) the exponential was enclosed by [0, e^-cap] alone, which a
+    count near e^(2**21) or more cancels: no precision decided, and the bounds never
+    returned. The exponent log(n - 1) - spread is formed first now."""
+    with mpmath.workprec(400):
+        x = mpmath.log(n - 1) - mpmath.mpf(spread)
+        top = 1 / (1 + mpmath.exp(x))
+        floor = mpmath.log1p(mpmath.exp(x))
+    assert bounds.max_coefficient(n, spread) == round_to(top, "f8")
+    assert bounds.entropy_lower_bound(n, spread) == round_to(floor, "f8")
+    assert bounds.min_coefficient(n, spread) == 0.0
+
+
 def test_size_limit_is_a_clear_error():
     with pytest.raises(ValueError, match="spread \\* beta"):
         bounds.dispersion_size(0.5, 1e7)

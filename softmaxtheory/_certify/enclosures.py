@@ -25,6 +25,7 @@ __all__ = [
     "EXP_CAP",
     "certified_text",
     "coefficient_enclosure",
+    "count_times_exp",
     "decimal_up",
     "entropy_floor_enclosure",
     "exp_enclosure",
@@ -63,14 +64,46 @@ def exp_enclosure(spread: float, beta: float | Fraction, prec: int, sign: int) -
     return e_lo, e_hi
 
 
+def count_times_exp(count: int, spread: float, beta: float, prec: int, sign: int) -> ivl.Interval:
+    r"""An enclosure of :math:`c\,e^{\pm\beta\delta}` for an integer :math:`c \ge 1`.
+
+    Formed as a product while :math:`\beta\delta \le` :data:`EXP_CAP`. Beyond it
+    :func:`exp_enclosure` gives only 0 or ∞ as one end, which the count may cancel
+    (:math:`c \approx 2^{2^{22}}` against :math:`\beta\delta = 2.9 \cdot 10^6`:
+    the product is :math:`e^{7411}`, and no precision decided it): there it is
+    :math:`e^{\log c \pm \beta\delta}`, the exponent formed first and only that
+    capped.
+    """
+    b = ivl.iv_fraction(beta, prec) if isinstance(beta, Fraction) else ivl.iv_exact(beta)
+    t = ivl.iv_mul(b, ivl.iv_exact(spread), prec)
+    if libmp.mpf_le(t[1], libmp.from_int(EXP_CAP)):
+        return ivl.iv_mul(ivl.iv_exact(count), exp_enclosure(spread, beta, prec, sign), prec)
+    c = (
+        libmp.from_int(count, prec + 8, libmp.round_floor),
+        libmp.from_int(count, prec + 8, libmp.round_ceiling),
+    )
+    d = ivl.iv_log(c, prec + 8)
+    d = ivl.iv_add(d, t, prec + 8) if sign > 0 else ivl.iv_sub(d, t, prec + 8)
+    big = libmp.from_int(EXP_CAP)
+    small = libmp.mpf_neg(big)
+    lo = small if libmp.mpf_lt(d[0], small) else big if libmp.mpf_gt(d[0], big) else d[0]
+    hi = small if libmp.mpf_lt(d[1], small) else big if libmp.mpf_gt(d[1], big) else d[1]
+    e_lo, e_hi = ivl.iv_exp((lo, hi), prec)
+    if libmp.mpf_lt(d[0], small):
+        e_lo = libmp.fzero
+    if libmp.mpf_gt(d[1], big):
+        e_hi = libmp.finf
+    return e_lo, e_hi
+
+
 def coefficient_enclosure(n: int, spread: float, beta: float, sign: int) -> Callable[[int], Any]:
     r"""Enclosures of :math:`1 / (1 + (n-1) e^{\mp\beta\delta})` at a given precision."""
 
     def enclose(prec: int) -> ivl.Interval:
         if n == 1:  # one item: the coefficient is 1 (and 0 * inf must not enter)
             return ivl.iv_exact(1)
-        e = exp_enclosure(spread, beta, prec, sign)
-        denom = ivl.iv_add(ivl.iv_exact(1), ivl.iv_mul(ivl.iv_exact(n - 1), e, prec), prec)
+        e = count_times_exp(n - 1, spread, beta, prec, sign)
+        denom = ivl.iv_add(ivl.iv_exact(1), e, prec)
         return ivl.iv_div(ivl.iv_exact(1), denom, prec)
 
     return enclose
@@ -107,8 +140,7 @@ def entropy_floor_enclosure(n: int, spread: float, beta: float) -> Callable[[int
     def enclose(prec: int) -> ivl.Interval:
         if n == 1:
             return ivl.iv_exact(0)
-        e = exp_enclosure(spread, beta, prec, -1)
-        return ivl.iv_log1p(ivl.iv_mul(ivl.iv_exact(n - 1), e, prec), prec)
+        return ivl.iv_log1p(count_times_exp(n - 1, spread, beta, prec, -1), prec)
 
     return enclose
 
