@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
+from hypothesis import assume
 from hypothesis import strategies as st
 from numpy.typing import ArrayLike
 
@@ -254,6 +255,14 @@ def entropy_targets() -> st.SearchStrategy[float]:
     return st.one_of(near, window, st.floats(0.01, 7.0))
 
 
+def _reachable(target: float, limit: float) -> float:
+    """`target`, or, above `limit`, `target` folded back into ``(H_on, limit]``."""
+    if target <= limit:
+        return target
+    h_on = branch_points()["H_on"]
+    return h_on + math.fmod(target - h_on, limit - h_on)
+
+
 # ---------------------------------------------------------------------------
 # the row families: one strategy each, for a length range and a format
 # ---------------------------------------------------------------------------
@@ -336,22 +345,30 @@ def _near_uniform_rows(draw: Any, min_size: int, max_size: int, fmt: Format) -> 
 def _entropy_rows(draw: Any, min_size: int, max_size: int, fmt: Format) -> np.ndarray:
     """A two-level row (:func:`row_with_entropy`) at an entropy of :func:`entropy_targets`.
 
-    Its ``k`` top entries go to ``k`` distinct drawn positions: for a two-level row
-    that is the same as a random permutation, at ``k <= 3`` draws instead of ``n``.
+    A target that ``N = max(max_size, 8)`` items cannot reach (above ``log(N - 1)``) is
+    folded back below it (:func:`_reachable`; its row has ``N`` items), a row is
+    lengthened (up to ``N``) when its target needs it, and ``k`` (1 to 3 top entries)
+    stays below ``exp(target)``: the row always exists, never a constant stand-in.
+    The draws are those of the drawn target (``k`` is drawn, then lowered), so every
+    example's choices, and the rows that were reachable, are unchanged. Its ``k`` top
+    entries go to ``k`` distinct drawn positions: for a two-level row that is the same
+    as a random permutation, at ``k <= 3`` draws instead of ``n``.
     """
     n = draw(st.integers(min_size, max_size))
-    target = draw(entropy_targets())
-    need = max(2, math.ceil(math.exp(target)) + 1)
-    n = max(n, min(need, max(max_size, 8)))
+    longest = max(max_size, 8)
+    drawn = draw(entropy_targets())
+    n = max(n, min(max(2, math.ceil(math.exp(drawn)) + 1), longest))
     k = draw(st.integers(1, max(1, min(3, n - 1))))
-    two_level = row_with_entropy(target, n, k)
+    target = _reachable(drawn, math.log(longest - 1) - 1e-9)  # folded: n == longest
+    tops_wanted = max(j for j in range(1, k + 1) if math.log(j) < target)
+    two_level = row_with_entropy(target, n, tops_wanted)
+    if two_level is None:  # pragma: no cover - the target is reachable by construction
+        raise AssertionError(f"no two-level row of {n} items has entropy {target}")
     shift = draw(st.sampled_from([0.0, 1.0, -3.5, 17.25]))
     tops = draw(st.lists(st.integers(0, n - 1), min_size=k, max_size=k, unique=True))
-    if two_level is None:
-        row = np.zeros(n)
-    else:
-        row = np.full(n, two_level[-1])
-        row[tops] = two_level[0]
+    tops = tops[:tops_wanted]
+    row = np.full(n, two_level[-1])
+    row[tops] = two_level[0]
     return cast(row + shift, fmt.name)
 
 
@@ -398,13 +415,23 @@ def logit_rows(
     dtype: str = "float64",
     families: Iterable[str] = FAMILIES,
 ) -> st.SearchStrategy[np.ndarray]:
-    """One row of logits of `dtype`, from one of :data:`FAMILIES`.
+    r"""One row of logits of `dtype`, from one of :data:`FAMILIES`.
 
-    At least one entry is finite (a regular row in the special-value table);
-    rows of the ``entropy`` family may be longer than `max_size` only up to
-    ``max(max_size, 8)``. The strategy is Hypothesis' ``one_of`` over one
-    strategy per family, each family equally likely; it draws 1-d numpy arrays
-    of `dtype` (float32 arrays holding bfloat16 values).
+    At least one entry is finite (a regular row in the special-value table).
+    The strategy is Hypothesis' ``one_of`` over one strategy per family, each
+    family equally likely; it draws 1-d numpy arrays of `dtype` (float32 arrays
+    holding bfloat16 values).
+
+    Rows of the ``entropy`` family are two-level rows (:func:`row_with_entropy`,
+    then rounded to `dtype`) at a target of :func:`entropy_targets` that a row
+    of ``N = max(max_size, 8)`` items can reach: a target above
+    :math:`L = \log(N - 1)` is folded back into :math:`(H_{\mathrm{on}}, L]`
+    (``H_on + fmod(target - H_on, L - H_on)``). A row shorter than its target
+    needs is lengthened, up to ``N`` items (the one way a row exceeds
+    `max_size`). So with the default ``max_size=64`` every entropy is below
+    :math:`\log 63 \approx 4.14`, and no row is near :math:`H^*` (4.412) or
+    :math:`H_{\mathrm{off}}` (5.945): those need ``max_size >= 84`` and
+    ``max_size >= 384`` (``>= 383`` for :math:`H_{\mathrm{off}}` itself).
 
     Parameters
     ----------
@@ -452,6 +479,89 @@ def _row_at_entropy(g: np.ndarray, target: float) -> np.ndarray:
     return 0.5 * (lo + hi) * g
 
 
+def _entropy64(row: np.ndarray) -> float:
+    """A finite row's entropy in float64 (its differences to the max exact for 16-bit rows)."""
+    z = row.astype(np.float64) - float(np.max(row))
+    e = np.exp(z)
+    total = float(np.sum(e))
+    return math.log(total) - float(np.sum(e * z)) / total
+
+
+def _ulp(value: float, fmt: Format) -> float:
+    """The spacing of `fmt`'s numbers at ``|value|`` (normal range)."""
+    exponent = math.frexp(abs(value))[1] if value else fmt.emin + 1
+    return math.ldexp(1.0, max(exponent, fmt.emin + 1) - fmt.precision)
+
+
+def _scaled_row(
+    base: float, d: np.ndarray, floor: float, target: float, band: tuple[float, float], fmt: Format
+) -> np.ndarray | None:
+    """``cast(base + max(s * d, -floor))`` at a scale ``s`` where its entropy lies in `band`.
+
+    The scale is found by bisection on the *rounded* row, so the entropy promised is
+    that of the row in `fmt`; ``None`` when no scale is found (the grid too coarse).
+    Each entry is monotone in ``s`` (rounding is), so the entropy is monotone but
+    for the jumps of single entries, far smaller than `band` in practice.
+    """
+    spread = float(np.ptp(d))
+    if spread == 0.0:
+        return None
+    # unclamped, s * d stays far inside the format; clamped, s may pass the grid's spacing
+    cap = (0.01 * fmt.max_finite if math.isinf(floor) else 2.0**20 * floor) / spread
+
+    def row(s: float) -> np.ndarray:
+        return cast(base + np.maximum(s * d, -floor), fmt.name)
+
+    lo, hi = 0.0, max(1.0, _ulp(base, fmt) / spread)
+    while _entropy64(row(hi)) > target:
+        if hi > cap:
+            return None
+        lo, hi = hi, 2.0 * hi
+    for _ in range(64):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _entropy64(row(mid)) > target else (lo, mid)
+    inside = [r for r in (row(lo), row(hi)) if band[0] <= _entropy64(r) <= band[1]]
+    return min(inside, key=lambda r: abs(_entropy64(r) - target)) if inside else None
+
+
+def _far_row(
+    g: np.ndarray, side: str, mag: float, target: float, band: tuple[float, float], fmt: Format
+) -> np.ndarray | None:
+    r"""A row beyond `mag` on `side` (as :func:`translations`) whose entropy lies in `band`.
+
+    Its top entry ``t`` is a number of `fmt` (``-m`` below, ``m + f`` above, with ``m``
+    the least number of `fmt` at or above `mag` and ``f = max(128, 2 ulp)``), and the
+    others are ``t + max(s (g - max g), -f)`` rounded to `fmt` (entries more than 128
+    below the top weigh nothing). The scale ``s`` is solved on those rounded values,
+    so a coarse grid (ulp 16 near 26200 in float16, :math:`2^{971}` near 0.4 times the
+    largest float64) gives a row of tied tops, not a flat one. ``None`` when no such row
+    keeps :math:`\beta_{\max} |x|` finite.
+    """
+    from . import bounds
+
+    least = _round_up(mag, fmt)
+    floor = max(128.0, 2.0 * _ulp(least, fmt))
+    top = -least if side == "below" else _round_up(least + floor, fmt)
+    row = _scaled_row(top, g - np.max(g), floor, target, band, fmt)
+    if row is None:
+        return None
+    far = np.all(row <= -mag) if side == "below" else np.all(row >= mag)
+    finite = float(np.max(np.abs(row))) * bounds.adaptive_beta_max() < fmt.max_finite
+    return row if far and finite else None
+
+
+def _round_up(value: float, fmt: Format) -> float:
+    """The least number of `fmt` at or above `value` (a positive normal number)."""
+    near = float(cast([value], fmt.name)[0])
+    return near if near >= value else near + _ulp(near, fmt)
+
+
+def _window_band(n: int) -> tuple[float, float]:
+    """The entropies :func:`window_rows` promises for `n` items: ``[5, H_off]`` when it can."""
+    high = min(branch_points()["H_off"], math.log(n) - 0.05)
+    return min(5.0, high - 0.05), high
+
+
 def window_rows(
     dtype: str = "float64",
     *,
@@ -468,6 +578,17 @@ def window_rows(
     (bisection) to the drawn entropy; with `translated` the row may also be
     moved far from zero (:func:`translations`).
 
+    The entropy promised is that of the row as drawn, in `dtype` (as
+    :func:`softmaxtheory.reference.entropy` computes it): the scale is solved on
+    the rounded values. A translated row has its top entry on the format's grid
+    at the drawn magnitude and the others at most ``max(128, 2 ulp)`` below it;
+    where the grid is coarse (ulp 16 near 26200 in float16, ``2**971`` near
+    0.4 times the largest float64) that is a row of tied top entries (about
+    :math:`e^H` of them), not a flat one. Should a magnitude give no such row,
+    the next smaller one of :func:`translations` is used (none in practice).
+    Rows of at most 164 items (none with the default `min_size`) have their
+    entropy in :math:`[\log n - 0.1, \log n - 0.05]` instead.
+
     The arguments are checked when the strategy is built (``2 <= min_size <=
     max_size``). Examples shrink towards shorter rows, a lower entropy and the
     Gaussian shape; the sample itself comes from a numpy generator seeded by a
@@ -483,9 +604,9 @@ def _window_rows(
     draw: Any, fmt: Format, min_size: int, max_size: int, translated: bool
 ) -> np.ndarray:
     n = draw(st.integers(min_size, max_size))
-    h_off = branch_points()["H_off"]
-    top = min(h_off, math.log(n) - 0.05)
-    target = draw(st.floats(min(5.0, top), top)) if top > 0.1 else top
+    low, high = _window_band(n)
+    band = (low + 1e-9, high - 1e-9)  # inside, whatever the float64 entropy's error
+    target = min(max(draw(st.floats(min(5.0, high), high)), band[0]), band[1])
     shape = draw(st.sampled_from(["normal", "uniform", "clusters"]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     if shape == "normal":
@@ -494,12 +615,17 @@ def _window_rows(
         g = rng.random(n)
     else:
         g = np.where(rng.random(n) < 0.2, 1.0, 0.0) + 0.1 * rng.standard_normal(n)
-    row = _row_at_entropy(g, target)
-    row = row + draw(st.sampled_from([0.0, 0.0, 1.5, -2.25]))
+    shift = draw(st.sampled_from([0.0, 0.0, 1.5, -2.25]))
     if translated and draw(st.integers(0, 3)) == 0:
         side, mag = draw(st.sampled_from(translations(fmt.name)))
-        row = _translate(row, side, mag, fmt)
-    return cast(row, fmt.name)
+        # the drawn magnitude, else the largest smaller one at which the row keeps its entropy
+        for m in sorted((m for sd, m in translations(fmt.name) if sd == side and m <= mag))[::-1]:
+            row = _far_row(g, side, m, target, band, fmt)
+            if row is not None:
+                return row
+    row = _scaled_row(shift, g, math.inf, target, band, fmt)
+    assume(row is not None)  # the grid near `shift` is fine: never seen to fail
+    return row
 
 
 def shapes(max_dims: int = 3, max_side: int = 3) -> st.SearchStrategy[tuple[int, ...]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -209,3 +210,94 @@ def test_entropy_rows_put_their_top_entries_anywhere():
     assert len(firsts) >= 5  # not always at the front
     for r in rows:
         assert len(np.unique(r)) <= 2  # two-level rows
+
+
+def _entropy(row: np.ndarray) -> float:
+    """The correctly rounded entropy of `row`, read at its own dtype."""
+    return float(reference.entropy(row))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_translated_window_rows_keep_their_entropy(dtype: str) -> None:
+    """Every window row, translated or not, has its entropy in [5, H_off] at its dtype.
+
+    Before the fix a translation rounded the row flat: in float64 404 items all at
+    -7.303e307 (H = log 404 = 6.0014 > H_off), in float16 256 items at 2.661e4 and
+    2.662e4 (H = 2.565); of 200 rows, 20 float16 and 26 bfloat16 ones missed by 1e-3.
+    """
+    h_off = strat.branch_points()["H_off"]
+
+    @settings(max_examples=200, derandomize=True, database=None, deadline=None)
+    @given(strat.window_rows(dtype))
+    def check(row: np.ndarray) -> None:
+        assert 5.0 <= _entropy(row) <= h_off, (row.shape[0], _entropy(row), row.min(), row.max())
+
+    check()
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_translated_window_rows_still_lie_far_from_zero(dtype: str) -> None:
+    """About a quarter of the rows lie beyond 1e4, some near 0.4 x the largest float."""
+    top = FORMATS[dtype].max_finite
+    rows = _examples(strat.window_rows(dtype), 200)
+    far = [r.astype(np.float64) for r in rows if np.min(np.abs(r.astype(np.float64))) >= 1e4]
+    assert len(far) >= 25, len(far)
+    assert any(np.max(np.abs(r)) >= 0.39 * top for r in far)
+    assert all(np.max(np.abs(r)) * 2.4214 < top for r in far)  # beta_max * x stays finite
+    assert all(len(np.unique(r)) >= 2 for r in far)  # tied tops, never a flat row
+
+
+def test_window_rows_of_few_items_keep_their_band() -> None:
+    """Rows too short for entropy 5 (n <= 164) have it in [log n - 0.1, log n - 0.05]."""
+    for row in _examples(strat.window_rows("float16", min_size=2, max_size=164), 60):
+        n = row.shape[0]
+        assert math.log(n) - 0.1 <= _entropy(row) <= math.log(n) - 0.05, (n, _entropy(row))
+
+
+@settings(max_examples=300, derandomize=True, database=None)
+@given(strat.logit_rows(families=["entropy"]))
+def test_entropy_rows_are_never_constant_stand_ins(row: np.ndarray) -> None:
+    """With the default max_size=64 every entropy row is a real two-level row below log 63.
+
+    Before the fix a target above log 64 (H*, H_off, much of the window) or below
+    log k gave an all-zero row: 773 of 1500 rows were constant.
+    """
+    assert row.shape[0] <= 64 and len(np.unique(row)) == 2
+    assert 0.0 < _entropy(row) < math.log(63)
+
+
+@pytest.mark.parametrize(
+    ("max_size", "reached"),
+    [(64, {"threshold", "H_on"}), (100, {"threshold", "H_on", "H_star"}), (400, None)],
+)
+def test_entropy_rows_reach_the_branch_points_max_size_allows(
+    max_size: int, reached: set[str] | None
+) -> None:
+    """Near H* from max_size 84 on, near H_off from 384 on (2e-3), every row two-level."""
+    pts = strat.branch_points()
+    rows = _examples(strat.logit_rows(max_size=max_size, families=("entropy",)), 300)
+    H = np.array([_entropy(r) for r in rows])
+    assert all(len(np.unique(r)) == 2 and r.shape[0] <= max_size for r in rows)
+    near = {name for name, h in pts.items() if np.sum(np.abs(H - h) < 2e-3) >= 3}
+    assert near == (set(pts) if reached is None else reached), near
+    assert np.sum((H > pts["H_on"]) & (H < pts["H_off"])) >= 100
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_window_rows_are_found_at_both_ends_of_the_band(dtype: str) -> None:
+    """At a target of exactly 5 or H_off, every shape and translation still gives a row.
+
+    (A row the solver cannot place would be filtered out of the strategy, not drawn.)
+    """
+    fmt = FORMATS[dtype]
+    rng = np.random.default_rng(7)
+    for n in (256, 2048):
+        low, high = strat._window_band(n)
+        band = (low + 1e-9, high - 1e-9)
+        shapes = (rng.standard_normal(n), rng.random(n), (rng.random(n) < 0.2) + rng.random(n) / 9)
+        for g, target in itertools.product(shapes, band):
+            rows = [strat._scaled_row(1.5, g, math.inf, target, band, fmt)]
+            for side, mag in strat.translations(dtype):
+                rows.append(strat._far_row(g, side, mag, target, band, fmt))
+            for row in rows:
+                assert row is not None and low <= _entropy(row) <= high, (n, target)
