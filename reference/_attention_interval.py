@@ -213,7 +213,7 @@ def _across(
 
 def _parts(x: tuple) -> tuple[int, int, int]:
     sign, man, exp, _ = x
-    return sign, man, exp
+    return sign, int(man), int(exp)  # ints also under mpmath's gmpy backend (mpz)
 
 
 def _point(ctx: MPIntervalContext, x: tuple) -> Any:

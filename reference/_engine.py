@@ -585,6 +585,7 @@ def _exact_polynomial(coeffs: tuple[Fraction, ...], H: Ball, straddles: bool) ->
     if straddles or H.rel != 0.0 or H.extra_log2 is not None:
         return None
     sign, man, exp, _ = H.mid
+    man, exp = int(man), int(exp)  # gmpy2's mpz under mpmath's gmpy backend
     h = Fraction(-man if sign else man) * (Fraction(2) ** exp if exp >= 0 else Fraction(1, 2**-exp))
     acc = Fraction(0)
     for c in coeffs:

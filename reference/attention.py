@@ -220,6 +220,7 @@ def _common_means(groups: dict, group_sums: dict, dv: int, fmt: BinaryFormat) ->
         mean = None
         for d, sums in group_sums.items():
             sign, man, exp, _ = sums[c]
+            man, exp = int(man), int(exp)  # gmpy2's mpz under mpmath's gmpy backend
             value = Fraction(-man if sign else man) * Fraction(2) ** exp / members[d]
             if mean is None:
                 mean = value

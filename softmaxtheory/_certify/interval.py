@@ -154,6 +154,7 @@ def iv_log1p(a: Interval, prec: int) -> Interval:
 def to_fraction(raw: Raw) -> Fraction:
     """The exact rational value of an mpmath raw float."""
     sign, man, exp, _ = raw
+    man, exp = int(man), int(exp)  # gmpy2's mpz under mpmath's gmpy backend
     if man == 0:
         return Fraction(0)
     value = Fraction(man << exp) if exp >= 0 else Fraction(man, 1 << -exp)
@@ -162,7 +163,7 @@ def to_fraction(raw: Raw) -> Fraction:
 
 def _round_float(raw: Raw) -> float:
     sign, man, exp, _ = raw
-    return round_exact(sign, man, exp, FORMATS["float64"])
+    return round_exact(sign, int(man), int(exp), FORMATS["float64"])
 
 
 def float_directed(value: Fraction, direction: int) -> float:

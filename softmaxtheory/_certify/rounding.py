@@ -109,6 +109,7 @@ def round_ball(
         ball lies below half the least subnormal gives ``+0.0``.
     """
     sign, man, exp, _ = mpf
+    man, exp = int(man), int(exp)  # gmpy2's mpz under mpmath's gmpy backend
     if not (rel >= 0.0 and math.isfinite(rel)):
         return None
     if man == 0:

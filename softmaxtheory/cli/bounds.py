@@ -86,7 +86,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help=(
             "print every size with all its digits (default: sizes with more digits than "
             "--digits are shown in scientific notation, rounded so that their sentences "
-            "stay true; exact digits of a huge spread's sizes take long)"
+            "stay true; exact digits of a huge spread's sizes take long: the fast "
+            "extra, gmpy2, makes them about 10 times faster)"
         ),
     )
     p.add_argument(
