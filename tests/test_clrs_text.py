@@ -299,6 +299,19 @@ def test_training_lowers_the_loss_and_keeps_copies_apart():
         assert all(0.0 <= float(v[0]) <= 1.0 for v in metric.values())
 
 
+def test_untrained_variants_score_alike_and_below_one():
+    """Both copies of a seed start from the same weights, so untrained, "adaptive" and
+    "inference_only" are one computation and score alike; no answer token is right, so no
+    final output is. The adaptive output score was 1.0 whatever the model wrote: its rows of
+    the output mask were empty."""
+    model = mdl.ClrsTextModel([0, 1], copies=2, width=16, layers=1, heads=1)
+    ev = mdl.evaluate(model, "minimum", 8, 8)
+    for metric in (ev.token_acc, ev.exact, ev.output_exact):
+        np.testing.assert_array_equal(metric["adaptive"], metric["inference_only"])
+    assert np.all(ev.token_acc["adaptive"] == 0.0)
+    assert np.all(ev.output_exact["adaptive"] == 0.0)
+
+
 # --------------------------------------------------------------------------- report
 
 

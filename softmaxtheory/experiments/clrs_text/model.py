@@ -560,8 +560,10 @@ def evaluate(
         hi = min(examples, lo + chunk)
         per_seed = [[(x.question, x.answer) for x in d[lo:hi]] for d in data]
         inputs, targets, answer = _stack_pairs(per_seed, 2, device)
-        # where the final output starts: after the last " | " of the answer
-        out_mask = torch.zeros_like(answer)
+        # where the final output starts: after the last " | " of the answer; one mask per
+        # seed, repeated for the two copies as the batch is (a mask of the batch's 2 S rows,
+        # repeated, left the adaptive copies' rows empty: their output always "right")
+        out_mask = torch.zeros_like(answer[:s])
         for i, pairs in enumerate(per_seed):
             for j, (q, a) in enumerate(pairs):
                 start = len(q) + a.rfind(" | ") + 3 - 1 if " | " in a else len(q) - 1
