@@ -60,6 +60,39 @@ def test_rows_have_the_beta_they_are_labelled_with(shape) -> None:
     assert np.all(cpu.beta(flat) == 1.0)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 16, 256, 300, 301, 1000])
+def test_reference_rows_have_the_beta_they_are_labelled_with(n) -> None:
+    """At 256 items the "beta=1" row had beta 1.94 (log 256 lies inside the window), at 301
+    the "beta>1" row beta 1; no row of 2 items or fewer has beta > 1, and none is given."""
+    from softmaxtheory import reference
+
+    rows = bench.reference_rows(n)
+    assert set(rows) == ({"beta=1"} if n <= 2 else {"beta>1", "beta=1"})
+    for label, row in rows.items():
+        assert row.shape == (n,)
+        assert (float(reference.beta(row)) > 1.0) == (label == "beta>1"), label
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--output", "{tmp}"], "--output must name a file, got the directory"),
+        (["--output", "{tmp}/no/such/folder/x.json"], "does not exist"),
+        (["--section", "reference", "--n", "100000000000"], "--n must be between 1 and"),
+        (["--section", "reference", "--n", "0"], "--n must be between 1 and"),
+    ],
+)
+def test_unusable_arguments_are_refused_before_the_run(argv, message, tmp_path, capsys) -> None:
+    """A bad --output path was found after every case was timed (a traceback, the results
+    lost, a stray .tmp file beside a directory); --n 1e11 failed allocating 745 GiB."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_usage_errors(capsys) -> None:
     for argv in (["bench", "--threads", "0"], ["bench", "--repeat", "0"]):
         with pytest.raises(SystemExit):

@@ -402,9 +402,12 @@ def test_measure_validates_lengths(model32, tokenizer, text):
 def test_format_helpers():
     assert mr.format_size(297) == "297"
     assert mr.format_size(10**9) == "1000000000"
-    assert mr.format_size(10**9 + 1) == "1.00e+09"
+    # sizes are "from n on": rounded up, never below (1.44e+21 was printed for this one)
+    assert mr.format_size(10**9 + 1) == "1.01e+09"
+    assert mr.format_size(1_441_282_107_237_970_579_163) == "1.45e+21"
     assert mr.format_size(99_960_000_000) == "1.00e+11"
     assert mr.format_size(10**400 * 3) == "3.00e+400"
+    assert mr.format_size(10**400 * 3 + 1) == "3.01e+400"
     assert mr._coef(0.5) == "0.5000"
     assert mr._coef(1.0, math.log(2.5e-29)) == "1-2.5e-29"
     assert mr._coef(1.0, -math.inf) == "1"
@@ -475,6 +478,20 @@ def test_cli_rejects_bad_arguments(args, message, capsys):
         cli_main(["reproduce", "minilm-spread", *args])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_refuses_an_unusable_out_before_measuring(tmp_path, capsys, monkeypatch):
+    """--out naming a file was found only after every length was measured."""
+    import softmaxtheory.experiments.minilm as ml
+
+    def not_called(*args, **kwargs):
+        raise AssertionError("measured before --out was checked")
+
+    monkeypatch.setattr(ml, "run", not_called)
+    taken = tmp_path / "afile"
+    taken.write_text("", encoding="utf-8")
+    assert cli_main(["reproduce", "minilm-spread", "--lengths", "8", "--out", str(taken)]) == 2
+    assert "cannot create the folder" in capsys.readouterr().err
 
 
 def test_cli_text_too_short(tmp_path, capsys):

@@ -16,6 +16,7 @@ elements the fast pass could not decide.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
@@ -77,20 +78,58 @@ class BenchResult:
 
 
 def reference_rows(n: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Rows for the reference benchmark: one with β > 1 and one with β = 1.
+    r"""Rows for the reference benchmark: one with β > 1 and one with β = 1 (paper schedule).
 
-    The β > 1 row (for long rows) has a few dozen items well above a Gaussian
-    background, which puts its entropy inside (H_on, H_off); the β = 1 row is a plain Gaussian of
-    small spread (entropy close to log n, beyond H_off for long rows).
+    The β > 1 row of a long row (``n > 300``) has ``n // 300`` items well above a
+    Gaussian background, which puts its entropy inside :math:`(H_{on}, H_{off})`;
+    the β = 1 row is a plain Gaussian of small spread (entropy close to
+    :math:`\log n`, beyond :math:`H_{off}` for long rows). Where such a row's β is
+    not what its label says (short rows, whose :math:`\log n` lies inside the
+    window), a row that has it takes its place: for β > 1 the Gaussian scaled to
+    an entropy inside the window, for β = 1 one item 40 above the Gaussian
+    (entropy near 0). No row of 2 items or fewer has β > 1 (:math:`\log 2 <
+    H_{on}`): the dict then holds the β = 1 row alone. Each label is checked with
+    :func:`softmaxtheory.reference.beta`.
     """
+    from .. import reference
+    from ..strategies import branch_points
+
     rng = np.random.default_rng(seed)
     if n <= 300:
-        sharp = rng.normal(size=n)  # entropy about log(n) - 1/2: inside the window
+        sharp = rng.normal(size=n)
     else:
         sharp = rng.normal(scale=3.0, size=n)
         sharp[: n // 300] += 12.0
     flat = rng.normal(scale=0.5, size=n)
-    return {"beta>1": sharp, "beta=1": flat}
+    rows = {}
+    h_on, h_off = branch_points()["H_on"], branch_points()["H_off"]
+    if math.log(n) > h_on + 0.02:
+        if not float(reference.beta(sharp)) > 1.0:
+            target = 0.5 * (h_on + min(h_off, math.log(n)))
+            sharp = _gaussian_at_entropy(sharp, target)
+        rows["beta>1"] = sharp
+    if float(reference.beta(flat)) != 1.0:
+        flat = flat.copy()
+        flat[0] += 40.0
+    rows["beta=1"] = flat
+    for label, row in rows.items():
+        beta = float(reference.beta(row))
+        if (beta > 1.0) != (label == "beta>1"):  # never seen: the rows are made for it
+            raise AssertionError(f"the {label} row of {n} items has beta {beta}")
+    return rows
+
+
+def _gaussian_at_entropy(g: np.ndarray, target: float) -> np.ndarray:
+    """``s * g`` with its softmax entropy at `target` (below log n), by bisection on ``s``."""
+    from .. import reference
+
+    lo, hi = 0.0, 1.0
+    while float(reference.entropy(hi * g)) > target:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if float(reference.entropy(mid * g)) > target else (lo, mid)
+    return hi * g
 
 
 #: Each case is repeated for at least this long (and at least ``repeat`` times): a
@@ -397,7 +436,11 @@ def save_json(doc: dict[str, Any], path: str) -> None:
     the previous file or the new one.
     """
     tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=2)
-        fh.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2)
+            fh.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):  # replace failed (path a directory, say): no stray file
+            os.remove(tmp)

@@ -30,6 +30,7 @@ from ..spec import Constant, LogLength, PaperPolynomial, Polynomial, Schedule
 __all__ = [
     "COMMANDS",
     "build_parser",
+    "check_output_file",
     "load_npy",
     "main",
     "parse_float",
@@ -129,6 +130,22 @@ class _Parser(argparse.ArgumentParser):
         ):
             text += "; numbers that start with '-' go after '--', as in: reference -- -inf 0 1"
         self.exit(2, f"{self.prog}: error: {text} (see {self.prog} --help)\n")
+
+
+def check_output_file(path: str, option: str, parser: argparse.ArgumentParser) -> None:
+    """Refuse an output file that cannot be written, before any work is done.
+
+    A usage error (exit 2) when `path` is a directory, its folder does not exist,
+    or neither the folder nor an existing file may be written: found only after the
+    work, such a path lost every result to a traceback.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        parser.error(f"{option} must name a file, got the directory {path!r}")
+    if not os.path.isdir(folder):
+        parser.error(f"{option}: the folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        parser.error(f"{option}: {path!r} is not writable")
 
 
 def plural(n: int, word: str) -> str:

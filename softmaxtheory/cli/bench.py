@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from .._formats import WORKING_DTYPES
+from . import check_output_file
 
 __all__ = ["add_parser", "run"]
 
@@ -38,7 +39,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     bench.add_argument(
         "--n", type=int, default=None, help="row length of the reference section (default 16384)"
     )
-    bench.add_argument("--repeat", type=int, default=None, help="runs per case (best is kept)")
+    bench.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="runs per case, the best kept (kernel cases of 2**22 elements or more: at most 5)",
+    )
     bench.add_argument(
         "--quick",
         action="store_true",
@@ -61,6 +67,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "run stopped early keeps what it measured)",
     )
     return bench
+
+
+#: The longest row --n accepts: the reference section holds a few float64 copies of one
+#: row (2**28 items are 2 GiB each); beyond it numpy's allocation failed with a traceback.
+MAX_N = 1 << 28
 
 
 def _fmt_kernels(results: list[Any], info: dict[str, Any]) -> list[str]:
@@ -119,6 +130,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the benchmarks and print the results; return the exit status."""
     if args.repeat is not None and args.repeat < 1:
         parser.error("--repeat must be >= 1")
+    if args.output is not None:
+        check_output_file(args.output, "--output", parser)
     if args.device != "cpu":
         from ..bench.torch import run_device
 
@@ -136,8 +149,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--tiles times the Triton kernels: it needs --device cuda")
     import numba
 
-    if args.n is not None and args.n < 1:
-        parser.error("--n must be >= 1")
+    if args.n is not None and not 1 <= args.n <= MAX_N:
+        parser.error(f"--n must be between 1 and {MAX_N:,} (one row in memory), got {args.n:,}")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
     if args.threads is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from typing import Any
 
@@ -15,7 +14,7 @@ from softmaxtheory._certify.adaptive import beta_sup
 from softmaxtheory._certify.enclosures import certified_text, decimal_up, max_coefficient_up
 
 from ..spec import PaperPolynomial
-from . import load_npy, parse_float, plural
+from . import check_output_file, load_npy, parse_float, plural
 
 __all__ = ["DEFAULT_BUDGET", "DEFAULT_SIZES", "add_parser", "compute", "run"]
 
@@ -327,17 +326,6 @@ def _check_range(spread: float, beta: float, parser: argparse.ArgumentParser) ->
         )
 
 
-def _check_plot_path(path: str, parser: argparse.ArgumentParser) -> None:
-    """Refuse a --plot path that cannot be written, before anything is printed."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        parser.error(f"--plot must name a file, got the directory {path!r}")
-    if not os.path.isdir(folder):
-        parser.error(f"--plot: the folder {folder!r} does not exist")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        parser.error(f"--plot: {path!r} is not writable")
-
-
 def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
     out = sys.stdout
     if measured is not None:
@@ -477,7 +465,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         spread = measured["spread"]
     _check_range(spread, args.beta, parser)
     if args.plot is not None:
-        _check_plot_path(args.plot, parser)
+        check_output_file(args.plot, "--plot", parser)
     try:
         doc = compute(
             spread, args.eps, args.beta, args.sizes, args.digits, args.exact_digits, args.budget

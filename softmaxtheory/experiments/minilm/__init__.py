@@ -28,6 +28,7 @@ package and matplotlib are imported only when the experiment runs.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -181,9 +182,21 @@ def main(args: argparse.Namespace) -> int:
     """Run ``softmaxtheory reproduce minilm-spread``; return the exit status.
 
     0 on success; 1 when a package is missing (the message gives the pip
-    command) or a bound check fails; 2 for an unusable text.
+    command) or a bound check fails; 2 for an unusable text or ``--out`` folder
+    (checked first: found after the measurements, it lost them).
     """
     t0 = time.perf_counter()
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(
+            f"{_PROG}: error: --out {str(out)!r}: cannot create the folder ({exc})", file=sys.stderr
+        )
+        return 2
+    if not os.access(out, os.W_OK | os.X_OK):
+        print(f"{_PROG}: error: --out {str(out)!r}: the folder is not writable", file=sys.stderr)
+        return 2
     try:
         if args.text is None:
             sample = None

@@ -75,19 +75,20 @@ _TABLE_HEADER = (
 def format_size(n: int) -> str:
     """A dispersion size for reading: exact up to :math:`10^9`, else 3 significant digits.
 
+    Rounded up (:func:`softmaxtheory.bounds.size_text` with ``rounding="up"``): the
+    size is a length from which no coefficient reaches ε, and "from 1.44e+21 items
+    on" would be false of the lengths between 1.44e21 and 1,441,282,107,237,970,579,163.
+
     Examples
     --------
-    >>> format_size(297), format_size(2749071685458758394521021679561851087423423903591644819026)
-    ('297', '2.75e+57')
+    >>> format_size(297), format_size(1441282107237970579163)
+    ('297', '1.45e+21')
     """
     n = int(n)
     if n <= 10**9:
         return str(n)
-    digits = len(str(n)) - 1
-    text = f"{n / 10**digits:.2f}"  # int / int: correctly rounded, no overflow
-    if text == "10.00":
-        text, digits = "1.00", digits + 1
-    return f"{text}e+{digits:02d}"
+    mantissa, exponent = bounds.size_text(n, 3, rounding="up").split("e+")
+    return f"{mantissa}e+{int(exponent):02d}"
 
 
 def _heads(exp: Experiment) -> list[tuple[int, int]]:
