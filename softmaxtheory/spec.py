@@ -114,9 +114,10 @@ def exact_value(value: Number, name: str) -> Fraction:
 
     Parameters
     ----------
-    value : str, float, int, Fraction, numpy scalar or Decimal
-        A decimal string (or Decimal) is read exactly (``"0.1"`` is one tenth);
-        a float is taken at its exact binary value.
+    value : str, float, int or Fraction
+        A decimal string is read exactly (``"0.1"`` is one tenth); a float is
+        taken at its exact binary value. numpy scalars and ``decimal.Decimal``
+        values are read as the number they hold.
     name : str
         The parameter's name, used in error messages.
 
