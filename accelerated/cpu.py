@@ -899,6 +899,10 @@ class StreamingSoftmax:
         # the items it was given
         self._in_pass2 = False
         self._tempered_fed = 0
+        # whether normalize() was called: the row is complete from then on (where β = 1
+        # no tempered pass closes pass 1, and a later update() made the values written
+        # before it sum with the rest to more than 1)
+        self._normalized = False
 
     # -- pass 1 ------------------------------------------------------------
     def _chunk(self, chunk: Any) -> np.ndarray:
@@ -914,6 +918,11 @@ class StreamingSoftmax:
         """Fold a chunk of logits into the state (pass 1); returns self."""
         if self._in_pass2:
             raise RuntimeError("update() after the tempered pass started: make a new state")
+        if self._normalized:
+            raise RuntimeError(
+                "update() after normalize(): the values written so far are of the row fed "
+                "before; make a new state"
+            )
         arr = self._chunk(chunk)
         if arr.size == 0:
             return self
@@ -1181,11 +1190,9 @@ class StreamingSoftmax:
                 out[...] = self.normalize(arr)
                 return out
         self._check_fed(arr)
-        if self._bad:
-            out[...] = np.nan
-            return out
-        if self._m == -math.inf:
-            out[...] = 0.0
+        if self._bad or self._m == -math.inf:
+            self._normalized = True
+            out[...] = np.nan if self._bad else 0.0
             return out
         b = self.beta()
         if b != 1.0:
@@ -1198,6 +1205,7 @@ class StreamingSoftmax:
             inv = 1.0 / (self._tb_c + self._tb_r)
         else:
             inv = 1.0 / (self._c + self._r)
+        self._normalized = True
         nchunk = -(-arr.size // CHUNK)
         if arr.size:
             _k.chunks_write(arr, CHUNK, self.dtype.type(self._m), b, inv, out, nchunk)

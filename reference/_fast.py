@@ -372,8 +372,21 @@ def scaled_exp(zh: np.ndarray, zl: np.ndarray, bh: float, bl: float) -> tuple[An
     r""":math:`e^{\beta z}` with :math:`\beta = b_h + b_l` (the product in double-double)."""
     if bh == 1.0 and bl == 0.0:
         return exp_dd(zh, zl)
-    ph, pe = _two_prod(zh, bh)
+    if abs(bh) > _SPLIT_MAX:
+        # Dekker's split of bh overflows ((2**27 + 1) bh): split bh / 2**64 instead and
+        # scale the product back, exactly (a nonzero z is at least 2**-1074, so the
+        # scaled product stays far above the subnormals; a larger one only overflows)
+        ph, pe = _two_prod(zh, bh * _SPLIT_SCALE_DOWN)
+        ph, pe = ph * _SPLIT_SCALE_UP, pe * _SPLIT_SCALE_UP
+    else:
+        ph, pe = _two_prod(zh, bh)
     return exp_dd(*_fast_two_sum(ph, pe + (zh * bl + zl * bh)))
+
+
+#: Above this a float's Dekker split overflows (it multiplies by 2**27 + 1); β beyond it
+#: (Constant("1e308")) gave NaN and then a table index of -2**63.
+_SPLIT_MAX = 2.0**995
+_SPLIT_SCALE_DOWN, _SPLIT_SCALE_UP = 2.0**-64, 2.0**64
 
 
 def weighted(eh: np.ndarray, el: np.ndarray, zh: np.ndarray, zl: np.ndarray) -> tuple[Any, Any]:

@@ -757,7 +757,8 @@ def _check_adaptive(
     # either side of the jump: beta = 1 (H at or below the threshold) or max(P(H), 1)
     assert isinstance(schedule, Polynomial)
     right = Polynomial(schedule.coefficients, threshold=-1)
-    for idx in zip(*np.nonzero(jump), strict=True):
+    # np.ndindex, not np.nonzero: a 1-d row's jump flag is 0-d, which nonzero refuses
+    for idx in (i for i in np.ndindex(x.shape[:-1]) if jump[i]):
         row = x[idx]
         c1 = model.row_conditioning(row, entropy_eps)
         sides = []

@@ -78,7 +78,7 @@ def test_invalid_row_is_reported_as_nan(capsys):
         (["reference", "--entropy-eps", "-1", "1"], "entropy_eps must be finite and >= 0"),
         (["reference", "--npy", "/nonexistent.npy"], "cannot read"),
         (["reference", "--max-items", "-1", "1"], "--max-items must be >= 0"),
-        (["bench", "--n", "0"], "--n must be >= 1"),
+        (["bench", "--n", "0"], "--n must be between 1 and"),
     ],
 )
 def test_usage_errors_exit_2(capsys, argv, message):

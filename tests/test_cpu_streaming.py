@@ -98,6 +98,26 @@ def test_normalize_before_tempered_pass_is_refused() -> None:
         state.normalize(x)
 
 
+def test_update_after_normalize_is_refused() -> None:
+    """Where beta = 1 no tempered pass closes pass 1: an update() after normalize() was
+    accepted, and the values written before it and after summed to 2."""
+    a, b = np.zeros(1000), np.full(20, 8.0)
+    state = cpu.StreamingSoftmax().update(a)
+    assert not state.needs_tempered_pass
+    first = state.normalize(a)
+    with pytest.raises(RuntimeError, match="update\\(\\) after normalize"):
+        state.update(b)
+    np.testing.assert_array_equal(state.normalize(a), first)  # the state is unchanged
+    # a normalize() that raises (tempered pass incomplete) does not close the state
+    sharp = cpu.StreamingSoftmax(Constant("2")).update(a)
+    with pytest.raises(RuntimeError, match="update_tempered"):
+        sharp.normalize(a)
+    sharp.update(b)
+    sharp.update_tempered(a).update_tempered(b)
+    total = sharp.normalize(a).sum() + sharp.normalize(b).sum()
+    assert abs(total - 1.0) < 1e-12
+
+
 def test_errors() -> None:
     with pytest.raises(TypeError, match="dtype must be float32 or float64"):
         cpu.StreamingSoftmax(dtype=np.int32)

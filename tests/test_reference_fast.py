@@ -562,3 +562,21 @@ def test_the_fast_pass_keeps_few_arrays_of_the_rows_size(func, limit):
         if started:
             tracemalloc.stop()
     assert peak / n < limit, f"{peak / n:.0f} bytes per item"
+
+
+@pytest.mark.parametrize(
+    ("row", "schedule"),
+    [
+        ([0.0, 5e-324], Constant("1e308")),
+        ([0.0, 5e-324], Constant("1.4e300")),
+        ([-1e308, 0.0, 5e-324, -5e-324], LogLength("1e308")),
+        ([0.0, -1e-300, 3e-310], Constant("1.7e308")),
+    ],
+)
+def test_beta_beyond_the_split_limit_is_certified(row, schedule) -> None:
+    """beta above 2**995 overflowed Dekker's split of the product beta z ((2**27 + 1) beta):
+    NaN, then a table index of -2**63 (IndexError) in the fast pass."""
+    x = np.array(row)
+    got = reference.adaptive_softmax(x, schedule=schedule)
+    want = [float(v) for v in reference.adaptive_softmax_mp(x, schedule=schedule)]
+    assert got.tolist() == want

@@ -566,3 +566,21 @@ def test_an_item_near_minus_1e308_leaves_the_entropy_bound_alone():
     assert testing.assert_entropy_close(np.nextafter(exact, 2.0), x, mode="bound").max_ulp == 1
     with pytest.raises(testing.KernelMismatch):
         testing.assert_entropy_close(exact * 1.001, x, mode="bound")
+
+
+def test_a_one_dimensional_row_at_a_jump_gets_a_verdict() -> None:
+    """A 1-d row whose entropy sits at a schedule's jump raised 'Calling nonzero on 0d
+    arrays' (its jump flag is 0-d); as a (1, n) batch it passed. Either side is accepted."""
+    jump = Polynomial(("3",), threshold="0.5")
+    lo, hi = 1.0, 2.0  # the entropy of [t, 0] falls with t: the last float t with H > 0.5
+    while math.nextafter(lo, hi) < hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if float(reference.entropy(np.array([mid, 0.0]))) > 0.5 else (lo, mid)
+    x = np.array([lo, 0.0])  # entropy 0.5000000000000001, a hair above the threshold
+    for side in (Constant(1), Polynomial(("3",), threshold="-1")):
+        got = reference.adaptive_softmax(x, schedule=side)
+        report = testing.assert_adaptive_softmax_close(got, x, schedule=jump)
+        batched = testing.assert_adaptive_softmax_close(got[None], x[None], schedule=jump)
+        assert report.passed and batched.passed
+    with pytest.raises(AssertionError):
+        testing.assert_adaptive_softmax_close(np.array([0.5, 0.5]), x, schedule=jump)
