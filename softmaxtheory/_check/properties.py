@@ -62,8 +62,24 @@ def _src_cast(src: str, dtype: str) -> str:
 # ---------------------------------------------------------------------------
 
 
+#: Rows checked by ``values`` before the random ones, whatever Hypothesis draws: masked
+#: rows far from zero, where a kernel that writes its mask as a large negative number
+#: (-1e4, a "finite mask") gives the masked items weight. Drawn rows found it only when
+#: the sample happened to hold such a row.
+MASKED_FAR_ROWS = (
+    "np.array([[-10000.0, -10001.5, -np.inf, -10003.0, -np.inf, -10000.25]])",
+    "np.array([[30000.0, 29998.0, -np.inf, 29999.5], [-np.inf, -20000.0, -np.inf, -20004.0]])",
+)
+
+
 def _p_values(t: Target, run: Run) -> None:
-    """Random batches from every row family against the reference."""
+    """Masked rows far from zero, then random batches from every row family, against the reference.
+
+    The masked rows are :data:`MASKED_FAR_ROWS`, checked whatever Hypothesis draws.
+    """
+    for src in MASKED_FAR_ROWS:
+        x = strat.cast(eval(src, {"np": np}), t.dtype)
+        run.compare(run.call(x), x, source=_src_cast(src, t.dtype), what="masked row far from 0")
     strategy = strat.logit_batches(
         strat.shapes(max_dims=2, max_side=3), min_size=1, max_size=48, dtype=t.dtype
     )
@@ -391,10 +407,19 @@ def _p_temperature_cap(t: Target, run: Run) -> None:
             )
         run.compare(out, x, what="temperature cap")
 
+    # first two rows where P(H) < 1 (between the threshold and H_on, and beyond H_off),
+    # whatever Hypothesis draws: beta = P(H) without max(P, 1) is below 1 on both
+    for h, n in CAP_ROWS:
+        body(strat.cast(strat.row_with_entropy(h, n, 1)[None, :], t.dtype))
     strategy = strat.logit_batches(
         strat.shapes(1, 3), max_size=40, dtype=t.dtype, families=("entropy", "translated")
     )
     run_given(t, strategy, t.budget(40), body)
+
+
+#: ``(entropy, n)`` of the two-level rows ``temperature_cap`` checks first: P(0.6) = 0.43
+#: and P(6.3) < 0 for the paper's polynomial, where beta must be 1.
+CAP_ROWS = ((0.6, 64), (6.3, 2048))
 
 
 #: The schedules passed as ``schedule=`` to a kernel that takes one.
