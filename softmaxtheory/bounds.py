@@ -1041,8 +1041,7 @@ def _log_above(n: int, end: Any, sf: pr.Poly) -> bool:
 @lru_cache(maxsize=4096)
 def _switch_off(spread: float, schedule: Polynomial) -> int:
     """The least N such that no row of N items or more gets beta > 1 (see the public docstring)."""
-    found = _off_root(schedule)
-    if found is None:
+    if _off_root(schedule) is None:  # (it raises where beta never switches off)
         return 1
     segments, sf = adp.window_exact(schedule)
     # The entropies of rows of n items fill [m(n), log n], both ends increasing
@@ -1051,7 +1050,7 @@ def _switch_off(spread: float, schedule: Polynomial) -> int:
     # have larger N_b: the last one met decides, nearly always the last.
     for i in range(len(segments) - 1, -1, -1):
         left, right = segments[i]
-        n_b = _level_size(spread, sf, found[1] if i == len(segments) - 1 else (right[0], right[1]))
+        n_b = _level_size(spread, sf, (right[0], right[1]))
         if n_b >= 2 and _log_above(n_b - 1, left, sf):
             return n_b
     return 1
@@ -1363,14 +1362,13 @@ def _last_not_below(a: int, b: int, spread: float, sched: Polynomial, eps: float
     stack = [(a, b)] if a <= b else []
     while stack:
         lo, hi = stack.pop()
-        if lo == hi:
-            if not _t1_below(lo, spread, adp.adaptive_beta_up(lo, spread, sched), eps):
-                return lo
-            continue
+        # for a single length this is adaptive_beta_up(lo, spread, sched)
         log_lo, log_hi = adp.log_bounds(lo)[0], adp.log_bounds(hi)[1]
         beta = adp.beta_up_on(sched, max(Fraction(0), log_lo - gap), log_hi)
         if _t1_below(lo, spread, beta, eps):
             continue
+        if lo == hi:
+            return lo
         mid = math.isqrt(lo * hi) if hi > 2 * lo else (lo + hi) // 2
         mid = min(max(mid, lo), hi - 1)
         stack.append((lo, mid))  # popped after the upper half
