@@ -39,15 +39,14 @@ __all__ = [
 EXP_CAP = 1 << 21
 
 
-def exp_enclosure(spread: float, beta: float | Fraction, prec: int, sign: int) -> ivl.Interval:
-    r"""An enclosure of :math:`e^{\pm\beta\delta}` (endpoints 0 or ∞ beyond :data:`EXP_CAP`).
-
-    `beta` is a float or an exact rational (a ``Constant`` schedule's decimal).
-    """
+def _exponent(spread: float, beta: float | Fraction, prec: int) -> ivl.Interval:
+    r"""An enclosure of :math:`\beta\delta` (`beta` a float or an exact rational)."""
     b = ivl.iv_fraction(beta, prec) if isinstance(beta, Fraction) else ivl.iv_exact(beta)
-    t = ivl.iv_mul(b, ivl.iv_exact(spread), prec)
-    if sign < 0:
-        t = (libmp.mpf_neg(t[1]), libmp.mpf_neg(t[0]))
+    return ivl.iv_mul(b, ivl.iv_exact(spread), prec)
+
+
+def _capped_exp(t: ivl.Interval, prec: int) -> ivl.Interval:
+    """An enclosure of :math:`e^t`, with the end 0 or ∞ where `t` passes :data:`EXP_CAP`."""
     big = libmp.from_int(EXP_CAP)
     small = libmp.mpf_neg(big)
     lo, hi = t
@@ -55,13 +54,21 @@ def exp_enclosure(spread: float, beta: float | Fraction, prec: int, sign: int) -
     def clamp(a: Any) -> Any:
         return small if libmp.mpf_lt(a, small) else big if libmp.mpf_gt(a, big) else a
 
-    lo_c, hi_c = clamp(lo), clamp(hi)
-    e_lo, e_hi = ivl.iv_exp((lo_c, hi_c), prec)
+    e_lo, e_hi = ivl.iv_exp((clamp(lo), clamp(hi)), prec)
     if libmp.mpf_lt(lo, small):
         e_lo = libmp.fzero
     if libmp.mpf_gt(hi, big):
         e_hi = libmp.finf
     return e_lo, e_hi
+
+
+def exp_enclosure(spread: float, beta: float | Fraction, prec: int, sign: int) -> ivl.Interval:
+    r"""An enclosure of :math:`e^{\pm\beta\delta}` (endpoints 0 or ∞ beyond :data:`EXP_CAP`).
+
+    `beta` is a float or an exact rational (a ``Constant`` schedule's decimal).
+    """
+    t = _exponent(spread, beta, prec)
+    return _capped_exp(t if sign > 0 else ivl.iv_neg(t), prec)
 
 
 def count_times_exp(count: int, spread: float, beta: float, prec: int, sign: int) -> ivl.Interval:
@@ -74,8 +81,7 @@ def count_times_exp(count: int, spread: float, beta: float, prec: int, sign: int
     :math:`e^{\log c \pm \beta\delta}`, the exponent formed first and only that
     capped.
     """
-    b = ivl.iv_fraction(beta, prec) if isinstance(beta, Fraction) else ivl.iv_exact(beta)
-    t = ivl.iv_mul(b, ivl.iv_exact(spread), prec)
+    t = _exponent(spread, beta, prec)
     if libmp.mpf_le(t[1], libmp.from_int(EXP_CAP)):
         return ivl.iv_mul(ivl.iv_exact(count), exp_enclosure(spread, beta, prec, sign), prec)
     c = (
@@ -83,17 +89,7 @@ def count_times_exp(count: int, spread: float, beta: float, prec: int, sign: int
         libmp.from_int(count, prec + 8, libmp.round_ceiling),
     )
     d = ivl.iv_log(c, prec + 8)
-    d = ivl.iv_add(d, t, prec + 8) if sign > 0 else ivl.iv_sub(d, t, prec + 8)
-    big = libmp.from_int(EXP_CAP)
-    small = libmp.mpf_neg(big)
-    lo = small if libmp.mpf_lt(d[0], small) else big if libmp.mpf_gt(d[0], big) else d[0]
-    hi = small if libmp.mpf_lt(d[1], small) else big if libmp.mpf_gt(d[1], big) else d[1]
-    e_lo, e_hi = ivl.iv_exp((lo, hi), prec)
-    if libmp.mpf_lt(d[0], small):
-        e_lo = libmp.fzero
-    if libmp.mpf_gt(d[1], big):
-        e_hi = libmp.finf
-    return e_lo, e_hi
+    return _capped_exp(ivl.iv_add(d, t, prec + 8) if sign > 0 else ivl.iv_sub(d, t, prec + 8), prec)
 
 
 def coefficient_enclosure(n: int, spread: float, beta: float, sign: int) -> Callable[[int], Any]:
