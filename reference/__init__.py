@@ -37,13 +37,14 @@ from ._api import (
     softmax_mp,
 )
 from ._rounding import FORMATS, BinaryFormat
-from ._rounding import round_exact as _round_exact
+from ._rounding import checked_round_exact as _round_exact
 from .attention import ATTENTION_MAX_PRECISION, adaptive_attention
 from .streaming import StreamState
 
-#: :func:`~softmaxtheory._certify.rounding.round_exact` in IEEE's default environment (the
-#: reference's own calls run inside its entry points, which set it once)
+#: :func:`~softmaxtheory._certify.rounding.round_exact`, its arguments checked, in IEEE's
+#: default environment (the reference's own calls run inside its entry points, which set it)
 round_exact = certifying("round_exact")(_round_exact)
+round_exact.__name__ = round_exact.__qualname__ = "round_exact"
 
 __all__ = [
     "ATTENTION_MAX_PRECISION",

@@ -33,6 +33,7 @@ __all__ = [
     "beta",
     "beta_mp",
     "certify_row",
+    "check_mp_prec",
     "entropy",
     "entropy_mp",
     "evaluate_row",
@@ -240,7 +241,7 @@ def _attempt(
     H = None
     if need_h:
         assert ep1 is not None
-        H = eng.entropy_ball(ep1, p, entropy_eps)
+        H = eng.entropy_ball(ep1, p, entropy_eps, row)
         if "entropy" in want:
             # the plain entropy is >= 0, and a guarded one where no p + eps exceeds 1
             h = accept(H.mid, H.rel, H.extra_log2, eng.entropy_nonneg(ep1.c, entropy_eps))
@@ -436,6 +437,19 @@ def adaptive_softmax(
     return _evaluate(x, "adaptive_softmax", dtype, schedule=schedule, entropy_eps=entropy_eps)
 
 
+def check_mp_prec(prec: object) -> int:
+    """Validate the `prec` of the ``*_mp`` functions: an int in [8, 800] bits.
+
+    Raises
+    ------
+    ValueError
+        Otherwise (a bool, a float or a string included).
+    """
+    if isinstance(prec, bool) or not isinstance(prec, int) or not 8 <= prec <= 800:
+        raise ValueError(f"prec must be an int in [8, 800], got {prec!r}")
+    return prec
+
+
 @certifying("the reference")
 def _evaluate_mp(
     x: Any, want: Quantity, prec: int, schedule: Schedule | None = None, entropy_eps: float = 0.0
@@ -443,8 +457,7 @@ def _evaluate_mp(
     arr = as_logits(x, "x")
     if arr.ndim != 1:
         raise ValueError(f"x must be one row (1-d) for the mp functions, got shape {arr.shape}")
-    if isinstance(prec, bool) or not isinstance(prec, int) or not 8 <= prec <= 800:
-        raise ValueError(f"prec must be an int in [8, 800], got {prec!r}")
+    check_mp_prec(prec)
     schedule = resolve_schedule(schedule)
     entropy_eps = check_entropy_eps(entropy_eps)
     vector = want in ("softmax", "adaptive_softmax")

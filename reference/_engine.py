@@ -362,13 +362,33 @@ def entropy_nonneg(c: int, entropy_eps: float) -> bool:
     return entropy_eps == 0.0 or (c >= 1 and Fraction(entropy_eps) <= 1 - Fraction(1, c))
 
 
-def entropy_ball(ep: ExpPass, p: int, entropy_eps: float) -> Ball:
-    """Entropy of the row from a ``beta = 1`` pass that accumulated ``t``."""
+#: Bits that :math:`H - G` may lose to cancellation before the guarded entropy is
+#: evaluated again in a form without it (:mod:`._guarded`).
+CANCELLED_BITS = 16
+
+
+def entropy_ball(ep: ExpPass, p: int, entropy_eps: float, row: PreparedRow | None = None) -> Ball:
+    """Entropy of the row from a ``beta = 1`` pass that accumulated ``t``.
+
+    With a guard, :math:`H - G` may cancel (a row near one where the guarded entropy
+    vanishes); where it loses more than :data:`CANCELLED_BITS` bits and the `row` is
+    given, the value comes from :func:`._guarded.guarded_entropy_ball` instead, which
+    keeps its relative accuracy and its sign there.
+    """
     u = math.ldexp(1.0, -p)
     H = _entropy_exact_mode(ep, p, u)
     if entropy_eps == 0.0:
         return H
-    return _entropy_eps_mode(ep, p, u, entropy_eps, H)
+    guarded, scale = _entropy_eps_mode(ep, p, u, entropy_eps, H)
+    if row is not None and scale is not None:
+        cancelled = guarded.mid == fzero or scale - _mag(guarded.mid) > CANCELLED_BITS
+        if cancelled:
+            from ._guarded import guarded_entropy_ball
+
+            better = guarded_entropy_ball(row, p, entropy_eps)
+            if better is not None:
+                return better
+    return guarded
 
 
 def _entropy_exact_mode(ep: ExpPass, p: int, u: float) -> Ball:
@@ -422,21 +442,25 @@ def _log1p(r: tuple, p: int) -> tuple[tuple, float]:
     return mpf_log(mpf_add(fone, r, 0), pl, RN), KAPPA * math.ldexp(1.0, -p - 6)
 
 
-def _entropy_eps_mode(ep: ExpPass, p: int, u: float, eps: float, H: Ball) -> Ball:
+def _entropy_eps_mode(
+    ep: ExpPass, p: int, u: float, eps: float, H: Ball
+) -> tuple[Ball, int | None]:
     r"""Guarded entropy :math:`-\sum_i p_i \log(p_i + \varepsilon) = H - G`.
 
     With :math:`G = \sum_i p_i \log(1 + \varepsilon / p_i) \ge 0`, a sum of positive
     terms, and :math:`H \ge 0` the exact entropy, the only cancellation left is the
-    final subtraction, whose relative error the Ziv loop sees directly.
+    final subtraction, whose relative error the Ziv loop sees directly. Returns the
+    ball and the binary magnitude of the larger of :math:`H` and :math:`G` (``None``
+    where no subtraction was made), from which the caller sees the cancellation.
     """
     eps_m = from_float(eps)
     if ep.sigma == fzero and ep.dead_log2 is None:
         # every unmasked item is a maximum: p_i = 1/c exactly and H_eps = -log(1/c + eps)
         d = Fraction(1, ep.c) + Fraction(eps) - 1
         if d == 0:
-            return Ball(fzero, 0.0)
+            return Ball(fzero, 0.0), None
         lam, lam_rel = _log1p(from_rational(d.numerator, d.denominator, p + 8, RN), p)
-        return Ball(mpf_neg(lam), (lam_rel + math.ldexp(1.0, -p - 7)) * SLACK)
+        return Ball(mpf_neg(lam), (lam_rel + math.ldexp(1.0, -p - 7)) * SLACK), None
     Rs = ep.s_rel / (1.0 - ep.s_rel) if ep.s_rel < 0.5 else math.inf
     ps = p + (len(ep.e) + 2).bit_length() + 2
     total = fzero
@@ -463,6 +487,7 @@ def _entropy_eps_mode(ep: ExpPass, p: int, u: float, eps: float, H: Ball) -> Bal
         # a dead item has p <= e**-C: p log(1 + eps/p) <= C e**-C + e**-C log(1 + eps)
         G_extra = ep.dead_log2 + 1 + math.ceil(math.log2(1.0 + math.log1p(eps)))
     mid = mpf_sub(H.mid, total, p, RN)
+    scale = max((_mag(x) for x in (H.mid, total) if x != fzero), default=None)
     mass = mpf_add(
         mpf_mul(mpf_abs(H.mid), from_float(H.rel), 60, round_ceiling),
         mpf_mul(total, from_float(G_rel), 60, round_ceiling),
@@ -474,9 +499,9 @@ def _entropy_eps_mode(ep: ExpPass, p: int, u: float, eps: float, H: Ball) -> Bal
         # bound (a relative one is meaningless here); the sign stays open
         mass = mpf_add(mass, mpf_mul(mpf_abs(H.mid), from_float(u), 60, round_ceiling), 60)
         mass_log2 = _mag(mass) if mass != fzero else None
-        return Ball(fzero, 0.0, max_log2(mass_log2, H.extra_log2, G_extra))
+        return Ball(fzero, 0.0, max_log2(mass_log2, H.extra_log2, G_extra)), scale
     ratio = to_float(mpf_div(mass, mpf_abs(mid), 60, round_ceiling), rnd="u")
-    return Ball(mid, (ratio + u) * SLACK, max_log2(H.extra_log2, G_extra))
+    return Ball(mid, (ratio + u) * SLACK, max_log2(H.extra_log2, G_extra)), scale
 
 
 def _rational_mpf(value: object, p: int) -> tuple[tuple, float]:

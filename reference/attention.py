@@ -182,7 +182,7 @@ def _certify_row(
             H = None
             if schedule.needs_entropy:
                 ep1 = eng.exp_pass(row, None, p, C, want_t=True)
-                H = eng.entropy_ball(ep1, p, entropy_eps)
+                H = eng.entropy_ball(ep1, p, entropy_eps, row)
             b = eng.beta_ball(schedule, H, row.n_eff, p, entropy_eps)
         except eng.Undecided:
             keep_all = True  # see evaluate_row: negligible mass may decide a jump
@@ -272,16 +272,17 @@ def _combine(
         else:
             ratio = to_float(mpf_div(mass, mpf_abs(total), 60, round_up), rnd="u")
             rel = ratio * factor * eng.SLACK
-        value = round_ball(total, rel, fmt, extra)
-        if value is None:
-            return None
         if mass == fzero and extra is not None:
             # every live key's value is 0: the output is the dead keys' tiny sum, whose
             # sign is theirs (a negative one rounds to -0.0) when they share one
             signs = {s[c][0] for d, s in group_sums.items() if d not in coeff and s[c] != fzero}
-            if len(signs) > 1:
+            if len(signs) > 1 or extra >= fmt.qmin - 1:
                 return None  # keep more keys alive (or go to the intervals)
             value = -0.0 if signs == {1} else 0.0
+        else:
+            value = round_ball(total, rel, fmt, extra)
+            if value is None:
+                return None
         out.append(value)
     return out
 

@@ -37,7 +37,7 @@ from softmaxtheory._formats import Quantity
 from softmaxtheory.spec import Schedule, as_logits, check_entropy_eps, resolve_schedule
 
 from . import _engine as eng
-from ._api import MAX_PRECISION, PrecisionError, certify_row
+from ._api import MAX_PRECISION, PrecisionError, certify_row, check_mp_prec
 from ._rounding import format_for
 
 __all__ = ["StreamState"]
@@ -178,6 +178,7 @@ class StreamState:
 
     @certifying("the reference")
     def _sums_mp(self, which: str, prec: int) -> mpmath.mpf:
+        check_mp_prec(prec)
         if self._invalid:
             return mpmath.mpf("nan")
         if not self._terms:
@@ -199,11 +200,25 @@ class StreamState:
         )
 
     def s_mp(self, prec: int = 113) -> mpmath.mpf:
-        r""":math:`s = \sum e^{x_i - m}` with relative error at most ``2**-prec``."""
+        r""":math:`s = \sum e^{x_i - m}` with relative error at most ``2**-prec``.
+
+        Raises
+        ------
+        ValueError
+            If `prec` is not an int in [8, 800], as for
+            :func:`~softmaxtheory.reference.softmax_mp`.
+        """
         return self._sums_mp("s", prec)
 
     def t_mp(self, prec: int = 113) -> mpmath.mpf:
-        r""":math:`t = \sum e^{x_i - m}(x_i - m)` with relative error at most ``2**-prec``."""
+        r""":math:`t = \sum e^{x_i - m}(x_i - m)` with relative error at most ``2**-prec``.
+
+        Raises
+        ------
+        ValueError
+            If `prec` is not an int in [8, 800], as for
+            :func:`~softmaxtheory.reference.softmax_mp`.
+        """
         return self._sums_mp("t", prec)
 
     @certifying("the reference")

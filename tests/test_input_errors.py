@@ -77,6 +77,37 @@ def test_mp_functions_reject_bad_prec(func, prec) -> None:
         MP_FUNCS[func]([0.0, 1.0], prec=prec)
 
 
+@pytest.mark.parametrize("method", ["s_mp", "t_mp"])
+@pytest.mark.parametrize("prec", [0, -5, 7, 100_000, 113.0, "113", True, None])
+def test_stream_sums_reject_bad_prec(method, prec) -> None:
+    # -5 was accepted (a sum to 2**5 relative) and "113" raised a bare TypeError
+    state = reference.StreamState.from_logits([0.0, -1.0])
+    with pytest.raises(ValueError, match=names("prec")):
+        getattr(state, method)(prec)
+
+
+@pytest.mark.parametrize(
+    ("args", "exc", "name"),
+    [
+        ((-1, 3, 0), ValueError, "sign"),
+        ((2, 3, 0), ValueError, "sign"),  # was rounded as a negative value
+        ((True, 3, 0), TypeError, "sign"),
+        ((0, -3, 0), ValueError, "man"),  # was rounded as if positive
+        ((0, 3.0, 0), TypeError, "man"),
+        ((0, 3, 0.5), TypeError, "exp"),
+    ],
+)
+def test_round_exact_rejects_bad_arguments(args, exc, name) -> None:
+    with pytest.raises(exc, match=names(name)):
+        reference.round_exact(*args, reference.FORMATS["float64"])
+
+
+def test_round_exact_rejects_a_format_that_is_not_one() -> None:
+    with pytest.raises(TypeError, match=names("fmt")):  # was an AttributeError
+        reference.round_exact(0, 3, 0, "float64")
+    assert reference.round_exact(1, np.int64(3), np.int32(-1), reference.FORMATS["float16"]) == -1.5
+
+
 @pytest.mark.parametrize("func", sorted(ARRAY_FUNCS))
 @pytest.mark.parametrize(
     "dtype", ["int32", np.int64, np.uint8, "bogus", np.complex128, object, bool, "float128", "U3"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import mpmath
@@ -188,10 +187,9 @@ def test_tiny_beta_times_an_overflowing_shift(x, beta):
 def test_guard_that_cancels_the_maxima(row):
     """entropy_eps = 1/2 with two tied maxima: the maxima's terms vanish and H_eps is the
     tiny rest (about 2**-1010 to 2**-1115). H - G cancelled to exactly 0 at some precision,
-    which the mpmath acceptor returned as a certified 0 (the value is positive); a float16 or
-    float32 result, 0, is decided from an absolute bound; a float64 one needs more than the
-    960 bits the loop allows (and the entropy's bound is floored at 2**-1070 relative), so it
-    is refused."""
+    which the mpmath acceptor returned as a certified 0 (the value is positive); a float64
+    result needed more than the 960 bits the loop allows and was refused. The form without
+    the cancellation (reference/_guarded.py) certifies every format."""
     with mpmath.workprec(3000):
         xs = [mpmath.mpf(v) for v in row]
         e = [mpmath.exp(v) for v in xs]
@@ -200,15 +198,11 @@ def test_guard_that_cancels_the_maxima(row):
         assert 0 < exact < mpmath.mpf(2) ** -1000
     from tests.support.independent import round_to
 
-    try:  # never a wrong number: a refusal, or the value within its bound (was 0 exactly)
-        got = reference.entropy_mp(row, entropy_eps=0.5)
-        assert abs(got - exact) <= mpmath.mpf(2) ** -113 * exact
-    except PrecisionError:
-        pass
-    for dtype in (np.float32, np.float16):
-        assert reference.entropy(row, entropy_eps=0.5, dtype=dtype) == 0.0  # was PrecisionError
-    with contextlib.suppress(PrecisionError):
-        assert reference.entropy(row, entropy_eps=0.5) == round_to(exact, np.float64)
+    got = reference.entropy_mp(row, entropy_eps=0.5)
+    assert abs(got - exact) <= mpmath.mpf(2) ** -113 * exact
+    for dtype in (np.float64, np.float32, np.float16):
+        want = round_to(exact, dtype)
+        assert reference.entropy(row, entropy_eps=0.5, dtype=dtype) == want
 
 
 def _guarded_two_item_entropy() -> mpmath.mpf:

@@ -120,6 +120,8 @@ def test_round_ball_refuses_straddling_and_accepts_zero():
     assert round_ball(half, 0.0, F64) == 1.0  # exact midpoint: ties to even
     assert round_ball(half, 2.0**-80, F64) is None  # either side possible
     assert round_ball(from_man_exp(0, 0), 0.0, F64) == 0.0
-    assert round_ball(from_man_exp(0, 0), 0.5, F64, extra_log2=-1200) == 0.0
-    assert round_ball(from_man_exp(0, 0), 0.0, F64, extra_log2=-1074) is None
+    # a zero midpoint with an error: which zero only where the value cannot be negative
+    assert round_ball(from_man_exp(0, 0), 0.5, F64, extra_log2=-1200) is None
+    assert round_ball(from_man_exp(0, 0), 0.5, F64, extra_log2=-1200, nonneg=True) == 0.0
+    assert round_ball(from_man_exp(0, 0), 0.0, F64, extra_log2=-1074, nonneg=True) is None
     assert round_ball(from_man_exp(1, 0), math.inf, F64) is None

@@ -104,9 +104,9 @@ def round_ball(
     -------
     float or None
         The correctly rounded value of every real in the ball, hence of the exact
-        value, or ``None`` when the ball contains a rounding boundary or, for a
-        non-zero approximation, zero itself. An exactly zero approximation whose
-        ball lies below half the least subnormal gives ``+0.0``.
+        value, or ``None`` when the ball contains a rounding boundary or zero
+        itself (the sign of a zero result is then open), except where `nonneg`
+        decides it. An exactly zero approximation with no error gives ``+0.0``.
     """
     sign, man, exp, _ = mpf
     man, exp = int(man), int(exp)  # gmpy2's mpz under mpmath's gmpy backend
@@ -115,7 +115,9 @@ def round_ball(
     if man == 0:
         if extra_log2 is None:
             return 0.0
-        return 0.0 if extra_log2 < fmt.qmin - 1 else None
+        # every value within 2**extra of zero rounds to a zero, but of which sign is known
+        # only for a value that cannot be negative
+        return 0.0 if nonneg and extra_log2 < fmt.qmin - 1 else None
     if rel == 0.0 and extra_log2 is None:
         return round_exact(sign, man, exp, fmt)
     # widen the significand so that one unit lies far below the error bound

@@ -21,8 +21,10 @@ def round_to(value: mpmath.mpf, dtype) -> float:
     """Round an exact-enough mpf once to ``dtype`` (nearest, ties to even)."""
     if mpmath.isnan(value):
         return math.nan
-    if value == 0 or mpmath.mag(value) < -1200:  # far below every format's least subnormal
+    if value == 0:
         return 0.0
+    if mpmath.mag(value) < -1200:  # far below every format's least subnormal: a signed zero
+        return -0.0 if value < 0 else 0.0
     sign, man, exp, _ = value._mpf_  # value == (-1)**sign * man * 2**exp
     frac = (-1) ** sign * Fraction(int(man)) * Fraction(2) ** int(exp)
     f64 = float(frac)  # correctly rounded to float64
