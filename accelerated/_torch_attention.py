@@ -248,19 +248,38 @@ def prepare(
         raise ValueError(f"scale must be finite, got {scale!r}")
     group, kv_heads = 1, None
     kv_shapes = [k.shape[:-2]] + ([v.shape[:-2]] if v is not None else [])
-    if enable_gqa and q.ndim >= 3 and k.ndim >= 3 and q.shape[-3] != k.shape[-3]:
+    v_heads = v.shape[-3] if v is not None and v.ndim >= 3 else None
+    if (
+        enable_gqa
+        and q.ndim >= 3
+        and k.ndim >= 3
+        and (q.shape[-3] != k.shape[-3] or v_heads not in (None, q.shape[-3]))
+    ):
         hq, hkv = q.shape[-3], k.shape[-3]
         if hkv == 0 or hq % hkv:
             raise ValueError(
                 "enable_gqa needs the query heads q.shape[-3] to be a multiple of the key "
                 f"heads k.shape[-3], got {hq} and {hkv}"
             )
-        if v is not None and v.shape[-3] != hkv:
-            raise ValueError(f"k and v must have the same heads, got {hkv} and {v.shape[-3]}")
-        # no query heads (hq = 0) give group 0: an empty problem, whose result is SDPA's
-        # empty one; the keys and values keep their own heads
-        group, kv_heads = hq // hkv, hkv
-        kv_shapes = [(*s[:-1], hq) for s in kv_shapes]
+        # a v without a head dimension broadcasts over the key heads
+        hv = hkv if v_heads is None else v_heads
+        if hv != hkv:
+            if hv == 0 or hq % hv:
+                raise ValueError(
+                    "enable_gqa needs the query heads q.shape[-3] to be a multiple of the "
+                    f"value heads v.shape[-3], got {hq} and {hv}"
+                )
+            # keys and values with their own head counts (SDPA takes them): each head is
+            # repeated for the query heads it serves, as SDPA's own math path does
+            assert v is not None
+            k = k.repeat_interleave(hq // hkv, dim=-3)
+            v = v.repeat_interleave(hq // hv, dim=-3)
+            kv_shapes = [k.shape[:-2], v.shape[:-2]]
+        else:
+            # no query heads (hq = 0) give group 0: an empty problem, whose result is
+            # SDPA's empty one; the keys and values keep their own heads
+            group, kv_heads = hq // hkv, hkv
+            kv_shapes = [(*s[:-1], hq) for s in kv_shapes]
     try:
         lead = broadcast_shapes(q.shape[:-2], *kv_shapes)
     except RuntimeError as exc:

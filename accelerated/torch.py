@@ -206,7 +206,9 @@ def adaptive_attention(
         (a divisor), query head :math:`h` reading key head
         :math:`\lfloor h / g \rfloor` with :math:`g` query heads per key head.
         Pass 1 of the hybrid path reads the key heads as they are; the other
-        paths repeat each key and value head :math:`g` times.
+        paths repeat each key and value head :math:`g` times. ``v.shape[-3]``
+        may differ from ``k.shape[-3]`` (another divisor of the query heads), as
+        SDPA allows: both are then repeated up to the query heads.
     schedule : Schedule, optional
         Temperature schedule (default :class:`~softmaxtheory.spec.PaperPolynomial`).
     entropy_eps : float, default 0.0

@@ -459,13 +459,34 @@ def test_grouped_query_attention_gradcheck(backend):
     assert torch.autograd.gradcheck(f, args, eps=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize(("kv_heads", "v_heads"), [(2, 1), (1, 2), (2, 6), (6, 3), (6, 1)])
+@pytest.mark.parametrize("backend", ["auto", "composition"])
+def test_grouped_query_attention_with_own_value_heads(kv_heads, v_heads, backend):
+    """Keys and values with different head counts, as SDPA's enable_gqa takes them (each
+    repeated for its query heads); they raised 'k and v must have the same heads'."""
+    q, k, _ = _gqa_inputs(heads=6, kv_heads=kv_heads)
+    v = torch.randn(
+        2, v_heads, k.shape[2], 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5)
+    )
+    out = adaptive_attention(q, k, v, is_causal=True, enable_gqa=True, backend=backend)
+    kr, vr = k.repeat_interleave(6 // kv_heads, dim=1), v.repeat_interleave(6 // v_heads, dim=1)
+    ref = R.adaptive_attention(q.numpy(), kr.numpy(), vr.numpy(), is_causal=True)
+    assert out.shape == (2, 6, q.shape[2], 3)
+    assert np.max(np.abs(out.numpy() - ref)) < 1e-12
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=True
+    )
+    one = adaptive_attention(q, k, v, is_causal=True, enable_gqa=True, schedule=Constant(1))
+    torch.testing.assert_close(one, sdpa, rtol=0, atol=1e-14)
+
+
 def test_grouped_query_attention_errors():
     q, k, v = _gqa_inputs()
     with pytest.raises(ValueError, match="do not broadcast"):
         adaptive_attention(q, k, v)  # 6 query heads, 2 key heads, no enable_gqa
     with pytest.raises(ValueError, match="multiple of the key heads"):
         adaptive_attention(q[:, :5], k, v, enable_gqa=True)
-    with pytest.raises(ValueError, match="same heads"):
-        adaptive_attention(q, k, v[:, :1], enable_gqa=True)
+    with pytest.raises(ValueError, match="multiple of the value heads"):
+        adaptive_attention(q, k, torch.cat([v, v[:, :2]], dim=1), enable_gqa=True)  # 6 and 4
     with pytest.raises(TypeError, match="enable_gqa must be a bool"):
         adaptive_attention(q, k, v, enable_gqa="yes")
