@@ -362,18 +362,14 @@ def entropy_nonneg(c: int, entropy_eps: float) -> bool:
     return entropy_eps == 0.0 or (c >= 1 and Fraction(entropy_eps) <= 1 - Fraction(1, c))
 
 
-#: Bits that :math:`H - G` may lose to cancellation before the guarded entropy is
-#: evaluated again in a form without it (:mod:`._guarded`).
-CANCELLED_BITS = 16
-
-
 def entropy_ball(ep: ExpPass, p: int, entropy_eps: float, row: PreparedRow | None = None) -> Ball:
     """Entropy of the row from a ``beta = 1`` pass that accumulated ``t``.
 
     With a guard, :math:`H - G` may cancel (a row near one where the guarded entropy
-    vanishes); where it loses more than :data:`CANCELLED_BITS` bits and the `row` is
-    given, the value comes from :func:`._guarded.guarded_entropy_ball` instead, which
-    keeps its relative accuracy and its sign there.
+    vanishes); where it loses more than half the working precision (or all of it) and
+    the `row` is given, the value comes from :func:`._guarded.guarded_entropy_ball`
+    instead, which keeps its relative accuracy and its sign there. A smaller loss is
+    left to the Ziv loop: doubling the precision is cheaper than the intervals.
     """
     u = math.ldexp(1.0, -p)
     H = _entropy_exact_mode(ep, p, u)
@@ -381,7 +377,7 @@ def entropy_ball(ep: ExpPass, p: int, entropy_eps: float, row: PreparedRow | Non
         return H
     guarded, scale = _entropy_eps_mode(ep, p, u, entropy_eps, H)
     if row is not None and scale is not None:
-        cancelled = guarded.mid == fzero or scale - _mag(guarded.mid) > CANCELLED_BITS
+        cancelled = guarded.mid == fzero or scale - _mag(guarded.mid) > p // 2
         if cancelled:
             from ._guarded import guarded_entropy_ball
 
@@ -437,6 +433,10 @@ def _log1p(r: tuple, p: int) -> tuple[tuple, float]:
     if mag < -p:
         # log1p(r) = r (1 - r/2 + ...): relative error below |r| <= 2**-p
         return r, math.ldexp(1.0, -p)
+    if mag > p + 8:
+        # log(1 + r) = log r + log1p(1/r) with 0 < log1p(1/r) < 1/r < 2**-(p + 7) and
+        # log r > 1: the exact 1 + r would have 2**mag bits (r = eps/p for a tiny p)
+        return mpf_log(r, p + 8, RN), (KAPPA + 2.0) * math.ldexp(1.0, -p - 8)
     pl = p + 8 + max(0, -mag)
     # 1 + r is exact; the extra -mag bits keep the result's relative accuracy near r = 0
     return mpf_log(mpf_add(fone, r, 0), pl, RN), KAPPA * math.ldexp(1.0, -p - 6)

@@ -38,37 +38,50 @@ With :math:`m_i = e^{z_i} - 1` (an ``expm1``, accurate near 0) for the items of
 whose terms are each within a few :math:`s \max_j |d_j|` when :math:`q|N| = 1`
 (:math:`m_i - m_j = s(d_i - d_j)` and :math:`qF = -\sum_N d_j s / |N|`).
 
-**Rigour.** Everything is evaluated in mpmath's interval arithmetic (outward
-rounding, unbounded exponents, no item dropped as negligible), as the attention
-outputs beyond 960 bits are (:mod:`._attention_interval`). :math:`g` is monotone on
-each side of 0, so :math:`g` over an interval of :math:`d` is bounded by its values
-at the ends, each evaluated at a point with :math:`\log(1 + d)` taken from the exact
-:math:`1 + d` at enough extra bits to keep :math:`g`'s relative accuracy
-(:math:`q d - (q + d)\log(1 + d) = q(d - \log(1 + d)) - d \log(1 + d)`, with
-:math:`q` entering once).
+**Rigour.** Everything is evaluated in mpmath's interval arithmetic
+(:mod:`mpmath.libmp.libmpi`: outward rounding, unbounded exponents, no item dropped
+as negligible), as the attention outputs beyond 960 bits are
+(:mod:`._attention_interval`). :math:`g` is monotone on each side of 0, so :math:`g`
+over an interval of :math:`d` is bounded by its values at the ends, each evaluated at
+a point: with :math:`\log(1 + d)` from the exact :math:`1 + d` at enough extra bits to
+keep :math:`g`'s relative accuracy (:math:`q d - (q + d)\log(1 + d) = q(d - \log(1 +
+d)) - d \log(1 + d)`, with :math:`q` entering once), or, for
+:math:`|d| < 2^{-\mathrm{prec} - 4}`, from its series: the coefficient of :math:`d^k`
+in :math:`(q + d)\log(1 + d)` is :math:`(-1)^{k+1}q/k + (-1)^k/(k - 1)`, at most 1 in
+magnitude for :math:`k \ge 2`, so
+
+.. math:: g(d) \in -(1 - q/2)\,d^2 + [-2|d|^3, 2|d|^3] \quad (|d| \le 1/2),
+
+a relative enclosure within :math:`4|d|`. (An exact :math:`1 + d` for
+:math:`d \approx -e^{-10^{308}}`, tied maxima beside a far item, has
+:math:`10^{308}` bits.)
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
-from mpmath import mp
-from mpmath.ctx_iv import MPIntervalContext
 from mpmath.libmp import (
     fone,
+    from_int,
+    from_rational,
     fzero,
+    mpf_abs,
     mpf_add,
     mpf_cmp,
     mpf_div,
+    mpf_mul,
     mpf_neg,
     mpf_shift,
     mpf_sign,
     mpf_sub,
     round_ceiling,
+    round_floor,
+    round_nearest,
     to_float,
 )
+from mpmath.libmp.libmpi import mpi_add, mpi_div, mpi_exp, mpi_log, mpi_mul, mpi_neg, mpi_sub
 
 from ._engine import Ball, PreparedRow
 
@@ -77,67 +90,68 @@ __all__ = ["guarded_entropy_ball"]
 #: Extra bits of the intervals over the engine's working precision.
 GUARD_BITS = 24
 
+Interval = tuple[tuple, tuple]  # (lower end, upper end), mpf tuples
+_ZERO: Interval = (fzero, fzero)
+_ONE: Interval = (fone, fone)
 
-def _point(ctx: MPIntervalContext, x: tuple) -> Any:
-    """An exact mpf tuple as a point interval."""
-    return ctx.mpf(mp.make_mpf(x))
 
-
-def _rational(ctx: MPIntervalContext, value: Fraction) -> Any:
-    """An interval holding the rational `value` (a point where it is a short dyadic)."""
-    return ctx.mpf(value.numerator) / ctx.mpf(value.denominator)
+def _rational(value: Fraction, prec: int) -> Interval:
+    """An interval holding the rational `value`, its ends rounded outward to `prec` bits."""
+    num, den = value.numerator, value.denominator
+    return (
+        from_rational(num, den, prec, round_floor),
+        from_rational(num, den, prec, round_ceiling),
+    )
 
 
 def _mag(x: tuple) -> int:
     return int(x[2]) + int(x[3])
 
 
-def _expm1(ctx: MPIntervalContext, z: tuple, prec: int) -> Any:
+def _expm1(z: tuple, prec: int) -> Interval:
     r""":math:`e^{z} - 1` for an exact :math:`z \le 0`, to a relative width near ``2**-prec``."""
     if z == fzero:
-        return ctx.mpf(0)
-    saved = ctx.prec
-    ctx.prec = prec + max(0, -_mag(z)) + 8
-    try:
-        return ctx.exp(_point(ctx, z)) - 1
-    finally:
-        ctx.prec = saved
+        return _ZERO
+    wide = prec + max(0, -_mag(z)) + 8
+    return mpi_sub(mpi_exp((z, z), wide), _ONE, wide)
 
 
-def _g_at(ctx: MPIntervalContext, d: tuple, q: Any, prec: int) -> Any | None:
+def _g_at(d: tuple, q: Interval, prec: int) -> Interval | None:
     r""":math:`g(d) = q(d - \log(1 + d)) - d\log(1 + d)` at an exact point `d`.
 
     ``None`` where :math:`d \le -1` (an interval of :math:`d` too wide for the row).
     """
     if d == fzero:
-        return ctx.mpf(0)
-    one_plus = mpf_add(fone, d, 0)  # exact
+        return _ZERO
+    if _mag(d) < -prec - 4:
+        # the series: -(1 - q/2) d**2 within 2|d|**3
+        half_q = (mpf_shift(q[0], -1), mpf_shift(q[1], -1))
+        c = mpi_sub(_ONE, half_q, prec)
+        d2 = mpf_mul(d, d)  # exact
+        cube = mpf_shift(mpf_mul(d2, mpf_abs(d), 60, round_ceiling), 1)
+        return mpi_add(mpi_mul(mpi_neg(c), (d2, d2), prec), (mpf_neg(cube), cube), prec)
+    one_plus = mpf_add(fone, d, 0)  # exact: d is not far below 2**-prec
     if mpf_sign(one_plus) <= 0:
         return None
-    saved = ctx.prec
     # log(1 + d) to a relative 2**-(prec + 8) of d, so that d - log(1 + d) ~ d**2 / 2 keeps it
-    ctx.prec = prec + max(0, -_mag(d)) + 8
-    try:
-        dd = _point(ctx, d)
-        lg = ctx.log(_point(ctx, one_plus))
-        return q * (dd - lg) - dd * lg
-    finally:
-        ctx.prec = saved
+    wide = prec + max(0, -_mag(d)) + 8
+    point = (d, d)
+    lg = mpi_log((one_plus, one_plus), wide)
+    return mpi_sub(mpi_mul(q, mpi_sub(point, lg, wide), wide), mpi_mul(point, lg, wide), wide)
 
 
-def _g(ctx: MPIntervalContext, d: Any, q: Any, prec: int) -> Any | None:
+def _g(d: Interval, q: Interval, prec: int) -> Interval | None:
     """:math:`g` over the interval `d` (monotone on each side of 0), or None."""
-    lo, hi = d._mpi_
-    g_lo = _g_at(ctx, lo, q, prec)
-    g_hi = _g_at(ctx, hi, q, prec)
+    lo, hi = d
+    g_lo = _g_at(lo, q, prec)
+    g_hi = g_lo if hi == lo else _g_at(hi, q, prec)
     if g_lo is None or g_hi is None:
         return None
     if mpf_sign(lo) >= 0:  # decreasing: [g(hi), g(lo)]
-        return ctx.mpf([mp.make_mpf(g_hi._mpi_[0]), mp.make_mpf(g_lo._mpi_[1])])
+        return g_hi[0], g_lo[1]
     if mpf_sign(hi) <= 0:  # increasing: [g(lo), g(hi)]
-        return ctx.mpf([mp.make_mpf(g_lo._mpi_[0]), mp.make_mpf(g_hi._mpi_[1])])
-    low = g_lo._mpi_[0] if mpf_cmp(g_lo._mpi_[0], g_hi._mpi_[0]) <= 0 else g_hi._mpi_[0]
-    return ctx.mpf([mp.make_mpf(low), mp.mpf(0)])
+        return g_lo[0], g_hi[1]
+    return (g_lo[0] if mpf_cmp(g_lo[0], g_hi[0]) <= 0 else g_hi[0]), fzero
 
 
 def guarded_entropy_ball(row: PreparedRow, p: int, eps: float) -> Ball | None:
@@ -159,59 +173,69 @@ def guarded_entropy_ball(row: PreparedRow, p: int, eps: float) -> Ball | None:
         excludes 0, absolute where it holds 0), or ``None`` when an interval of some
         :math:`d_i` is too wide to evaluate (a precision too low for the row).
     """
-    ctx = MPIntervalContext()
     prec = p + GUARD_BITS
-    ctx.prec = prec
     qf = 1 - Fraction(eps)
-    q = _rational(ctx, qf)
+    q = _rational(qf, prec)
     # which items go to N: an estimate (any split is exact; this one keeps the terms small)
     with np.errstate(over="ignore", under="ignore"):
         est = np.exp(-row.zabs)
-    est_p = est / float(est.sum())
-    near = est_p >= float(qf) / 2.0  # (the maxima share one estimate)
+    near = est / float(est.sum()) >= float(qf) / 2.0  # (the maxima share one estimate)
     c = int(row.ones.sum())
     near_max = bool(near[row.ones].any())
     n_near = int(near.sum())
 
-    items = [k for k in range(row.n_eff) if not row.ones[k]]
-    m = {k: _expm1(ctx, row.z[k], prec) for k in items if near[k]}
-    e = {k: ctx.exp(_point(ctx, row.z[k])) for k in items if not near[k]}
-    W = sum(m.values(), ctx.mpf(0)) + sum(e.values(), ctx.mpf(0))
-    if c and not near_max:
-        W += c
-    s = n_near + W
+    m: list[Interval] = []
+    e: list[Interval] = []
+    W = _ZERO
+    for k in np.flatnonzero(~row.ones).tolist():
+        z = row.z[k]
+        if near[k]:
+            m.append(_expm1(z, prec))
+            W = mpi_add(W, m[-1], prec)
+        else:
+            e.append(mpi_exp((z, z), prec))
+            W = mpi_add(W, e[-1], prec)
+    groups = [(mk, 1) for mk in m]
+    far = [(ek, 1) for ek in e]
+    if c:
+        (groups if near_max else far).append((_ZERO if near_max else _ONE, c))
+        if not near_max:
+            W = mpi_add(W, (from_int(c), from_int(c)), prec)
+    s = mpi_add((from_int(n_near), from_int(n_near)), W, prec)
     K = 1 - qf * n_near  # exact
-    Kq = _rational(ctx, K)
-    qW = q * W
+    base = mpi_sub(_rational(K, prec), mpi_mul(q, W, prec), prec)  # (1 - q|N|) - qW
 
-    total = _rational(ctx, -qf * K)
-    groups: list[tuple[Any, int]] = [(m[k], 1) for k in m]
-    if near_max:
-        groups.append((ctx.mpf(0), c))
+    total = _rational(-qf * K, prec)
     for mk, count in groups:
-        gk = _g(ctx, (Kq + mk - qW) / s, q, prec)
+        gk = _g(mpi_div(mpi_add(base, mk, prec), s, prec), q, prec)
         if gk is None:
             return None
-        total += count * gk
-    eps_i = ctx.mpf(eps)
-    far = [(ek, 1) for ek in e.values()]
-    if c and not near_max:
-        far.append((ctx.mpf(1), c))
+        total = mpi_add(total, mpi_mul(gk, _count(count), prec), prec)
+    eps_i = _rational(Fraction(eps), prec)
     for ek, count in far:
-        pk = ek / s
-        total += count * (pk * (q - ctx.log(pk + eps_i)))
-    return _ball(total._mpi_)
+        pk = mpi_div(ek, s, prec)
+        hk = mpi_mul(pk, mpi_sub(q, mpi_log(mpi_add(pk, eps_i, prec), prec), prec), prec)
+        total = mpi_add(total, mpi_mul(hk, _count(count), prec), prec)
+    return _ball(total, prec)
 
 
-def _ball(ends: tuple[tuple, tuple]) -> Ball:
+def _count(count: int) -> Interval:
+    n = from_int(count)
+    return n, n
+
+
+def _ball(ends: Interval, prec: int) -> Ball:
     """The ball of an interval: its midpoint, with a relative bound (an absolute one across 0)."""
     lo, hi = ends
     if lo == hi:
         return Ball(lo, 0.0)
-    mid = mpf_shift(mpf_add(lo, hi, 0), -1)  # exact
-    radius = mpf_shift(mpf_sub(hi, lo, 0), -1)
+    # (rounded: ends of very different magnitudes would make an exact sum enormous)
+    mid = mpf_shift(mpf_add(lo, hi, prec + 8, round_nearest), -1)
+    radius = mpf_sub(hi, mid, 60, round_ceiling)
+    other = mpf_sub(mid, lo, 60, round_ceiling)
+    if mpf_cmp(other, radius) > 0:
+        radius = other
     if mpf_sign(lo) > 0 or mpf_sign(hi) < 0:
-        size = mid if mpf_sign(mid) > 0 else mpf_neg(mid)
-        ratio = to_float(mpf_div(radius, size, 60, round_ceiling), rnd="u")
+        ratio = to_float(mpf_div(radius, mpf_abs(mid), 60, round_ceiling), rnd="u")
         return Ball(mid, max(ratio, 5e-324) * (1.0 + 2.0**-20))
     return Ball(mid, 0.0, _mag(radius) + 1)

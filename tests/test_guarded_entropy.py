@@ -92,3 +92,30 @@ def _near_zero_rows(draw) -> tuple[list[float], float]:
 def test_near_tied_rows_are_correctly_rounded_with_their_sign(case):
     row, eps = case
     _check(row, eps)
+
+
+def _tie_beside_a_far_item(a: float) -> mpmath.mpf:
+    """H_eps of (0, 0, -a) at eps = 1/2 in closed form (log1p keeps the e**-a terms)."""
+    with mpmath.workprec(200):
+        delta = mpmath.exp(-mpmath.mpf(a))
+        s = 2 + delta
+        maxima = -2 / s * mpmath.log1p(-delta / (4 + 2 * delta))
+        return maxima - delta / s * mpmath.log(delta / s + mpmath.mpf(0.5))
+
+
+@pytest.mark.parametrize("a", [1e5, 3e6, 1e308])
+def test_tied_maxima_beside_a_far_item(a):
+    # the maxima's d = -q e**-a / s: an exact 1 + d had 1.44 a bits (a hang at 3e6, an
+    # OverflowError at 1e308); eps / p_i for the far item likewise in H - G (entropy_mp)
+    row = [0.0, 0.0, -a]
+    exact = _tie_beside_a_far_item(a)
+    assert exact > 0
+    for dtype in DTYPES:
+        got = reference.entropy(row, entropy_eps=0.5, dtype=dtype)
+        assert got == 0.0 and not np.signbit(got)
+    got = reference.entropy_mp(row, entropy_eps=0.5, prec=53)
+    assert abs(got - exact) <= mpmath.mpf(2) ** -53 * exact
+    state = StreamState.from_logits(np.array(row[:2])) + StreamState.from_logits(np.array(row[2:]))
+    assert state.entropy(entropy_eps=0.5) == 0.0
+    two = reference.entropy_mp([0.0, -a], entropy_eps=0.5, prec=53)
+    assert mpmath.almosteq(two, -mpmath.log(1.5), rel_eps=2.0**-50)
