@@ -110,19 +110,20 @@ def run_conformance(
 # ---------------------------------------------------------------------------
 
 
-def _pytest_check(target: Target, name: str, config: Any = None) -> None:
+def _pytest_check(name: str, config: Any) -> None:
     import pytest
 
-    __tracebackhide__ = True
-    if target.kind not in PROPERTIES[name][1]:
-        pytest.skip(f"{name} is not a property of kind {target.kind}")
-    res = None
-    if config is not None:
-        from .pytest_plugin import conformance_result
+    from .pytest_plugin import conformance_result, missing_kernel, stashed_target
 
-        res = conformance_result(config, name)  # from the child process
-    if res is None:
-        res = run_property(name, target)
+    __tracebackhide__ = True
+    kind = config.getoption("--softmax-kind")
+    if not config.getoption("--softmax-kernel"):
+        missing_kernel()
+    if kind not in PROPERTIES[name][1]:
+        pytest.skip(f"{name} is not a property of kind {kind}")
+    res = conformance_result(config, name)  # from the child process
+    if res is None:  # --softmax-in-process
+        res = run_property(name, stashed_target(config))
     if res.status == "skip":
         pytest.skip(res.message)
     if res.status == "fail":
@@ -130,9 +131,9 @@ def _pytest_check(target: Target, name: str, config: Any = None) -> None:
 
 
 def _make_test(name: str) -> Callable[..., None]:
-    def test(softmax_conformance_target: Target, pytestconfig: Any) -> None:
+    def test(pytestconfig: Any) -> None:
         __tracebackhide__ = True
-        _pytest_check(softmax_conformance_target, name, pytestconfig)
+        _pytest_check(name, pytestconfig)
 
     test.__name__ = f"test_{name}"
     test.__doc__ = PROPERTIES[name][0].__doc__

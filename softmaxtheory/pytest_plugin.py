@@ -13,15 +13,17 @@ and the fixtures ``softmax_reference`` (the module :mod:`softmaxtheory.reference
 nothing beyond pytest and the standard library, and a session that does not
 pass ``--softmax-kernel`` is left exactly as it was.
 
-The kernel is imported once, at the start of the session, from the current
-folder first (as ``python -m`` does): a bad path, a module that cannot be
-imported or a bad option value is one usage error (exit status 4), not an
-error per test. As with ``softmaxtheory check``, the selected properties run
-in one child process (a fresh interpreter) with a time limit per property
-(``--softmax-timeout``), so a kernel that exits, aborts or hangs fails the test
-of the property that was running; ``--softmax-in-process`` runs them in the
-pytest process instead (for ``--pdb``), where a kernel calling ``sys.exit``
-still fails its test.
+The options are checked at the start of the session: a bad option value is one
+usage error (exit status 4), not an error per test. As with ``softmaxtheory
+check``, the kernel is imported, from the current folder first (as ``python -m``
+does), and the selected properties run in one child process (a fresh
+interpreter) with a time limit for the import and for each property
+(``--softmax-timeout``): a kernel whose module exits, aborts or hangs on import
+fails every test, one that does so while a property runs fails that property's
+test, and a bad kernel path ends the session as a usage error (exit status 4).
+The pytest process never imports the kernel. ``--softmax-in-process`` imports it
+and runs the properties in the pytest process instead (for ``--pdb``), where a
+kernel calling ``sys.exit`` still fails its test.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "softmax_conformance_target",
     "softmax_reference",
     "softmax_testing",
+    "stashed_target",
 ]
 
 
@@ -196,41 +199,51 @@ def _timeout(cfg: pytest.Config) -> float:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """With ``--softmax-kernel``: check the options and import the kernel, once."""
+    """With ``--softmax-kernel``: check the options (and import the kernel if in-process)."""
     cfg = session.config
     kernel = cfg.getoption(_KERNEL)
     if not kernel:
         return
-    from softmaxtheory import conformance as conf
-
     try:
-        _timeout(cfg)
-        target = conf.target_from_options(
-            kernel,
-            kind=cfg.getoption(_KIND),
-            framework=cfg.getoption(_FRAMEWORK),
-            device=cfg.getoption(_DEVICE),
-            dtype=_dtype(cfg),
-            entropy_eps=cfg.getoption(_ENTROPY_EPS),
-            schedule=cfg.getoption(_SCHEDULE) or "paper",
-            thorough=bool(cfg.getoption(_THOROUGH)),
-            examples=cfg.getoption(_EXAMPLES),
-            kwargs=cfg.getoption(_KWARG),
-            strict=bool(cfg.getoption(_STRICT)),
-        )
-        # options the kind would ignore (a tempered softmax checked at beta = 1 passed)
-        if cfg.getoption(_SCHEDULE) is not None and target.kind in ("softmax", "entropy"):
-            raise ValueError(f"{_SCHEDULE} does not apply to kind {target.kind}")
-        if target.kind == "softmax" and target.entropy_eps:
-            raise ValueError(f"{_ENTROPY_EPS} does not apply to kind softmax")
-        cfg.stash[_TARGET] = target
+        _target(cfg, load=bool(cfg.getoption(_IN_PROCESS)))
     except Exception as exc:  # usage errors: one clear message, no traceback
         raise pytest.UsageError(f"softmaxtheory conformance: {exc}") from None
 
 
+def _target(cfg: pytest.Config, load: bool) -> Any:
+    """Validate the options; with `load`, then import the kernel and stash its target."""
+    from softmaxtheory import conformance as conf
+
+    _timeout(cfg)
+    kind = cfg.getoption(_KIND)
+    options = {
+        "kind": kind,
+        "framework": cfg.getoption(_FRAMEWORK),
+        "device": cfg.getoption(_DEVICE),
+        "dtype": _dtype(cfg),
+        "entropy_eps": cfg.getoption(_ENTROPY_EPS),
+        "schedule": cfg.getoption(_SCHEDULE) or "paper",
+        "thorough": bool(cfg.getoption(_THOROUGH)),
+        "examples": cfg.getoption(_EXAMPLES),
+        "kwargs": cfg.getoption(_KWARG),
+        "strict": bool(cfg.getoption(_STRICT)),
+    }
+    conf.target_from_options(cfg.getoption(_KERNEL), load=False, **options)
+    # options the kind would ignore (a tempered softmax checked at beta = 1 passed)
+    if cfg.getoption(_SCHEDULE) is not None and kind in ("softmax", "entropy"):
+        raise ValueError(f"{_SCHEDULE} does not apply to kind {kind}")
+    if kind == "softmax" and float(cfg.getoption(_ENTROPY_EPS)):
+        raise ValueError(f"{_ENTROPY_EPS} does not apply to kind softmax")
+    if not load:
+        return None
+    target = conf.target_from_options(cfg.getoption(_KERNEL), **options)
+    cfg.stash[_TARGET] = target
+    return target
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Note which conformance properties were selected (they run together in one child)."""
-    if _TARGET not in session.config.stash:
+    if not session.config.getoption(_KERNEL):
         return
     names = []
     for item in session.items:
@@ -271,7 +284,7 @@ def conformance_result(config: pytest.Config, name: str) -> Any:
     child (``softmaxtheory check ... --in-process``), so the kernel is imported
     and compiled once; later calls read the results.
     """
-    if config.getoption(_IN_PROCESS) or _TARGET not in config.stash:
+    if config.getoption(_IN_PROCESS) or not config.getoption(_KERNEL):
         return None
     if _RESULTS not in config.stash:
         import os
@@ -279,12 +292,13 @@ def conformance_result(config: pytest.Config, name: str) -> Any:
         from softmaxtheory.cli import check
         from softmaxtheory.conformance import properties_for
 
-        target = config.stash[_TARGET]
         selected = set(config.stash.get(_SELECTED, [name])) | {name}
-        names = [n for n in properties_for(target.kind) if n in selected]
+        names = [n for n in properties_for(config.getoption(_KIND)) if n in selected]
         outcome = check.run_isolated(_child_argv(config), names, _timeout(config), cwd=os.getcwd())
+        if outcome.usage is not None:  # a bad kernel path, found by the child's import
+            pytest.exit(f"softmaxtheory conformance: {outcome.usage}", returncode=4)
         results = {r.name: r for r in outcome.results}
-        why = outcome.usage or outcome.broken
+        why = outcome.broken
         if why is not None:  # every selected property fails with it
             from softmaxtheory.conformance import PropertyResult
 
@@ -293,9 +307,25 @@ def conformance_result(config: pytest.Config, name: str) -> Any:
     return config.stash[_RESULTS].get(name)
 
 
+def missing_kernel() -> None:
+    """Fail the calling test: the conformance suite runs only with ``--softmax-kernel``."""
+    pytest.fail("pass the kernel to check: --softmax-kernel pkg.mod:func", pytrace=False)
+
+
+def stashed_target(config: pytest.Config) -> Any:
+    """The :class:`~softmaxtheory.conformance.Target` of the options, imported on first use."""
+    if not config.getoption(_KERNEL):
+        missing_kernel()
+    if _TARGET not in config.stash:
+        _target(config, load=True)
+    return config.stash[_TARGET]
+
+
 @pytest.fixture(scope="session")
 def softmax_conformance_target(pytestconfig: pytest.Config) -> Any:
-    """The kernel under test (a :class:`softmaxtheory.conformance.Target`) from the options."""
-    if _TARGET not in pytestconfig.stash:
-        pytest.fail("pass the kernel to check: --softmax-kernel pkg.mod:func", pytrace=False)
-    return pytestconfig.stash[_TARGET]
+    """The kernel under test (a :class:`softmaxtheory.conformance.Target`) from the options.
+
+    It imports the kernel into the pytest process; the suite's own tests do not use it
+    (they run the kernel in a child process, unless ``--softmax-in-process``).
+    """
+    return stashed_target(pytestconfig)

@@ -94,7 +94,7 @@ def test_missing_kernel_option_is_a_clear_error(pytester):
     result = pytester.runpytest_subprocess(
         "--pyargs", "softmaxtheory.conformance", "-k", "test_values", "-p", "no:cacheprovider"
     )
-    result.assert_outcomes(errors=1, deselected=len(conf.PROPERTIES) - 1)
+    result.assert_outcomes(failed=1, deselected=len(conf.PROPERTIES) - 1)
     assert "--softmax-kernel pkg.mod:func" in result.stdout.str()
 
 
@@ -106,4 +106,26 @@ def test_bad_kernel_path_is_one_usage_error(pytester, path):
         "-p", "no:cacheprovider",
     )  # fmt: skip
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert result.stderr.str().count("softmaxtheory conformance:") == 1
+    out = result.stdout.str() + result.stderr.str()  # one message, not one per test
+    assert out.count("Exit: softmaxtheory conformance: ") == 1
+    assert ("cannot import module" in out) != ("has no attribute" in out)
+
+
+@pytest.mark.parametrize(
+    ("module", "timeout", "says"),
+    [
+        ("import os\nos._exit(0)\n", "60", "exited"),  # passed, exit 0: pytest itself ended
+        ("import time\ntime.sleep(600)\n", "3", "not loaded within 3 s"),  # hung pytest
+    ],
+)
+def test_a_kernel_module_that_exits_or_hangs_on_import_fails(pytester, module, timeout, says):
+    # the kernel used to be imported into the pytest process at the session's start
+    pytester.makepyfile(badimport=module + "def f(x):\n    return x\n")
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "softmaxtheory.conformance", "--softmax-kernel", "badimport:f",
+        "--softmax-timeout", timeout, "-k", "test_values", "-p", "no:cacheprovider",
+        timeout=120,
+    )  # fmt: skip
+    result.assert_outcomes(failed=1, deselected=len(conf.PROPERTIES) - 1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert says in result.stdout.str()

@@ -544,7 +544,8 @@ def target_from_options(
     examples: int | None = None,
     kwargs: Iterable[str] = (),
     strict: bool = False,
-) -> Target:
+    load: bool = True,
+) -> Target | None:
     """Build the :class:`Target` of a run from its options, as given on a command line.
 
     ``softmaxtheory check`` and the pytest plugin (``--softmax-*``) both call
@@ -577,6 +578,10 @@ def target_from_options(
         (:func:`parse_kwarg`).
     strict : bool
         See :class:`Target`.
+    load : bool, default True
+        Import the kernel and return the target; ``False`` validates the options
+        only and returns ``None`` (the kernel is then imported elsewhere: the pytest
+        plugin leaves it to its child process).
 
     Raises
     ------
@@ -619,6 +624,8 @@ def target_from_options(
         except ArgumentTypeError as exc:  # "bad schedule 'x': ..."
             raise ConformanceUsageError(str(exc)) from None
     parsed = dict(parse_kwarg(text) for text in kwargs)
+    if not load:
+        return None
     fn, name = load_kernel(kernel)
     return Target(
         fn, name, kind=kind, framework=framework, device=device, dtype=str(dtype),
