@@ -43,7 +43,6 @@ __all__ = [
     "softmax_conformance_target",
     "softmax_reference",
     "softmax_testing",
-    "stashed_target",
 ]
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from softmaxtheory import conformance as conf
 from softmaxtheory._check.memory import changed, private_copy, snapshot
+from softmaxtheory._check.properties import FRESH_CALLS
 from softmaxtheory._check.runner import Failed
 from tests.support import broken_kernels as bk
 
@@ -133,16 +134,24 @@ def _torch_in_place(x):
 @pytest.mark.parametrize(
     "case",
     ["output buffer reused between calls", "torch output buffer reused between calls",
-     "attention output buffer reused between calls"],
+     "attention output buffer reused between calls", "a pool of two output buffers used in turn"],
 )  # fmt: skip
 def test_fresh_results_repro_reproduces(case, capsys):
     kernel, opts, prop = bk.CATALOGUE[case]
     bk._BUFFERS.clear()
+    bk._POOL.clear()
     target = conf.Target(kernel, f"tests.support.broken_kernels:{kernel.__name__}", **opts)
     res = conf.run_property(prop, target)
-    assert res.status == "fail" and "returns memory that its next call overwrites" in res.message
+    assert res.status == "fail" and "returns memory that a later call overwrites" in res.message
+    # a single reused buffer is overwritten by the next call, a pool of two by the one after
+    by = 3 if kernel is bk.output_pool_of_two else 2
+    assert f"the result of call 1 changed when the kernel was called again (by call {by})" in (
+        res.message
+    )
     snippet = res.message.split("repro:\n", 1)[1]
+    assert snippet.count("\nkernel(") == by - 1
     bk._BUFFERS.clear()
+    bk._POOL.clear()
     exec(compile(snippet, "<repro>", "exec"), {})
     assert capsys.readouterr().out.split() == ["False"]
 
@@ -167,7 +176,7 @@ def test_fresh_results_applies_to_every_kind(kind):
     kernel = {"softmax": bk.softmax, "entropy": bk.entropy,
               "adaptive_softmax": bk.adaptive_softmax, "attention": bk.attention}[kind]  # fmt: skip
     res = conf.run_property("fresh_results", conf.Target(kernel, kind=kind))
-    assert res.status == "pass" and res.checks == 2
+    assert res.status == "pass" and res.checks == FRESH_CALLS
 
 
 @pytest.mark.parametrize("copy", [True, False])

@@ -231,6 +231,23 @@ def test_each_ending_of_a_property_is_explicit(raised, strict, status, message):
     assert res.message.startswith(message)
 
 
+def test_an_exit_on_some_calls_is_an_exit_not_a_nondeterministic_kernel():
+    """Hypothesis replays a failing example; an exit that does not repeat is still an exit."""
+    calls = [0]
+
+    def exits_on_some_calls(x):
+        calls[0] += 1
+        if calls[0] > 6 and calls[0] % 2 == 0:
+            sys.exit(3)
+        return _softmax(x)
+
+    res = conf.run_property("values", conf.Target(exits_on_some_calls))
+    assert res.status == "fail"
+    assert res.message.startswith("the kernel raised SystemExit(3) (it called sys.exit)"), (
+        res.message
+    )
+
+
 def test_a_mismatch_fails_with_its_context_note_first():
     exc = _mismatch()
 

@@ -249,10 +249,7 @@ def run_check(name: str, check: Callable[[Target, Run], None], target: Target) -
         with default_float_environment("the check"), np.errstate(all="ignore"):
             check(target, run)
     except SystemExit as exc:
-        return run.result(
-            name, "fail", f"the kernel raised SystemExit({exc.code!r}) (it called sys.exit): a "
-            "kernel must return its result",
-        )  # fmt: skip
+        return run.result(name, "fail", _exit_text(exc))
     except Skip as exc:
         if target.strict:
             return run.result(name, "fail", f"skipped, a failure under strict: {exc}")
@@ -264,6 +261,17 @@ def run_check(name: str, check: Callable[[Target, Run], None], target: Target) -
     except tst.KernelMismatch as exc:
         return run.result(name, "fail", mismatch_text(exc, target.dtype))
     return run.result(name, "pass", f"note: {'; '.join(run.notes)}" if run.notes else "")
+
+
+def _exit_text(exc: SystemExit) -> str:
+    return (
+        f"the kernel raised SystemExit({exc.code!r}) (it called sys.exit): a kernel must "
+        "return its result"
+    )
+
+
+class _KernelExited(Failed):
+    """A ``SystemExit`` from the kernel inside a Hypothesis property (which wraps it)."""
 
 
 def _hyp_settings(n: int, shrink: bool) -> settings:
@@ -307,6 +315,8 @@ def run_given(
             prop()  # Hypothesis re-raises the (minimal) failure; anything else is a bug here
         except FlakyFailure as exc:  # the failing example passed when Hypothesis replayed it
             first = exc.exceptions[0] if exc.exceptions else exc
+            if isinstance(first, _KernelExited):  # an exit, not a wrong value: say so
+                raise first from None
             if last and last[0][0] is first:
                 _set_notes(first, last[0][1])
             raise Failed(_flaky_text(first, target.dtype)) from exc
@@ -345,6 +355,8 @@ def _remembering_notes(
     def remembering(example: Any) -> None:
         try:
             body(example)
+        except SystemExit as exc:  # Hypothesis would wrap it and call the kernel flaky
+            raise _KernelExited(_exit_text(exc)) from exc
         except Exception as exc:
             last[:] = [(exc, list(getattr(exc, "__notes__", ())))]
             raise

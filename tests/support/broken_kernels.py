@@ -711,6 +711,68 @@ def attention_reused_output_buffer(q, k, v, mask=None, is_causal=False):
     return _reused(("attention", r.shape, r.dtype.str), r, np.copyto)
 
 
+def softmax_last_item_dropped_mid_lengths(x):
+    """Defect: for rows of 49 to 4095 items the last item is left out of the normaliser (a
+    kernel specialised for mid lengths); drawn rows have at most 48 items, long ones 4096+."""
+    x = np.asarray(x)
+    w = _work(x)
+    n = x.shape[-1]
+    if not 48 < n < 4096:
+        return _softmax(w).astype(x.dtype)
+    m = np.max(w, axis=-1, keepdims=True)
+    e = np.exp(w - m)
+    return (e / np.sum(e[..., :-1], axis=-1, keepdims=True)).astype(x.dtype)
+
+
+def softmax_partial_block_dropped(x):
+    """Defect: the normaliser sums whole blocks of 2**20 items only (a partial last block of
+    a million-key row is left out; rows of at most 2**20 items are right)."""
+    x = np.asarray(x)
+    w = _work(x)
+    n = x.shape[-1]
+    whole = n - n % (1 << 20) if n > (1 << 20) else n
+    m = np.max(w, axis=-1, keepdims=True)
+    e = np.exp(w - m)
+    return (e / np.sum(e[..., :whole], axis=-1, keepdims=True)).astype(x.dtype)
+
+
+#: The ring of :func:`output_pool_of_two`: two buffers per shape and dtype, used in turn.
+_POOL = {}
+
+
+def output_pool_of_two(x):
+    """Defect: results written into a pool of two buffers per shape and dtype, used in
+    turn (the third call overwrites the first result)."""
+    x = np.asarray(x)
+    r = _softmax(_work(x)).astype(x.dtype)
+    ring = _POOL.setdefault((r.shape, r.dtype.str), [np.empty_like(r), np.empty_like(r), 0])
+    buf = ring[ring[2]]
+    ring[2] = 1 - ring[2]
+    np.copyto(buf, r)
+    return buf
+
+
+def numbers_beside_nan(x):
+    """Defect: a NaN or +inf item gives NaN at that item only, the rest softmaxed as if it
+    were absent (numbers beside a NaN); a fully masked row gives 1/n."""
+    x = np.asarray(x)
+    w = _work(x)
+    bad = np.isnan(w) | (w == np.inf)
+    w = np.where(bad, -np.inf, w)
+    dead = np.all(w == -np.inf, axis=-1, keepdims=True)
+    w = np.where(dead, 0.0, w)
+    r = _softmax(w)
+    return np.where(bad, np.nan, r).astype(x.dtype)
+
+
+def attention_mask_as_minus_1e4(q, k, v, mask=None, is_causal=False):
+    """Defect: an adaptive attention whose boolean mask is applied as -1e4 (a "finite mask"):
+    a fully masked query averages the values, and a masked key 1e4 above the rest wins."""
+    if mask is not None and np.asarray(mask).dtype == bool:
+        mask = np.where(mask, 0.0, -1e4)
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
 def torch_flush_to_zero(x):
     """Defect: a torch softmax that switches on flush-to-zero for speed and leaves it on
     (its values within the model: flushing moves a result by less than the least normal)."""
@@ -813,6 +875,13 @@ CATALOGUE = {
     "attention's LogLength given every key, masked ones counted": (
         attention_loglength_counting_masked, {"kind": "attention"}, "attention_masks"),
     "a result that changes from call to call": (every_fifth_call_reversed, {}, "values"),
+    "last item dropped from the normaliser for 49 to 4095 items": (
+        softmax_last_item_dropped_mid_lengths, {"dtype": "float32"}, "long_rows"),
+    "partial last block of a million keys dropped from the normaliser": (
+        softmax_partial_block_dropped, {"dtype": "float32"}, "million_row"),
+    "numbers beside a NaN in a special row": (numbers_beside_nan, {}, "special_values"),
+    "attention mask applied as -1e4": (
+        attention_mask_as_minus_1e4, {"kind": "attention"}, "attention_masks"),
     # kernels whose values are right but whose memory is not
     "result written into the input": (softmax_in_place, {"dtype": "float32"}, "values"),
     "output buffer reused between calls": (reused_output_buffer, {}, "fresh_results"),
@@ -820,6 +889,7 @@ CATALOGUE = {
         torch_reused_output_buffer, {"framework": "torch", "dtype": "float32"}, "fresh_results"),
     "attention output buffer reused between calls": (
         attention_reused_output_buffer, {"kind": "attention"}, "fresh_results"),
+    "a pool of two output buffers used in turn": (output_pool_of_two, {}, "fresh_results"),
     # kernels whose values are right but which change the process around them
     "flush-to-zero switched on and left on": (
         torch_flush_to_zero, {"framework": "torch", "dtype": "float32"}, "values"),
