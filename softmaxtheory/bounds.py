@@ -10,6 +10,17 @@ certified by rigorous interval arithmetic at increasing precision (Ziv's
 strategy), so they neither overflow nor lose digits for huge spreads: the size
 at spread 800 is a 1,155-bit integer, computed exactly.
 
+Rounded to nearest, a bound's float may lie up to half an ulp on the inner side
+of the exact bound. The comparison it is made for still holds: rounding to
+nearest is monotone, so a row's coefficient correctly rounded to float64 never
+exceeds :func:`max_coefficient`, nor falls below :func:`min_coefficient`. Where
+the float itself must hold of the exact value, the function rounds outward and
+says so (:func:`adaptive_max_coefficient`, the brackets, the spreads, the ends
+of :func:`adaptive_window`). Sizes are decided exactly, never from a rounded
+float: at spread :math:`\log 2` and :math:`\varepsilon = 1/2`,
+:func:`dispersion_size` is 3, while ``max_coefficient(3, log 2)`` rounds
+:math:`0.49999999999999999420\ldots` to 0.5.
+
 Notation: :math:`n` items, logit spread :math:`\delta` (the width of an
 interval holding every logit of the row), inverse temperature :math:`\beta`.
 
@@ -102,14 +113,14 @@ def _number(value: Any, name: str) -> float:
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be a real number, got {_shown(value)}") from exc
     if isinstance(value, complex | np.complexfloating):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
+        raise TypeError(f"{name} must be a real number, got {_shown(value)}")
     if math.isnan(out):
         raise ValueError(f"{name} must not be NaN")
     if math.isfinite(out) and not isinstance(value, float) and _inexact(value, out):
         # a Fraction, a Decimal, a long double or an int past 2**53: the bounds are exact
         # functions of their arguments, and the nearest float is another argument
         raise ValueError(
-            f"{name}={value!r} is not a float64 value, and the bounds are exact functions of "
+            f"{name}={_shown(value)} is not a float64 value, and the bounds are exact functions of "
             f"their arguments; pass float({name}) to use the nearest float, {out!r}"
         )
     return out
@@ -244,7 +255,9 @@ def max_coefficient(n: Any, spread: Any, beta: Any = 1.0) -> Any:
     Returns
     -------
     float or numpy.ndarray
-        The bound, correctly rounded to float64.
+        The bound, correctly rounded to float64 (0.0 only where the exact value
+        is at most half the smallest subnormal, as from :math:`2^{1075}` items
+        at spread 0).
 
     Examples
     --------
@@ -285,8 +298,8 @@ def min_coefficient(n: Any, spread: Any, beta: Any = 1.0) -> Any:
     Returns
     -------
     float or numpy.ndarray
-        The bound, correctly rounded to float64 (it underflows to 0.0 only when
-        the exact value is below half the smallest subnormal).
+        The bound, correctly rounded to float64 (0.0 only where the exact value
+        is at most half the smallest subnormal).
 
     Examples
     --------
@@ -1313,18 +1326,26 @@ def adaptive_max_coefficient(n: Any, spread: Any, schedule: Schedule | None = No
     Returns
     -------
     float or numpy.ndarray
-        The bound, correctly rounded to float64.
+        The bound, correctly rounded *upward* to float64: the least float at
+        least the bound, so that it holds of the exact coefficients (the
+        nearest float lies below the bound about half the time, and a row of
+        :math:`10^{400}` items would get 0.0).
 
     Examples
     --------
+    Past the switch-off size :math:`\bar\beta(n) = 1`, and the bound is T1's,
+    attained by one logit :math:`\delta` above the rest (β = 1 there too):
+
     >>> from softmaxtheory import bounds
-    >>> bounds.adaptive_max_coefficient(16384, 5.69) == bounds.max_coefficient(16384, 5.69)
-    True
+    >>> bounds.adaptive_max_coefficient(16384, 5.69)
+    0.017740602426668726
+    >>> bounds.max_coefficient(16384, 5.69)  # the same bound, to nearest: below it
+    0.017740602426668722
     """
     sched = resolve_schedule(schedule)
 
     def one(n: int, spread: float) -> float:
-        return _max_coefficient(n, spread, adp.beta_sup(n, spread, sched))
+        return enc.max_coefficient_up(n, spread, adp.beta_sup(n, spread, sched))
 
     return _elementwise(
         one, {"n": n, "spread": spread}, {"n": _size, "spread": _spread}, dtype=np.float64

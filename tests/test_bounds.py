@@ -606,6 +606,48 @@ def test_bracket_upper_end_is_never_below_the_exact_maximum(n, spread):
 
 
 @pytest.mark.theorem("T6")
+@pytest.mark.parametrize(
+    ("n", "spread"), [(16384, 5.69), (100000, 5.69), (2**53, 5.69), (10**400, 5.69), (7419, 5.69)]
+)
+def test_closed_form_adaptive_bound_is_the_exact_one_rounded_upward(n, spread):
+    """Past the switch-off size the closed form is T1 at beta = 1, attained by one logit
+    `spread` above the rest. It was that value rounded to nearest, called "a certified upper
+    bound": below the attained maximum at 16384 items, 0.0 at 10**400."""
+    assert bounds.adaptive_switch_off_size(spread) <= n
+    got = bounds.adaptive_max_coefficient(n, spread)
+    with mpmath.workprec(600):
+        exact = 1 / (1 + (n - 1) * mpmath.exp(-mpmath.mpf(spread)))
+        assert mpmath.mpf(math.nextafter(got, 0.0)) < exact <= mpmath.mpf(got)
+    if n == 16384:  # the attained value, a row the reference computes at beta = 1
+        x = np.zeros(n)
+        x[0] = spread
+        assert reference.beta(x) == 1.0
+        assert reference.adaptive_softmax(x)[0] <= got
+
+
+@pytest.mark.theorem("T1")
+@pytest.mark.parametrize("n", [3, 5, 16384, 10**18])
+def test_t1_bounds_are_the_exact_ones_to_nearest(n):
+    """max_coefficient, min_coefficient and entropy_lower_bound round to nearest (the module's
+    contract: monotone, so a correctly rounded coefficient never passes them)."""
+    spread = math.log(2)
+    with mpmath.workprec(400):
+        e = (n - 1) * mpmath.exp(-mpmath.mpf(spread))
+        big = (n - 1) * mpmath.exp(mpmath.mpf(spread))
+        exact = {
+            bounds.max_coefficient: 1 / (1 + e),
+            bounds.min_coefficient: 1 / (1 + big),
+            bounds.entropy_lower_bound: mpmath.log1p(e),
+        }
+        for func, value in exact.items():
+            got = func(n, spread)
+            assert got == float(value), func.__name__  # mpmath's float() rounds to nearest
+    # sizes are exact: at 3 items and spread log 2, T1 is 0.4999999999999999942 < 1/2
+    assert bounds.dispersion_size(0.5, spread) == 3
+    assert bounds.max_coefficient(3, spread) == 0.5
+
+
+@pytest.mark.theorem("T6")
 def test_dispersion_bracket_with_a_budget_is_proven_length_by_length():
     """With a budget the upper end falls from 128 to 122 at spread 2; each length between
     is checked again by the per-length branch and bound, and a row of 120 items reaches 1/2."""

@@ -199,6 +199,18 @@ def test_measures_a_npy_file(tmp_path, capsys):
     assert f"once n >= {bounds.dispersion_size(0.5, 2.5)} " in out
 
 
+def test_a_measured_spread_too_large_names_the_file(tmp_path, capsys):
+    """It said "--beta times the spread = 1.0 * 9.22e+18" to a user who gave neither."""
+    path = tmp_path / "logits.npy"
+    np.save(path, np.array([[0, 2**63 - 1], [0, 1]], dtype=np.int64))
+    with pytest.raises(SystemExit) as info:
+        main(["bounds", "--npy", str(path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"beta times the spread measured in {path} = 1.0 * 9.223372036854776e+18" in err
+    assert "--beta" not in err.splitlines()[-1]
+
+
 def test_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     path = tmp_path / "bounds.png"

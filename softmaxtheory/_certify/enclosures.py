@@ -106,13 +106,11 @@ def coefficient_enclosure(n: int, spread: float, beta: float, sign: int) -> Call
 
 
 def max_coefficient_up(n: int, spread: float, beta: float | Fraction) -> float:
-    """T1's largest coefficient rounded upward to float64 (a bound that holds).
+    """T1's largest coefficient correctly rounded upward to float64 (a bound that holds).
 
-    At most one ulp above the exact value rounded upward (the enclosure at 128
-    bits); the correctly rounded value is below the exact one about half the time.
+    The value rounded to nearest is below the exact one about half the time.
     """
-    hi = coefficient_enclosure(n, spread, beta, -1)(128)[1]
-    return ivl.float_directed(ivl.to_fraction(hi), +1)
+    return ivl.certify(coefficient_enclosure(n, spread, beta, -1), ivl.float_up_of)
 
 
 def decimal_up(value: float, digits: int) -> str:

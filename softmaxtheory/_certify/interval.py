@@ -39,6 +39,7 @@ __all__ = [
     "decimal_of",
     "float_directed",
     "float_of",
+    "float_up_of",
     "iv_add",
     "iv_div",
     "iv_exact",
@@ -187,6 +188,17 @@ def float_directed(value: Fraction, direction: int) -> float:
 def float_of(iv: Interval) -> float | None:
     """The float64 both ends of `iv` round to (nearest, ties to even), else ``None``."""
     lo, hi = _round_float(iv[0]), _round_float(iv[1])
+    return lo if lo == hi else None
+
+
+def float_up_of(iv: Interval) -> float | None:
+    """The float64 both ends of `iv` round upward to, else ``None``.
+
+    For an upper bound: the least float at least the exact value, whichever side of
+    it the nearest float lies. (An exact value that is a float is decided only by an
+    enclosure of width 0, which the exact cases, such as :math:`1/2^k`, give.)
+    """
+    lo, hi = (float_directed(to_fraction(end), +1) for end in iv)
     return lo if lo == hi else None
 
 

@@ -315,13 +315,19 @@ def _show(size: int | str) -> str:
         return format(decimal.Decimal(size), "f")
 
 
-def _check_range(spread: float, beta: float, parser: argparse.ArgumentParser) -> None:
-    """Refuse a spread and beta whose sizes would be too large to compute (exit 2)."""
+def _check_range(
+    spread: float, beta: float, parser: argparse.ArgumentParser, measured: str | None = None
+) -> None:
+    """Refuse a spread and beta whose sizes would be too large to compute (exit 2).
+
+    `measured` names the file the spread was measured in, when it was.
+    """
     from ..bounds import MAX_EXPONENT
 
     if spread * beta > MAX_EXPONENT:
+        source = f"the spread measured in {measured}" if measured else "the spread"
         parser.error(
-            f"--beta times the spread = {beta!r} * {spread!r} is too large: it must be at "
+            f"beta times {source} = {beta!r} * {spread!r} is too large: it must be at "
             f"most {MAX_EXPONENT:.3g}, where the sizes have 630,000 digits"
         )
 
@@ -463,7 +469,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.npy is not None:
         measured = _measure(args.npy, args.statistic or "max", parser)
         spread = measured["spread"]
-    _check_range(spread, args.beta, parser)
+    _check_range(spread, args.beta, parser, args.npy)
     if args.plot is not None:
         check_output_file(args.plot, "--plot", parser)
     try:
