@@ -1171,6 +1171,20 @@ class StreamingSoftmax:
     def normalize(self, chunk: Any, out: np.ndarray | None = None) -> np.ndarray:
         """The (adaptive) softmax values of a chunk of the row, given the complete state.
 
+        Parameters
+        ----------
+        chunk : array_like
+            Items of the row, 1-d (any chunk of it, once every chunk has been fed).
+        out : numpy.ndarray, optional
+            Where to write the values: C-contiguous, of the chunk's shape and the
+            state's dtype (any byte order). It may be the chunk itself; one that
+            overlaps the chunk otherwise gets the values of the chunk as it was.
+
+        Returns
+        -------
+        numpy.ndarray
+            The values, `out` when given.
+
         Raises
         ------
         ValueError
@@ -1186,8 +1200,13 @@ class StreamingSoftmax:
             _check_out(out, arr.shape, self.dtype)
             if not out.flags.c_contiguous:
                 raise ValueError("out must be C-contiguous")
-            if not out.dtype.isnative:  # the kernels write the machine's byte order
-                out[...] = self.normalize(arr)
+            # the kernel reads item i and then writes item i: the chunk itself is a safe
+            # `out`, a shifted view of it is not (a write would land on an unread item)
+            shifted = np.may_share_memory(out, arr) and (
+                out.__array_interface__["data"][0] != arr.__array_interface__["data"][0]
+            )
+            if shifted or not out.dtype.isnative:  # the kernels write native byte order
+                out[...] = self.normalize(arr.copy() if shifted else arr)
                 return out
         self._check_fed(arr)
         if self._bad or self._m == -math.inf:

@@ -31,7 +31,10 @@ multiple of one block, whatever the length of the row. (If `x` is expensive to
 compute and fits in the cluster's memory, ``x.persist()`` it first.) Every merge and every sum
 is done in an order fixed by the chunking alone, so for a fixed chunking the
 result is identical bit for bit under any scheduler (threads, processes,
-``dask.distributed``) and any number of workers; a different chunking gives a
+``dask.distributed``) and any number of workers of one kind of CPU (Numba compiles
+for the worker's CPU, whose vector width and fused multiply-add can change the last
+bits: workers of different CPUs give results within the error model, not identical
+bits; ``certified=True`` is identical everywhere); a different chunking gives a
 result within the error model of the CPU kernels. Every task runs in IEEE's
 default floating-point environment, as the CPU functions do, whatever its
 thread's (a synchronous scheduler runs the tasks in the caller's thread, which

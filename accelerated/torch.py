@@ -187,7 +187,9 @@ def adaptive_attention(
     Parameters
     ----------
     q : torch.Tensor, shape (..., L, D)
-        Queries, typically (B, H, L, D).
+        Queries, typically (B, H, L, D): float16, bfloat16, float32 or float64
+        (integer tensors are promoted to float64, as :func:`adaptive_softmax`
+        promotes them; SDPA refuses them).
     k : torch.Tensor, shape (..., S, D)
         Keys (with `enable_gqa`, ``k.shape[-3]`` is the number of key heads).
     v : torch.Tensor, shape (..., S, Dv)
@@ -259,11 +261,13 @@ def adaptive_attention(
     Raises
     ------
     TypeError
-        For non-tensors, mixed or unsupported dtypes, or a bad `scale` or
-        `enable_gqa`.
+        For non-tensors, mixed or unsupported dtypes (``backend="triton"``
+        with float64 included), or a bad `scale` or `enable_gqa`.
     ValueError
         For mismatched shapes or heads, a mask together with `is_causal`, a mask
-        that requires grad, or a `backend` that cannot run these inputs.
+        that requires grad, or a `backend` that cannot run these inputs (an
+        unknown name, ``"triton"`` with no Triton for the device, or with
+        gradients).
 
     Examples
     --------

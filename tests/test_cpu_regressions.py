@@ -956,3 +956,21 @@ def test_streaming_normalize_into_the_other_byte_order():
     out = np.zeros(6, dtype=f"{order}f8")
     assert state.normalize(x, out=out) is out
     np.testing.assert_array_equal(out, state.normalize(x))
+
+
+@pytest.mark.parametrize("shift", [1, -1, 0])
+def test_streaming_normalize_into_a_shifted_view_of_the_chunk(shift):
+    """An `out` one item off the chunk got values of items it had overwritten
+    ([1.6e-05, 0.003378, 0.003398, ...] for [1.6e-05, 5.4e-05, 0.000175, ...]);
+    the chunk itself as `out` was and is right."""
+    x = np.linspace(-3.0, 3.0, 10)
+    state = cpu.StreamingSoftmax().update(x)
+    state.update_tempered(x)
+    want = state.normalize(x)
+    assert state.beta() > 1.0  # the tempered values, not plain softmax
+    buf = np.zeros(12)
+    lo = 1
+    buf[lo : lo + 10] = x
+    out = buf[lo + shift : lo + shift + 10]
+    assert state.normalize(buf[lo : lo + 10], out=out) is out
+    np.testing.assert_array_equal(out, want)

@@ -216,7 +216,7 @@ def run_certified(n: int, chunk: int, workers: int, scale: float, seed: int) -> 
     q_threads = dsm.adaptive_softmax(x, certified=True).compute(scheduler="threads", num_workers=2)
     threads_seconds = time.perf_counter() - start
     threads_peak = _peak()
-    readings = dsm._certified_rows(x, -1, "adaptive", None, 0.0)[1]
+    readings = dsm._certified_rows(x, -1, "adaptive_softmax", None, 0.0)[1]
     fallback = str(_dask_cert.fallbacks(readings.compute(scheduler="threads"))[()])
     cluster, client = _cluster(workers)
     try:
