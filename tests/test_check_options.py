@@ -284,3 +284,14 @@ def test_run_given_keeps_the_notes_of_the_body_and_drops_hypothesis_notes():
     with pytest.raises(ValueError) as info:
         run_given(target, st.integers(0, 9), 5, bare)
     assert not hasattr(info.value, "__notes__")
+
+
+def test_temperature_cap_reports_a_wrong_shape_as_such():
+    """A kernel returning one number per row (an entropy kernel checked as adaptive_softmax)
+    raised ValueError in the property's own reshape: reported as the child exiting."""
+    res = conf.run_property(
+        "temperature_cap",
+        conf.Target(lambda x: np.asarray(x).sum(axis=-1), kind="adaptive_softmax"),
+    )
+    assert res.status == "fail"
+    assert "shape mismatch: the kernel returned shape (1,), expected (1, " in res.message

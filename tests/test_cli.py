@@ -72,6 +72,9 @@ def test_invalid_row_is_reported_as_nan(capsys):
     [
         (["reference"], "give the logits once"),
         (["reference", "1", "--logits", "2"], "give the logits once"),
+        # an empty item was dropped: 1,,2 was the row [1, 2]
+        (["reference", "--logits", "1,,2"], "--logits has an empty item (item 2): '1,,2'"),
+        (["reference", "--logits", ","], "--logits has an empty item"),
         (["reference", "abc"], "not a number"),
         (["reference", "--schedule", "constant:0", "1"], "beta must be > 0"),
         (["reference", "--schedule", "cubic", "1"], "bad schedule"),
@@ -211,6 +214,17 @@ def test_user_errors_are_one_line_and_exit_2(
     # the hint about '--' only where an unrecognized word is a number that starts with '-'
     hinted = "-1e308" in argv or "-inf" in argv  # not "--n 0": 0 is no option
     assert ("go after '--'" in line) == hinted, line
+
+
+@pytest.mark.parametrize(
+    "argv", [["bounds", "--spread", "1"], ["reference", "1"], ["check", "m:f"], ["bench"]]
+)
+def test_an_unknown_option_points_to_the_commands_help(capsys, argv):
+    """It said "(see softmaxtheory --help)", whose page lists no command's options."""
+    command = argv[0]
+    line = one_line_usage_error(capsys, [*argv, "--bogus"])
+    assert line.startswith(f"softmaxtheory {command}: error: unrecognized arguments: --bogus")
+    assert line.endswith(f"(see softmaxtheory {command} --help)")
 
 
 def test_plot_path_is_checked_before_the_table(capsys):

@@ -319,8 +319,19 @@ def test_exact_digits_print_the_witness_in_full(capsys):
     b = bounds.adaptive_dispersion_bracket(0.5, 800.0)
     assert code == 0 and f"at {800.0!r}, {b.witness.counts[-1]} at 0.0)" in out
     code, out, _ = run(capsys, "bounds", "--spread", "5.69", "--digits", "3", "--sizes", "16")
-    assert "1 at 5.69, 9 at 4.405952962239583, 1.24e+3 at 0.0)" in out
+    assert "1 at 5.69, 9 at 4.405952962239583, the rest at 0.0; --exact-digits prints the" in out
     assert "adaptive, at most" in out
+
+
+def test_a_long_witness_is_never_a_rounded_row(capsys):
+    """The count 5184705528587072464087 was printed to nearest, 5.18471e+21: read as printed,
+    a row longer than the lower end above it, whose top coefficient is 0.4999998 < 0.5."""
+    code, out, _ = run(capsys, "bounds", "--spread", "50", "--budget", "0", "--sizes", "16")
+    assert code == 0
+    assert "reaches it: 1 at 50.0, the rest at 0.0; --exact-digits prints the counts)" in out
+    assert "e+21 at" not in out
+    b = bounds.adaptive_dispersion_bracket(0.5, 50.0)
+    assert b.witness.counts == (1, b.lower - 2)
 
 
 def test_spread_zero_states_the_adaptive_dispersion_size(capsys):

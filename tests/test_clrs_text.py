@@ -342,6 +342,22 @@ def test_summarize_and_findings():
     assert "heapsort" in rep.format_table(rows, list(found.values()))
 
 
+def test_one_token_more_in_each_of_two_seeds_is_no_finding():
+    """Two seeds, the inference-only copy one token of 13 ahead in each: p was printed as 0
+    and the row read "better". The exact sign test gives 0.5."""
+    one = 1 / 13
+    evs = [_Ev("minimum", 5, [4 * one, 5 * one], [4 * one, 5 * one], [5 * one, 6 * one])]
+    rows = rep.summarize(evs, train_sizes=(3,))
+    assert rows[0]["p_inference_only"] == 0.5
+    assert rows[0]["p_inference_only_note"] == "same difference in every seed: exact sign test"
+    (found,) = rep.findings(rows)
+    assert found["inference_only_here"] == "no clear difference"
+    line = next(
+        ln for ln in rep.format_table(rows, [found]).splitlines() if ln.startswith("minimum  ")
+    )
+    assert " 0.50 " in line
+
+
 # --------------------------------------------------------------------------- configuration and CLI
 
 

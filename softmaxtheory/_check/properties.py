@@ -408,6 +408,8 @@ def _p_temperature_cap(t: Target, run: Run) -> None:
     def body(x: np.ndarray) -> None:
         out = run.call(x)
         got, _ = run.output(out, "temperature cap")
+        if got.shape != x.shape:  # the shape check of run.compare, before the reshape here
+            run.compare(out, x, what="temperature cap")
         xr, got = x.reshape(-1, x.shape[-1]), got.reshape(-1, x.shape[-1])
         sm = reference.softmax(xr)
         fmt = FORMATS[t.dtype]

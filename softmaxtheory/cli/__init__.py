@@ -8,6 +8,12 @@ shows them.
 ``softmaxtheory reference``
     Evaluate the certified reference on logits given on the command line or in
     a ``.npy`` file; print n, H, β and the correctly rounded coefficients.
+``softmaxtheory bounds``
+    Print the dispersion limits (T1, T2, T3, T6) for a logit spread, or for the
+    spread measured in a ``.npy`` of logits (``--json``, ``--plot`` too).
+``softmaxtheory check``
+    Run the conformance suite on a kernel (``module:function``) in a child
+    process and print one line per property, with the largest error measured.
 ``softmaxtheory bench``
     Time the backends and print a table (``--json`` too).
 ``softmaxtheory reproduce``
@@ -263,7 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with one line on stderr and status 1.
     """
     parser, subparsers = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the command's parser says so, and points to the command's help
+        subparsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     stream = sys.stdout
     sys.stdout = _Output(stream)
     try:

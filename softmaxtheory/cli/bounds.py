@@ -256,15 +256,21 @@ def compute(
 
 
 def _witness_text(witness: Any, digits: int, exact: bool) -> str:
-    """The witness row as its levels and counts, each count as the sizes are printed."""
-    parts = []
-    for level, count in zip(witness.levels, witness.counts, strict=True):
-        if count:
-            from ..bounds import size_text
+    """The witness row as its levels and counts, exact.
 
-            text = _show(count) if exact or count < 10**digits else size_text(count, digits)
-            parts.append(f"{text} at {level!r}")
-    return ", ".join(parts)
+    Counts of more than `digits` digits are not rounded (a row with a rounded count is
+    another row, which need not reach eps): the largest is written as "the rest" (the
+    row's length is the lower end less one), any other as an exact integer.
+    """
+    counts = [c for c in witness.counts if c]
+    big = exact or max(counts) < 10**digits
+    rest = None if big else witness.counts.index(max(counts))
+    parts = []
+    for i, (level, count) in enumerate(zip(witness.levels, witness.counts, strict=True)):
+        if count:
+            parts.append(f"{'the rest' if i == rest else _show(count)} at {level!r}")
+    text = ", ".join(parts)
+    return text if rest is None else f"{text}; --exact-digits prints the counts"
 
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

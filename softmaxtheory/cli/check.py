@@ -101,7 +101,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default="softmax",
         help="what the kernel computes (default softmax)",
     )
-    p.add_argument("--framework", choices=FRAMEWORKS, default="numpy")
+    p.add_argument(
+        "--framework",
+        choices=FRAMEWORKS,
+        default="numpy",
+        help="what the kernel takes and returns: numpy arrays (default) or torch tensors",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda (torch only)")
     p.add_argument(
         "--dtype",

@@ -40,8 +40,20 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="SPEC",
         help="paper (default), constant:BETA, loglength:S, poly:C0,C1,...[@THETA]",
     )
-    ref.add_argument("--entropy-eps", type=parse_float, default=0.0, metavar="E")
-    ref.add_argument("--dtype", choices=NUMPY_DTYPES, default="float64")
+    ref.add_argument(
+        "--entropy-eps",
+        type=parse_float,
+        default=0.0,
+        metavar="E",
+        help="entropy: 0 (default) the exact one; E > 0 the paper's -sum p log(p + E)",
+    )
+    ref.add_argument(
+        "--dtype",
+        choices=NUMPY_DTYPES,
+        default="float64",
+        help="the format the results are correctly rounded to (the logits are taken "
+        "exactly as given, not rounded to it first)",
+    )
     ref.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ref.add_argument("--max-items", type=int, default=20, metavar="N", help="items shown per row")
     return ref
@@ -54,7 +66,16 @@ def _load_logits(args: argparse.Namespace, parser: argparse.ArgumentParser) -> n
     if args.npy is not None:
         return load_npy(args.npy, parser)
     if args.logits_csv is not None:
-        items = [s for s in args.logits_csv.split(",") if s.strip()]
+        items = args.logits_csv.split(",")
+        if items and not items[-1].strip():  # a trailing comma: "1,2,"
+            items.pop()
+        empty = [i + 1 for i, s in enumerate(items) if not s.strip()]
+        if empty or not items:
+            where = f" (item {empty[0]})" if empty else ""
+            parser.error(
+                f"--logits has an empty item{where}: {args.logits_csv!r}; write the "
+                "logits separated by single commas, as in --logits 1,0,-2"
+            )
         try:
             return np.array([parse_float(s) for s in items], dtype=np.float64)
         except argparse.ArgumentTypeError as exc:

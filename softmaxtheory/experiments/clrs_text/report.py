@@ -170,8 +170,6 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
 def _p(value: float) -> str:
     if math.isnan(value):
         return "  -  "
-    if value == 0.0:
-        return "0"  # the same non-zero difference in every seed
     return f"{value:.0e}" if value < 0.01 else f"{value:.2f}"
 
 
