@@ -20,9 +20,11 @@ exact bfloat16 numbers).
 * :func:`cast`: rounds values to one of the four dtypes (the last step of every
   strategy, and the one a repro snippet uses to rebuild an input).
 
-As in Hypothesis itself, a strategy checks its arguments when it is built
-(``logit_rows(families=["bogus"])`` raises at once, naming the argument), and
-every parameter but the leading one is keyword-only.
+A strategy checks its arguments when it is built, earlier than Hypothesis'
+own strategies (which raise ``InvalidArgument`` when first drawn from):
+``logit_rows(families=["bogus"])`` raises :class:`ValueError` or
+:class:`TypeError` at once, naming the argument. Every parameter but the
+leading one is keyword-only.
 
 Examples
 --------
@@ -203,7 +205,15 @@ def row_with_entropy(target: float, n: int, k: int = 1) -> np.ndarray | None:
 
     Returns ``None`` when no such row exists (`target` outside
     :math:`(\log k, \log n)`).
+
+    Raises
+    ------
+    ValueError
+        If `k` or `n` is not a positive integer.
     """
+    for name, value in (("n", n), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     j = n - k
     if j < 1 or not math.log(k) < target < math.log(n):
         return None

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,13 +188,33 @@ def to_numpy(a: Any, name: str) -> tuple[np.ndarray, str]:
             return t.numpy(), dname
         if t.is_floating_point() or t.is_complex() or dname == "bool":
             raise TypeError(f"{name} must be float64/32/16 or bfloat16, got torch.{dname}")
-        return t.numpy().astype(np.float64), "float64"
+        return _exact_float64(t.numpy(), name), "float64"
     arr = np.asarray(a)
     if arr.dtype.kind in "iu":
-        return arr.astype(np.float64), "float64"
+        return _exact_float64(arr, name), "float64"
     if arr.dtype.name not in _NUMPY_FLOATS:
         raise TypeError(f"{name} must be a real floating array, got dtype {arr.dtype}")
     return arr, arr.dtype.name
+
+
+def _exact_float64(arr: np.ndarray, name: str) -> np.ndarray:
+    """Integers as float64, refused where float64 does not hold one (beyond 2**53).
+
+    Rounded, ``[2**53 + 1, 2**53]`` became ``[2**53, 2**53]``: "exact" 0.5 each for a
+    row whose coefficients are 0.731 and 0.269.
+    """
+    out = arr.astype(np.float64)
+    if arr.dtype.itemsize >= 8:
+        limit = 2.0**63 if arr.dtype.kind == "i" else 2.0**64
+        fits = (out < limit) & (out >= -limit)
+        bad = ~fits | (np.where(fits, out, 0.0).astype(arr.dtype) != arr)
+        if np.any(bad):
+            value = int(arr[np.unravel_index(int(np.argmax(bad)), arr.shape)])
+            raise ValueError(
+                f"{name} holds the integer {value}, which float64 cannot hold exactly "
+                "(beyond 2**53); the checks take their inputs exactly"
+            )
+    return out
 
 
 @dataclass(frozen=True)
@@ -234,6 +255,18 @@ class _Tolerance:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("max_ulps", "baseline_factor", "floor_ulps"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real)
+            ):
+                raise TypeError(f"{name} must be a real number, got {value!r}")
+        if self.max_ulps is not None and self.mode != "ulps":
+            # numpy.testing's maxulp is the tolerance: ignoring it passed 10 ulps at max_ulps=2
+            raise ValueError(
+                f"max_ulps applies to mode='ulps' only, and mode is {self.mode!r}: pass "
+                "mode='ulps' with it (or leave it out for the error model's rule)"
+            )
         if self.mode == "ulps" and (self.max_ulps is None or not 0 <= self.max_ulps < math.inf):
             raise ValueError(f"mode='ulps' needs a finite max_ulps >= 0, got {self.max_ulps!r}")
         # (an infinite factor or floor accepted any error: a check that cannot fail)
@@ -250,19 +283,26 @@ class _Tolerance:
         """``"strict"`` or ``"default"``."""
         return "strict" if self.strict else "default"
 
-    def allowed(self, bound_ulp: np.ndarray, naive_ulp: np.ndarray) -> np.ndarray:
-        """The error allowed for each element (ulps), given its a-priori bound and naive error."""
+    def allowed(self, bound: np.ndarray, naive: np.ndarray, spacing: np.ndarray) -> np.ndarray:
+        """The absolute error allowed for each element.
+
+        `bound` is the a-priori bound (the final rounding included), `naive` the
+        naive algorithm's absolute error and `spacing` the format's ulp at the
+        exact value. Where the naive algorithm gives no number (an overflow: its
+        error is infinite or NaN) the baseline rule grants its floor only: it
+        means "as accurate as the naive algorithm", which there is not at all.
+        """
         if self.mode == "bound":
-            return bound_ulp
-        # (a factor of 0 ignores the baseline, even where the naive error is infinite)
-        naive = np.asarray(naive_ulp, dtype=np.float64)
-        scaled = self.baseline_factor * naive if self.baseline_factor else np.zeros(naive.shape)
-        base = self.floor_ulps + scaled
+            return bound
+        if self.mode == "ulps":
+            return float(self.max_ulps or 0.0) * spacing
+        naive = np.asarray(naive, dtype=np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            scaled = np.where(np.isfinite(naive), self.baseline_factor * naive, 0.0)
+        base = self.floor_ulps * spacing + scaled
         if self.mode == "baseline":
             return base
-        if self.mode == "ulps":
-            return np.full(np.shape(bound_ulp), float(self.max_ulps or 0.0))
-        return np.maximum(bound_ulp, base)
+        return np.maximum(bound, base)
 
 
 # ---------------------------------------------------------------------------
@@ -272,10 +312,20 @@ class _Tolerance:
 
 @dataclass
 class _Checked:
-    err: np.ndarray  # ulps
-    allowed: np.ndarray  # ulps
+    err: np.ndarray  # ulps (for the report: inf where a zero's spacing cannot express it)
+    allowed: np.ndarray  # ulps (likewise)
     ref: np.ndarray
     got: np.ndarray
+    ratio: np.ndarray  # error / allowed, formed from the absolute values
+
+
+def _abs_error(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """``|got - ref|``; 0 for identical specials, inf for any other pair with a special."""
+    same = (got == ref) | (np.isnan(got) & np.isnan(ref))
+    finite = np.isfinite(got) & np.isfinite(ref)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(got - ref)
+    return np.where(same, 0.0, np.where(finite, d, np.inf))
 
 
 def _measure(
@@ -286,23 +336,30 @@ def _measure(
     fmt: Format,
     tol: _Tolerance,
 ) -> _Checked:
+    """Errors, allowances and their ratio, element by element.
+
+    The ratio is formed from absolute values: in ulps at an exact 0 (the smallest
+    subnormal) a float64 error of 1e-15 and its allowance of 4e-15 both overflow,
+    and inf / inf failed a result within its bound.
+    """
     got = np.asarray(got, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
-    err = model.ulp_error(got, ref, fmt)
     sp = model.ulp(ref, fmt)
-    with np.errstate(invalid="ignore", over="ignore"):
-        bound_ulp = np.where(np.isfinite(sp), np.nan_to_num(bound_abs, nan=0.0) / sp, 0.0)
-    bound_ulp = bound_ulp + 0.5 + np.where(np.isfinite(sp), fmt.tiny / np.where(sp > 0, sp, 1), 0)
-    naive_err = model.ulp_error(naive, ref, fmt)
-    allowed = tol.allowed(bound_ulp, naive_err)
-    return _Checked(err, allowed, ref, got)
+    has_sp = np.isfinite(sp)
+    spacing = np.where(has_sp, sp, 1.0)  # a special exact value: the error is 0 or inf
+    extra = np.where(has_sp, np.nan_to_num(bound_abs, nan=0.0) + fmt.tiny, 0.0)
+    bound = 0.5 * spacing + extra  # the final rounding, and the absolute allowance below tiny
+    d = _abs_error(got, ref)
+    allowed_abs = tol.allowed(bound, _abs_error(np.asarray(naive, dtype=np.float64), ref), spacing)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ratio = np.where(d == 0, 0.0, d / np.where(allowed_abs > 0, allowed_abs, 0.0))
+        err, allowed = d / spacing, allowed_abs / spacing
+    ratio = np.where(np.isnan(ratio), np.inf, ratio)
+    return _Checked(err, allowed, ref, got, ratio)
 
 
 def _ratio(chk: _Checked) -> np.ndarray:
-    err, allowed = chk.err, chk.allowed
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(err == 0, 0.0, err / np.where(allowed > 0, allowed, 0.0))
-    return np.where(np.isnan(ratio), np.inf, ratio)
+    return chk.ratio
 
 
 def _summarise(
@@ -613,6 +670,12 @@ def assert_adaptive_softmax_close(
     return _check_rowwise(case, actual, logits, tol)
 
 
+def _check_text(value: Any, name: str) -> None:
+    """`value` is None or a str (a snippet's lines): refused at the call, not at a failure."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be a str of Python source, got {type(value).__name__}")
+
+
 @dataclass(frozen=True)
 class _RowCheck:
     """What a row-wise assertion checks, besides the arrays and the tolerance.
@@ -630,6 +693,8 @@ class _RowCheck:
     def __post_init__(self) -> None:
         object.__setattr__(self, "schedule", resolve_schedule(self.schedule))
         object.__setattr__(self, "entropy_eps", check_entropy_eps(self.entropy_eps))
+        _check_text(self.repro, "repro")
+        _check_text(self.source, "source")
 
     @property
     def vector(self) -> bool:
@@ -654,11 +719,11 @@ def _check_rowwise(case: _RowCheck, actual: Any, logits: Any, tol: _Tolerance) -
             ones = np.ones(cond.H.shape)
             rel = model.softmax_rel_error(cond, ones, ui, scale_first=False)
             naive = model.naive_softmax(x, fmt)
-            bound = np.expm1(model.SLACK * rel) * np.abs(ref)
+            bound = _probability_bound(rel, ref, got, fmt)
             checks = {True: _measure(got, ref, bound, naive, fmt, tol)}
             if lowp:
                 rel = rel + model.logit_rounding_rel_error(cond, ones, np.zeros(ones.shape), fmt)
-                bound = np.expm1(model.SLACK * rel) * np.abs(ref)
+                bound = _probability_bound(rel, ref, got, fmt)
                 checks[False] = _measure(got, ref, bound, naive, fmt, tol)
         elif kind == "entropy":
             ref = _reference_rows(reference.entropy, x, entropy_eps=entropy_eps)
@@ -700,6 +765,28 @@ def _check_rowwise(case: _RowCheck, actual: Any, logits: Any, tol: _Tolerance) -
 
         report = _summarise(kind, fmt, chk, describe, tol.contract, other)
     return _raise_or_return(report)
+
+
+def _probability_bound(
+    rel: np.ndarray, ref: np.ndarray, got: np.ndarray, fmt: Format
+) -> np.ndarray:
+    r"""The absolute error allowed a coefficient whose logarithm may be off by `rel`.
+
+    The error model bounds :math:`|\log\tilde y - \log y| \le r` (:math:`r` =
+    SLACK times `rel`), a window :math:`[y e^{-r}, y e^{r}]` that is not symmetric:
+    below the exact value the error is at most :math:`y(1 - e^{-r}) < y` (no
+    coefficient is negative, however large :math:`r`), above it :math:`y(e^r - 1)`
+    and at most :math:`1 - y` (nor above 1, but for eight units of `fmt`: a kernel
+    whose numerator and sum take separate exponentials may pass 1 by an ulp). The
+    symmetric :math:`y(e^r - 1)` on both sides let ``-exact`` pass once
+    :math:`r \ge \log 2`.
+    """
+    y = np.abs(np.asarray(ref, dtype=np.float64))
+    r = model.SLACK * np.asarray(rel, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        up = np.minimum(np.expm1(r) * y, np.maximum(1.0 - y, 0.0) + 8.0 * fmt.u)
+        down = -np.expm1(-r) * y
+    return np.where(np.asarray(got, dtype=np.float64) < y, down, up)
 
 
 def _is_paper(schedule: Schedule) -> bool:
@@ -750,7 +837,7 @@ def _check_adaptive(
     naive = model.naive_adaptive_softmax(x, fmt, schedule, entropy_eps)
     checks = {}
     for strict in contracts:
-        bound = np.expm1(model.SLACK * rel_of(cond, beta, dbeta, strict)) * np.abs(ref)
+        bound = _probability_bound(rel_of(cond, beta, dbeta, strict), ref, got, fmt)
         checks[strict] = _measure(got, ref, bound, naive, fmt, tol)
     if not np.any(jump):
         return checks
@@ -773,14 +860,14 @@ def _check_adaptive(
             best = None
             for r, b_side, nv in sides:
                 rel1 = rel_of(c1, b_side, dbeta[idx], strict)
-                bnd = np.expm1(model.SLACK * rel1) * np.abs(r)
-                c = _measure(got[idx], r, bnd, nv, fmt, tol)
-                score = float(np.max(c.err / np.maximum(c.allowed, 1e-300)))
+                c = _measure(got[idx], r, _probability_bound(rel1, r, got[idx], fmt), nv, fmt, tol)
+                score = float(np.max(c.ratio))
                 if best is None or score < best[0]:
                     best = (score, c)
             assert best is not None
             c, chk = best[1], checks[strict]
             chk.err[idx], chk.allowed[idx], chk.ref[idx] = c.err, c.allowed, c.ref
+            chk.ratio[idx] = c.ratio
     return checks
 
 
@@ -848,6 +935,7 @@ def assert_attention_close(
     from . import reference
 
     tol = _Tolerance(mode, max_ulps, baseline_factor, floor_ulps, strict)
+    _check_text(repro, "repro")
     if not isinstance(logits_or_qkv, tuple | list) or len(logits_or_qkv) not in (2, 3):
         raise TypeError("logits_or_qkv must be a tuple (q, k, v) or (logits, v)")
     if source is not None and not (

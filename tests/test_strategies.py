@@ -173,6 +173,9 @@ def test_window_rows_have_medium_length_and_entropy_in_5_to_h_off():
         (lambda: strat.chunkings(5, max_chunks=0), ValueError, "max_chunks"),
         (lambda: strat.shapes(max_side=0), ValueError, "max_side"),
         (lambda: strat.translations("int8"), ValueError, "dtype"),
+        # raised "math domain error" (log 0)
+        (lambda: strat.row_with_entropy(1.0, 4, k=0), ValueError, "k must be an integer >= 1"),
+        (lambda: strat.row_with_entropy(1.0, 0), ValueError, "n must be an integer >= 1"),
     ],
 )
 def test_strategies_check_their_arguments_when_built(build, error, match):

@@ -499,11 +499,14 @@ def test_tolerance_is_frozen_and_shares_the_public_defaults():
         for f in dataclasses.fields(_Tolerance):
             assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY
             assert params[f.name].default == f.default, (fn.__name__, f.name)
-    bound, naive = np.array([1.0, 10.0]), np.array([3.0, 0.0])
-    assert _Tolerance().allowed(bound, naive).tolist() == [14.0, 10.0]
-    assert _Tolerance(mode="bound").allowed(bound, naive).tolist() == [1.0, 10.0]
-    assert _Tolerance(mode="baseline").allowed(bound, naive).tolist() == [14.0, 2.0]
-    assert _Tolerance(mode="ulps", max_ulps=3).allowed(bound, naive).tolist() == [3.0, 3.0]
+    # absolute errors, at spacings 1 and 0.5; a naive algorithm that overflowed (inf) or gave
+    # NaN grants the floor only (it granted everything: an infinite allowance)
+    bound, naive = np.array([1.0, 10.0, 1.0, 1.0]), np.array([3.0, 0.0, np.inf, np.nan])
+    sp = np.array([1.0, 0.5, 1.0, 1.0])
+    assert _Tolerance().allowed(bound, naive, sp).tolist() == [14.0, 10.0, 2.0, 2.0]
+    assert _Tolerance(mode="bound").allowed(bound, naive, sp).tolist() == [1.0, 10.0, 1.0, 1.0]
+    assert _Tolerance(mode="baseline").allowed(bound, naive, sp).tolist() == [14.0, 1.0, 2, 2]
+    assert _Tolerance(mode="ulps", max_ulps=3).allowed(bound, naive, sp).tolist() == [3, 1.5, 3, 3]
 
 
 @pytest.mark.parametrize(
@@ -584,3 +587,105 @@ def test_a_one_dimensional_row_at_a_jump_gets_a_verdict() -> None:
         assert report.passed and batched.passed
     with pytest.raises(AssertionError):
         testing.assert_adaptive_softmax_close(np.array([0.5, 0.5]), x, schedule=jump)
+
+
+# -- impossible outputs at large logits (the sound windows) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("x", "dtype", "strict"),
+    [
+        ((1e6 + np.array([[0, 1, 2, 3, 3.5]])).astype(np.float32), "float32", True),
+        (np.full((1, 4), 1e30), "float64", False),  # ties: 0.25 each
+        (np.full((1, 3), 3e16), "float64", True),
+    ],
+)
+def test_a_negative_coefficient_never_passes(x, dtype, strict):
+    """The log-error bound was applied as a symmetric window y(e^r - 1): once r >= log 2 the
+    negated exact row passed (worst ratio 0.635, strict), and [1e30, -1e30, 7, -5] for four
+    ties at 1e30. Below the exact value the window is y(1 - e^-r) < y; above it, 1 - y."""
+    exact = reference.adaptive_softmax(x, dtype=dtype)
+    with pytest.raises(KernelMismatch, match="outside the error model"):
+        assert_adaptive_softmax_close(-exact, x, strict=strict)
+    wrong = np.zeros_like(exact)
+    wrong[..., 0] = 1.0 + 2.0**-10  # above 1
+    with pytest.raises(KernelMismatch):
+        assert_adaptive_softmax_close(wrong, x, strict=strict)
+    if x.shape[-1] == 4:
+        with pytest.raises(KernelMismatch):
+            assert_adaptive_softmax_close(np.array([[1e30, -1e30, 7.0, -5.0]]), x)
+    assert_adaptive_softmax_close(exact, x, strict=strict)
+
+
+def test_bfloat16_negated_row_fails_and_the_exact_one_passes():
+    torch = pytest.importorskip("torch")
+    x = (100 + torch.tensor([[0.0, 1.0, 2.0, 3.0, 3.5]])).to(torch.bfloat16)
+    exact = reference.adaptive_softmax(x.float().numpy())
+    with pytest.raises(KernelMismatch):
+        assert_adaptive_softmax_close(torch.from_numpy(-exact).to(torch.bfloat16), x)
+    assert_adaptive_softmax_close(torch.from_numpy(exact).to(torch.bfloat16), x)
+
+
+@pytest.mark.parametrize("out", [60000.0, -1000.0, 3.0])
+def test_an_attention_output_outside_the_values_range_never_passes(out):
+    """float16, logits 40000 and 39800: the weights may move by anything under the default
+    contract, yet the output is a weighting of v = 1, 2. 60000 passed (ratio 8e-64)."""
+    q = np.array([[200.0]], np.float16)
+    k = np.array([[200.0], [199.0]], np.float16)
+    v = np.array([[1.0], [2.0]], np.float16)
+    with pytest.raises(KernelMismatch, match="outside the error model"):
+        assert_attention_close(np.array([[out]], np.float16), (q, k, v), scale=1.0,
+                               schedule=Constant(1))  # fmt: skip
+    for inside in (1.0, 2.0):  # the weights may move anywhere in [0, 1] here
+        assert_attention_close(np.array([[inside]], np.float16), (q, k, v), scale=1.0,
+                               schedule=Constant(1))  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["auto", "baseline"])
+def test_a_naive_overflow_grants_the_floor_not_everything(mode):
+    """The naive float32 softmax of [1e39, 0] overflows (NaN): its error was infinite, and so
+    was the baseline's allowance; [0.5, 0.5] passed for [1, 0]."""
+    x = np.array([[1e39, 0.0]])
+    with pytest.raises(KernelMismatch):
+        assert_softmax_close(np.array([[0.5, 0.5]], np.float32), x, mode=mode)
+    assert_softmax_close(np.array([[1.0, 0.0]], np.float32), x, mode=mode)
+
+
+def test_integers_float64_cannot_hold_are_refused():
+    """[2**53 + 1, 2**53] became [2**53, 2**53]: "exact 0.5" for 0.731 and 0.269."""
+    x = np.array([[2**53 + 1, 2**53]])
+    with pytest.raises(ValueError, match="9007199254740993, which float64 cannot hold exactly"):
+        assert_softmax_close(np.array([[0.5, 0.5]]), x)
+    for fine in (np.array([[2**53, 2**60]]), np.array([[-(2**63), 0]]), np.array([[2**63]], "u8")):
+        assert_softmax_close(reference.softmax(fine.astype(np.float64)), fine)
+    with pytest.raises(ValueError, match="18446744073709551615"):
+        assert_softmax_close(np.zeros((1, 1)), np.array([[2**64 - 1]], dtype=np.uint64))
+
+
+def test_an_entropy_of_exactly_zero_is_judged_in_absolute_terms():
+    """At H = 0 the ulp is the smallest subnormal: 1e-15 and its allowance (4e-15) both
+    overflowed to inf ulps, and inf / inf failed a result the neighbouring row passes."""
+    x = np.array([0.0, -800.0])
+    for got in (5e-16, 1e-15, -1e-15):
+        assert assert_entropy_close(np.array(got), x).worst_ratio < 1
+    with pytest.raises(KernelMismatch):
+        assert_entropy_close(np.array(1e-13), x)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "says"),
+    [
+        ({"max_ulps": 2}, ValueError, "max_ulps applies to mode='ulps' only"),
+        ({"mode": "bound", "max_ulps": 2}, ValueError, "max_ulps applies to mode='ulps' only"),
+        ({"mode": "ulps", "max_ulps": "3"}, TypeError, "max_ulps must be a real number"),
+        ({"floor_ulps": "2"}, TypeError, "floor_ulps must be a real number"),
+        ({"repro": 3}, TypeError, "repro must be a str of Python source, got int"),
+        ({"source": 3}, TypeError, "source must be a str of Python source, got int"),
+    ],
+)
+def test_arguments_that_would_be_ignored_are_refused(kwargs, error, says):
+    """max_ulps=2 was ignored outside mode='ulps' (a 10-ulp error passed); repro=3 raised
+    AttributeError only when a check failed."""
+    x = np.array([[0.0, 1.0]])
+    with pytest.raises(error, match=says):
+        assert_softmax_close(reference.softmax(x), x, **kwargs)

@@ -509,9 +509,23 @@ def attention_bound(
         log_s = np.log(np.sum(np.exp(bz), axis=-1, keepdims=True))
         far = np.minimum(np.exp(bz - log_s + r), 1.0 + sigma * ui)
     moved = np.where(np.isfinite(moved) & (a > 0), moved, np.where(live, far, 0.0))
+    # a computed weight lies in [0, 1] too: it moves by at most 1
+    moved = np.minimum(moved, 1.0 + sigma * ui)
     weight = moved + a * (sigma * ui + fmt.u)
-    absv = np.abs(np.where(np.isfinite(v), v, 0.0))
-    return np.einsum("...ls,...sd->...ld", weight, absv)
+    finite_v = np.where(np.isfinite(v), v, 0.0)
+    absv = np.abs(finite_v)
+    bound = np.einsum("...ls,...sd->...ld", weight, absv)
+    # and the output is a weighting of the values, computed or exact: both lie in the values'
+    # range, up to the rounding of the weighted sum (a weighting of the live keys' values, which
+    # the range of all of them holds). Where logits may move by more than their gaps, the sum
+    # above exceeds the range: a float16 output of 60000 passed for values 1 and 2
+    with np.errstate(invalid="ignore"):
+        lo = np.min(np.where(np.isfinite(v), v, np.inf), axis=-2, keepdims=True, initial=np.inf)
+        hi = np.max(np.where(np.isfinite(v), v, -np.inf), axis=-2, keepdims=True, initial=-np.inf)
+    width = np.where(hi >= lo, hi - lo, 0.0)
+    top = np.max(absv, axis=-2, keepdims=True, initial=0.0)
+    hull = width * (1.0 + fmt.u) + (2.0 * sigma * ui + fmt.u) * top
+    return np.minimum(bound, hull)
 
 
 # ---------------------------------------------------------------------------
