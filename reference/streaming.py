@@ -89,7 +89,7 @@ class StreamState:
         ``-inf`` entries are masked (ignored); NaN or ``+inf`` make the state
         invalid, and every reading of it NaN.
         """
-        arr = as_logits(chunk, "chunk")
+        arr = as_logits(chunk, "chunk", exact=True)
         if arr.ndim != 1:
             raise ValueError(f"chunk must be 1-d, got shape {arr.shape}")
         arr = arr.astype(np.float64)
@@ -271,7 +271,7 @@ class StreamState:
         ValueError
             If the chunk holds a value that was never fed to this state.
         """
-        arr = as_logits(chunk, "chunk")
+        arr = as_logits(chunk, "chunk", exact=True)
         if arr.ndim != 1:
             raise ValueError(f"chunk must be 1-d, got shape {arr.shape}")
         values = self._read("adaptive_softmax", schedule, entropy_eps, dtype, [])

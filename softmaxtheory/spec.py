@@ -68,6 +68,7 @@ __all__ = [
     "attention_layout",
     "check_entropy_eps",
     "classify_rows",
+    "exact_float64",
     "exact_value",
     "refuse_masked",
     "resolve_schedule",
@@ -471,7 +472,32 @@ def refuse_masked(x: Any, name: str, role: str = "logits") -> None:
     )
 
 
-def as_logits(x: Any, name: str = "x") -> np.ndarray:
+def exact_float64(arr: np.ndarray, name: str) -> np.ndarray:
+    """An integer array as float64, refused where float64 does not hold a value.
+
+    Rounded, ``[2**53 + 1, 2**53]`` became ``[2**53, 2**53]``: softmax 0.5 each,
+    for a row whose coefficients are 0.731 and 0.269.
+
+    Raises
+    ------
+    ValueError
+        For an integer of magnitude above :math:`2^{53}` that float64 does not hold.
+    """
+    out = arr.astype(np.float64)
+    if arr.dtype.itemsize >= 8:
+        limit = 2.0**63 if arr.dtype.kind == "i" else 2.0**64
+        fits = (out < limit) & (out >= -limit)
+        bad = ~fits | (np.where(fits, out, 0.0).astype(arr.dtype) != arr)
+        if np.any(bad):
+            value = int(arr[np.unravel_index(int(np.argmax(bad)), arr.shape)])
+            raise ValueError(
+                f"{name} holds the integer {value}, which float64 cannot hold exactly "
+                "(beyond 2**53), and its exact value is used"
+            )
+    return out
+
+
+def as_logits(x: Any, name: str = "x", *, exact: bool = False) -> np.ndarray:
     """Validate and convert logits to a floating array with a last axis.
 
     Integer input is promoted to float64; float16, float32 and float64 are
@@ -484,6 +510,10 @@ def as_logits(x: Any, name: str = "x") -> np.ndarray:
         Logits of shape ``(..., n)``.
     name : str
         The argument's name, for error messages.
+    exact : bool, default False
+        Refuse integers that float64 does not hold (:func:`exact_float64`)
+        instead of rounding them: for the certified reference, which uses
+        its inputs' exact values.
 
     Returns
     -------
@@ -496,7 +526,8 @@ def as_logits(x: Any, name: str = "x") -> np.ndarray:
         For a dtype that is not real floating or integer, or a masked array
         with masked entries (:func:`refuse_masked`).
     ValueError
-        For a 0-d input (there is no axis to normalise along).
+        For a 0-d input (there is no axis to normalise along), or with `exact`
+        an integer beyond :math:`2^{53}` that float64 does not hold.
     """
     refuse_masked(x, name)
     try:
@@ -504,7 +535,7 @@ def as_logits(x: Any, name: str = "x") -> np.ndarray:
     except ValueError as exc:  # ragged nested sequences
         raise ValueError(f"{name} must be a rectangular array of shape (..., n): {exc}") from exc
     if arr.dtype.kind in "iu":
-        arr = arr.astype(np.float64)
+        arr = exact_float64(arr, name) if exact else arr.astype(np.float64)
     elif arr.dtype.type not in _FLOAT_KINDS:
         raise TypeError(f"{name} must be a real floating or integer array, got dtype {arr.dtype}")
     if not arr.dtype.isnative:  # a big-endian file, say: the same values in native order

@@ -66,6 +66,7 @@ from .spec import (
     Polynomial,
     Schedule,
     check_entropy_eps,
+    exact_float64,
     refuse_masked,
     resolve_schedule,
 )
@@ -188,33 +189,13 @@ def to_numpy(a: Any, name: str) -> tuple[np.ndarray, str]:
             return t.numpy(), dname
         if t.is_floating_point() or t.is_complex() or dname == "bool":
             raise TypeError(f"{name} must be float64/32/16 or bfloat16, got torch.{dname}")
-        return _exact_float64(t.numpy(), name), "float64"
+        return exact_float64(t.numpy(), name), "float64"
     arr = np.asarray(a)
     if arr.dtype.kind in "iu":
-        return _exact_float64(arr, name), "float64"
+        return exact_float64(arr, name), "float64"
     if arr.dtype.name not in _NUMPY_FLOATS:
         raise TypeError(f"{name} must be a real floating array, got dtype {arr.dtype}")
     return arr, arr.dtype.name
-
-
-def _exact_float64(arr: np.ndarray, name: str) -> np.ndarray:
-    """Integers as float64, refused where float64 does not hold one (beyond 2**53).
-
-    Rounded, ``[2**53 + 1, 2**53]`` became ``[2**53, 2**53]``: "exact" 0.5 each for a
-    row whose coefficients are 0.731 and 0.269.
-    """
-    out = arr.astype(np.float64)
-    if arr.dtype.itemsize >= 8:
-        limit = 2.0**63 if arr.dtype.kind == "i" else 2.0**64
-        fits = (out < limit) & (out >= -limit)
-        bad = ~fits | (np.where(fits, out, 0.0).astype(arr.dtype) != arr)
-        if np.any(bad):
-            value = int(arr[np.unravel_index(int(np.argmax(bad)), arr.shape)])
-            raise ValueError(
-                f"{name} holds the integer {value}, which float64 cannot hold exactly "
-                "(beyond 2**53); the checks take their inputs exactly"
-            )
-    return out
 
 
 @dataclass(frozen=True)

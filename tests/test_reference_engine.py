@@ -289,3 +289,32 @@ def test_a_polynomial_whose_beta_is_a_rounding_tie_rounds_to_even(
     )
     got = reference.adaptive_softmax(np.array(row), schedule=sched, dtype=dtype)
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_subnormal_entropy_near_a_midpoint_is_decided():
+    """The dead items' mass was dropped with a cutoff that, for float64 (-qmin = 1074 above
+    every precision), never grew: an entropy 23142.4999... subnormal ulps raised
+    PrecisionError at 960 bits. A retry now drops only what lies p bits further down."""
+    from softmaxtheory import reference
+
+    row = [0.0, -741.0, -753.2491177425314, -783.2750544017315]
+    with mpmath.workprec(4000):
+        x = [mpmath.mpf(v) for v in row]
+        w = [mpmath.exp(v) for v in x]
+        s = mpmath.fsum(w)
+        exact = -mpmath.fsum(wi / s * (xi - mpmath.log(s)) for wi, xi in zip(w, x, strict=True))
+        ulps = exact / mpmath.mpf(2) ** -1074
+        assert 23142.4999 < ulps < 23142.5
+    assert reference.entropy(row) == 23142 * 2.0**-1074
+
+
+def test_integers_float64_does_not_hold_are_refused_not_rounded():
+    """[2**53 + 1, 2**53] was softmaxed as [2**53, 2**53]: 0.5 each, for 0.731 and 0.269."""
+    from softmaxtheory import reference
+
+    with pytest.raises(ValueError, match="9007199254740993, which float64 cannot hold"):
+        reference.softmax(np.array([2**53 + 1, 2**53]))
+    with pytest.raises(ValueError, match="cannot hold"):
+        reference.StreamState.from_logits(np.array([2**60 + 1], dtype=np.int64))
+    held = np.array([2**60, 2**60 - 2**8, -(2**63)])
+    assert np.array_equal(reference.softmax(held), reference.softmax(held.astype(np.float64)))
