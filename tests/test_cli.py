@@ -198,6 +198,8 @@ def truncated_file(tmp_path):
         (["reference", "--json", "--dtype", "int8", "1"], "invalid choice"),
         (["bounds", "--spread", "1", "--digits", "x"], "invalid int value"),
         (["nosuchcommand"], "invalid choice"),
+        # it said "required: EXPERIMENT, options", and options are not
+        (["reproduce"], "name the experiment to run: one of max-retrieval, clrs-text"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(

@@ -47,6 +47,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "reproduce",
         help="rerun the paper's experiments (needs the experiments extra)",
+        usage="%(prog)s [-h] EXPERIMENT [options ...]",
         description=(
             "Rerun an experiment of the paper and print its figures beside the paper's.\n"
             "Needs: pip install 'softmaxtheory[experiments]'."
@@ -55,8 +56,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "lists the options of one experiment.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "experiment", choices=tuple(EXPERIMENTS), metavar="EXPERIMENT", help="the experiment to run"
+    parser.add_argument(  # optional to argparse only: run() names the choices when it is missing
+        "experiment",
+        nargs="?",
+        choices=tuple(EXPERIMENTS),
+        metavar="EXPERIMENT",
+        help="the experiment to run",
     )
     parser.add_argument(
         "options", nargs=argparse.REMAINDER, help="the experiment's own options (see its --help)"
@@ -76,5 +81,7 @@ def experiment_parser(name: str) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the experiment named by ``args.experiment``; return the exit status."""
+    if args.experiment is None:  # argparse said "required: EXPERIMENT, options" (options are not)
+        parser.error(f"name the experiment to run: one of {', '.join(EXPERIMENTS)}")
     options = experiment_parser(args.experiment).parse_args(args.options)
     return int(_module(args.experiment).main(options))
