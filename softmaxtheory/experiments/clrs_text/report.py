@@ -25,6 +25,7 @@ from .._command import paired_ttest
 __all__ = [
     "CSV_COLUMNS",
     "METRICS",
+    "MIN_VERDICT_SEEDS",
     "PAPER_FINDINGS",
     "VARIANTS",
     "findings",
@@ -88,6 +89,7 @@ def summarize(evaluations: Sequence[Any], train_sizes: Sequence[int]) -> list[di
         row: dict[str, Any] = {
             "algorithm": ev.algorithm,
             "size": int(ev.size),
+            "seeds": int(np.asarray(ev.token_acc["softmax"]).size),
             "in_distribution": int(ev.size) in set(train_sizes),
             "examples": int(ev.examples),
             "answer_tokens": float(ev.answer_tokens),
@@ -106,6 +108,12 @@ def summarize(evaluations: Sequence[Any], train_sizes: Sequence[int]) -> list[di
     return rows
 
 
+#: Seeds a size needs before its t-test counts toward a verdict: with two, the test's
+#: variance rests on one difference, and two near-equal gains give any p at all (gains
+#: of 1.66 and 1.70 points gave p = 0.02, and the row read "better").
+MIN_VERDICT_SEEDS = 3
+
+
 def findings(rows: Sequence[dict[str, Any]], alpha: float = 0.05) -> list[dict[str, Any]]:
     r"""Per algorithm: the out-of-distribution gains beside the paper's finding.
 
@@ -113,9 +121,11 @@ def findings(rows: Sequence[dict[str, Any]], alpha: float = 0.05) -> list[dict[s
     mean over the sizes not seen in training of the difference in
     answer-token accuracy (points) against softmax; ``{v}_better`` and
     ``{v}_worse`` count those sizes where the paired t-test gives
-    :math:`p < \alpha` in either direction. ``here`` reads ``better`` or
-    ``worse`` when at least one size is significant in that direction and none
-    in the other, else ``no clear difference``.
+    :math:`p < \alpha` in either direction, over at least
+    :data:`MIN_VERDICT_SEEDS` seeds. ``here`` reads ``better`` or ``worse``
+    when at least one size is significant in that direction and none in the
+    other, ``too few seeds`` when no size has the seeds, else ``no clear
+    difference``.
     """
     out = []
     for algo in dict.fromkeys(r["algorithm"] for r in rows):
@@ -127,16 +137,19 @@ def findings(rows: Sequence[dict[str, Any]], alpha: float = 0.05) -> list[dict[s
         }
         for v in ("adaptive", "inference_only"):
             diffs = [r[f"{v}_token_acc_mean"] - r["softmax_token_acc_mean"] for r in ood]
+            tested = [r for r in ood if r.get("seeds", MIN_VERDICT_SEEDS) >= MIN_VERDICT_SEEDS]
             sig = [
                 (r[f"{v}_token_acc_mean"] > r["softmax_token_acc_mean"])
-                for r in ood
+                for r in tested
                 if not math.isnan(r[f"p_{v}"]) and r[f"p_{v}"] < alpha
             ]
             better, worse = sum(sig), len(sig) - sum(sig)
             item[f"{v}_gain"] = float(np.mean(diffs)) if diffs else math.nan
             item[f"{v}_better"] = better
             item[f"{v}_worse"] = worse
-            if better and not worse:
+            if ood and not tested:
+                item[f"{v}_here"] = "too few seeds"
+            elif better and not worse:
                 item[f"{v}_here"] = "better"
             elif worse and not better:
                 item[f"{v}_here"] = "worse"
@@ -170,6 +183,8 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
 def _p(value: float) -> str:
     if math.isnan(value):
         return "  -  "
+    if value == 0.0:
+        return "0"  # the same non-zero difference in every seed: the t-test's limit
     return f"{value:.0e}" if value < 0.01 else f"{value:.2f}"
 
 
@@ -212,6 +227,14 @@ def format_table(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any
         "decoding). gain: mean over out-of-distribution sizes (points); +/-: sizes with "
         "p < 0.05 better/worse; paper: Gemma 2B, adaptive trained in (inference only: no gain)"
     )
+    least = MIN_VERDICT_SEEDS
+    few = sorted({r["seeds"] for r in rows if r.get("seeds", least) < least})
+    if few:
+        seeds = f"{few[0]} seed{'' if few[0] == 1 else 's'}"
+        lines.append(
+            f"{seeds}: too few for a verdict (at least {least}; with two, the t-test's "
+            "variance rests on a single difference)"
+        )
     return "\n".join(lines)
 
 
