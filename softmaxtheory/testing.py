@@ -300,15 +300,6 @@ class _Checked:
     ratio: np.ndarray  # error / allowed, formed from the absolute values
 
 
-def _abs_error(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """``|got - ref|``; 0 for identical specials, inf for any other pair with a special."""
-    same = (got == ref) | (np.isnan(got) & np.isnan(ref))
-    finite = np.isfinite(got) & np.isfinite(ref)
-    with np.errstate(invalid="ignore", over="ignore"):
-        d = np.abs(got - ref)
-    return np.where(same, 0.0, np.where(finite, d, np.inf))
-
-
 def _measure(
     got: np.ndarray,
     ref: np.ndarray,
@@ -330,17 +321,13 @@ def _measure(
     spacing = np.where(has_sp, sp, 1.0)  # a special exact value: the error is 0 or inf
     extra = np.where(has_sp, np.nan_to_num(bound_abs, nan=0.0) + fmt.tiny, 0.0)
     bound = 0.5 * spacing + extra  # the final rounding, and the absolute allowance below tiny
-    d = _abs_error(got, ref)
-    allowed_abs = tol.allowed(bound, _abs_error(np.asarray(naive, dtype=np.float64), ref), spacing)
+    d = model.abs_error(got, ref)
+    allowed_abs = tol.allowed(bound, model.abs_error(naive, ref), spacing)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = np.where(d == 0, 0.0, d / np.where(allowed_abs > 0, allowed_abs, 0.0))
         err, allowed = d / spacing, allowed_abs / spacing
     ratio = np.where(np.isnan(ratio), np.inf, ratio)
     return _Checked(err, allowed, ref, got, ratio)
-
-
-def _ratio(chk: _Checked) -> np.ndarray:
-    return chk.ratio
 
 
 def _summarise(
@@ -353,10 +340,10 @@ def _summarise(
 ) -> ErrorReport:
     err = chk.err
     size = int(err.size)
-    other_passed = None if other is None else bool(np.all(_ratio(other) <= 1.0))
+    other_passed = None if other is None else bool(np.all(other.ratio <= 1.0))
     if size == 0:
         return ErrorReport(kind, fmt.name, 0.0, 0.0, 0.0, (), 0, True, "", contract, other_passed)
-    ratio = _ratio(chk)
+    ratio = chk.ratio
     flat = int(np.argmax(ratio))
     worst = tuple(int(i) for i in np.unravel_index(flat, err.shape))
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -30,6 +30,7 @@ __all__ = [
     "LAMBDA",
     "SLACK",
     "RowConditioning",
+    "abs_error",
     "adaptive_rel_error",
     "attention_bound",
     "beta_error",
@@ -76,20 +77,27 @@ def ulp(ref: np.ndarray, fmt: Format) -> np.ndarray:
     return np.where(np.isfinite(ref), out, np.nan)
 
 
-def ulp_error(got: np.ndarray, ref: np.ndarray, fmt: Format) -> np.ndarray:
-    """``|got - ref|`` in ulps of `fmt` at `ref`; 0 for identical specials, inf for mismatches.
+def abs_error(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """``|got - ref|``; 0 for identical specials, inf for mismatches.
 
     Two NaNs, or two equal infinities, count as equal; any other pair with a
     non-finite member is an infinite error.
     """
     got = np.asarray(got, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
-    both_nan = np.isnan(got) & np.isnan(ref)
-    same = (got == ref) | both_nan
+    same = (got == ref) | (np.isnan(got) & np.isnan(ref))
     finite = np.isfinite(got) & np.isfinite(ref)
     with np.errstate(invalid="ignore", over="ignore"):
-        err = np.abs(got - ref) / ulp(ref, fmt)
-    return np.where(same, 0.0, np.where(finite, err, np.inf))
+        d = np.abs(got - ref)
+    return np.where(same, 0.0, np.where(finite, d, np.inf))
+
+
+def ulp_error(got: np.ndarray, ref: np.ndarray, fmt: Format) -> np.ndarray:
+    """:func:`abs_error` in ulps of `fmt` at `ref` (0 and inf kept as they are)."""
+    d = abs_error(got, ref)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = d / ulp(ref, fmt)
+    return np.where(d == 0, 0.0, np.where(np.isfinite(d), err, np.inf))
 
 
 def round_to_format(a: np.ndarray, fmt: Format) -> np.ndarray:
@@ -512,16 +520,16 @@ def attention_bound(
     # a computed weight lies in [0, 1] too: it moves by at most 1
     moved = np.minimum(moved, 1.0 + sigma * ui)
     weight = moved + a * (sigma * ui + fmt.u)
-    finite_v = np.where(np.isfinite(v), v, 0.0)
-    absv = np.abs(finite_v)
+    finite = np.isfinite(v)
+    absv = np.abs(np.where(finite, v, 0.0))
     bound = np.einsum("...ls,...sd->...ld", weight, absv)
     # and the output is a weighting of the values, computed or exact: both lie in the values'
     # range, up to the rounding of the weighted sum (a weighting of the live keys' values, which
     # the range of all of them holds). Where logits may move by more than their gaps, the sum
     # above exceeds the range: a float16 output of 60000 passed for values 1 and 2
     with np.errstate(invalid="ignore"):
-        lo = np.min(np.where(np.isfinite(v), v, np.inf), axis=-2, keepdims=True, initial=np.inf)
-        hi = np.max(np.where(np.isfinite(v), v, -np.inf), axis=-2, keepdims=True, initial=-np.inf)
+        lo = np.min(np.where(finite, v, np.inf), axis=-2, keepdims=True, initial=np.inf)
+        hi = np.max(np.where(finite, v, -np.inf), axis=-2, keepdims=True, initial=-np.inf)
     width = np.where(hi >= lo, hi - lo, 0.0)
     top = np.max(absv, axis=-2, keepdims=True, initial=0.0)
     hull = width * (1.0 + fmt.u) + (2.0 * sigma * ui + fmt.u) * top

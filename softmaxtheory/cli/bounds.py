@@ -263,8 +263,8 @@ def _witness_text(witness: Any, digits: int, exact: bool) -> str:
     row's length is the lower end less one), any other as an exact integer.
     """
     counts = [c for c in witness.counts if c]
-    big = exact or max(counts) < 10**digits
-    rest = None if big else witness.counts.index(max(counts))
+    in_full = exact or max(counts) < 10**digits
+    rest = None if in_full else witness.counts.index(max(counts))
     parts = []
     for i, (level, count) in enumerate(zip(witness.levels, witness.counts, strict=True)):
         if count:
