@@ -597,7 +597,7 @@ def _exact_polynomial(coeffs: tuple[Fraction, ...], H: Ball, straddles: bool) ->
 
     A constant polynomial (leading coefficients 0) has one value, and on either side
     of a threshold it does not jump at (the caller's case) :math:`\max(P, 1)` is that
-    value's on both sides (:math:`P(\theta) \le 1` there, or :math:`\theta` below every
+    value's on both sides (:math:`P(\tau) \le 1` there, or :math:`\tau` below every
     entropy). An exact entropy past the threshold (one item: :math:`H = 0`) gives
     :math:`P(H)` exactly. A constant equal to a rounding tie (``1 + 2**-11`` in
     float16) was undecidable from a Horner bound, which is never 0.

@@ -189,7 +189,7 @@ class Polynomial(Schedule):
 
     .. math::
 
-        \beta(H) = \begin{cases} \max(P(H), 1) & H > \theta \\ 1 & H \le \theta \end{cases},
+        \beta(H) = \begin{cases} \max(P(H), 1) & H > \tau \\ 1 & H \le \tau \end{cases},
         \qquad P(H) = \sum_{k=0}^{d} c_k H^{d-k}.
 
     Parameters
@@ -197,11 +197,11 @@ class Polynomial(Schedule):
     coefficients : sequence of str or float
         :math:`c_0, \dots, c_d`, highest degree first. Decimal strings are exact.
     threshold : str or float, default ``"0.5"``
-        :math:`\theta`, in nats.
+        :math:`\tau`, in nats.
 
     Notes
     -----
-    The rule is continuous at :math:`\theta` exactly when :math:`P(\theta) \le 1`
+    The rule is continuous at :math:`\tau` exactly when :math:`P(\tau) \le 1`
     (see :attr:`jumps_at_threshold`); the published polynomial has
     :math:`P(0.5) = 0.1503125`.
     """
@@ -247,27 +247,28 @@ class Polynomial(Schedule):
 
     @property
     def jumps_at_threshold(self) -> bool:
-        r"""Whether β jumps at the threshold, that is :math:`\theta > 0` and :math:`P(\theta) > 1`.
+        r"""Whether β jumps at the threshold, that is :math:`\tau > 0` and :math:`P(\tau) > 1`.
 
-        With :math:`\theta \le 0` nothing is discontinuous: an entropy is never
+        With :math:`\tau \le 0` nothing is discontinuous: an entropy is never
         negative, and it is 0 only for rows with one unmasked item, whose
-        softmax is 1 whatever β is; every other row has :math:`H > 0 \ge \theta`
+        softmax is 1 whatever β is; every other row has :math:`H > 0 \ge \tau`
         and gets :math:`\max(P(H), 1)`, a continuous function of the logits.
         This is the exact entropy's answer; see :meth:`jumps_for` for a guarded one.
         """
         return self.jumps_for(0.0)
 
     def jumps_for(self, entropy_eps: float) -> bool:
-        r"""Whether β can jump at the threshold for entropies of mode `entropy_eps`.
+        r"""Whether β jumps at the threshold for entropies of mode `entropy_eps`.
 
-        A guarded entropy :math:`H_\varepsilon = -\sum_i p_i \log(p_i + \varepsilon)`
-        can be negative: it is at least :math:`-\log(1 + \varepsilon) >
-        -\varepsilon` (each :math:`p_i + \varepsilon \le 1 + \varepsilon`), and a
-        row of one item attains it. So with :math:`\varepsilon > 0` a threshold
-        :math:`\theta \in (-\varepsilon, 0]` can separate two rows' entropies,
-        and β jumps there when :math:`P(\theta) > 1`; only :math:`\theta \le
-        -\varepsilon` lies below every guarded entropy. With
-        :math:`\varepsilon = 0` this is :attr:`jumps_at_threshold`.
+        A guarded entropy :math:`H_\eta = -\sum_i p_i \log(p_i + \eta)`
+        can be negative: each :math:`p_i + \eta \le 1 + \eta`, so
+        :math:`H_\eta \ge -\log(1 + \eta)`, with equality only for a
+        row of one item (whose softmax is 1 whatever β is); every row of two or
+        more unmasked items lies strictly above. So β is discontinuous exactly
+        when :math:`\tau > -\log(1 + \eta)` and :math:`P(\tau) > 1`.
+        The comparison is exact: for a rational :math:`\tau \ne 0`,
+        :math:`e^{-\tau}` is irrational and never equals :math:`1 + \eta`.
+        With :math:`\eta = 0` this is :attr:`jumps_at_threshold`.
 
         Parameters
         ----------
@@ -278,12 +279,18 @@ class Polynomial(Schedule):
         --------
         >>> from softmaxtheory.spec import Polynomial
         >>> jump = Polynomial(("3",), threshold="-0.25")
-        >>> jump.jumps_at_threshold, jump.jumps_for(1.0)
-        (False, True)
+        >>> jump.jumps_at_threshold, jump.jumps_for(1.0), jump.jumps_for(0.25)
+        (False, True, False)
+
+        With :math:`\eta = 1` the floor is :math:`-\log 2 \approx -0.693`, so
+        a threshold of -0.8 lies below every guarded entropy:
+
+        >>> Polynomial(("3",), threshold="-0.8").jumps_for(1.0)
+        False
         """
         theta = self.exact_threshold
-        floor = -Fraction(float(entropy_eps)) if entropy_eps else Fraction(0)
-        return theta > floor and self.polynomial_exact(theta) > 1
+        above = theta > 0 if not entropy_eps else _above_guarded_floor(theta, entropy_eps)
+        return above and self.polynomial_exact(theta) > 1
 
     def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
         h = np.asarray(entropy, dtype=np.float64)
@@ -408,7 +415,7 @@ def resolve_schedule(schedule: Schedule | None) -> Schedule:
 def check_entropy_eps(entropy_eps: float) -> float:
     r"""Validate the entropy mode: ``0.0`` (exact) or a guard ``eps > 0``.
 
-    With ``eps > 0`` the entropy is :math:`-\sum_i p_i \log(p_i + \varepsilon)`,
+    With ``eps > 0`` the entropy is :math:`-\sum_i p_i \log(p_i + \eta)`,
     the paper's listing uses ``1e-9`` (:data:`PAPER_ENTROPY_EPS`).
 
     Raises
@@ -685,3 +692,26 @@ def attention_layout(
     except ValueError as exc:
         raise ValueError(f"q, k, v leading dimensions do not broadcast: {exc}") from exc
     return lead, q.shape[-2], k.shape[-2], scale
+
+
+def _above_guarded_floor(theta: Fraction, eps: float) -> bool:
+    r"""Whether :math:`\tau > -\log(1 + \eta)`, exactly (:math:`\eta > 0`)."""
+    if theta >= 0:
+        return True
+    if theta <= -Fraction(eps):  # -eps < -log(1 + eps)
+        return False
+    from mpmath.ctx_iv import MPIntervalContext  # outward-rounded intervals, a private context
+
+    # theta in (-eps, 0): compare e^(-theta) with 1 + eps in intervals until they separate,
+    # which they do (e^(-theta) is irrational for a rational theta != 0)
+    ctx = MPIntervalContext()
+    one_eps = Fraction(1) + Fraction(eps)
+    ctx.prec = 64
+    while True:
+        e = ctx.exp(ctx.mpf(-theta.numerator) / theta.denominator)
+        bound = ctx.mpf(one_eps.numerator) / one_eps.denominator
+        if e.b < bound.a:
+            return True
+        if e.a > bound.b:
+            return False
+        ctx.prec *= 2

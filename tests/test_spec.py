@@ -175,3 +175,15 @@ def test_a_threshold_at_or_below_zero_jumps_for_a_guarded_entropy():
     assert jump.jumps_for(1.0) and not jump.jumps_for(0.25) and not jump.jumps_for(0.1)
     assert Polynomial(("3",), threshold="0").jumps_for(1e-9)
     assert not Polynomial(("1",), threshold="-0.25").jumps_for(1.0)  # P(theta) = 1: continuous
+
+
+def test_a_guarded_entropy_jumps_only_above_minus_log_one_plus_eps():
+    """H_eps >= -log(1 + eps), attained by one item only: a threshold in (-eps, -log(1+eps)]
+    lies below every row of two items, and was reported as a jump."""
+    assert not Polynomial(("3",), threshold="-0.8").jumps_for(1.0)  # -log 2 = -0.6931...
+    assert Polynomial(("3",), threshold="-0.6").jumps_for(1.0)
+    # decided exactly on either side of -log 2 = -0.69314718055994530941...
+    assert Polynomial(("3",), threshold="-0.6931471805599453094").jumps_for(1.0)
+    assert not Polynomial(("3",), threshold="-0.6931471805599453095").jumps_for(1.0)
+    assert not Polynomial(("3",), threshold="-1").jumps_for(1.0)
+    assert not Polynomial(("1",), threshold="-0.6").jumps_for(1.0)  # P(theta) = 1

@@ -168,6 +168,53 @@ def test_either_side_of_a_jump_is_accepted():
         )
 
 
+def test_a_computed_entropy_below_a_threshold_no_exact_entropy_reaches_is_accepted():
+    """Threshold 0 with P(0) = 3: no row of two items has an exact entropy at or below 0,
+    but a sound kernel's entropy of (0, -40), exactly 1.7e-16, may come out as -2.3e-16
+    (the entropy check grants that error) and take beta = 1; that side was rejected
+    (4.6e+50 ulp) because the rule's jump was looked for only where exact entropies lie."""
+    sched = Polynomial(("3",), threshold="0")
+    x = np.array([0.0, -40.0])
+    p = np.exp(x) / np.exp(x).sum()
+    computed = -(p * np.log(p)).sum() - 4e-16
+    assert computed < 0 < float(reference.entropy(x))
+    assert assert_entropy_close(np.array(computed), x).passed
+    for side in (Constant(1), Polynomial(("3",), threshold="-1")):
+        assert assert_adaptive_softmax_close(
+            reference.adaptive_softmax(x, schedule=side), x, schedule=sched
+        ).passed
+    far = np.array([0.0, -1.0])  # entropy 0.58: beta = 3 only
+    with pytest.raises(KernelMismatch):
+        assert_adaptive_softmax_close(
+            reference.adaptive_softmax(far, schedule=Constant(1)), far, schedule=sched
+        )
+
+
+def test_attention_accepts_either_side_of_a_jump():
+    """assert_attention_close had no jump rule: a float32 query whose entropy is 8e-8 above
+    the threshold (within a float32 entropy's error) failed with beta = 1."""
+    from softmaxtheory.strategies import row_with_entropy
+
+    jump = Polynomial(("0.5", "1"), threshold="1")
+    v = (np.linspace(-1.0, 1.0, 16)[:, None] * np.ones((1, 3))).astype(np.float32)
+    sides = (Constant(1), Polynomial(("0.5", "1"), threshold="-1"))
+
+    def output(x, side):
+        q = np.where(np.isneginf(x), 0.0, x).astype(np.float64)
+        out = reference.adaptive_attention(q, np.eye(16), v, scale=1.0, schedule=side)
+        return out.astype(np.float32)
+
+    for dh in (1e-7, -1e-7):
+        x = row_with_entropy(1.0 + dh, 16, 1)[None, :].astype(np.float32)
+        assert abs(float(reference.entropy(x)[0]) - 1.0) < 3e-7
+        for side in sides:
+            assert assert_attention_close(output(x, side), (x, v), schedule=jump).passed
+    x = row_with_entropy(1.001, 16, 1)[None, :].astype(np.float32)  # beyond the error
+    assert assert_attention_close(output(x, sides[1]), (x, v), schedule=jump).passed
+    with pytest.raises(KernelMismatch):
+        assert_attention_close(output(x, sides[0]), (x, v), schedule=jump)
+
+
 def test_entropy_eps_mode():
     x = np.array([[0.0, -30.0, -30.0], [0.0, 0.0, 1.0]], dtype=np.float32)
     assert assert_entropy_close(bk.entropy_guarded(x), x, entropy_eps=1e-9).passed

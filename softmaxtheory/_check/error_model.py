@@ -33,6 +33,7 @@ __all__ = [
     "abs_error",
     "adaptive_rel_error",
     "attention_bound",
+    "attention_entropy_error",
     "beta_error",
     "entropy_abs_error",
     "logit_rounding_entropy_error",
@@ -366,11 +367,19 @@ def beta_error(
     return beta, prop + evaluation
 
 
-def near_jump(
-    schedule: Schedule, H: np.ndarray, dH: np.ndarray, entropy_eps: float = 0.0
-) -> np.ndarray:
-    """Rows whose entropy (of mode `entropy_eps`) lies within its error bound of a jump."""
-    if not isinstance(schedule, Polynomial) or not schedule.jumps_for(entropy_eps):
+def near_jump(schedule: Schedule, H: np.ndarray, dH: np.ndarray) -> np.ndarray:
+    r"""Rows whose entropy lies within its error bound of a threshold where the rule jumps.
+
+    The rule jumps where :math:`P(\tau) > 1`, whether or not an exact entropy can
+    reach :math:`\tau` (:meth:`~softmaxtheory.spec.Polynomial.jumps_for`): a
+    kernel's computed entropy may fall on the other side of :math:`\tau` by its
+    rounding error, as one of about :math:`-2 \cdot 10^{-16}` does for the row
+    :math:`(0, -40)`, whose exact entropy :math:`1.7 \cdot 10^{-16}` is above a
+    threshold of 0.
+    """
+    if not isinstance(schedule, Polynomial) or not (
+        schedule.polynomial_exact(schedule.exact_threshold) > 1
+    ):
         return np.zeros(np.shape(H), dtype=bool)
     theta = float(schedule.exact_threshold)
     return np.abs(H - theta) <= 2.0 * dH + 4.0 * np.spacing(theta)
@@ -469,6 +478,32 @@ def logit_rounding_entropy_error(cond: RowConditioning, fmt: Format) -> np.ndarr
     return _weighted(np.where(cond.live, cond.p, 0.0), terms)[..., 0]
 
 
+def attention_entropy_error(
+    logits: np.ndarray, logit_err: np.ndarray, entropy_eps: float, u: float
+) -> tuple[RowConditioning, np.ndarray, np.ndarray]:
+    r"""Each query's conditioning, its logits' errors and its entropy's error bound.
+
+    The entropy of computed logits moves by at most :math:`\delta H` of
+    :func:`entropy_abs_error` plus :math:`\sum_j p_j\, 2 e_j |z_j - \bar z|`, the
+    first-order effect of logit errors :math:`e_j` (masked keys' errors count 0).
+
+    Returns
+    -------
+    cond : RowConditioning
+        The float64 conditioning of each query row of `logits`.
+    ex : numpy.ndarray, shape (..., L, S)
+        `logit_err` with 0 at the masked keys.
+    dH : numpy.ndarray, shape (..., L)
+        The entropy's absolute error bound.
+    """
+    cond = row_conditioning(logits, entropy_eps)
+    ex = np.where(cond.live, logit_err, 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        spread = np.abs(cond.z - _weighted(cond.p, cond.z)) * 2 * ex
+    dH = entropy_abs_error(cond, u, entropy_eps) + _weighted(cond.p, spread)[..., 0]
+    return cond, ex, dH
+
+
 def attention_bound(
     logits: np.ndarray,
     logit_err: np.ndarray,
@@ -494,12 +529,8 @@ def attention_bound(
         :math:`\sum_j a_j |v_j| (r_j + \beta(e_j + \max_k e_k) + \sigma(S)u + u_{\text{out}})`.
     """
     ui = fmt.internal.u
-    cond = row_conditioning(logits, entropy_eps)
-    ex = np.where(cond.live, logit_err, 0.0)
+    cond, ex, dH = attention_entropy_error(logits, logit_err, entropy_eps, ui)
     emax = np.max(ex, axis=-1, initial=0.0)
-    with np.errstate(over="ignore", invalid="ignore"):
-        spread = np.abs(cond.z - _weighted(cond.p, cond.z)) * 2 * ex
-    dH = entropy_abs_error(cond, ui, entropy_eps) + _weighted(cond.p, spread)[..., 0]
     beta, dbeta = beta_error(schedule, cond, dH, ui)
     r = adaptive_rel_error(cond, beta, dbeta, ui)
     r = SLACK * (r + 2.0 * beta[..., None] * (ex + emax[..., None]) + fmt.u)
