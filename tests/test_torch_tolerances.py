@@ -99,7 +99,9 @@ def attention_tolerance(
     Terms (first order, see docs/torch.rst): output rounding :math:`u|o|`; the
     weights rounded to the input dtype before the values product :math:`u V`;
     the scaled query :math:`\beta q` rounded to the input dtype and the logits'
-    accumulation :math:`2(u + D u_s)\beta a V`; the entropy's error
+    accumulation :math:`2(u + D u_s)\beta a V`; an additive mask's bias stored in the
+    input dtype and added in the statistics, :math:`2(u + u_s)\beta \max|b| V`; the
+    entropy's error
     :math:`\delta H \le 2u\,\mathrm{scale}\sum_d |q_d|\, E_p|k_d| +
     \gamma_S u_s(2 + \max|x|)` through :math:`|\beta'(H)|` and
     :math:`|\mathrm{Cov}_p(x, v)| \le \sqrt{\mathrm{Var}_p x\, \mathrm{Var}_p v}`; the softmax in
@@ -119,6 +121,11 @@ def attention_tolerance(
         mask_keep = mask_keep & np.isfinite(add)
     mask_keep = np.broadcast_to(mask_keep, x.shape)
     x = np.where(mask_keep, x, -np.inf)
+    # the largest bias of a query's unmasked keys: stored in the input dtype and added in the
+    # statistics, it moves a logit by (u + u_s)|b| (a constant -1e4 on a row cancels
+    # exactly, yet float32's s + b is a multiple of 2**-10)
+    bias = 0.0 if add is None else np.abs(np.where(np.isfinite(add), add, 0.0))
+    bmax = np.max(np.where(mask_keep, bias, 0.0), axis=-1)
     z, h, p, finite = _row_stats(x, np.ones(x.shape[:-1]))
     from softmaxtheory.spec import LogLength
 
@@ -152,6 +159,7 @@ def attention_tolerance(
         u * np.abs(ref)
         + u * vmax
         + 2.0 * (u + d * us) * (beta * amax)[..., None] * vmax
+        + 2.0 * (u + us) * (beta * bmax)[..., None] * vmax
         + dbeta[..., None] * cov
         + S * us * (3.0 + 2.0 * beta * spread)[..., None] * vmax
     )
@@ -184,3 +192,26 @@ def test_attention_tolerance_is_not_vacuous():
     assert np.all(tol < 0.5 * np.abs(v).max())  # smaller than the values' size
     tol32 = attention_tolerance(q, k, v, ref, torch.float32)
     assert np.all(tol32 < 1e-3)
+
+
+def test_attention_tolerance_covers_a_constant_bias():
+    """A constant -1e4 on one row of an additive mask cancels exactly, but float32 rounds
+    s + b to a multiple of 2**-10: every backend, plain attention included, was 4.7 times
+    the bound on that row, which had no term for the bias."""
+    from softmaxtheory import reference
+    from softmaxtheory.accelerated.torch import adaptive_attention
+    from softmaxtheory.spec import Constant
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, d, generator=gen) for n, d in ((5, 16), (7, 16), (7, 3)))
+    mask = torch.zeros(5, 7)
+    mask[2] = -1e4
+    q64, k64, v64, m64 = (t.double().numpy() for t in (q, k, v, mask))
+    for schedule in (Constant(1), None):
+        ref = reference.adaptive_attention(q64, k64, v64, mask=m64, schedule=schedule)
+        tol = attention_tolerance(q64, k64, v64, ref, torch.float32, add=m64, schedule=schedule)
+        out = adaptive_attention(q, k, v, mask, schedule=schedule, backend="composition")
+        err = np.abs(out.double().numpy() - ref)
+        assert np.all(err <= tol)
+        assert err[0, 0, 2].max() > 1e-5  # the row is off by more than float32's usual error
+        assert tol[0, 0, 2].max() < 0.05 * np.abs(v64).max()  # and the bound is not vacuous
