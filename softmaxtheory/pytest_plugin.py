@@ -214,6 +214,9 @@ def _target(cfg: pytest.Config, load: bool) -> Any:
     from softmaxtheory import conformance as conf
 
     _timeout(cfg)
+    if cfg.getoption(_TIMEOUT) is not None and cfg.getoption(_IN_PROCESS):
+        # the timeout is the child process's: in-process it would be silently ignored
+        raise ValueError(f"{_TIMEOUT} needs the child process: drop {_IN_PROCESS}")
     kind = cfg.getoption(_KIND)
     options = {
         "kind": kind,
@@ -293,7 +296,9 @@ def conformance_result(config: pytest.Config, name: str) -> Any:
 
         selected = set(config.stash.get(_SELECTED, [name])) | {name}
         names = [n for n in properties_for(config.getoption(_KIND)) if n in selected]
-        outcome = check.run_isolated(_child_argv(config), names, _timeout(config), cwd=os.getcwd())
+        outcome = check.run_isolated(
+            _child_argv(config), names, _timeout(config), cwd=os.getcwd(), timeout_option=_TIMEOUT
+        )
         if outcome.usage is not None:  # a bad kernel path, found by the child's import
             pytest.exit(f"softmaxtheory conformance: {outcome.usage}", returncode=4)
         results = {r.name: r for r in outcome.results}

@@ -111,11 +111,29 @@ def test_bad_kernel_path_is_one_usage_error(pytester, path):
     assert ("cannot import module" in out) != ("has no attribute" in out)
 
 
+def test_a_timeout_in_process_is_refused(pytester):
+    """--softmax-timeout bounds the child process: with --softmax-in-process it was silently
+    ignored, where the CLI refuses --timeout with --in-process."""
+    pytester.makepyfile(mykernels=KERNELS)
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "softmaxtheory.conformance", "--softmax-kernel", "mykernels:softmax",
+        "--softmax-kind", "softmax", "--softmax-in-process", "--softmax-timeout", "5",
+        "-p", "no:cacheprovider",
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    out = result.stdout.str() + result.stderr.str()
+    assert "--softmax-timeout needs the child process: drop --softmax-in-process" in out
+
+
 @pytest.mark.parametrize(
     ("module", "timeout", "says"),
     [
         ("import os\nos._exit(0)\n", "60", "exited"),  # passed, exit 0: pytest itself ended
-        ("import time\ntime.sleep(600)\n", "3", "not loaded within 3 s"),  # hung pytest
+        (
+            "import time\ntime.sleep(600)\n",
+            "3",
+            "not loaded within 3 s (--softmax-timeout)",
+        ),  # hung pytest
     ],
 )
 def test_a_kernel_module_that_exits_or_hangs_on_import_fails(pytester, module, timeout, says):

@@ -454,6 +454,7 @@ def run_isolated(
     progress: Callable[[Any], None] | None = None,
     loaded: Callable[[], None] | None = None,
     cwd: str | None = None,
+    timeout_option: str = "--timeout",
 ) -> IsolatedRun:
     """Run properties `names` of ``softmaxtheory check ARGV`` in child processes.
 
@@ -478,6 +479,8 @@ def run_isolated(
         Called once the first child has loaded the kernel.
     cwd : str, optional
         The folder the child runs in (the kernel is imported from it first).
+    timeout_option : str, default ``"--timeout"``
+        The option that set `timeout`, as the messages name it.
     """
     from ..conformance import PropertyResult
 
@@ -527,7 +530,7 @@ def run_isolated(
                     _kill(proc)
                     if current is None:
                         outcome.broken = (
-                            f"the kernel was not loaded within {timeout:g} s (--timeout): "
+                            f"the kernel was not loaded within {timeout:g} s ({timeout_option}): "
                             "importing its module hangs?"
                         )
                         return outcome
@@ -535,7 +538,7 @@ def run_isolated(
                     record(PropertyResult(
                         current, "fail",
                         message=f"{STOPPED}timed out: no result within {timeout:g} s "
-                        "(--timeout); the process running the kernel was stopped",
+                        f"({timeout_option}); the process running the kernel was stopped",
                     ))  # fmt: skip
                     break
                 if line is None:  # the child closed its channel: it ends
