@@ -278,12 +278,28 @@ def _reachable(target: float, limit: float) -> float:
 # ---------------------------------------------------------------------------
 
 
+#: Rows longer than this draw their values from a numpy generator seeded by one drawn
+#: integer: as ``n`` separate Hypothesis draws, a row of 600 items made the base example
+#: too large for Hypothesis' health check (``large_base_example``).
+_LIST_LIMIT = 64
+
+
+def _values(
+    draw: Any, n: int, elements: st.SearchStrategy[Any], sample: Callable[[Any, int], Any]
+) -> np.ndarray:
+    """`n` values: drawn from `elements` each, or ``sample(rng, n)`` past `_LIST_LIMIT`."""
+    if n <= _LIST_LIMIT:
+        return np.array(draw(st.lists(elements, min_size=n, max_size=n)), dtype=np.float64)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    return np.asarray(sample(rng, n), dtype=np.float64)
+
+
 def _uniform_values(draw: Any, n: int) -> np.ndarray:
     """``lo + spread * U`` with ``n`` draws of ``U`` in [0, 1]: the base of three families."""
     spread = draw(st.sampled_from([0.5, 2.0, 5.69, 10.0, 30.0]))
     lo = draw(st.floats(-50, 50))
-    vals = draw(st.lists(st.floats(0, 1), min_size=n, max_size=n))
-    return lo + spread * np.array(vals)
+    vals = _values(draw, n, st.floats(0, 1), lambda rng, k: rng.random(k))
+    return lo + spread * vals
 
 
 @st.composite
@@ -321,17 +337,17 @@ def _huge_rows(draw: Any, min_size: int, max_size: int, fmt: Format) -> np.ndarr
     mag = draw(st.sampled_from([1e3, 1e4, 3e4, 1e6, 1e10, 1e30, 1e300]))
     sign = draw(st.sampled_from([1.0, -1.0]))
     spread = draw(st.sampled_from([0.0, 1.0, 10.0, 100.0, 1000.0]))
-    offs = draw(st.lists(st.floats(0, 1), min_size=n, max_size=n))
+    offs = _values(draw, n, st.floats(0, 1), lambda rng, k: rng.random(k))
     # |x| <= mag + spread, and beta * x stays finite (it binds for float16 only)
     mag = min(mag, HALF_MAX_FRACTION * fmt.max_finite - spread)
-    return cast(sign * mag + spread * np.array(offs), fmt.name)
+    return cast(sign * mag + spread * offs, fmt.name)
 
 
 @st.composite
 def _subnormal_rows(draw: Any, min_size: int, max_size: int, fmt: Format) -> np.ndarray:
     n = draw(st.integers(min_size, max_size))
-    ks = draw(st.lists(st.integers(-8, 8), min_size=n, max_size=n))
-    return cast(np.array(ks, dtype=np.float64) * fmt.smallest_subnormal, fmt.name)
+    ks = _values(draw, n, st.integers(-8, 8), lambda rng, k: rng.integers(-8, 9, k))
+    return cast(ks * fmt.smallest_subnormal, fmt.name)
 
 
 @st.composite
@@ -347,8 +363,8 @@ def _one_hot_rows(draw: Any, min_size: int, max_size: int, fmt: Format) -> np.nd
 def _near_uniform_rows(draw: Any, min_size: int, max_size: int, fmt: Format) -> np.ndarray:
     n = draw(st.integers(min_size, max_size))
     base = draw(st.floats(-10, 10))
-    noise = draw(st.lists(st.floats(-1e-3, 1e-3), min_size=n, max_size=n))
-    return cast(base + np.array(noise), fmt.name)
+    noise = _values(draw, n, st.floats(-1e-3, 1e-3), lambda rng, k: rng.uniform(-1e-3, 1e-3, k))
+    return cast(base + noise, fmt.name)
 
 
 @st.composite
@@ -464,7 +480,11 @@ def logit_rows(
     default order, towards a plain ``spread`` row), a shorter row, the first
     choice of each list of options (the smallest spread or gap, the first
     shift, a translation below :math:`-10^4`), the top entries of an entropy
-    row first, and simpler floats (zero, then small integers).
+    row first, and simpler floats (zero, then small integers). A row of more
+    than 64 items draws its values from a numpy generator
+    seeded by one drawn integer, so they shrink only as that seed does; drawn one
+    by one, 600 values made Hypothesis' smallest example too large for its
+    health check.
     """
     fmt = format_named(dtype)
     lo, hi = _check_sizes(min_size, max_size, 1)

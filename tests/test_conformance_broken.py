@@ -51,6 +51,7 @@ def test_defect_is_caught_by_the_default_run(case):
     [
         ("-inf replaced by -1e4", "masked row far from 0"),
         ("beta below 1 (no max(P, 1))", "temperature cap (T5) violated"),
+        ("entropy rounded once to bfloat16", "rows with a far block, H near H_off"),
     ],
 )
 def test_fixed_rows_catch_what_the_sample_found_by_luck(case, first):

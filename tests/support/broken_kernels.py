@@ -805,6 +805,22 @@ def torch_sdpa(q, k, v, attn_mask=None, is_causal=False):
 _A = {"kind": "adaptive_softmax"}
 
 #: Defect class -> (kernel, Target options, the property of the default run that catches it).
+def torch_entropy_rounded_bfloat16(x):
+    """Defect: the entropy exact in float32, then stored in bfloat16 before beta is formed."""
+    import torch
+
+    xf = x.float()
+    p = torch.softmax(xf, dim=-1)
+    H = -(p * torch.log(p)).nan_to_num(nan=0.0).sum(dim=-1, keepdim=True)
+    H = H.to(torch.bfloat16).float()  # the one rounding of a statistic
+    P = torch.zeros_like(H)
+    for c in PAPER:
+        P = P * H + float(c)
+    beta = torch.where(H > 0.5, torch.clamp(P, min=1.0), torch.ones_like(H))
+    out = torch.softmax(beta * xf, dim=-1)
+    return torch.where(torch.isneginf(xf).all(-1, keepdim=True), 0.0, out).to(x.dtype)
+
+
 CATALOGUE = {
     # port errors found in public adaptive-softmax implementations
     "coefficients in ascending powers": (reversed_coefficients, _A, "values"),
@@ -823,6 +839,9 @@ CATALOGUE = {
     "float64 path returning float32": (float32_result, {}, "dtype_shape"),
     "statistics accumulated in float16": (
         float16_statistics, {**_A, "dtype": "float16"}, "branch_points"),
+    "entropy rounded once to bfloat16": (
+        torch_entropy_rounded_bfloat16, {**_A, "dtype": "bfloat16", "framework": "torch"},
+        "branch_points"),
     "-inf replaced by -1e4": (mask_as_minus_1e4, {"dtype": "float32"}, "values"),
     # classic mistakes
     "one entropy for the whole batch": (batch_global_entropy, _A, "batch_independence"),
