@@ -13,7 +13,7 @@ import operator
 
 import numpy as np
 
-from softmaxtheory._certify.rounding import round_ball, round_exact
+from softmaxtheory._certify.rounding import round_ball, round_exact, round_fraction
 from softmaxtheory._formats import FORMATS as _ALL_FORMATS
 from softmaxtheory._formats import NUMPY_DTYPES, BinaryFormat
 
@@ -24,6 +24,7 @@ __all__ = [
     "format_for",
     "round_ball",
     "round_exact",
+    "round_fraction",
 ]
 
 #: The output formats of the reference: the formats numpy has (bfloat16 is not one).

@@ -43,6 +43,7 @@ from softmaxtheory._certify.environment import certifying
 from softmaxtheory._certify.loop import certify
 from softmaxtheory._formats import NUMPY_DTYPES
 from softmaxtheory.spec import (
+    LogLength,
     Schedule,
     attention_layout,
     check_entropy_eps,
@@ -54,7 +55,7 @@ from softmaxtheory.spec import (
 from . import _engine as eng
 from ._api import PrecisionError
 from ._attention_interval import FLOAT_BOUND_PRECISION, interval_outputs
-from ._rounding import BinaryFormat, format_for, round_ball, round_exact
+from ._rounding import BinaryFormat, format_for, round_ball, round_exact, round_fraction
 
 __all__ = ["ATTENTION_MAX_PRECISION", "adaptive_attention"]
 
@@ -166,6 +167,9 @@ def _certify_row(
     # each column's own bound on the dead items' values: a column of tiny values is not
     # swamped by another column's huge ones (its output may round to a signed zero)
     col_max = np.max(np.abs(vcols), axis=0).tolist() if vcols.size else [0.0] * vcols.shape[1]
+    exact = _rational_outputs(groups, group_sums, dv, row.n_eff, schedule, fmt)
+    if exact is not None:
+        return exact
     fixed = _common_means(groups, group_sums, dv, fmt)
     keep_all = False
 
@@ -202,6 +206,60 @@ def _certify_row(
         what="an attention output",
         error=PrecisionError,
     )
+
+
+def _mpf_fraction(x: tuple) -> Fraction:
+    """The exact value of an mpf tuple."""
+    sign, man, exp, _ = x
+    man, exp = int(man), int(exp)  # gmpy2's mpz under mpmath's gmpy backend
+    value = Fraction(-man if sign else man)
+    return value * 2**exp if exp >= 0 else value / 2**-exp
+
+
+def _integer_root(n: int, b: int) -> int | None:
+    """The integer ``c`` with ``c**b == n``, or None."""
+    if b == 1:
+        return n
+    if n.bit_length() < b:  # c >= 2 has c**b >= 2**b > n
+        return None
+    c = round(n ** (1.0 / b))
+    return next((r for r in (c - 1, c, c + 1) if r >= 2 and r**b == n), None)
+
+
+#: The largest weight the exact path forms, in bits of its numerator or denominator.
+_RATIONAL_BITS = 4096
+
+
+def _rational_outputs(
+    groups: dict, group_sums: dict, dv: int, n_eff: int, schedule: Schedule, fmt: BinaryFormat
+) -> list[float] | None:
+    r"""Outputs computed exactly in rationals, where every weight is rational; else None.
+
+    With :class:`~softmaxtheory.spec.LogLength`, :math:`\beta = s \log n` and the
+    weight of a key :math:`z` below the maximum is :math:`n^{s z}`, rational when
+    :math:`n` is a perfect :math:`b`-th power for :math:`s z = a / b` (an integer
+    :math:`s z` above all). Then an output can be exactly 0, or exactly a rounding
+    tie, with no tied keys to show it: keys :math:`(0, -1)` with values
+    :math:`(1, -2)` and :math:`s = 1` weigh :math:`2/3` and :math:`1/3`, and their
+    output, 0, is no error ball's to decide. It is computed as a fraction and
+    rounded once.
+    """
+    if not isinstance(schedule, LogLength):
+        return None
+    s = schedule.exact_s
+    weights = {}
+    for d in groups:
+        r = s * _mpf_fraction(d) if n_eff > 1 else Fraction(0)
+        c = _integer_root(n_eff, r.denominator)
+        if c is None or abs(r.numerator) * c.bit_length() > _RATIONAL_BITS:
+            return None
+        weights[d] = Fraction(c) ** r.numerator
+    den = sum(w * len(groups[d]) for d, w in weights.items())
+    sums = {d: [_mpf_fraction(x) for x in group_sums[d]] for d in groups}
+    return [
+        round_fraction(sum(w * sums[d][c] for d, w in weights.items()) / den, fmt)
+        for c in range(dv)
+    ]
 
 
 def _common_means(groups: dict, group_sums: dict, dv: int, fmt: BinaryFormat) -> dict[int, float]:

@@ -76,7 +76,7 @@ class StreamState:
     @classmethod
     def _make(cls, m: float, terms: Counter, invalid: bool) -> StreamState:
         state = cls()
-        state._m = m
+        state._m = m + 0.0  # a zero maximum is +0.0, whichever zero came first
         state._terms = terms
         state._invalid = invalid
         return state

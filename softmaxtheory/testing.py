@@ -1015,12 +1015,17 @@ def _attention_quiet(
 
     def describe(report: ErrorReport, c: _Checked) -> str:
         idx = report.worst_index
-        cond = model.row_conditioning(logits[idx[:-1]], entropy_eps)
+        row = logits[idx[:-1]]
+        cond = model.row_conditioning(row, entropy_eps)
         b = schedule.beta_float(cond.H, cond.n_eff)
         info = (
             f"query row: {int(cond.n_eff)} keys attended, H ~ {float(cond.H):.6g} nats, "
             f"beta ~ {float(b):.6g} ({schedule!r}; float64 estimates)"
         )
+        if np.any(np.isnan(row) | (row == np.inf)):
+            info = "query row: its logits hold NaN or +inf, so the table gives it NaN"
+        elif not np.all(np.isfinite(vb[idx[:-2]][..., idx[-1]])):
+            info = f"value column {idx[-1]} holds NaN or an infinity"
         call = _attention_repro(case, c.got[idx], c.ref[idx], idx)
         return _failure_text(report, c, "attention output", info, _repro_call(case.repro, call))
 

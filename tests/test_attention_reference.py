@@ -334,3 +334,32 @@ def test_an_output_below_the_subnormals_keeps_the_sign_of_its_dead_keys(keys, va
     for dtype in (np.float64, np.float32):
         out = adaptive_attention(q, k, v, scale=1.0, schedule=Constant(1), dtype=dtype)
         assert out[0, 0] == 0.0 and bool(np.signbit(out[0, 0])) is negative
+
+
+def test_loglength_outputs_known_exactly_are_returned():
+    """With LogLength, beta = s log n makes a key z below the maximum weigh n**(s z): for an
+    integer s z every weight is rational, and an output can be exactly 0 or exactly a rounding
+    tie with no tied keys to show it. Both raised PrecisionError after 8192 bits."""
+    from softmaxtheory.spec import LogLength
+    from softmaxtheory.testing import assert_attention_close
+
+    q, k = np.array([[1.0]]), np.array([[0.0], [-1.0]])
+    v = np.array([[1.0], [-2.0]])  # weights 2/3 and 1/3: 2/3 - 2/3 = 0
+    for dtype in ("float64", "float32", "float16"):
+        got = adaptive_attention(q, k, v, scale=1.0, schedule=LogLength(1), dtype=dtype)
+        assert got.tolist() == [[0.0]] and math.copysign(1.0, got[0, 0]) == 1.0
+    assert assert_attention_close(
+        np.array([[0.0]]), (np.array([[0.0, -1.0]]), v), schedule=LogLength(1)
+    ).passed
+    # n = 4, beta = log 4, keys 0, 0, -1/2, -1/2 weigh 1, 1, 1/2, 1/2: the output is exactly
+    # 1 + 2**-53, half-way between 1 and its successor, so it rounds to even, 1.0
+    e = 2.0**-53
+    v = np.array([[1 + 4 * e], [1 - e], [1.0], [1.0]])
+    k = np.array([[0.0], [0.0], [-0.5], [-0.5]])
+    assert adaptive_attention(q, k, v, scale=1.0, schedule=LogLength(1)).tolist() == [[1.0]]
+    v[0, 0] = 1 + 6 * e  # now 1 + 1.5 * 2**-53: above the tie
+    assert adaptive_attention(q, k, v, scale=1.0, schedule=LogLength(1)).tolist() == [[1 + 2 * e]]
+    # s = 1/2 with n = 4: beta z = log 2 * z, weights 2**z, rational for integer z too
+    k = np.array([[0.0], [-1.0], [-3.0], [-2.0]])
+    v = np.array([[1.0], [2.0], [8.0], [-12.0]])  # 1 + 1 + 1 - 3 = 0
+    assert adaptive_attention(q, k, v, scale=1.0, schedule=LogLength("0.5")).tolist() == [[0.0]]

@@ -35,7 +35,8 @@ def softmax(x):
         m = np.max(x, axis=-1, keepdims=True, initial=-np.inf)
         e = np.exp(x - np.where(m == -np.inf, 0, m))
         s = e.sum(axis=-1, keepdims=True)
-        return np.where(s > 0, e / np.where(s > 0, s, 1), 0).astype(x.dtype)
+        y = np.where(s > 0, e / np.where(s > 0, s, 1), 0)
+        return np.where(np.isnan(s), np.nan, y).astype(x.dtype)  # NaN rows stay NaN
 
 
 def softmax_in_float32(x):  # a "float64" kernel that computes in float32

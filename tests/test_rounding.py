@@ -13,7 +13,7 @@ from mpmath import mp
 from mpmath.libmp import from_man_exp
 
 from softmaxtheory.reference import FORMATS, round_exact
-from softmaxtheory.reference._rounding import format_for, round_ball
+from softmaxtheory.reference._rounding import format_for, round_ball, round_fraction
 from tests.support.independent import round_to
 
 F64, F32, F16 = FORMATS["float64"], FORMATS["float32"], FORMATS["float16"]
@@ -125,3 +125,41 @@ def test_round_ball_refuses_straddling_and_accepts_zero():
     assert round_ball(from_man_exp(0, 0), 0.5, F64, extra_log2=-1200, nonneg=True) == 0.0
     assert round_ball(from_man_exp(0, 0), 0.0, F64, extra_log2=-1074, nonneg=True) is None
     assert round_ball(from_man_exp(1, 0), math.inf, F64) is None
+
+
+def _nearest(value: Fraction, dtype) -> float:
+    """The float of `dtype` nearest `value`, ties to even, by exact comparison."""
+    t = np.dtype(dtype).type
+    with np.errstate(over="ignore"):
+        c = t(float(value)) if abs(value) < 2**1000 else t(math.copysign(math.inf, value))
+    cands = [
+        x for x in (np.nextafter(c, t(-np.inf)), c, np.nextafter(c, t(np.inf))) if np.isfinite(x)
+    ]
+    top = np.finfo(t).max
+    if abs(value) >= Fraction(float(top)) + Fraction(float(top - np.nextafter(top, t(0)))) / 2:
+        return math.copysign(math.inf, value)
+    bits = np.uint16 if t is np.float16 else np.uint32
+    best = min(cands, key=lambda x: (abs(Fraction(float(x)) - value), int(x.view(bits)) & 1))
+    return float(best) if best != 0 or value >= 0 else -0.0
+
+
+@given(st.integers(-(2**130), 2**130), st.integers(1, 2**130), st.integers(-1100, 1100))
+@example(3, 2, -1075)  # 1.5 least subnormals: a tie, to even (2 of them)
+@example(1, 3, 0)  # a quotient that never ends
+@example(2**53 + 1, 1, 0)  # an exact tie in the normal range: to even
+@example(-1, 1, -1080)  # below half the least subnormal: -0.0
+@example(3, 2, -150)  # float32: 1.5 least subnormals, to even
+@example(2**11 + 1, 1, 0)  # float16: an exact tie, to even
+def test_round_fraction_matches_cpython_and_the_narrow_formats(num, den, shift):
+    """round_fraction: a rational's one correct rounding (CPython's float() of a Fraction
+    is correctly rounded; float32 and float16 by exact comparison with their neighbours)."""
+    value = Fraction(num, den) * Fraction(2) ** shift
+    try:
+        want = float(value)
+    except OverflowError:
+        want = math.inf if value > 0 else -math.inf
+    got = round_fraction(value, F64)
+    assert got == want and math.copysign(1.0, got) == math.copysign(1.0, want)
+    for fmt in (F32, F16):
+        got, want = round_fraction(value, fmt), _nearest(value, fmt.dtype)
+        assert got == want and math.copysign(1.0, got) == math.copysign(1.0, want)

@@ -262,3 +262,16 @@ def test_equal_states_hash_equally() -> None:
     good = StreamState.from_logits([0.0, -1.0])
     assert hash(good) == hash(pickle.loads(pickle.dumps(good)))
     assert len({good, bad}) == 2
+
+
+def test_a_zero_maximum_is_positive_whatever_the_order():
+    """The state's m took the sign of whichever zero came first: [0.0, -0.0] gave +0.0 and
+    [-0.0, 0.0] gave -0.0, though the states compared equal."""
+    states = [
+        StreamState.from_logits([0.0, -0.0]),
+        StreamState.from_logits([-0.0, 0.0]),
+        StreamState.from_logits([-0.0]).update([0.0]),
+        StreamState.from_logits([-0.0, -1.0]),
+    ]
+    assert all(s.m == 0.0 and math.copysign(1.0, s.m) == 1.0 for s in states)
+    assert states[0] == states[1] == states[2]

@@ -19,10 +19,11 @@ monotone. It is the ``accept`` step of the reference's Ziv loop
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 from .._formats import BinaryFormat
 
-__all__ = ["round_ball", "round_exact"]
+__all__ = ["round_ball", "round_exact", "round_fraction"]
 
 
 def round_exact(sign: int, man: int, exp: int, fmt: BinaryFormat) -> float:
@@ -69,6 +70,22 @@ def round_exact(sign: int, man: int, exp: int, fmt: BinaryFormat) -> float:
     else:
         value = math.ldexp(rounded, q)
     return -value if sign else value
+
+
+def round_fraction(value: Fraction, fmt: BinaryFormat) -> float:
+    r"""Round the rational `value` to `fmt`, nearest-even (``+0.0`` for 0).
+
+    The quotient is taken to at least :math:`P + 2` bits and its remainder kept as a
+    sticky bit, which no rounding boundary of the format can separate from the
+    exact value: a tie is a tie only when the division is exact.
+    """
+    if value == 0:
+        return 0.0
+    sign = int(value < 0)
+    a, b = abs(value.numerator), value.denominator
+    k = fmt.precision + 2 + b.bit_length() - a.bit_length() + 1
+    man, rem = divmod(a << k if k >= 0 else a, b if k >= 0 else b << -k)
+    return round_exact(sign, 2 * man + (rem != 0), -k - 1, fmt)
 
 
 def round_ball(

@@ -7,6 +7,7 @@ them in report order with the kinds they apply to.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -810,6 +811,43 @@ def _p_attention_causal(t: Target, run: Run) -> None:
     _attention_schedules(run, inputs, "causal, 130 queries and keys", source)
 
 
+#: The non-finite entries ``attention_special_values`` plants, as ``(what, operand, index,
+#: values)``: each case puts `values` at `index` of `operand` (q, k, v of shapes (2, 4, 8),
+#: (2, 6, 8), (2, 6, 3)).
+ATTENTION_SPECIAL = (
+    ("NaN in a query: its row is NaN", "q", ((0, 1, 2),), (math.nan,)),
+    ("NaN in a key: every query attending it is NaN", "k", ((1, 3, 0),), (math.nan,)),
+    ("NaN in a value: its column is NaN", "v", ((0, 2, 1),), (math.nan,)),
+    ("+inf in a value: its column is +inf", "v", ((1, 4, 0),), (math.inf,)),
+    ("+inf and -inf in one value column: NaN", "v", ((0, 1, 2), (0, 5, 2)), (math.inf, -math.inf)),
+)
+
+
+def _p_attention_special_values(t: Target, run: Run) -> None:
+    r"""NaN and infinities in q, k and v, none of them masked: the special-value table.
+
+    A logit that is NaN makes its query's row NaN (the table's "contains NaN"), so a
+    NaN in a query gives that query NaN and a NaN in a key gives every query NaN; a
+    value enters its column of every output with a positive weight, so NaN or
+    :math:`\pm\infty` there is NaN or :math:`\pm\infty` in that column, and
+    :math:`+\infty` with :math:`-\infty` NaN. A kernel that zeroes NaN
+    (``nan_to_num``) or drops the keys holding one passes every finite input.
+    Masked keys holding NaN and infinite keys are left out: there conventions
+    differ (SDPA adds the mask to a NaN logit, and weighs a masked NaN value by 0).
+    """
+    base = {
+        name: _rng_array(seed, shape, 1.0, t.dtype)
+        for name, seed, shape in (("q", 21, (2, 4, 8)), ("k", 22, (2, 6, 8)), ("v", 23, (2, 6, 3)))
+    }
+    for what, operand, where, values in ATTENTION_SPECIAL:
+        arrays = {name: a.copy() for name, (a, _) in base.items()}
+        for index, value in zip(where, values, strict=True):
+            arrays[operand][index] = value
+        inputs = {**arrays, "mask": None, "is_causal": False}
+        source = {name: src for name, (_, src) in base.items() if name != operand}
+        _attention_compare(run, inputs, what, source=source)
+
+
 def _p_attention_layouts(t: Target, run: Run) -> None:
     """Operands that are views: a last axis of stride n or 2, heads broadcast (stride 0).
 
@@ -988,6 +1026,7 @@ PROPERTIES: dict[str, tuple[Callable[[Target, Run], None], tuple[Kind, ...]]] = 
     "attention_masks": (_p_attention_masks, ("attention",)),
     "attention_causal": (_p_attention_causal, ("attention",)),
     "attention_layouts": (_p_attention_layouts, ("attention",)),
+    "attention_special_values": (_p_attention_special_values, ("attention",)),
     "fresh_results": (_p_fresh_results, (*ROWWISE_KINDS, "attention")),
 }
 

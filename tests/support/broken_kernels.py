@@ -773,6 +773,24 @@ def attention_mask_as_minus_1e4(q, k, v, mask=None, is_causal=False):
     return attention(q, k, v, mask=mask, is_causal=is_causal)
 
 
+def attention_nan_zeroed(q, k, v, mask=None, is_causal=False):
+    """Defect: NaN in the output replaced by 0 (nan_to_num on the result)."""
+    return np.nan_to_num(attention(q, k, v, mask=mask, is_causal=is_causal), nan=0.0)
+
+
+def attention_nan_keys_dropped(q, k, v, mask=None, is_causal=False):
+    """Defect: keys holding a NaN silently masked instead of making the rows NaN."""
+    k = np.asarray(k)
+    finite = ~np.isnan(k).any(axis=-1)[..., None, :]  # (..., 1, S)
+    if mask is None:
+        mask = finite
+    elif np.asarray(mask).dtype == bool:
+        mask = np.asarray(mask) & finite
+    else:
+        mask = np.where(finite, mask, -np.inf)
+    return attention(q, np.nan_to_num(k, nan=0.0), v, mask=mask, is_causal=is_causal)
+
+
 def torch_flush_to_zero(x):
     """Defect: a torch softmax that switches on flush-to-zero for speed and leaves it on
     (its values within the model: flushing moves a result by less than the least normal)."""
@@ -803,6 +821,7 @@ def torch_sdpa(q, k, v, attn_mask=None, is_causal=False):
 # -- the catalogue ------------------------------------------------------------------
 
 _A = {"kind": "adaptive_softmax"}
+
 
 #: Defect class -> (kernel, Target options, the property of the default run that catches it).
 def torch_entropy_rounded_bfloat16(x):
@@ -901,6 +920,10 @@ CATALOGUE = {
     "numbers beside a NaN in a special row": (numbers_beside_nan, {}, "special_values"),
     "attention mask applied as -1e4": (
         attention_mask_as_minus_1e4, {"kind": "attention"}, "attention_masks"),
+    "attention output with NaN replaced by 0": (
+        attention_nan_zeroed, {"kind": "attention"}, "attention_special_values"),
+    "attention keys holding NaN silently dropped": (
+        attention_nan_keys_dropped, {"kind": "attention"}, "attention_special_values"),
     # kernels whose values are right but whose memory is not
     "result written into the input": (softmax_in_place, {"dtype": "float32"}, "values"),
     "output buffer reused between calls": (reused_output_buffer, {}, "fresh_results"),
