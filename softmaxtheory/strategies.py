@@ -95,7 +95,11 @@ def cast(values: ArrayLike, dtype: Any) -> np.ndarray:
 
     Every strategy here ends with it, and the conformance suite's repro
     snippets call it to rebuild an input in the kernel's dtype. Values beyond
-    the format's range become infinite.
+    the format's range become infinite. bfloat16 is reached through float32:
+    float64 to float32, then to bfloat16, each to nearest, as torch rounds a
+    float64 tensor with ``.to(torch.bfloat16)``; so a value within float32's
+    rounding of a bfloat16 tie goes to the tie's even side
+    (``1 + 2**-8 + 2**-30`` gives 1.0, though 1.0078125 is nearer).
 
     Parameters
     ----------
@@ -454,7 +458,8 @@ def logit_rows(
     :math:`L = \log(N - 1)` is folded back into :math:`(H_{\mathrm{on}}, L]`
     (``H_on + fmod(target - H_on, L - H_on)``). A row shorter than its target
     needs is lengthened, up to ``N`` items (the one way a row exceeds
-    `max_size`). So with the default ``max_size=64`` every entropy is below
+    `max_size`; the ``translated`` family moves such rows too). So with the
+    default ``max_size=64`` every entropy is below
     :math:`\log 63 \approx 4.14`, and no row is near :math:`H^*` (4.412) or
     :math:`H_{\mathrm{off}}` (5.945): those need ``max_size >= 84`` and
     ``max_size >= 384`` (``>= 383`` for :math:`H_{\mathrm{off}}` itself).

@@ -38,6 +38,29 @@ def test_quick_json_reports_every_backend(capsys, tmp_path) -> None:
     assert abs((datetime.datetime.now(datetime.UTC) - stamp).total_seconds()) < 3600
     assert info["cpus"] >= 1 and info["cpu_model"]
     assert info["numba"] and info["numpy"] == np.__version__
+    # and the run says how it measured: the package's version, the repeats, the statistic
+    from importlib import metadata
+
+    assert info["softmaxtheory"] == metadata.version("softmaxtheory")
+    assert doc["run"] == {
+        "sections": ["kernels"], "quick": True, "statistic": "min",
+        "min_seconds": bench.MIN_SECONDS,
+    }  # fmt: skip
+    assert doc["kernel_run"]["repeat"] == 2  # --quick's default
+
+
+def test_n_without_the_reference_section_is_refused(capsys) -> None:
+    """--n sets the reference row's length: with only the kernels section it was ignored."""
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--section", "kernels", "--n", "100", "--quick"])
+    assert exc.value.code == 2
+    assert "--n sets the reference section's row length" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shapes", [((2, 0),), ((0, 5),), ((3,),), ((2, 2.5),)])
+def test_run_kernels_refuses_empty_or_malformed_shapes(shapes) -> None:
+    with pytest.raises(ValueError, match="shapes must be pairs"):
+        bench.run_kernels(shapes, ("float64",), 1)
 
 
 def test_table_and_reference_section(capsys) -> None:
@@ -58,6 +81,16 @@ def test_rows_have_the_beta_they_are_labelled_with(shape) -> None:
     flat = bench.kernel_rows(shape, "beta=1", np.float32)
     assert np.all(cpu.beta(sharp) > 1.0)
     assert np.all(cpu.beta(flat) == 1.0)
+
+
+def test_beta_one_rows_of_every_length_have_beta_one() -> None:
+    """The beta = 1 rows were long rows as they are from 257 items on, but a Gaussian row's
+    entropy, log n - 1/8, passes H_off only near 438: lengths 257 to 438 had beta up to 1.74."""
+    lengths = [*range(2, 64), *range(250, 520, 3), 1024]
+    assert all(np.all(cpu.beta(bench.kernel_rows((2, n), "beta=1", np.float64)) == 1.0)
+               for n in lengths)  # fmt: skip
+    assert all(np.all(cpu.beta(bench.kernel_rows((2, n), "beta>1", np.float64)) > 1.0)
+               for n in (*range(8, 64), *range(250, 520, 3), 1024))  # fmt: skip
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 16, 256, 300, 301, 1000])
@@ -369,6 +402,7 @@ def test_device_run_records_every_case_and_each_failure_alone(monkeypatch, tmp_p
     doc = bench_torch.measure(torch, "cpu", forward, backward, 2, output=str(path))
     assert json.loads(path.read_text()) == doc
     assert doc["complete"] and doc["device"] == "stand-in" and doc["repeat"] == 2
+    assert doc["softmaxtheory"] and doc["statistic"] == "median"
     assert [(r["shape"], r["causal"]) for r in doc["rows"]] == [
         ([1, 2, 40, 24, 16], False), ([1, 2, 40, 24, 16], True)]  # fmt: skip
     assert [(r["shape"], r["causal"]) for r in doc["backward_rows"]] == [

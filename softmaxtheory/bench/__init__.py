@@ -181,17 +181,19 @@ def run_reference(n: int = 16384, repeat: int = 3, seed: int = 0) -> list[BenchR
 def kernel_rows(shape: tuple[int, int], kind: str, dtype: Any, seed: int = 0) -> np.ndarray:
     """Random rows whose β under the paper schedule is > 1 (``kind="beta>1"``) or 1.
 
-    Gaussian logits of standard deviation 1/2. β > 1: short rows as they are
-    (H ≈ log n − 1/8 ≈ 4), long rows with 64 items lifted to carry ~90% of the
-    mass (H ≈ 4.5). β = 1: long rows as they are (H ≈ log n > H_off), short rows
-    with one dominant item (H < H_on).
+    Gaussian logits of standard deviation 1/2. β > 1: rows of up to 256 items as
+    they are (H ≈ log n − 1/8, below H_off), longer rows with 64 items lifted to
+    carry ~90% of the mass (H ≈ 4.5). β = 1: rows of at least 512 items as they
+    are (H ≈ log n − 1/8 > H_off = 5.945), shorter rows with one dominant item
+    (H < H_on). With a cut at 256 for both, rows of 257 to 438 items labelled
+    β = 1 had β up to 1.74.
     """
     rows, n = shape
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(size=(rows, n), dtype=np.float64) * 0.5
     if kind == "beta>1" and n > 256:
         x[:, :64] += np.log(10.0 * n / 64)  # 64 items carry ~90% of the mass: H near 4.5
-    elif kind != "beta>1" and n <= 256:
+    elif kind != "beta>1" and n < 512:
         x[:, 0] += 30.0  # one dominant item: H < H_on
     return x.astype(dtype)
 
@@ -223,7 +225,18 @@ def run_kernels(
     threads: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[list[KernelResult], dict[str, Any]]:
-    """Time every backend on every shape, dtype and row kind; return results and run info."""
+    """Time every backend on every shape, dtype and row kind; return results and run info.
+
+    Raises
+    ------
+    ValueError
+        For a shape that is not two positive integers ``(rows, n)``, or a `repeat` below 1.
+    """
+    bad = [sh for sh in shapes if len(sh) != 2 or not all(int(d) == d >= 1 for d in sh)]
+    if bad:
+        raise ValueError(f"shapes must be pairs (rows, n) of integers >= 1, got {bad[0]!r}")
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat!r}")
     import numba
 
     from softmaxtheory.accelerated import cpu
@@ -407,6 +420,7 @@ def machine() -> dict[str, Any]:
 
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "softmaxtheory": _version("softmaxtheory"),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),

@@ -280,7 +280,8 @@ def measure(
     def document(complete: bool) -> dict[str, Any]:
         return {
             "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": _version("triton"), "cuda": torch.version.cuda, "repeat": repeat,
+            "triton": _version("triton"), "cuda": torch.version.cuda,
+            "softmaxtheory": _version("softmaxtheory"), "repeat": repeat,
             "statistic": "median", "date": _utc_now(), "complete": complete,
             "rows": [r for r in rows if r["pass"] == "forward"],
             "backward_rows": [r for r in rows if r["pass"] != "forward"],

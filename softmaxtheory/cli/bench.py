@@ -22,9 +22,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="time the library's backends",
         description=(
             "Time the Numba CPU kernels against scipy and torch (ratios to torch.softmax, "
-            "elements/s, GB/s against a bandwidth measured in the same run) and the certified "
-            "reference on one long row, then its fast pass against pure mpmath on a row of "
-            "2**20 items (--n sets both lengths); print a table; progress goes to stderr."
+            "elements/s, GB/s against a bandwidth measured in the same run): the default "
+            "section, kernels. --section reference times the certified reference on one long "
+            "row, then its fast pass against pure mpmath on a row of 2**20 items (--n sets "
+            "both lengths). Each case reports its best time over at least --repeat runs "
+            "lasting at least 0.1 s. Prints a table; progress goes to stderr."
         ),
     )
     bench.add_argument(
@@ -111,6 +113,7 @@ def _reference_speedup(args: argparse.Namespace, doc: dict[str, Any], say: Any) 
     say(f"timing the reference's fast pass against pure mpmath on one row of {n} items ...")
     results = bench.run_reference_speedup(n=n, mpmath_n=mp_n, repeat=repeat, say=say)
     doc["reference_speedup"] = bench.as_dicts(results)
+    doc["run"]["reference_speedup_repeat"] = repeat
     note = f" (mpmath timed on the first {mp_n} items, scaled by n / {mp_n})" if mp_n < n else ""
     lines = [
         f"certified reference, fast pass vs pure mpmath, n = {n}{note}",
@@ -165,7 +168,17 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"softmaxtheory bench: error: {msg} in this process: unset it", file=sys.stderr)
         return 2
     sections = args.section or (["reference"] if args.n is not None else ["kernels"])
-    doc: dict[str, Any] = {"machine": bench.machine()}
+    if args.n is not None and "reference" not in sections:
+        parser.error("--n sets the reference section's row length: add --section reference")
+    doc: dict[str, Any] = {
+        "machine": bench.machine(),
+        "run": {
+            "sections": list(sections),
+            "quick": bool(args.quick),
+            "statistic": "min",
+            "min_seconds": bench.MIN_SECONDS,
+        },
+    }
     lines: list[str] = []
 
     def say(msg: str) -> None:
@@ -177,7 +190,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         dtypes = tuple(args.dtype or WORKING_DTYPES)
         results, info = bench.run_kernels(shapes, dtypes, repeat, args.threads, say)
         doc["kernels"] = bench.as_dicts(results)
-        doc["kernel_run"] = info
+        doc["kernel_run"] = {**info, "repeat": repeat}
         lines += _fmt_kernels(results, info)
     if "reference" in sections:
         n = args.n or (256 if args.quick else 16384)
@@ -185,6 +198,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         say(f"timing the reference on one row of {n} items ...")
         results = bench.run_reference(n=n, repeat=repeat)
         doc["reference"] = bench.as_dicts(results)
+        doc["run"]["reference_repeat"] = repeat
         lines.append(
             f"{'case':<40} {'dtype':<8} {'n':>7} {'beta':>8} {'seconds':>9} {'items/s':>10}"
         )
@@ -203,7 +217,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0
     info = doc["machine"]
     print(
-        f"machine: {info['processor']}, {info['cpus']} CPUs, Python {info['python']}, "
+        f"machine: {info['cpu_model'] or info['processor']}, {info['cpus']} CPUs, "
+        f"Python {info['python']}, softmaxtheory {info['softmaxtheory']}, "
         f"mpmath {info['mpmath']} ({info['mpmath_backend']} backend)"
     )
     for line in lines:
