@@ -47,6 +47,7 @@ from softmaxtheory.spec import (
     Schedule,
     attention_layout,
     check_entropy_eps,
+    expand_kv_heads,
     refuse_masked,
     resolve_schedule,
     split_mask,
@@ -357,6 +358,7 @@ def adaptive_attention(
     schedule: Schedule | None = None,
     entropy_eps: float = 0.0,
     dtype: Any = np.float64,
+    enable_gqa: bool = False,
 ) -> np.ndarray:
     r"""Certified adaptive attention, each output correctly rounded.
 
@@ -384,6 +386,11 @@ def adaptive_attention(
         Entropy mode.
     dtype : numpy dtype, default float64
         Output format.
+    enable_gqa : bool, default False
+        Grouped-query attention: `k` and `v` may have fewer heads (axis -3) than
+        `q`, each a divisor of its count; query head :math:`h` reads key head
+        :math:`\lfloor h / (H_q / H_k) \rfloor` (SDPA's ``enable_gqa``; see
+        :func:`~softmaxtheory.spec.expand_kv_heads`).
 
     Returns
     -------
@@ -406,6 +413,10 @@ def adaptive_attention(
     va = _as_float_array(v, "v")
     if not isinstance(is_causal, bool | np.bool_):
         raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+    if not isinstance(enable_gqa, bool | np.bool_):
+        raise TypeError(f"enable_gqa must be a bool, got {enable_gqa!r}")
+    if enable_gqa:
+        ka, va = expand_kv_heads(qa, ka, va)
     lead, L, S, scale = attention_layout(qa, ka, va, scale)
     fmt = format_for(dtype)
     schedule = resolve_schedule(schedule)

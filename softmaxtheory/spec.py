@@ -70,6 +70,7 @@ __all__ = [
     "classify_rows",
     "exact_float64",
     "exact_value",
+    "expand_kv_heads",
     "refuse_masked",
     "resolve_schedule",
     "split_mask",
@@ -288,8 +289,8 @@ class Polynomial(Schedule):
         >>> Polynomial(("3",), threshold="-0.8").jumps_for(1.0)
         False
         """
-        theta = self.exact_threshold
-        above = theta > 0 if not entropy_eps else _above_guarded_floor(theta, entropy_eps)
+        theta, eps = self.exact_threshold, float(entropy_eps)
+        above = theta > 0 if not eps else _above_guarded_floor(theta, eps)
         return above and self.polynomial_exact(theta) > 1
 
     def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
@@ -692,6 +693,59 @@ def attention_layout(
     except ValueError as exc:
         raise ValueError(f"q, k, v leading dimensions do not broadcast: {exc}") from exc
     return lead, q.shape[-2], k.shape[-2], scale
+
+
+def expand_kv_heads(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    r"""Grouped-query attention's keys and values, one head per query head.
+
+    With ``enable_gqa=True`` (``torch.nn.functional.scaled_dot_product_attention``'s
+    convention) `q` has :math:`H_q` heads on axis -3 and `k`, `v` have :math:`H_k`
+    and :math:`H_v` heads, each dividing :math:`H_q`; query head :math:`h` reads key
+    head :math:`\lfloor h / (H_q / H_k) \rfloor` and value head
+    :math:`\lfloor h / (H_q / H_v) \rfloor`. This repeats each key and value head
+    in place (numpy's ``repeat``, torch's ``repeat_interleave``), so that plain
+    broadcasting then gives that pairing.
+
+    Parameters
+    ----------
+    q, k, v : numpy.ndarray
+        Shapes ``(..., Hq, L, d)``, ``(..., Hk, S, d)``, ``(..., Hv, S, dv)``.
+
+    Returns
+    -------
+    k, v : numpy.ndarray
+        Shapes ``(..., Hq, S, d)`` and ``(..., Hq, S, dv)``.
+
+    Raises
+    ------
+    ValueError
+        When an operand has no head axis (fewer than 3 dimensions) or a head count
+        that does not divide :math:`H_q`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from softmaxtheory.spec import expand_kv_heads
+    >>> q, k = np.zeros((4, 1, 2)), np.arange(2.0).reshape(2, 1, 1) * np.ones((2, 1, 2))
+    >>> k2, v2 = expand_kv_heads(q, k, k)
+    >>> k2[:, 0, 0].tolist()
+    [0.0, 0.0, 1.0, 1.0]
+    """
+    if min(np.ndim(q), np.ndim(k), np.ndim(v)) < 3:
+        raise ValueError(
+            "enable_gqa needs a head axis (-3) on q, k and v, got shapes "
+            f"{np.shape(q)}, {np.shape(k)}, {np.shape(v)}"
+        )
+    hq = np.shape(q)[-3]
+    out = []
+    for name, a in (("k", k), ("v", v)):
+        h = np.shape(a)[-3]
+        if h == 0 or hq % h:
+            raise ValueError(
+                f"enable_gqa: the number of query heads ({hq}) must be a multiple of {name}'s ({h})"
+            )
+        out.append(np.repeat(a, hq // h, axis=-3))
+    return out[0], out[1]
 
 
 def _above_guarded_floor(theta: Fraction, eps: float) -> bool:

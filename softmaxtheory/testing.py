@@ -67,6 +67,7 @@ from .spec import (
     Schedule,
     check_entropy_eps,
     exact_float64,
+    expand_kv_heads,
     refuse_masked,
     resolve_schedule,
 )
@@ -765,6 +766,15 @@ def _is_paper(schedule: Schedule) -> bool:
     )
 
 
+def _jump_sides(schedule: Polynomial, entropy_eps: float) -> tuple[Schedule, Schedule]:
+    r"""The two sides of a jump: β = 1 (H at or below the threshold), or max(P(H), 1).
+
+    The second is `schedule`'s polynomial with a threshold below every entropy,
+    guarded ones included (:math:`H_\eta \ge -\log(1 + \eta) > -1 - \eta`).
+    """
+    return Constant(1), Polynomial(schedule.coefficients, threshold=-1.0 - float(entropy_eps))
+
+
 def _check_adaptive(
     got: np.ndarray,
     x: np.ndarray,
@@ -809,16 +819,14 @@ def _check_adaptive(
         checks[strict] = _measure(got, ref, bound, naive, fmt, tol)
     if not np.any(jump):
         return checks
-    # either side of the jump: beta = 1 (H at or below the threshold) or max(P(H), 1); the
-    # right side's threshold lies below every entropy, guarded ones included (>= -log(1 + eps))
     assert isinstance(schedule, Polynomial)
-    right = Polynomial(schedule.coefficients, threshold=-1.0 - float(entropy_eps))
+    left, right = _jump_sides(schedule, entropy_eps)
     # np.ndindex, not np.nonzero: a 1-d row's jump flag is 0-d, which nonzero refuses
     for idx in (i for i in np.ndindex(x.shape[:-1]) if jump[i]):
         row = x[idx]
         c1 = model.row_conditioning(row, entropy_eps)
         sides = []
-        for side in (Constant(1), right):
+        for side in (left, right):
             r = _reference_rows(
                 reference.adaptive_softmax, row, schedule=side, entropy_eps=entropy_eps
             )
@@ -857,6 +865,7 @@ def assert_attention_close(
     strict: bool = False,
     repro: str | None = None,
     source: dict[str, str] | None = None,
+    enable_gqa: bool = False,
 ) -> ErrorReport:
     r"""Check attention :math:`\mathrm{out}_i = \sum_j \operatorname{softmax}(\beta_i x_i)_j v_j`.
 
@@ -892,6 +901,11 @@ def assert_attention_close(
         Source text that rebuilds an input, by name (``"q"``, ``"k"``, ``"v"``, ``"x"``,
         ``"mask"``): the snippet uses it for inputs too large to write out (otherwise
         ``<your q>``).
+    enable_gqa : bool, default False
+        Grouped-query attention (``(q, k, v)`` only): `k` and `v` may have fewer
+        heads (axis -3) than `q`, query head :math:`h` reading key head
+        :math:`\lfloor h / (H_q / H_k) \rfloor`, as SDPA's ``enable_gqa=True``
+        (:func:`~softmaxtheory.spec.expand_kv_heads`); the snippet passes it on.
 
     Returns
     -------
@@ -928,10 +942,17 @@ def assert_attention_close(
             to_numpy(a, n) for a, n in zip(logits_or_qkv, ("logits", "v"), strict=True)
         )
         q, k, m, scale = _logits_as_qk(x, m)
+        if enable_gqa:
+            raise ValueError("enable_gqa applies to (q, k, v), not to given logits")
     else:
         (q, in_dtype), (k, _), (v, _) = (
             to_numpy(a, n) for a, n in zip(logits_or_qkv, "qkv", strict=True)
         )
+    if not isinstance(enable_gqa, bool | np.bool_):
+        raise TypeError(f"enable_gqa must be a bool, got {enable_gqa!r}")
+    grouped = (k, v) if enable_gqa else None
+    if enable_gqa:
+        k, v = expand_kv_heads(q, k, v)
     fmt = format_named(dtype if dtype is not None else got_dtype)
     ref = np.asarray(
         reference.adaptive_attention(
@@ -947,7 +968,7 @@ def assert_attention_close(
         )
     case = _AttentionCheck(
         q, k, v, m, in_dtype, scale, is_causal, schedule, entropy_eps, repro,
-        logits=x, given_mask=given_mask, source=source or {},
+        logits=x, given_mask=given_mask, source=source or {}, grouped=grouped,
     )  # fmt: skip
     with np.errstate(all="ignore"):
         report = _attention_quiet(got, ref, fmt, case, tol)
@@ -971,6 +992,7 @@ class _AttentionCheck:
     logits: np.ndarray | None  # the kernel's given logits (exact inputs), or None for q, k, v
     given_mask: np.ndarray | None  # the mask as the kernel was given it
     source: dict[str, str]  # source text that rebuilds an input, by name
+    grouped: tuple[np.ndarray, np.ndarray] | None = None  # k, v as given, with enable_gqa
 
     @property
     def given_logits(self) -> bool:
@@ -1009,7 +1031,9 @@ def _attention_quiet(
         logit_err = dot_err + u_store * np.abs(np.where(np.isfinite(logits), logits, 0))
         bound = model.attention_bound(logits, logit_err, vb, schedule, entropy_eps, fmt)
         checks[strict_c] = _measure(got, ref, bound, naive, fmt, tol)
-        _attention_either_side(checks[strict_c], got, fmt, case, tol, logits, logit_err, vb)
+        _attention_either_side(
+            checks[strict_c], got, fmt, case, tol, logits, logit_err, vb, (sc, keep, add)
+        )
     chk = checks[tol.strict] if lowp else checks[True]
     other = checks[not tol.strict] if lowp else None
 
@@ -1024,8 +1048,8 @@ def _attention_quiet(
         )
         if np.any(np.isnan(row) | (row == np.inf)):
             info = "query row: its logits hold NaN or +inf, so the table gives it NaN"
-        elif not np.all(np.isfinite(vb[idx[:-2]][..., idx[-1]])):
-            info = f"value column {idx[-1]} holds NaN or an infinity"
+        elif not np.all(np.isfinite(vb[idx[:-2]][row > -np.inf, idx[-1]])):
+            info = f"value column {idx[-1]} holds NaN or an infinity at a key this query attends"
         call = _attention_repro(case, c.got[idx], c.ref[idx], idx)
         return _failure_text(report, c, "attention output", info, _repro_call(case.repro, call))
 
@@ -1041,6 +1065,7 @@ def _attention_either_side(
     logits: np.ndarray,
     logit_err: np.ndarray,
     vb: np.ndarray,
+    parts: tuple[float, np.ndarray, np.ndarray],
 ) -> None:
     r"""At a jump of the schedule, accept either side: patch `chk` where that is better.
 
@@ -1057,14 +1082,10 @@ def _attention_either_side(
     if not np.any(jump):
         return
     assert isinstance(schedule, Polynomial)
-    d = case.q.shape[-1]
-    sc = (1.0 / math.sqrt(d) if d else 1.0) if case.scale is None else float(case.scale)
-    keep, add = _mask_parts(case.mask, case.is_causal, case.q.shape[-2], case.k.shape[-2])
+    sc, keep, add = parts  # the resolved scale and the mask's parts, as the caller has them
     best: _Checked | None = None
     score = np.full(jump.shape, np.inf)
-    # beta = 1 (H at or below the threshold), or max(P(H), 1) with a threshold below every
-    # entropy, guarded ones included (>= -log(1 + eps))
-    for side in (Constant(1), Polynomial(schedule.coefficients, threshold=-1.0 - eps)):
+    for side in _jump_sides(schedule, eps):
         ref = reference.adaptive_attention(
             case.q, case.k, case.v, mask=case.mask, scale=case.scale, is_causal=case.is_causal,
             schedule=side, entropy_eps=eps, dtype=np.float64,
@@ -1094,7 +1115,8 @@ def _attention_repro(case: _AttentionCheck, got: float, ref: float, idx: tuple) 
     ...)`` given logits) with ``mask=mask`` when a mask was given, ``is_causal=True``
     and ``scale=`` when set. The arrays are written out when they are small.
     """
-    arrays: list[tuple[str, np.ndarray]] = [("q", case.q), ("k", case.k), ("v", case.v)]
+    k, v = case.grouped or (case.k, case.v)
+    arrays: list[tuple[str, np.ndarray]] = [("q", case.q), ("k", k), ("v", v)]
     if case.logits is not None:
         arrays = [("x", case.logits), ("v", case.v)]
     if case.given_mask is not None:
@@ -1111,11 +1133,13 @@ def _attention_repro(case: _AttentionCheck, got: float, ref: float, idx: tuple) 
             lines.append(f"{name} = {array_literal(a, dtype)}")
     kernel_kw = ", mask=mask" if case.given_mask is not None else ""
     kernel_kw += ", is_causal=True" if case.is_causal else ""
+    kernel_kw += ", enable_gqa=True" if case.grouped is not None else ""
     if case.logits is None:
         kernel_kw += "" if case.scale is None else f", scale={case.scale!r}"
         args, ref_args = "q, k, v", "q, k, v"
         ref_kw = f"scale={case.scale!r}, is_causal={case.is_causal!r}"
         ref_kw += ", mask=mask" if case.given_mask is not None else ""
+        ref_kw += ", enable_gqa=True" if case.grouped is not None else ""
     else:  # the reference takes the logits as q = x (0 where -inf) and k = I, scale 1
         args = "x, v"
         ref_args = "np.where(np.isneginf(x), 0.0, x), np.eye(x.shape[-1]), v"

@@ -363,3 +363,25 @@ def test_loglength_outputs_known_exactly_are_returned():
     k = np.array([[0.0], [-1.0], [-3.0], [-2.0]])
     v = np.array([[1.0], [2.0], [8.0], [-12.0]])  # 1 + 1 + 1 - 3 = 0
     assert adaptive_attention(q, k, v, scale=1.0, schedule=LogLength("0.5")).tolist() == [[0.0]]
+
+
+def test_grouped_query_attention_pairs_query_head_h_with_key_head_h_over_the_group():
+    """enable_gqa: k and v with fewer heads; query head h reads head h // (Hq / Hk), as
+    SDPA's enable_gqa (each key and value head repeated in place)."""
+    rng = np.random.default_rng(3)
+    q, k, v = (
+        rng.normal(size=(2, 6, 3, 4)),
+        rng.normal(size=(2, 2, 5, 4)),
+        rng.normal(size=(2, 3, 5, 2)),
+    )
+    got = adaptive_attention(q, k, v, enable_gqa=True)
+    want = adaptive_attention(q, np.repeat(k, 3, axis=-3), np.repeat(v, 2, axis=-3))
+    assert np.array_equal(got, want)
+    swapped = adaptive_attention(q, k[:, ::-1], np.repeat(v, 2, axis=-3), enable_gqa=True)
+    assert not np.array_equal(swapped, want)
+    with pytest.raises(ValueError, match="multiple of k's"):
+        adaptive_attention(q, rng.normal(size=(2, 4, 5, 4)), v, enable_gqa=True)
+    with pytest.raises(ValueError, match="head axis"):
+        adaptive_attention(q[0, 0], k[0, 0], v[0, 0], enable_gqa=True)
+    with pytest.raises(TypeError, match="enable_gqa must be a bool"):
+        adaptive_attention(q, k, v, enable_gqa=1)

@@ -57,7 +57,9 @@ def test_n_without_the_reference_section_is_refused(capsys) -> None:
     assert "--n sets the reference section's row length" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("shapes", [((2, 0),), ((0, 5),), ((3,),), ((2, 2.5),)])
+@pytest.mark.parametrize(
+    "shapes", [((2, 0),), ((0, 5),), ((3,),), ((2, 2.5),), ((2.0, 8),), ((True, 8),)]
+)
 def test_run_kernels_refuses_empty_or_malformed_shapes(shapes) -> None:
     with pytest.raises(ValueError, match="shapes must be pairs"):
         bench.run_kernels(shapes, ("float64",), 1)

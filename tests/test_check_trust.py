@@ -245,6 +245,8 @@ def test_uninspectable_kernel_is_probed_by_calling():
     t = conf.Target(sdpa, name, kind="attention", framework="torch", dtype="float32",
                     schedule=Constant(1), examples=3)  # fmt: skip
     assert t.mask_keyword == "attn_mask" and t.takes_causal and not t.takes_schedule
+    assert t.takes_gqa  # found by two query heads over one key head
+    assert not conf.Target(lambda q, k, v, **kw: q, kind="attention").takes_gqa  # **kw: no
 
 
 def test_sdpa_passed_directly_runs_every_property():

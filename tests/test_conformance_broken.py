@@ -55,10 +55,12 @@ def test_defect_is_caught_by_the_default_run(case):
     ],
 )
 def test_fixed_rows_catch_what_the_sample_found_by_luck(case, first):
-    """These two classes were caught only when the derandomized sample happened to hold a
-    suitable row (a change to a strategy's draws once let them pass): fixed rows, checked
-    before the drawn ones, catch them with a single drawn example."""
+    """These classes were caught only when the derandomized sample happened to hold a
+    suitable row (a change to a strategy's draws once let the first two pass; no draw held
+    the third's): fixed rows, checked before the drawn ones, catch them with a single drawn
+    example."""
     kernel, opts, prop = bk.CATALOGUE[case]
+    _needs(opts)
     target = conf.Target(
         kernel, f"tests.support.broken_kernels:{kernel.__name__}", examples=1, **opts
     )

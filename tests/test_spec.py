@@ -187,3 +187,6 @@ def test_a_guarded_entropy_jumps_only_above_minus_log_one_plus_eps():
     assert not Polynomial(("3",), threshold="-0.6931471805599453095").jumps_for(1.0)
     assert not Polynomial(("3",), threshold="-1").jumps_for(1.0)
     assert not Polynomial(("1",), threshold="-0.6").jumps_for(1.0)  # P(theta) = 1
+    # numpy scalars, as check_entropy_eps accepts them
+    assert Polynomial(("3",), threshold="-0.5").jumps_for(np.float32(1.0))
+    assert not Polynomial(("3",), threshold="-0.8").jumps_for(np.float16(1.0))

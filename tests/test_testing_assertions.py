@@ -736,3 +736,38 @@ def test_arguments_that_would_be_ignored_are_refused(kwargs, error, says):
     x = np.array([[0.0, 1.0]])
     with pytest.raises(error, match=says):
         assert_softmax_close(reference.softmax(x), x, **kwargs)
+
+
+def test_attention_check_takes_grouped_heads():
+    """assert_attention_close refused grouped k and v ("leading dimensions do not broadcast"):
+    a kernel with enable_gqa could not be checked. The repro passes enable_gqa=True on."""
+    rng = np.random.default_rng(4)
+    q, k, v = (
+        rng.normal(size=s).astype(np.float32) for s in ((1, 4, 3, 8), (1, 2, 5, 8), (1, 2, 5, 3))
+    )
+    right = reference.adaptive_attention(q, np.repeat(k, 2, 1), np.repeat(v, 2, 1))
+    assert assert_attention_close(right.astype(np.float32), (q, k, v), enable_gqa=True).passed
+    modulo = reference.adaptive_attention(q, k[:, [0, 1, 0, 1]], v[:, [0, 1, 0, 1]])
+    with pytest.raises(KernelMismatch) as exc:
+        assert_attention_close(modulo.astype(np.float32), (q, k, v), enable_gqa=True)
+    assert "enable_gqa=True" in str(exc.value)
+    with pytest.raises(ValueError, match="not to given logits"):
+        assert_attention_close(right[0, :, :, :2], (q[0, :, :, :5], v[0]), enable_gqa=True)
+
+
+def test_a_masked_nan_value_is_not_blamed_for_a_failure():
+    """The failure text named 'value column 0 holds NaN' when the NaN sat at a masked key."""
+    rng = np.random.default_rng(6)
+    q, k, v = rng.normal(size=(3, 4)), rng.normal(size=(5, 4)), rng.normal(size=(5, 2))
+    v[0, 0] = np.nan
+    mask = np.ones((3, 5), dtype=bool)
+    mask[:, 0] = False
+    out = reference.adaptive_attention(q, k, v, mask=mask, schedule=Constant(1))
+    assert np.all(np.isfinite(out))
+    out[1, 0] *= 1.01
+    with pytest.raises(KernelMismatch) as exc:
+        assert_attention_close(out, (q, k, v), mask=mask, schedule=Constant(1))
+    assert "holds NaN" not in str(exc.value) and "keys attended" in str(exc.value)
+    v[1, 0] = np.inf  # an attended key's infinite value is named
+    with pytest.raises(KernelMismatch, match="value column 0 holds NaN or an infinity"):
+        assert_attention_close(np.zeros((3, 2)), (q, k, v), mask=mask, schedule=Constant(1))

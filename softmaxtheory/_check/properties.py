@@ -590,6 +590,7 @@ def _attention_compare(
         out = t.call_attention(
             q, k, v, mask, causal, scale=scale,
             views={n: _view(t, lb) for n, lb in views.items()}, schedule=schedule,
+            enable_gqa=bool(inputs.get("enable_gqa")),
         )  # fmt: skip
     except Failed as exc:
         raise Failed(f"{what}: {exc}") from exc
@@ -626,7 +627,7 @@ def _attention_check(
         rep = tst.assert_attention_close(
             got, (q, k, v), mask=mask, is_causal=causal, scale=inputs.get("scale"),
             schedule=schedule or t.schedule, entropy_eps=t.entropy_eps, dtype=t.dtype, repro=repro,
-            strict=t.strict, source=source,
+            strict=t.strict, source=source, enable_gqa=bool(inputs.get("enable_gqa")),
         )  # fmt: skip
     except tst.KernelMismatch as exc:
         run.record(exc.report)
@@ -827,7 +828,8 @@ def _p_attention_special_values(t: Target, run: Run) -> None:
     r"""NaN and infinities in q, k and v, none of them masked: the special-value table.
 
     A logit that is NaN makes its query's row NaN (the table's "contains NaN"), so a
-    NaN in a query gives that query NaN and a NaN in a key gives every query NaN; a
+    NaN in a query gives that query NaN and a NaN in a key every query of its batch
+    entry that attends it; a
     value enters its column of every output with a positive weight, so NaN or
     :math:`\pm\infty` there is NaN or :math:`\pm\infty` in that column, and
     :math:`+\infty` with :math:`-\infty` NaN. A kernel that zeroes NaN
@@ -881,7 +883,10 @@ def _p_attention_batch(t: Target, run: Run) -> None:
 
     256 keys, and 256 + 5: a kernel that loops over key blocks and handles its last,
     partial block wrongly is right on whole blocks. Batches of 67 and 69 (batch, head)
-    slices: every slice is checked, the last ones included.
+    slices: every slice is checked, the last ones included. A kernel that takes
+    ``enable_gqa=`` also gets 6 query heads over 2 key and value heads (SDPA's
+    pairing: query head h reads key head h // 3), causal too when it takes
+    ``is_causal=``.
     """
     (q, q_src), (k, k_src), (v, v_src) = (
         _rng_array(seed, shape, scale, t.dtype)
@@ -914,6 +919,19 @@ def _p_attention_batch(t: Target, run: Run) -> None:
             run, {"q": q, "k": k, "v": v, **base}, f"{count} slices, batch shape {lead}",
             source={"q": q_src, "k": k_src, "v": v_src},
         )  # fmt: skip
+    if t.takes_gqa:
+        # grouped-query attention: 6 query heads over 2 key and value heads, query head h
+        # reading key head h // 3 (a kernel pairing h with h % 2 is right when they are equal)
+        (q, q_src), (k, k_src), (v, v_src) = (
+            _rng_array(seed, shape, 1.5, t.dtype)
+            for seed, shape in ((31, (2, 6, 5, 8)), (32, (2, 2, 7, 8)), (33, (2, 2, 7, 3)))
+        )
+        grouped = {"q": q, "k": k, "v": v, **base, "enable_gqa": True}
+        source = {"q": q_src, "k": k_src, "v": v_src}
+        _attention_compare(run, grouped, "enable_gqa=True, 6 query heads over 2", source=source)
+        causal = {**grouped, "is_causal": True}
+        if t.takes_causal:
+            _attention_compare(run, causal, "enable_gqa=True and is_causal=True", source=source)
 
 
 #: Calls of :func:`_p_fresh_results`: a kernel that cycles through a pool of fewer

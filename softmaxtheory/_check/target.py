@@ -255,6 +255,10 @@ class Target:
             args = [self._to_framework(strat.cast(q, self.dtype)) for _ in range(3)]
             if name in ("mask", "attn_mask"):
                 value = self._to_framework(np.ones((2, 2), dtype=bool))
+            if name == "enable_gqa":  # two query heads over one key and value head
+                value = True
+                q2, k1 = np.stack([q, -q]), q[None]
+                args = [self._to_framework(strat.cast(a, self.dtype)) for a in (q2, k1, k1)]
         else:
             args = [self._to_framework(strat.cast(np.array([[0.0, 1.0, 2.0]]), self.dtype))]
 
@@ -292,6 +296,23 @@ class Target:
     def takes_scale(self) -> bool:
         """The kernel takes ``scale=`` (the logit scale of attention)."""
         return self.takes("scale")
+
+    @property
+    def takes_gqa(self) -> bool:
+        """The kernel takes ``enable_gqa=`` (grouped-query attention).
+
+        Only a signature that names it counts (or, uninspectable, a probe with two
+        query heads over one key head): a ``**kwargs`` that forwards nothing would
+        fail every grouped call of a kernel that never claimed to group heads.
+        """
+        if "enable_gqa" not in self._takes:
+            try:
+                params = inspect.signature(self.kernel).parameters
+            except (TypeError, ValueError):
+                self._takes["enable_gqa"] = self._probe("enable_gqa")
+            else:
+                self._takes["enable_gqa"] = "enable_gqa" in params
+        return self._takes["enable_gqa"]
 
     # -- calling -------------------------------------------------------------
 
@@ -424,12 +445,13 @@ class Target:
         scale: float | None = None,
         views: dict[str, Any] | None = None,
         schedule: Schedule | None = None,
+        enable_gqa: bool = False,
     ) -> Any:
         """Call an attention kernel on numpy operands (converted to the framework).
 
-        `scale` and `schedule` are passed only when given; `views` maps ``"q"``, ``"k"``
-        or ``"v"`` to a function applied to that operand once converted (a strided view,
-        say).
+        `scale` and `schedule` are passed only when given, ``enable_gqa=True`` only
+        when set; `views` maps ``"q"``, ``"k"`` or ``"v"`` to a function applied to
+        that operand once converted (a strided view, say).
         """
         kw = self._kwargs(schedule)
         originals = {"q": q, "k": k, "v": v}
@@ -442,6 +464,8 @@ class Target:
             kw["is_causal"] = True
         if scale is not None:
             kw["scale"] = scale
+        if enable_gqa:
+            kw["enable_gqa"] = True
         args = [views[n](operands[n]) if views and n in views else operands[n] for n in "qkv"]
         return self._checked_call(operands, originals, lambda: self.kernel(*args, **kw))
 

@@ -232,7 +232,11 @@ def run_kernels(
     ValueError
         For a shape that is not two positive integers ``(rows, n)``, or a `repeat` below 1.
     """
-    bad = [sh for sh in shapes if len(sh) != 2 or not all(int(d) == d >= 1 for d in sh)]
+
+    def whole(d: Any) -> bool:
+        return isinstance(d, int | np.integer) and not isinstance(d, bool) and d >= 1
+
+    bad = [sh for sh in shapes if len(sh) != 2 or not all(whole(d) for d in sh)]
     if bad:
         raise ValueError(f"shapes must be pairs (rows, n) of integers >= 1, got {bad[0]!r}")
     if repeat < 1:

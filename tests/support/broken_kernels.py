@@ -791,6 +791,31 @@ def attention_nan_keys_dropped(q, k, v, mask=None, is_causal=False):
     return attention(q, np.nan_to_num(k, nan=0.0), v, mask=mask, is_causal=is_causal)
 
 
+def attention_gqa_heads_modulo(q, k, v, mask=None, is_causal=False, enable_gqa=False):
+    """Defect: grouped-query heads paired h -> h % Hk instead of h // (Hq / Hk)."""
+    if enable_gqa:
+        idx = np.arange(np.shape(q)[-3])
+        k = np.take(k, idx % np.shape(k)[-3], axis=-3)
+        v = np.take(v, idx % np.shape(v)[-3], axis=-3)
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+def torch_entropy_rounded_bfloat16(x):
+    """Defect: the entropy computed in float32, then stored in bfloat16 before beta is formed."""
+    import torch
+
+    xf = x.float()
+    p = torch.softmax(xf, dim=-1)
+    H = -(p * torch.log(p)).nan_to_num(nan=0.0).sum(dim=-1, keepdim=True)
+    H = H.to(torch.bfloat16).float()  # the one rounding of a statistic
+    P = torch.zeros_like(H)
+    for c in PAPER:
+        P = P * H + float(c)
+    beta = torch.where(H > 0.5, torch.clamp(P, min=1.0), torch.ones_like(H))
+    out = torch.softmax(beta * xf, dim=-1)
+    return torch.where(torch.isneginf(xf).all(-1, keepdim=True), 0.0, out).to(x.dtype)
+
+
 def torch_flush_to_zero(x):
     """Defect: a torch softmax that switches on flush-to-zero for speed and leaves it on
     (its values within the model: flushing moves a result by less than the least normal)."""
@@ -824,22 +849,6 @@ _A = {"kind": "adaptive_softmax"}
 
 
 #: Defect class -> (kernel, Target options, the property of the default run that catches it).
-def torch_entropy_rounded_bfloat16(x):
-    """Defect: the entropy exact in float32, then stored in bfloat16 before beta is formed."""
-    import torch
-
-    xf = x.float()
-    p = torch.softmax(xf, dim=-1)
-    H = -(p * torch.log(p)).nan_to_num(nan=0.0).sum(dim=-1, keepdim=True)
-    H = H.to(torch.bfloat16).float()  # the one rounding of a statistic
-    P = torch.zeros_like(H)
-    for c in PAPER:
-        P = P * H + float(c)
-    beta = torch.where(H > 0.5, torch.clamp(P, min=1.0), torch.ones_like(H))
-    out = torch.softmax(beta * xf, dim=-1)
-    return torch.where(torch.isneginf(xf).all(-1, keepdim=True), 0.0, out).to(x.dtype)
-
-
 CATALOGUE = {
     # port errors found in public adaptive-softmax implementations
     "coefficients in ascending powers": (reversed_coefficients, _A, "values"),
@@ -924,6 +933,8 @@ CATALOGUE = {
         attention_nan_zeroed, {"kind": "attention"}, "attention_special_values"),
     "attention keys holding NaN silently dropped": (
         attention_nan_keys_dropped, {"kind": "attention"}, "attention_special_values"),
+    "grouped-query heads paired h % Hk, not h // (Hq / Hk)": (
+        attention_gqa_heads_modulo, {"kind": "attention"}, "attention_batch"),
     # kernels whose values are right but whose memory is not
     "result written into the input": (softmax_in_place, {"dtype": "float32"}, "values"),
     "output buffer reused between calls": (reused_output_buffer, {}, "fresh_results"),
