@@ -247,6 +247,11 @@ def prepare(
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale!r}")
     group, kv_heads = 1, None
+    if enable_gqa and min(q.ndim, k.ndim, q.ndim if v is None else v.ndim) < 3:
+        # as the reference (spec.expand_kv_heads) and SDPA: grouping needs a head axis;
+        # ignoring the flag on 2-d operands gave a result nothing else would check
+        shapes = [tuple(t.shape) for t in (q, k, v) if t is not None]
+        raise ValueError(f"enable_gqa needs a head axis (-3) on q, k and v, got shapes {shapes}")
     kv_shapes = [k.shape[:-2]] + ([v.shape[:-2]] if v is not None else [])
     v_heads = v.shape[-3] if v is not None and v.ndim >= 3 else None
     if (

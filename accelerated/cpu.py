@@ -1055,7 +1055,11 @@ class StreamingSoftmax:
 
     @property
     def count(self) -> int:
-        """Items seen in pass 1 (masked included)."""
+        """Items seen in pass 1 (masked included; :attr:`n_eff` leaves them out).
+
+        The reference's :class:`~softmaxtheory.reference.StreamState` counts only
+        unmasked items in its ``count``, this :attr:`n_eff`.
+        """
         return self._count
 
     @property

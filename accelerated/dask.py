@@ -147,9 +147,37 @@ def _reread(xm: da.Array) -> da.Array:
 
     Without it dask would keep every block of the first pass in memory until the last
     pass has used it — the whole array; with it a pass reads (or recomputes) its blocks
-    itself and drops each one once used.
+    itself and drops each one once used. dask's ``clone`` can corrupt a graph whose
+    layers hold task objects (dask/dask#12455): ``da.stack`` of two differently
+    chunked arrays gave "Cannot fuse tasks with multiple outputs" at compute. Such a
+    graph is optimized once here, and where its clone fails the pass reads `xm`
+    itself (the blocks are then kept, as without a clone).
     """
-    return clone(xm)
+    cloned = clone(xm)
+    if _holds_tasks(xm):
+        import dask
+
+        try:
+            dask.optimize(cloned)
+        except ValueError:
+            return xm
+    return cloned
+
+
+def _holds_tasks(xm: da.Array) -> bool:
+    """Whether a materialized layer of `xm`'s graph holds dask task objects."""
+    try:
+        from dask._task_spec import GraphNode
+        from dask.highlevelgraph import MaterializedLayer
+    except ImportError:  # pragma: no cover - a dask without task objects
+        return False
+    layers = xm.__dask_graph__().layers.values()
+    return any(
+        isinstance(v, GraphNode)
+        for layer in layers
+        if isinstance(layer, MaterializedLayer)
+        for v in layer.values()
+    )
 
 
 def _lead(xm: da.Array) -> tuple[tuple[int, ...], ...]:

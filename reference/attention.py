@@ -48,6 +48,7 @@ from softmaxtheory.spec import (
     attention_layout,
     check_entropy_eps,
     expand_kv_heads,
+    numpy_array,
     refuse_masked,
     resolve_schedule,
     split_mask,
@@ -79,7 +80,7 @@ RN = eng.RN
 
 def _as_float_array(a: Any, name: str) -> np.ndarray:
     refuse_masked(a, name, "operand")
-    arr = np.asarray(a)
+    arr = numpy_array(a, name)
     if arr.dtype.kind in "iu":
         arr = arr.astype(np.float64)
     elif arr.dtype.name not in NUMPY_DTYPES:

@@ -159,8 +159,17 @@ class StreamState:
 
     @property
     def count(self) -> int:
-        """Number of unmasked items fed."""
+        """Number of unmasked items fed (:attr:`n_eff`).
+
+        :class:`softmaxtheory.accelerated.cpu.StreamingSoftmax` counts masked items
+        in its ``count`` too; its ``n_eff`` is this number.
+        """
         return sum(self._terms.values())
+
+    @property
+    def n_eff(self) -> int:
+        """Number of unmasked items fed, as ``StreamingSoftmax.n_eff`` names it."""
+        return self.count
 
     @property
     def invalid(self) -> bool:

@@ -45,6 +45,7 @@ import abc
 import enum
 import functools
 import math
+import numbers
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -71,6 +72,7 @@ __all__ = [
     "exact_float64",
     "exact_value",
     "expand_kv_heads",
+    "numpy_array",
     "refuse_masked",
     "resolve_schedule",
     "split_mask",
@@ -505,6 +507,24 @@ def exact_float64(arr: np.ndarray, name: str) -> np.ndarray:
     return out
 
 
+def numpy_array(x: Any, name: str) -> np.ndarray:
+    """``numpy.asarray(x)``, with a :class:`TypeError` naming `name` for a bfloat16 tensor.
+
+    numpy has no bfloat16, and torch's own refusal ("Got unsupported ScalarType
+    BFloat16") names neither the argument nor the way out: ``x.float()``, which
+    holds every bfloat16 value exactly.
+    """
+    try:
+        return np.asarray(x)
+    except TypeError as exc:
+        if "BFloat16" not in str(exc):
+            raise
+        raise TypeError(
+            f"{name} is a bfloat16 tensor, which numpy cannot hold: pass {name}.float() "
+            "(exact for every bfloat16 value)"
+        ) from exc
+
+
 def as_logits(x: Any, name: str = "x", *, exact: bool = False) -> np.ndarray:
     """Validate and convert logits to a floating array with a last axis.
 
@@ -539,7 +559,7 @@ def as_logits(x: Any, name: str = "x", *, exact: bool = False) -> np.ndarray:
     """
     refuse_masked(x, name)
     try:
-        arr = np.asarray(x)
+        arr = numpy_array(x, name)
     except ValueError as exc:  # ragged nested sequences
         raise ValueError(f"{name} must be a rectangular array of shape (..., n): {exc}") from exc
     if arr.dtype.kind in "iu":
@@ -683,7 +703,7 @@ def attention_layout(
     d = q.shape[-1]
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d else 1.0
-    elif isinstance(scale, bool) or not isinstance(scale, int | float | np.floating):
+    elif isinstance(scale, bool | np.bool_) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a float, got {scale!r}")
     scale = float(scale)
     if not math.isfinite(scale):

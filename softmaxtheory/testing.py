@@ -933,6 +933,7 @@ def assert_attention_close(
     got, got_dtype = to_numpy(actual, "actual")
     m = None
     if mask is not None:
+        _check_mask_dtype(mask)
         m = to_numpy(mask, "mask")[0] if not _is_bool(mask) else _bool_numpy(mask)
     given_mask, x = m, None
     if len(logits_or_qkv) == 2:
@@ -1162,6 +1163,35 @@ def _attention_repro(case: _AttentionCheck, got: float, ref: float, idx: tuple) 
         f"\nprint(float(kernel({args}{kernel_kw}){where!r}))  # {float(got)!r}"
         f"\nprint(reference.adaptive_attention({ref_args}, {ref_kw}){where!r})  # {float(ref)!r}"
     )
+
+
+def _check_mask_dtype(mask: Any) -> None:
+    """Refuse a mask that is neither boolean nor floating, as every backend does.
+
+    An integer mask is ambiguous (a 0/1 keep mask, or a term added to the logits?):
+    read as additive, it failed a kernel that took 1 as "attend" and passed one that
+    added it.
+    """
+    if is_torch(mask):
+        import torch
+
+        ok = mask.dtype == torch.bool or mask.dtype.is_floating_point
+        dtype, integer = str(mask.dtype), not ok and not mask.dtype.is_complex
+    else:
+        refuse_masked(mask, "mask", "mask")
+        arr = np.asarray(mask)
+        ok, dtype, integer = (
+            arr.dtype == bool or arr.dtype.kind == "f",
+            arr.dtype,
+            arr.dtype.kind in "iu",
+        )
+    if not ok:
+        hint = (
+            " (an integer mask is ambiguous: use a boolean keep mask or a floating additive one)"
+            if integer
+            else ""
+        )
+        raise TypeError(f"mask must be boolean or floating, got dtype {dtype}{hint}")
 
 
 def _is_bool(mask: Any) -> bool:

@@ -385,3 +385,17 @@ def test_grouped_query_attention_pairs_query_head_h_with_key_head_h_over_the_gro
         adaptive_attention(q[0, 0], k[0, 0], v[0, 0], enable_gqa=True)
     with pytest.raises(TypeError, match="enable_gqa must be a bool"):
         adaptive_attention(q, k, v, enable_gqa=1)
+
+
+def test_an_integer_scale_of_numpy_is_taken():
+    """scale=np.int64(2) was refused ('scale must be a float') by the reference and the CPU
+    backend, and taken by torch; a bool still is refused."""
+    from softmaxtheory.accelerated import cpu
+
+    q = np.array([[1.0, 0.5], [0.0, -1.0]])
+    want = adaptive_attention(q, q, q, scale=2.0)
+    assert np.array_equal(adaptive_attention(q, q, q, scale=np.int64(2)), want)
+    assert np.allclose(cpu.adaptive_attention(q, q, q, scale=np.int64(2)), want, rtol=1e-14)
+    for bad in (True, np.bool_(True), "2"):
+        with pytest.raises(TypeError, match="scale must be a float"):
+            adaptive_attention(q, q, q, scale=bad)

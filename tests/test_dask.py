@@ -557,3 +557,17 @@ def test_the_large_row_example_runs_end_to_end(tmp_path):
     assert cert["equals_reference_bit_for_bit"] is True
     assert cert["same_bits_threads_and_cluster"] is True
     assert cert["n"] == 20000
+
+
+def test_stacked_arrays_of_different_chunks():
+    """da.stack of two differently chunked rows: dask's clone corrupts the graph of
+    rechunk-merge task objects it makes (dask/dask#12455), and softmax, adaptive_softmax and
+    the certified entropy raised "Cannot fuse tasks with multiple outputs" at compute."""
+    x = np.random.default_rng(0).normal(size=(2, 9))
+    b = da.stack([da.from_array(x[0], chunks=4), da.from_array(x[1], chunks=5)])
+    assert np.array_equal(dsm.softmax(b).compute(), cpu.softmax(x))
+    assert np.array_equal(
+        dsm.adaptive_softmax(b, certified=True).compute(), reference.adaptive_softmax(x)
+    )
+    assert np.array_equal(dsm.entropy(b, certified=True).compute(), reference.entropy(x))
+    testing.assert_adaptive_softmax_close(dsm.adaptive_softmax(b).compute(), x)

@@ -470,3 +470,19 @@ def test_masked_attention_arguments_are_refused_by_name(call):
     fn, name, remedy = MASKED_ATTENTION_CALLS[call]
     with pytest.raises(TypeError, match=rf"^{name} is a masked array.*{remedy}"):
         fn()
+
+
+def test_a_bfloat16_tensor_is_refused_naming_the_argument():
+    """numpy holds no bfloat16: torch's refusal ('Got unsupported ScalarType BFloat16')
+    named neither the argument nor x.float(), which holds its values exactly."""
+    torch = pytest.importorskip("torch")
+    from softmaxtheory import reference
+    from softmaxtheory.accelerated import cpu
+
+    x = torch.ones(2, 3, dtype=torch.bfloat16)
+    for fn in (reference.softmax, reference.entropy, cpu.adaptive_softmax):
+        with pytest.raises(TypeError, match=r"x is a bfloat16 tensor.*x\.float\(\)"):
+            fn(x)
+    with pytest.raises(TypeError, match=r"k is a bfloat16 tensor"):
+        reference.adaptive_attention(x.float(), x, x.float())
+    assert np.allclose(reference.softmax(x.float()), 1 / 3)

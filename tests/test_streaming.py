@@ -275,3 +275,14 @@ def test_a_zero_maximum_is_positive_whatever_the_order():
     ]
     assert all(s.m == 0.0 and math.copysign(1.0, s.m) == 1.0 for s in states)
     assert states[0] == states[1] == states[2]
+
+
+def test_the_unmasked_count_has_one_name_in_both_streaming_objects():
+    """StreamState.count counts unmasked items, StreamingSoftmax.count every item: both now
+    have n_eff for the unmasked ones."""
+    from softmaxtheory.accelerated import cpu
+
+    chunk = np.array([0.5, -np.inf, 2.0, -np.inf])
+    ref = StreamState.from_logits(chunk)
+    fast = cpu.StreamingSoftmax().update(chunk)
+    assert ref.n_eff == ref.count == fast.n_eff == 2 and fast.count == 4

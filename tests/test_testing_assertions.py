@@ -771,3 +771,19 @@ def test_a_masked_nan_value_is_not_blamed_for_a_failure():
     v[1, 0] = np.inf  # an attended key's infinite value is named
     with pytest.raises(KernelMismatch, match="value column 0 holds NaN or an infinity"):
         assert_attention_close(np.zeros((3, 2)), (q, k, v), mask=mask, schedule=Constant(1))
+
+
+def test_an_integer_mask_is_refused_as_every_backend_refuses_it():
+    """An integer mask was read as additive (0/1 added to the logits): a kernel reading 1 as
+    'attend' failed, and one adding the mask passed. The backends refuse it as ambiguous."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    q, k, v = rng.normal(size=(3, 4)), rng.normal(size=(5, 4)), rng.normal(size=(5, 2))
+    keep = np.array([[1, 0, 1, 1, 0], [1, 1, 1, 1, 1], [0, 0, 1, 0, 0]])
+    out = reference.adaptive_attention(q, k, v, mask=keep.astype(bool))
+    for mask in (keep, torch.from_numpy(keep).to(torch.uint8)):
+        with pytest.raises(TypeError, match="an integer mask is ambiguous"):
+            assert_attention_close(out, (q, k, v), mask=mask)
+    with pytest.raises(TypeError, match="mask"):
+        reference.adaptive_attention(q, k, v, mask=keep)
+    assert assert_attention_close(out, (q, k, v), mask=keep.astype(bool)).passed

@@ -446,6 +446,20 @@ def test_grouped_query_attention_reads_key_head_h_over_g(backend, mask_name, dty
         assert np.max(np.abs(out.numpy() - ref)) < 1e-12
 
 
+def test_grouped_query_attention_needs_a_head_axis():
+    """With 2-d operands enable_gqa was ignored, where the reference, the oracle and SDPA refuse
+    them: a result nothing could check."""
+    from softmaxtheory.accelerated.torch import attention_entropy
+
+    q, k, v = torch.randn(3, 4), torch.randn(5, 4), torch.randn(5, 2)
+    for args in ((q, k, v), (q[None], k[None], v)):
+        with pytest.raises(ValueError, match="enable_gqa needs a head axis"):
+            adaptive_attention(*args, enable_gqa=True)
+    with pytest.raises(ValueError, match="enable_gqa needs a head axis"):
+        attention_entropy(q, k, enable_gqa=True)
+    assert adaptive_attention(q, k, v).shape == (3, 2)  # without the flag, as before
+
+
 @pytest.mark.parametrize("backend", ["hybrid", "composition"])
 def test_grouped_query_attention_gradcheck(backend):
     """Gradients through β with enable_gqa: a key head's gradient sums over its group."""
