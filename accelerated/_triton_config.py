@@ -14,9 +14,12 @@ estimated shared memory
 
 (:math:`b` bytes per element) fits the device's per-block budget.
 :func:`launch` tries them in order: a configuration that Triton refuses with
-``OutOfResources`` (the estimate is only an estimate) is remembered and the
-next one is tried; when none runs, :class:`NoConfig` tells the caller to take
-the torch composition instead. No user ever sees ``OutOfResources``.
+``OutOfResources`` (the estimate is only an estimate), or that its code
+generator cannot lower for this device (an MLIR pass failure: Triton 3.6 has no
+float64 MMA with a large K for Hopper, so the float64 backward with a boolean
+mask did not compile there), is remembered and the next one is tried; when
+none runs, :class:`NoConfig` tells the caller to take the torch composition
+instead. No user ever sees either.
 
 This module defines no kernel, so importing it does not fix the
 ``TRITON_INTERPRET`` mode.
@@ -212,6 +215,16 @@ def on_tensors_device(args: Sequence[object]) -> contextlib.AbstractContextManag
     return contextlib.nullcontext()
 
 
+def _lowering_failed(exc: BaseException) -> bool:
+    """Whether `exc` is Triton's code generator failing to lower a kernel for the device.
+
+    Triton reports a failed MLIR pass as a plain ``RuntimeError`` whose message
+    starts ``PassManager::run failed``, before anything is launched; every other
+    ``RuntimeError`` (a CUDA error, a bug) is the caller's to see.
+    """
+    return "PassManager::run failed" in str(exc)
+
+
 def launch(
     kernel: Any,
     grid: Callable[[dict[str, int]], tuple[int, ...]],
@@ -244,10 +257,11 @@ def launch(
     Raises
     ------
     NoConfig
-        If Triton refused every candidate with ``OutOfResources``.
+        If Triton refused every candidate with ``OutOfResources``, or could not
+        lower it for the device (:func:`_lowering_failed`).
     """
     name = getattr(kernel, "__name__", repr(kernel))
-    last: OutOfResources | None = None
+    last: Exception | None = None
     for cfg in candidates:
         key = (name, tuple(sorted(cfg.items())), tuple(sorted(map(str, constexprs.items()))))
         if key in _REFUSED:
@@ -256,6 +270,12 @@ def launch(
             with on_tensors_device(args):
                 kernel[grid(cfg)](*args, **constexprs, **cfg)
         except OutOfResources as exc:
+            _REFUSED.add(key)
+            last = exc
+            continue
+        except RuntimeError as exc:
+            if not _lowering_failed(exc):
+                raise
             _REFUSED.add(key)
             last = exc
             continue

@@ -223,15 +223,19 @@ def test_breakdown_lists_a_calls_ops_by_time() -> None:
 def test_gpu_plan_puts_the_first_shape_and_its_backward_first() -> None:
     """A GPU run stopped at a time limit keeps the cases measured so far (the JSON is
     rewritten after each), so the most wanted come first: the first shape forward, causal
-    and not, then forward + backward, then the larger shapes."""
+    and not, then its forward + backward, then the larger shapes forward, then their
+    forward + backward."""
     from softmaxtheory.bench.torch import BACKWARD_SHAPES, SHAPES, plan_cases
 
     plan = plan_cases(SHAPES)
     first = SHAPES[0]
     assert plan[:2] == [(first, False), (first, True)]
-    assert plan[2:4] == [(b, c, "backward") for b in BACKWARD_SHAPES for c in (False, True)]
+    assert plan[2:4] == [(BACKWARD_SHAPES[0], c, "backward") for c in (False, True)]
     forward = [item for item in plan if len(item) == 2]
     assert forward == [(s, c) for s in SHAPES for c in (False, True)]
+    later = [(b, c, "backward") for b in BACKWARD_SHAPES[1:] for c in (False, True)]
+    assert plan[len(plan) - len(later) :] == later and plan[4:6] == [(SHAPES[1], False),
+                                                                     (SHAPES[1], True)]  # fmt: skip
     assert len(plan) == 2 * len(SHAPES) + 2 * len(BACKWARD_SHAPES)
     assert plan_cases(()) == [(b, c, "backward") for b in BACKWARD_SHAPES for c in (False, True)]
 

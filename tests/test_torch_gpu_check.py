@@ -94,7 +94,9 @@ def test_runner_records_status_logs_and_limits(gpu_check, tmp_path):
     assert "[exit 0]" in (tmp_path / "ok.log").read_text()
     assert gpu_check._run_step(bad, tmp_path)[0] == 3
     assert gpu_check._run_step(par, tmp_path)[0] == 0
-    assert all("[exit 0]" in (tmp_path / f"par-{i}.log").read_text() for i in range(3))
+    runs = (tmp_path / "par.log").read_text()  # one log, the runs in order: fewer files to bring
+    assert runs.count("[exit 0]") == 3 and runs.index("print(0)") < runs.index("print(2)")
+    assert not list(tmp_path.glob("par-*.log"))
     assert gpu_check._run_step(late, tmp_path)[0] == 124
     assert gpu_check._run_step(missing, tmp_path)[0] == 127
 
@@ -157,10 +159,74 @@ def test_bench_plan_covers_item_seven():
 
     assert (8, 16, 4096, 4096, 64) in B.SHAPES and (2, 16, 16384, 16384, 64) in B.SHAPES
     assert (4, 16, 8192, 8192, 128) in B.SHAPES
-    assert B.BACKWARD_SHAPES == ((4, 16, 4096, 4096, 64),)
+    assert B.BACKWARD_SHAPES[0] == (4, 16, 4096, 4096, 64)  # forward + backward: every shape
+    assert set(B.BACKWARD_SHAPES) == set(B.SHAPES) - {(8, 16, 4096, 4096, 64)} | {
+        (4, 16, 4096, 4096, 64)
+    }
     assert B.DEFAULT_REPEAT >= 50
     import inspect
 
     source = inspect.getsource(B)
     for name in ("attention_entropy", "auto_fwd_bwd_detached", "detach_beta=True", "peak"):
         assert name in source, name
+
+
+def test_a_step_past_its_limit_is_stopped_with_every_process_it_started(gpu_check, tmp_path):
+    """A stop killed only the step's own process: pytest-xdist workers lived on, into the next
+    step. The step's process group goes now."""
+    marker = tmp_path / "child.pid"
+    child = (
+        "import subprocess, sys, time; "
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(marker)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    )
+    step = gpu_check.Step("slow", 3, [[sys.executable, "-c", child]])
+    status, seconds = gpu_check._run_step(step, tmp_path)
+    assert status == 124 and seconds < 30
+    import os
+    import time
+
+    pid = int(marker.read_text())
+    for _ in range(50):  # the grandchild is gone (reaped by init) shortly after the kill
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"process {pid} outlived its step")
+
+
+def test_no_passed_cuda_test_fails_the_step_and_failures_show_their_log(
+    gpu_check, tmp_path, monkeypatch, capsys
+):
+    """Without a device every CUDA test skips, and the step said 0; a failing step's log
+    only lived in OUT, of which the device machine returns 8 files: its end is printed."""
+    skipped = gpu_check.Step("tests", 30, [[sys.executable, "-c", "print('476 skipped in 1s')"]])
+    failing = gpu_check.Step("env", 30, [[sys.executable, "-c", "print('why'); exit(2)"]])
+    monkeypatch.setattr(gpu_check, "build_steps", lambda out, write_docs: [skipped, failing])
+    assert gpu_check.main(["--out", str(tmp_path)]) == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [(s["step"], s["status"]) for s in summary] == [("tests", 3), ("env", 2)]
+    out = capsys.readouterr().out
+    assert "no CUDA test passed" in out and "why" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["env.log", "summary.json", "tests.log"]
+
+
+def test_out_defaults_to_the_device_machines_folder(gpu_check, tmp_path, monkeypatch, capsys):
+    """The lent device returns only $OUT: the default gpu_check_out/ brought nothing back."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert gpu_check.main(["--dry-run", "--only", "bench"]) == 0
+    assert f"--output {tmp_path / 'bench_cuda.json'}" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--only", "docs"])  # copies into docs/: needs --write-docs
+
+
+def test_a_stale_benchmark_json_is_removed_before_the_bench_step(gpu_check, tmp_path, monkeypatch):
+    """A bench that failed before its first save left an earlier run's JSON for the docs step
+    to copy as this run's."""
+    (tmp_path / "bench_cuda.json").write_text('{"device": "OLD RUN"}')
+    bench = gpu_check.Step("bench", 30, [[sys.executable, "-c", "raise SystemExit(1)"]])
+    monkeypatch.setattr(gpu_check, "build_steps", lambda out, write_docs: [bench])
+    assert gpu_check.main(["--out", str(tmp_path)]) == 1
+    assert not (tmp_path / "bench_cuda.json").exists()

@@ -182,6 +182,43 @@ def test_launch_raises_no_config_when_nothing_fits():
         triton_config.launch(_FakeKernel(max_block_m=8), lambda c: (1,), (), {}, cands)
 
 
+class _UnlowerableKernel:
+    """A kernel Triton's code generator cannot lower above `max_block_m` (as Triton 3.6 could
+    not lower the float64 backward with a boolean mask for Hopper: 'Currently fp64 don't
+    support largeK MMA'); `error` is raised instead when set."""
+
+    __name__ = "unlowerable"
+
+    def __init__(self, max_block_m, error=None):
+        self.max_block_m, self.error, self.calls = max_block_m, error, []
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            self.calls.append(kw["BLOCK_M"])
+            if self.error is not None:
+                raise self.error
+            if kw["BLOCK_M"] > self.max_block_m:
+                raise RuntimeError("PassManager::run failed")
+
+        return run
+
+
+def test_launch_skips_configurations_triton_cannot_lower():
+    """A lowering failure is a plain RuntimeError from Triton: it reached the user (and two
+    CUDA tests) on Triton 3.6; now the next configuration runs, and with none NoConfig sends
+    the caller to the torch path. Other RuntimeErrors still reach the caller."""
+    cands = triton_config.configs(torch.device("cuda"), 64, 64, torch.float64, 1, budget=1 << 30)
+    kernel = _UnlowerableKernel(max_block_m=16)
+    used = triton_config.launch(kernel, lambda c: (1,), (), {"F": 1}, cands)
+    assert used["BLOCK_M"] == 16 and kernel.calls[-1] == 16 and len(kernel.calls) > 1
+    with pytest.raises(triton_config.NoConfig, match="PassManager::run failed"):
+        triton_config.launch(_UnlowerableKernel(max_block_m=0), lambda c: (1,), (), {"F": 2}, cands)
+    bug = _UnlowerableKernel(0, RuntimeError("CUDA error: an illegal memory access"))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        triton_config.launch(bug, lambda c: (1,), (), {"F": 3}, cands)
+    assert bug.calls == [cands[0]["BLOCK_M"]]  # not retried
+
+
 @pytest.mark.parametrize("head_dim", [16, 32, 64, 96, 128, 192, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("mask_elem", [0, 1, 4])

@@ -46,8 +46,13 @@ SHAPES: tuple[tuple[int, int, int, int, int], ...] = (
     (2, 16, 16384, 16384, 64),
 )
 
-#: Forward + backward is timed at this shape.
-BACKWARD_SHAPES: tuple[tuple[int, int, int, int, int], ...] = ((4, 16, 4096, 4096, 64),)
+#: Forward + backward is timed at these shapes: the issue's (4, 16, 4096, 4096, 64), then the
+#: two larger forward shapes.
+BACKWARD_SHAPES: tuple[tuple[int, int, int, int, int], ...] = (
+    (4, 16, 4096, 4096, 64),
+    (4, 16, 8192, 8192, 128),
+    (2, 16, 16384, 16384, 64),
+)
 
 #: ``--quick``: every case, forward and forward + backward, at one small shape.
 QUICK_SHAPES: tuple[tuple[int, int, int, int, int], ...] = ((1, 2, 256, 256, 64),)
@@ -163,17 +168,18 @@ def plan_cases(
 ) -> list[tuple]:
     """The order of the cases: most wanted first, so a run stopped early has them.
 
-    Each shape forward, without and with the causal mask; forward + backward at
-    `backward_shapes` comes right after the first shape. Items are
-    ``(shape, causal)`` or ``(shape, causal, "backward")``.
+    Each shape forward, without and with the causal mask; forward + backward at the
+    first of `backward_shapes` right after the first shape, at the others after every
+    forward case. Items are ``(shape, causal)`` or ``(shape, causal, "backward")``.
     """
-    back = [(b, c, "backward") for b in backward_shapes for c in (False, True)]
+    back = [[(b, c, "backward") for c in (False, True)] for b in backward_shapes]
     plan: list[tuple] = []
     for i, shape in enumerate(shapes):
         plan += [(shape, False), (shape, True)]
-        if i == 0:
-            plan += back
-    return plan if shapes else back
+        if i == 0 and back:
+            plan += back[0]
+    rest = back[1:] if shapes else back
+    return plan + [case for cases in rest for case in cases]
 
 
 def _version(name: str) -> str | None:
