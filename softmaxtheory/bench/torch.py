@@ -46,8 +46,8 @@ SHAPES: tuple[tuple[int, int, int, int, int], ...] = (
     (2, 16, 16384, 16384, 64),
 )
 
-#: Forward + backward is timed at these shapes: the issue's (4, 16, 4096, 4096, 64), then the
-#: two larger forward shapes.
+#: The shapes at which forward + backward is timed, the issue's (4, 16, 4096, 4096, 64)
+#: first, then the two larger forward shapes.
 BACKWARD_SHAPES: tuple[tuple[int, int, int, int, int], ...] = (
     (4, 16, 4096, 4096, 64),
     (4, 16, 8192, 8192, 128),
