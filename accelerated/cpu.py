@@ -109,6 +109,7 @@ from ..spec import (
     as_logits,
     attention_layout,
     check_entropy_eps,
+    numpy_array,
     refuse_masked,
     resolve_schedule,
 )
@@ -540,7 +541,7 @@ def _native(arr: np.ndarray) -> np.ndarray:
 
 def _attn_array(a: Any, name: str) -> np.ndarray:
     refuse_masked(a, name, "operand")
-    arr = np.asarray(a)
+    arr = numpy_array(a, name)
     if arr.dtype.kind in "iu":
         arr = arr.astype(np.float64)
     elif arr.dtype.name not in NUMPY_DTYPES:
@@ -561,7 +562,7 @@ def _attn_mask(
     copied here. An integer mask is refused, as torch refuses it.
     """
     refuse_masked(mask, "mask", "mask")
-    marr = np.asarray(mask)
+    marr = numpy_array(mask, "mask")
     if marr.dtype.kind in "iu":
         raise TypeError(
             f"mask must be boolean (True attends) or floating (added to the logits), "

@@ -646,7 +646,7 @@ def split_mask(
         or a masked array with masked entries.
     """
     refuse_masked(mask, name, "mask")
-    marr = np.asarray(mask)
+    marr = numpy_array(mask, name)
     if marr.dtype != bool and marr.dtype.kind != "f":
         hint = (
             " (an integer mask is ambiguous: use a boolean keep mask or a floating additive one)"

@@ -245,7 +245,7 @@ def test_uninspectable_kernel_is_probed_by_calling():
     t = conf.Target(sdpa, name, kind="attention", framework="torch", dtype="float32",
                     schedule=Constant(1), examples=3)  # fmt: skip
     assert t.mask_keyword == "attn_mask" and t.takes_causal and not t.takes_schedule
-    assert t.takes_gqa  # found by two query heads over one key head
+    assert t.takes_gqa  # found by four query heads over two key heads
     assert not conf.Target(lambda q, k, v, **kw: q, kind="attention").takes_gqa  # **kw: no
 
 
@@ -479,3 +479,33 @@ def test_help_says_check_not_prove(capsys):
     out = capsys.readouterr().out
     assert "check a kernel against the certified reference" in out
     assert "prove" not in out
+
+
+class _Uninspectable:
+    """Stands in for a compiled kernel (no signature to read): the keywords are probed."""
+
+    __signature__ = "not inspectable"
+
+    def __init__(self, broadcast: bool):
+        self.broadcast = broadcast
+
+    def __call__(self, q, k, v, mask=None, is_causal=False, **ignored):
+        if not self.broadcast and not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+            raise ValueError("q, k, v must have the same batch shape")
+        return conf_reference().adaptive_attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+def conf_reference():
+    from softmaxtheory import reference
+
+    return reference
+
+
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_a_kernel_that_does_not_group_heads_is_not_probed_as_grouping(broadcast):
+    """The enable_gqa probe gave both calls two query heads over one key head: a kernel
+    needing equal heads failed both ('both fail: taken'), and a broadcasting one ignoring
+    the keyword passed both; either then failed attention_batch on a keyword it never took."""
+    t = conf.Target(_Uninspectable(broadcast), "k:k", kind="attention", examples=2)
+    assert not t.takes_gqa
+    assert conf.run_property("attention_batch", t).status == "pass"

@@ -485,4 +485,10 @@ def test_a_bfloat16_tensor_is_refused_naming_the_argument():
             fn(x)
     with pytest.raises(TypeError, match=r"k is a bfloat16 tensor"):
         reference.adaptive_attention(x.float(), x, x.float())
+    f = x.float()
+    with pytest.raises(TypeError, match=r"k is a bfloat16 tensor"):
+        cpu.adaptive_attention(f, x, f)
+    for attention in (cpu.adaptive_attention, reference.adaptive_attention):
+        with pytest.raises(TypeError, match=r"mask is a bfloat16 tensor"):
+            attention(f, f, f, mask=torch.zeros(2, 2, dtype=torch.bfloat16))
     assert np.allclose(reference.softmax(x.float()), 1 / 3)

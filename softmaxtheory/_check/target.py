@@ -255,22 +255,25 @@ class Target:
             args = [self._to_framework(strat.cast(q, self.dtype)) for _ in range(3)]
             if name in ("mask", "attn_mask"):
                 value = self._to_framework(np.ones((2, 2), dtype=bool))
-            if name == "enable_gqa":  # two query heads over one key and value head
-                value = True
-                q2, k1 = np.stack([q, -q]), q[None]
-                args = [self._to_framework(strat.cast(a, self.dtype)) for a in (q2, k1, k1)]
+            if name == "enable_gqa":
+                # four query heads over two key and value heads, which plain broadcasting
+                # cannot pair: only a kernel that groups heads runs it
+                q4, k2 = np.stack([q, -q, 0.5 * q, q.T]), np.stack([q, q.T])
+                grouped = [self._to_framework(strat.cast(a, self.dtype)) for a in (q4, k2, k2)]
+                return self._runs(grouped, {name: True})
         else:
             args = [self._to_framework(strat.cast(np.array([[0.0, 1.0, 2.0]]), self.dtype))]
 
-        def ok(kw: dict[str, Any]) -> bool:
-            try:
-                with np.errstate(all="ignore"):
-                    self.kernel(*args, **self.kwargs, **kw)
-            except Exception:
-                return False
-            return True
+        return self._runs(args, {name: value}) or not self._runs(args, {})
 
-        return ok({name: value}) or not ok({})
+    def _runs(self, args: list[Any], kw: dict[str, Any]) -> bool:
+        """Whether the kernel returns (raises nothing) on `args` with keywords `kw`."""
+        try:
+            with np.errstate(all="ignore"):
+                self.kernel(*args, **self.kwargs, **kw)
+        except Exception:
+            return False
+        return True
 
     @property
     def takes_schedule(self) -> bool:
@@ -301,9 +304,11 @@ class Target:
     def takes_gqa(self) -> bool:
         """The kernel takes ``enable_gqa=`` (grouped-query attention).
 
-        Only a signature that names it counts (or, uninspectable, a probe with two
-        query heads over one key head): a ``**kwargs`` that forwards nothing would
-        fail every grouped call of a kernel that never claimed to group heads.
+        Only a signature that names it counts, or, uninspectable, a call with four
+        query heads over two key heads that runs (broadcasting cannot pair them;
+        with one key head a broadcasting kernel that ignores unknown keywords passed):
+        a ``**kwargs`` that forwards nothing would fail every grouped call of a
+        kernel that never claimed to group heads.
         """
         if "enable_gqa" not in self._takes:
             try:
