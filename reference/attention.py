@@ -40,6 +40,7 @@ from mpmath.libmp import (
 )
 
 from softmaxtheory._certify.environment import certifying
+from softmaxtheory._certify.interval import to_fraction
 from softmaxtheory._certify.loop import certify
 from softmaxtheory._formats import NUMPY_DTYPES
 from softmaxtheory.spec import (
@@ -210,14 +211,6 @@ def _certify_row(
     )
 
 
-def _mpf_fraction(x: tuple) -> Fraction:
-    """The exact value of an mpf tuple."""
-    sign, man, exp, _ = x
-    man, exp = int(man), int(exp)  # gmpy2's mpz under mpmath's gmpy backend
-    value = Fraction(-man if sign else man)
-    return value * 2**exp if exp >= 0 else value / 2**-exp
-
-
 def _integer_root(n: int, b: int) -> int | None:
     """The integer ``c`` with ``c**b == n``, or None."""
     if b == 1:
@@ -251,13 +244,13 @@ def _rational_outputs(
     s = schedule.exact_s
     weights = {}
     for d in groups:
-        r = s * _mpf_fraction(d) if n_eff > 1 else Fraction(0)
+        r = s * to_fraction(d) if n_eff > 1 else Fraction(0)
         c = _integer_root(n_eff, r.denominator)
         if c is None or abs(r.numerator) * c.bit_length() > _RATIONAL_BITS:
             return None
         weights[d] = Fraction(c) ** r.numerator
     den = sum(w * len(groups[d]) for d, w in weights.items())
-    sums = {d: [_mpf_fraction(x) for x in group_sums[d]] for d in groups}
+    sums = {d: [to_fraction(x) for x in group_sums[d]] for d in groups}
     return [
         round_fraction(sum(w * sums[d][c] for d, w in weights.items()) / den, fmt)
         for c in range(dv)
@@ -279,9 +272,7 @@ def _common_means(groups: dict, group_sums: dict, dv: int, fmt: BinaryFormat) ->
     for c in range(dv):
         mean = None
         for d, sums in group_sums.items():
-            sign, man, exp, _ = sums[c]
-            man, exp = int(man), int(exp)  # gmpy2's mpz under mpmath's gmpy backend
-            value = Fraction(-man if sign else man) * Fraction(2) ** exp / members[d]
+            value = to_fraction(sums[c]) / members[d]
             if mean is None:
                 mean = value
             elif value != mean:

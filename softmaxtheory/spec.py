@@ -68,6 +68,7 @@ __all__ = [
     "as_logits",
     "attention_layout",
     "check_entropy_eps",
+    "check_mask_dtype",
     "classify_rows",
     "exact_float64",
     "exact_value",
@@ -606,6 +607,32 @@ def classify_rows(x: np.ndarray) -> np.ndarray:
     return kinds
 
 
+def check_mask_dtype(dtype: Any, name: str = "mask") -> None:
+    """Refuse a mask dtype (numpy's or torch's) that is neither boolean nor floating.
+
+    An integer mask is ambiguous (a 0/1 keep mask, or a term added to the
+    logits?), so every backend and :mod:`softmaxtheory.testing` refuse it alike.
+
+    Raises
+    ------
+    TypeError
+        For an integer, complex or other non-floating, non-boolean dtype.
+    """
+    if hasattr(dtype, "is_floating_point"):  # a torch dtype
+        ok = str(dtype) == "torch.bool" or dtype.is_floating_point
+        integer = not ok and not dtype.is_complex
+    else:
+        dtype = np.dtype(dtype)
+        ok, integer = dtype.kind in "bf", dtype.kind in "iu"
+    if not ok:
+        hint = (
+            " (an integer mask is ambiguous: use a boolean keep mask or a floating additive one)"
+            if integer
+            else ""
+        )
+        raise TypeError(f"{name} must be boolean or floating, got dtype {dtype}{hint}")
+
+
 def split_mask(
     mask: Any, lead: tuple[int, ...], L: int, S: int, name: str = "mask"
 ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
@@ -647,13 +674,7 @@ def split_mask(
     """
     refuse_masked(mask, name, "mask")
     marr = numpy_array(mask, name)
-    if marr.dtype != bool and marr.dtype.kind != "f":
-        hint = (
-            " (an integer mask is ambiguous: use a boolean keep mask or a floating additive one)"
-            if marr.dtype.kind in "iu"
-            else ""
-        )
-        raise TypeError(f"{name} must be boolean or floating, got dtype {marr.dtype}{hint}")
+    check_mask_dtype(marr.dtype, name)
     shape = (*lead, L, S)
     try:
         target = np.broadcast_shapes(marr.shape, shape)

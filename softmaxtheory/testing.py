@@ -66,6 +66,7 @@ from .spec import (
     Polynomial,
     Schedule,
     check_entropy_eps,
+    check_mask_dtype,
     exact_float64,
     expand_kv_heads,
     refuse_masked,
@@ -933,7 +934,11 @@ def assert_attention_close(
     got, got_dtype = to_numpy(actual, "actual")
     m = None
     if mask is not None:
-        _check_mask_dtype(mask)
+        if not is_torch(mask):
+            refuse_masked(mask, "mask", "mask")
+        # as every backend: an integer mask is ambiguous (read as additive, it failed a
+        # kernel taking 1 as attend and passed one adding it)
+        check_mask_dtype(mask.dtype if is_torch(mask) else np.asarray(mask).dtype)
         m = to_numpy(mask, "mask")[0] if not _is_bool(mask) else _bool_numpy(mask)
     given_mask, x = m, None
     if len(logits_or_qkv) == 2:
@@ -1078,6 +1083,8 @@ def _attention_either_side(
     from . import reference
 
     schedule, eps = case.schedule, case.entropy_eps
+    if not model.rule_jumps(schedule):  # no jump: the rows' conditioning is not needed again
+        return
     cond, _, dH = model.attention_entropy_error(logits, logit_err, eps, fmt.internal.u)
     jump = model.near_jump(schedule, cond.H, dH) & cond.regular
     if not np.any(jump):
@@ -1163,35 +1170,6 @@ def _attention_repro(case: _AttentionCheck, got: float, ref: float, idx: tuple) 
         f"\nprint(float(kernel({args}{kernel_kw}){where!r}))  # {float(got)!r}"
         f"\nprint(reference.adaptive_attention({ref_args}, {ref_kw}){where!r})  # {float(ref)!r}"
     )
-
-
-def _check_mask_dtype(mask: Any) -> None:
-    """Refuse a mask that is neither boolean nor floating, as every backend does.
-
-    An integer mask is ambiguous (a 0/1 keep mask, or a term added to the logits?):
-    read as additive, it failed a kernel that took 1 as "attend" and passed one that
-    added it.
-    """
-    if is_torch(mask):
-        import torch
-
-        ok = mask.dtype == torch.bool or mask.dtype.is_floating_point
-        dtype, integer = str(mask.dtype), not ok and not mask.dtype.is_complex
-    else:
-        refuse_masked(mask, "mask", "mask")
-        arr = np.asarray(mask)
-        ok, dtype, integer = (
-            arr.dtype == bool or arr.dtype.kind == "f",
-            arr.dtype,
-            arr.dtype.kind in "iu",
-        )
-    if not ok:
-        hint = (
-            " (an integer mask is ambiguous: use a boolean keep mask or a floating additive one)"
-            if integer
-            else ""
-        )
-        raise TypeError(f"mask must be boolean or floating, got dtype {dtype}{hint}")
 
 
 def _is_bool(mask: Any) -> bool:

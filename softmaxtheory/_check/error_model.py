@@ -47,6 +47,7 @@ __all__ = [
     "perturbed_logits_rel_error",
     "round_to_format",
     "row_conditioning",
+    "rule_jumps",
     "softmax_rel_error",
     "summation_factor",
     "ulp",
@@ -367,6 +368,13 @@ def beta_error(
     return beta, prop + evaluation
 
 
+def rule_jumps(schedule: Schedule) -> bool:
+    """Whether `schedule`'s rule jumps at its threshold (a polynomial with P(τ) > 1)."""
+    return isinstance(schedule, Polynomial) and (
+        schedule.polynomial_exact(schedule.exact_threshold) > 1
+    )
+
+
 def near_jump(schedule: Schedule, H: np.ndarray, dH: np.ndarray) -> np.ndarray:
     r"""Rows whose entropy lies within its error bound of a threshold where the rule jumps.
 
@@ -377,9 +385,7 @@ def near_jump(schedule: Schedule, H: np.ndarray, dH: np.ndarray) -> np.ndarray:
     :math:`(0, -40)`, whose exact entropy :math:`1.7 \cdot 10^{-16}` is above a
     threshold of 0.
     """
-    if not isinstance(schedule, Polynomial) or not (
-        schedule.polynomial_exact(schedule.exact_threshold) > 1
-    ):
+    if not rule_jumps(schedule):
         return np.zeros(np.shape(H), dtype=bool)
     theta = float(schedule.exact_threshold)
     return np.abs(H - theta) <= 2.0 * dH + 4.0 * np.spacing(theta)
