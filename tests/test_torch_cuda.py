@@ -18,6 +18,11 @@ from softmaxtheory.accelerated.torch import (  # noqa: E402
     attention_entropy,
 )
 from tests.support.layouts import view  # noqa: E402
+from tests.support.tiny_beta import (  # noqa: E402
+    TINY_BETA_ROWS,
+    TINY_BETA_SCHEDULES,
+    tiny_beta_inputs,
+)
 from tests.test_torch_tolerances import attention_tolerance  # noqa: E402
 
 #: The device of these tests (``SOFTMAXTHEORY_TEST_DEVICE=cpu`` runs their bodies on CPU, to
@@ -481,3 +486,20 @@ def test_cuda_autocast_computes_as_sdpa_does(backend, low):
         h_low, _ = attention_entropy(q.to(low), k.to(low), is_causal=True)
     assert out.dtype == low and torch.equal(out, want)
     assert torch.equal(h, h_low)
+
+
+@pytest.mark.parametrize("sname", list(TINY_BETA_SCHEDULES))
+@pytest.mark.parametrize("row", list(TINY_BETA_ROWS))
+@pytest.mark.parametrize("backend", ["auto", "hybrid", "triton", "composition", "chunked"])
+def test_cuda_tiny_beta_with_shifts_beyond_the_float32_range(sname, row, backend):
+    """β from 1e-37 to below the least float32 subnormal with logits ±3e38 (a shift of
+    -6e38): the reference's outputs for the exact β, strictly. On a GPU this also checks
+    that no kernel flushes a subnormal β (or β·(x − m)) to zero."""
+    from softmaxtheory.testing import assert_attention_close
+
+    q, k, v = tiny_beta_inputs(row, DEVICE)
+    schedule = TINY_BETA_SCHEDULES[sname]
+    got = adaptive_attention(q, k, v, scale=1.0, schedule=schedule, backend=backend)
+    assert got.device.type == q.device.type
+    assert_attention_close(got.cpu(), (q.cpu(), k.cpu(), v.cpu()), scale=1.0,
+                           schedule=schedule, strict=True)  # fmt: skip

@@ -24,6 +24,11 @@ pytest.importorskip("triton")
 
 from softmaxtheory import reference as R  # noqa: E402, N812
 from softmaxtheory.spec import LogLength, Polynomial  # noqa: E402
+from tests.support.tiny_beta import (  # noqa: E402
+    TINY_BETA_ROWS,
+    TINY_BETA_SCHEDULES,
+    tiny_beta_inputs,
+)
 from tests.test_torch_tolerances import attention_tolerance  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -420,6 +425,21 @@ def _child_edges(out_dir: Path) -> None:
             h2 = -(torch.where(ok, p2 * (xm - lse2[..., None]), 0.0)).sum(-1)
             out.append(torch.stack([h.double(), lse.double(), h2, lse2]))
     np.save(out_dir / "scale-sign.npy", torch.stack(out).numpy())
+    _child_tiny_beta(out_dir)
+
+
+def _child_tiny_beta(out_dir: Path) -> None:
+    """The all-Triton forward and the hybrid under tiny β, shifts beyond the float range."""
+    from softmaxtheory.accelerated.torch import adaptive_attention
+
+    out = {}
+    for sname, schedule in TINY_BETA_SCHEDULES.items():
+        for row in TINY_BETA_ROWS:
+            q, k, v = tiny_beta_inputs(row)
+            for backend in ("triton", "hybrid"):
+                got = adaptive_attention(q, k, v, scale=1.0, schedule=schedule, backend=backend)
+                out[f"{sname}/{row}/{backend}"] = got.numpy()
+    np.savez(out_dir / "tiny-beta.npz", **out)
 
 
 def _child_large_logits(out_dir: Path) -> None:
@@ -888,6 +908,21 @@ def test_pass_one_causal_skip_matches_torch(child_outputs):
     h, lse, h2, lse2 = np.load(child_outputs / "causal-short.npy")
     np.testing.assert_allclose(h, h2, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(lse, lse2, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("sname", list(TINY_BETA_SCHEDULES))
+@pytest.mark.parametrize("row", list(TINY_BETA_ROWS))
+@pytest.mark.parametrize("backend", ["triton", "hybrid"])
+def test_tiny_beta_with_shifts_beyond_the_float32_range(child_outputs, sname, row, backend):
+    """β from 1e-37 to below the least float32 subnormal, logits ±3e38 (a shift of -6e38):
+    the outputs the certified reference gives for the exact β (at 1e-46, uniform weights),
+    within the strict derived tolerance."""
+    from softmaxtheory.testing import assert_attention_close
+
+    got = np.load(child_outputs / "tiny-beta.npz")[f"{sname}/{row}/{backend}"]
+    q, k, v = tiny_beta_inputs(row)
+    schedule = TINY_BETA_SCHEDULES[sname]
+    assert_attention_close(got, (q, k, v), scale=1.0, schedule=schedule, strict=True)
 
 
 #: Agreement of gradients with the float64 autograd reference, relative to the largest
