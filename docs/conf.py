@@ -169,12 +169,9 @@ nitpick_ignore_regex = [
 ]
 
 # -- doctest -------------------------------------------------------------------
-doctest_global_setup = """
-import math
-import numpy as np
-import mpmath
-from softmaxtheory import bounds, reference
-"""
+# No doctest_global_setup: every page's examples import what they use, so that a reader
+# can copy them as shown; the doctest build fails on a group that leans on a name it does
+# not import.
 
 # -- html ----------------------------------------------------------------------
 # pydata-sphinx-theme: the theme of numpy, scipy and most of the scientific

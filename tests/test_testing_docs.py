@@ -57,6 +57,12 @@ def test_guide_torch_defect_command():
     for line in res.stdout.splitlines():
         if line.startswith(("FAIL", "  got ", "  exact ", "  error ", "  row:", "  failing ")):
             assert line.strip() in guide, line
+    # the values failure's repro snippet, which the guide shows in full
+    lines = res.stdout.splitlines()
+    start = lines.index("repro:") + 1
+    stop = next(i for i in range(start, len(lines)) if "reference.adaptive_softmax" in lines[i])
+    for line in lines[start : stop + 1]:
+        assert "   " + line.rstrip() in guide.splitlines() or not line.strip(), line
 
 
 @pytest.mark.parametrize(
