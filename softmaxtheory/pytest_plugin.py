@@ -98,7 +98,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="SPEC",
         help="schedule the kernel implements: paper (default), constant:BETA, loglength:S, "
-        "poly:C0,C1,...[@THETA] (kinds adaptive_softmax and attention)",
+        "poly:CK,...,C1,C0[@THETA] (highest degree first; kinds adaptive_softmax and attention)",
     )
     group.addoption(
         _THOROUGH, action="store_true", default=False, help="explore ten times more examples"

@@ -200,6 +200,9 @@ def truncated_file(tmp_path):
         (["nosuchcommand"], "invalid choice"),
         # it said "required: EXPERIMENT, options", and options are not
         (["reproduce"], "name the experiment to run: one of max-retrieval, clrs-text"),
+        # an experiment's own options: five lines of usage, and abbreviations taken
+        (["reproduce", "minilm-spread", "--lengths", "x"], "not an integer length: 'x'"),
+        (["reproduce", "minilm-spread", "--len", "16"], "unrecognized arguments: --len 16"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(
@@ -328,3 +331,16 @@ def test_negative_logits_need_no_double_dash(capsys):
     assert json.loads(capsys.readouterr().out)["rows"][0]["softmax"] == [1.0, 0.0]
     assert main(["reference", "--json", "--", "0", "-inf"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"][0]["softmax"] == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("command", ["reference", "check"])
+def test_schedule_help_says_the_coefficients_order(capsys, command):
+    """``poly:C0,C1,...`` read as the constant term first; the parser takes the highest
+    degree first (``poly:1,2`` is H + 2), and the help now says so."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "poly:CK,...,C1,C0[@THETA] (highest degree first" in text
+    assert parse_schedule("poly:1,2") == Polynomial(["1", "2"])
+    beta = float(reference.beta([0.0, 0.0], schedule=parse_schedule("poly:1,2@0")))
+    assert beta == pytest.approx(np.log(2) + 2, rel=1e-15)  # 1·H + 2, H = log 2

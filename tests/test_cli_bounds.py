@@ -211,6 +211,41 @@ def test_a_measured_spread_too_large_names_the_file(tmp_path, capsys):
     assert "--beta" not in err.splitlines()[-1]
 
 
+@pytest.mark.parametrize(("sizes", "digits", "shown"), [
+    ("5120", 6, "0.000195312"),  # 1/5120 = 0.0001953125: a tie, to even
+    ("80", 2, "0.012"),  # 0.0125
+    ("400", 4, "0.002500"),  # exact at that many digits
+    ("1", 3, "1.00"),
+])  # fmt: skip
+def test_spread_zero_coefficients_on_a_decimal_tie(capsys, sizes, digits, shown):
+    """At spread 0 every coefficient is 1/n exactly; where that lies on a decimal tie the
+    enclosures never decided it and the command ended in a CertificationError traceback."""
+    argv = ("bounds", "--spread", "0", "--sizes", sizes, "--digits", str(digits))
+    code, out, _ = run(capsys, *argv)
+    assert code == 0
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == [sizes])
+    assert row[1] == row[3] == shown  # max coef, min coef
+
+
+def test_spread_zero_bracket_ends_round_in_their_own_directions(capsys):
+    """The lower end was the size rounded up (3.34e+6 for an exact size of 3333334); the
+    text's "once n >=" takes the upper end."""
+    argv = ("bounds", "--spread", "0", "--eps", "0.0000003", "--digits", "3", "--sizes", "2")
+    code, out, _ = run(capsys, *argv, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert bounds.dispersion_size(3e-7, 0.0) == 3333334
+    assert doc["adaptive_dispersion_bracket"]["lower"] == "3.33e+6"
+    assert doc["adaptive_dispersion_bracket"]["upper"] == doc["dispersion_size"] == "3.34e+6"
+    code, out, _ = run(capsys, *argv)
+    assert "every adaptive coefficient is < 3e-07 once n >= 3.34e+6" in out
+    # an exact size shown in full is both ends
+    code, out, _ = run(capsys, "bounds", "--spread", "0", "--eps", "0.3", "--json")
+    assert json.loads(out)["adaptive_dispersion_bracket"] | {} == {
+        "lower": 4, "upper": 4, "witness": None, "budget": 0
+    }  # fmt: skip
+
+
 def test_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     path = tmp_path / "bounds.png"
@@ -218,6 +253,32 @@ def test_plot(tmp_path, capsys):
     assert code == 0 and f"wrote {path}" in err
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000
+
+
+def test_plot_labels_say_which_curves_are_at_beta(capsys):
+    """At --beta 2 the T1 curves are at β = 2 but the adaptive ones apply the schedule to
+    the logits as given (β = 1), as the table's note says: the plot said only "β = 2.0"
+    in its title, so the adaptive curve read as a sharper limit than plain softmax's."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from softmaxtheory.cli.bounds import _figure
+
+    labels = {}
+    for beta in ("1", "2"):
+        argv = ("bounds", "--spread", "3", "--beta", beta, "--budget", "0", "--json")
+        code, out, _ = run(capsys, *argv, "--sizes", "16,4096")
+        assert code == 0
+        fig = _figure(json.loads(out))
+        ax = fig.axes[0]
+        labels[beta] = [t.get_text() for t in ax.get_legend().get_texts()] + [ax.get_title()]
+        plt.close(fig)
+    assert not any("β" in t for t in labels["1"])
+    two = labels["2"]
+    assert "max coefficient (T1, β = 2.0)" in two and "min coefficient (T1, β = 2.0)" in two
+    adaptive = [t for t in two if "adaptive temperature" in t]
+    assert len(adaptive) == 2 and all("logits as given (β = 1)" in t for t in adaptive)
+    assert two[-1].endswith("spread 3.0, β = 2.0")
 
 
 def test_plot_without_matplotlib(tmp_path, capsys, monkeypatch):

@@ -162,6 +162,10 @@ def certified_text(n: int, spread: float, beta: float, kind: str, digits: int) -
     ValueError
         If `kind` is not one of the three.
     """
+    if kind in ("max", "min") and (n == 1 or spread == 0):
+        # every coefficient is 1/n, exactly: a decimal tie (1/5120 to six digits, 1/80 to
+        # two) that the enclosures of a rational with no binary form never decide
+        return ivl.decimal_of_fraction(Fraction(1, n), digits)
     if kind == "max":
         enclose = coefficient_enclosure(n, spread, beta, -1)
     elif kind == "min":

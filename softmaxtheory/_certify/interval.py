@@ -37,6 +37,7 @@ __all__ = [
     "Interval",
     "certify",
     "decimal_of",
+    "decimal_of_fraction",
     "float_directed",
     "float_of",
     "float_up_of",
@@ -291,6 +292,16 @@ def decimal_of(iv: Interval, digits: int) -> str | None:
     lo = _decimal_raw(iv[0], digits)
     hi = _decimal_raw(iv[1], digits)
     return lo if lo == hi else None
+
+
+def decimal_of_fraction(value: Fraction, digits: int) -> str:
+    """The decimal string of an exact rational, `digits` significant digits.
+
+    Rounding is to nearest, ties to even, as in :func:`decimal_of`; for values known
+    exactly, which may lie on a tie that no enclosure decides (1/5120 = 0.0001953125
+    to six digits).
+    """
+    return _decimal(Fraction(value), digits)
 
 
 def certify(enclose: Callable[[int], Interval], accept: Callable[[Interval], T | None]) -> T:

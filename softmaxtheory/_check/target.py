@@ -597,7 +597,7 @@ def target_from_options(
         The kernel's entropy guard, >= 0 (text is parsed as a float).
     schedule : Schedule or str
         The schedule the kernel implements, or its command-line spelling
-        (``paper``, ``constant:BETA``, ``loglength:S``, ``poly:C0,C1,...[@THETA]``).
+        (``paper``, ``constant:BETA``, ``loglength:S``, ``poly:CK,...,C1,C0[@THETA]``).
     thorough : bool
         Explore ten times more examples.
     examples : int, optional

@@ -52,7 +52,7 @@ def parse_schedule(text: str) -> Schedule:
     """Parse a schedule from the command line.
 
     Accepted forms: ``paper``, ``constant:BETA``, ``loglength:S`` and
-    ``poly:C0,C1,...[@THRESHOLD]`` (coefficients highest degree first, exact
+    ``poly:CK,...,C1,C0[@THRESHOLD]`` (coefficients highest degree first, exact
     decimals).
 
     Examples
@@ -79,7 +79,8 @@ def parse_schedule(text: str) -> Schedule:
     except (TypeError, ValueError) as exc:
         raise argparse.ArgumentTypeError(f"bad schedule {text!r}: {exc}") from exc
     raise argparse.ArgumentTypeError(
-        f"bad schedule {text!r}: use paper, constant:BETA, loglength:S or poly:C0,C1,...[@THETA]"
+        f"bad schedule {text!r}: use paper, constant:BETA, loglength:S or "
+        "poly:CK,...,C1,C0[@THETA] (highest degree first)"
     )
 
 

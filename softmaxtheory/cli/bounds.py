@@ -191,8 +191,10 @@ def compute(
     n_one = n_star if beta == 1.0 else size(bounds.dispersion_size, eps, spread, 1.0)
     bracket: dict[str, Any] | None = None
     if spread == 0:
-        # every row is uniform, whatever beta: T2's size, exactly
-        bracket = {"lower": n_one, "upper": n_one, "witness": None, "budget": 0}
+        # every row is uniform, whatever beta: T2's size, exactly (as text, each end rounded
+        # in its own direction)
+        lower = size(bounds.dispersion_size, eps, spread, 1.0, rounding="down")
+        bracket = {"lower": lower, "upper": n_one, "witness": None, "budget": 0}
     elif spread * 2.5 > bounds.MAX_EXPONENT:
         # beyond the branch and bound's range, closed forms: beta >= 1 reaches at least
         # T2's coefficient at beta = 1, and from the switch-off size on beta = 1
@@ -379,7 +381,7 @@ def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
         )
     elif doc["spread"] == 0:
         out.write(
-            f"    every adaptive coefficient is < {doc['eps']!r} once n >= {low}"
+            f"    every adaptive coefficient is < {doc['eps']!r} once n >= {high}"
             "   (adaptive dispersion size: every row is uniform, beta changes nothing)\n\n"
         )
     else:
@@ -406,6 +408,20 @@ def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
 
 
 def _plot(doc: dict[str, Any], path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = _figure(doc)
+    fig.savefig(path, format="png")
+    plt.close(fig)
+
+
+def _figure(doc: dict[str, Any]) -> Any:
+    """The limits of `doc` (the JSON document) drawn against n, as a matplotlib figure.
+
+    The T1 curves and the dispersion size are at the document's β; the adaptive
+    temperature's curves apply the schedule to the logits as given (as the table's
+    column does), and say so when β is not 1.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -421,12 +437,14 @@ def _plot(doc: dict[str, Any], path: str) -> None:
     top = max(max(r["n"] for r in doc["rows"]), 4 * min(n_star, 10**12), 4 * min(n_off, 10**12))
     ns = np.unique(np.geomspace(2, top, 300).astype(np.int64))
     spread, beta = doc["spread"], doc["beta"]
+    at = "" if beta == 1.0 else f", β = {beta}"
+    given = "" if beta == 1.0 else ", logits as given (β = 1)"
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
-    ax.loglog(ns, bounds.max_coefficient(ns, spread, beta), label="max coefficient (T1)")
+    ax.loglog(ns, bounds.max_coefficient(ns, spread, beta), label=f"max coefficient (T1{at})")
     ax.loglog(
         ns,
         bounds.adaptive_max_coefficient(ns, spread),
-        label="max coefficient, adaptive temperature: closed form (T6)",
+        label=f"max coefficient, adaptive temperature{given}: closed form (T6)",
     )
     ax.loglog(  # the table's column: tighter where beta can exceed 1 (branch and bound)
         [r["n"] for r in doc["rows"]],
@@ -435,24 +453,22 @@ def _plot(doc: dict[str, Any], path: str) -> None:
         marker="o",
         markersize=3.5,
         color="tab:orange",
-        label="max coefficient, adaptive temperature: bracket's upper end",
+        label=f"max coefficient, adaptive temperature{given}: bracket's upper end",
     )
-    ax.loglog(ns, bounds.min_coefficient(ns, spread, beta), label="min coefficient (T1)")
+    ax.loglog(ns, bounds.min_coefficient(ns, spread, beta), label=f"min coefficient (T1{at})")
     ax.loglog(ns, 1.0 / ns, color="grey", linewidth=0.8, linestyle=":", label="1/n")
     ax.axhline(doc["eps"], color="black", linewidth=0.8, linestyle="--", label=f"ε = {doc['eps']}")
     if n_star <= top:
-        ax.axvline(n_star, color="tab:red", linewidth=0.8, label=f"dispersion size {n_star}")
+        ax.axvline(n_star, color="tab:red", linewidth=0.8, label=f"dispersion size {n_star}{at}")
     if n_off <= top:
         ax.axvline(n_off, color="tab:purple", linewidth=0.8, label=f"switch-off size {n_off}")
     ax.set_xlabel("number of items n")
     ax.set_ylabel("coefficient bound")
-    bt = "" if beta == 1.0 else f", β = {beta}"
-    ax.set_title(f"Softmax dispersion limits for logit spread {spread}{bt}")
+    ax.set_title(f"Softmax dispersion limits for logit spread {spread}{at}")
     ax.grid(True, which="both", linewidth=0.3)
     ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
-    fig.savefig(path, format="png")
-    plt.close(fig)
+    return fig
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -122,7 +122,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="SPEC",
         help="schedule the kernel implements: paper (default), constant:BETA, loglength:S, "
-        "poly:C0,C1,...[@THETA] (kinds adaptive_softmax and attention)",
+        "poly:CK,...,C1,C0[@THETA] (highest degree first; kinds adaptive_softmax and attention)",
     )
     p.add_argument(
         "--kwarg",

@@ -38,7 +38,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         type=parse_schedule,
         default=PaperPolynomial(),
         metavar="SPEC",
-        help="paper (default), constant:BETA, loglength:S, poly:C0,C1,...[@THETA]",
+        help=(
+            "paper (default), constant:BETA, loglength:S, "
+            "poly:CK,...,C1,C0[@THETA] (highest degree first)"
+        ),
     )
     ref.add_argument(
         "--entropy-eps",
