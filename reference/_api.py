@@ -23,6 +23,7 @@ from softmaxtheory.spec import (
 
 from . import _engine as eng
 from . import _fast
+from ._rational import rational_coefficients
 from ._rounding import BinaryFormat, format_for, round_ball
 
 __all__ = [
@@ -84,13 +85,19 @@ def certify_row(
     as the value). Then the float64 value decides: float64's cut-off is deeper, and
     when its correctly rounded value lies below half the format's least subnormal, so
     does the exact value (rounding is monotone and that bound is a float64), which
-    rounds to a zero of its sign.
+    rounds to a zero of its sign. Under LogLength, an adaptive softmax whose weights
+    are all rational is computed as fractions (:mod:`._rational`): a coefficient can be
+    exactly a rounding tie, which no Ziv loop decides.
 
     Raises
     ------
     PrecisionError
         As :func:`evaluate_row`.
     """
+    if want == "adaptive_softmax":  # exact rational coefficients (LogLength): ties too
+        exact = rational_coefficients(row, schedule, fmt)
+        if exact is not None:
+            return exact
 
     def run(f: BinaryFormat) -> Any:
         return evaluate_row(

@@ -20,7 +20,6 @@ exact zero, returned as ``+0.0``.
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from functools import cmp_to_key
 from typing import Any
 
@@ -44,10 +43,10 @@ from softmaxtheory._certify.interval import to_fraction
 from softmaxtheory._certify.loop import certify
 from softmaxtheory._formats import NUMPY_DTYPES
 from softmaxtheory.spec import (
-    LogLength,
     Schedule,
     attention_layout,
     check_entropy_eps,
+    exact_float64,
     expand_kv_heads,
     numpy_array,
     refuse_masked,
@@ -58,6 +57,7 @@ from softmaxtheory.spec import (
 from . import _engine as eng
 from ._api import PrecisionError
 from ._attention_interval import FLOAT_BOUND_PRECISION, interval_outputs
+from ._rational import loglength_weights
 from ._rounding import BinaryFormat, format_for, round_ball, round_exact, round_fraction
 
 __all__ = ["ATTENTION_MAX_PRECISION", "adaptive_attention"]
@@ -82,8 +82,8 @@ RN = eng.RN
 def _as_float_array(a: Any, name: str) -> np.ndarray:
     refuse_masked(a, name, "operand")
     arr = numpy_array(a, name)
-    if arr.dtype.kind in "iu":
-        arr = arr.astype(np.float64)
+    if arr.dtype.kind in "iu":  # exact values, as the row functions' logits
+        arr = exact_float64(arr, name)
     elif arr.dtype.name not in NUMPY_DTYPES:
         raise TypeError(f"{name} must be a real floating or integer array, got dtype {arr.dtype}")
     if arr.ndim < 2:
@@ -211,44 +211,20 @@ def _certify_row(
     )
 
 
-def _integer_root(n: int, b: int) -> int | None:
-    """The integer ``c`` with ``c**b == n``, or None."""
-    if b == 1:
-        return n
-    if n.bit_length() < b:  # c >= 2 has c**b >= 2**b > n
-        return None
-    c = round(n ** (1.0 / b))
-    return next((r for r in (c - 1, c, c + 1) if r >= 2 and r**b == n), None)
-
-
-#: The largest weight the exact path forms, in bits of its numerator or denominator.
-_RATIONAL_BITS = 4096
-
-
 def _rational_outputs(
     groups: dict, group_sums: dict, dv: int, n_eff: int, schedule: Schedule, fmt: BinaryFormat
 ) -> list[float] | None:
     r"""Outputs computed exactly in rationals, where every weight is rational; else None.
 
-    With :class:`~softmaxtheory.spec.LogLength`, :math:`\beta = s \log n` and the
-    weight of a key :math:`z` below the maximum is :math:`n^{s z}`, rational when
-    :math:`n` is a perfect :math:`b`-th power for :math:`s z = a / b` (an integer
-    :math:`s z` above all). Then an output can be exactly 0, or exactly a rounding
-    tie, with no tied keys to show it: keys :math:`(0, -1)` with values
-    :math:`(1, -2)` and :math:`s = 1` weigh :math:`2/3` and :math:`1/3`, and their
-    output, 0, is no error ball's to decide. It is computed as a fraction and
-    rounded once.
+    Under :class:`~softmaxtheory.spec.LogLength` (:mod:`._rational`) an output can be
+    exactly 0, or exactly a rounding tie, with no tied keys to show it: keys
+    :math:`(0, -1)` with values :math:`(1, -2)` and :math:`s = 1` weigh :math:`2/3` and
+    :math:`1/3`, and their output, 0, is no error ball's to decide. It is computed as a
+    fraction and rounded once.
     """
-    if not isinstance(schedule, LogLength):
+    weights = loglength_weights(groups, n_eff, schedule)
+    if weights is None:
         return None
-    s = schedule.exact_s
-    weights = {}
-    for d in groups:
-        r = s * to_fraction(d) if n_eff > 1 else Fraction(0)
-        c = _integer_root(n_eff, r.denominator)
-        if c is None or abs(r.numerator) * c.bit_length() > _RATIONAL_BITS:
-            return None
-        weights[d] = Fraction(c) ** r.numerator
     den = sum(w * len(groups[d]) for d, w in weights.items())
     sums = {d: [to_fraction(x) for x in group_sums[d]] for d in groups}
     return [
@@ -357,7 +333,10 @@ def adaptive_attention(
     Parameters
     ----------
     q : array_like, shape (..., L, d)
-        Queries.
+        Queries: floats, or integers float64 holds exactly (as the row functions'
+        logits: one beyond :math:`2^{53}` that it does not hold is refused with
+        :class:`ValueError`; its exact value is what the logits are made of). So are
+        `k` and `v`.
     k : array_like, shape (..., S, d)
         Keys.
     v : array_like, shape (..., S, dv)

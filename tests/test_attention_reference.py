@@ -365,6 +365,64 @@ def test_loglength_outputs_known_exactly_are_returned():
     assert adaptive_attention(q, k, v, scale=1.0, schedule=LogLength("0.5")).tolist() == [[0.0]]
 
 
+def test_loglength_coefficients_at_an_exact_tie_are_returned():
+    """The row functions had no exact path: a LogLength coefficient that is exactly a rounding
+    tie raised PrecisionError in reference.adaptive_softmax, StreamState.normalize and the
+    oracle (which then refused a correct kernel). Each coefficient is now the fraction
+    n**(s z) / sum rounded once; here it is checked against CPython's own correctly rounded
+    int / int."""
+    from fractions import Fraction
+
+    from softmaxtheory import reference
+    from softmaxtheory.accelerated import cpu
+    from softmaxtheory.spec import LogLength
+    from softmaxtheory.testing import assert_adaptive_softmax_close
+
+    schedule = LogLength("0.5")  # beta z = log(sqrt(n)) z: weights 6**z at n = 36, 10**z at 100
+    # 36 items: the last weighs 6**7 = 2187 (12 bits) against a sum of 8192, a float16 tie
+    x16 = np.repeat(np.arange(8.0), [4, 0, 3, 0, 5, 8, 15, 1])
+    got = reference.adaptive_softmax(x16, schedule=schedule, dtype=np.float16)
+    assert got[-1] == np.float16(0.26708984375)  # 2187/8192 to even; 0.26723... the other way
+    v = np.zeros((36, 1))
+    v[-1] = 1.0
+    att = adaptive_attention(np.ones((1, 1)), x16[:, None], v, scale=1.0, schedule=schedule,
+                             dtype=np.float16)  # fmt: skip
+    assert att[0, 0] == got[-1]
+    # 100 items: the last weighs 10**23 = 5**23 * 2**23 over a sum that makes it a float64 tie
+    x64 = np.repeat(np.arange(24.0), [4, 4, 5, 6, 7, 6, 3, 9, 2, 7, 5, 6, 3, 0, 9, 4, 5, 4,
+                                      1, 3, 2, 2, 0, 3])  # fmt: skip
+    weights = [10 ** int(z) for z in x64]
+    total = sum(weights)
+    assert Fraction(weights[-1], total).denominator == 2**55
+    want = np.array([w / total for w in weights])  # CPython: int / int, correctly rounded
+    got = reference.adaptive_softmax(x64, schedule=schedule)
+    np.testing.assert_array_equal(got, want)
+    assert got[-1] == 0.33087224502121104
+    state = reference.StreamState.from_logits(x64)
+    np.testing.assert_array_equal(state.normalize(x64, schedule=schedule), want)
+    kernel = cpu.adaptive_softmax(x64, schedule=schedule)
+    assert assert_adaptive_softmax_close(kernel, x64, schedule=schedule).passed
+    # masked items keep 0, and the exact path covers rows with -inf entries
+    xm = np.concatenate([x64, [-np.inf, -np.inf]])
+    np.testing.assert_array_equal(
+        reference.adaptive_softmax(xm, schedule=schedule), np.concatenate([want, [0.0, 0.0]])
+    )
+
+
+def test_integer_operands_float64_cannot_hold_are_refused():
+    """They were rounded: keys 2**53 + 1 and 2**53 (logits 1 apart) gave 0.5 for
+    e / (1 + e); the row functions refuse such logits, whose exact value they use."""
+    q, v = np.array([[1]]), np.array([[1.0], [0.0]])
+    k = np.array([[2**53 + 1], [2**53]])
+    for name, args in (("k", (q, k, v)), ("q", (k.T, q, v[:1])), ("v", (q, q, k[:1]))):
+        with pytest.raises(ValueError, match=f"{name} holds the integer 9007199254740993"):
+            adaptive_attention(*args, scale=1.0, schedule=Constant(1))
+    # integers float64 holds are taken exactly, as before
+    got = adaptive_attention(q, np.array([[2**53]]) - np.array([[0], [1]]), v, scale=1.0,
+                             schedule=Constant(1))  # fmt: skip
+    assert got[0, 0] == 1 / (1 + math.exp(-1))
+
+
 def test_grouped_query_attention_pairs_query_head_h_with_key_head_h_over_the_group():
     """enable_gqa: k and v with fewer heads; query head h reads head h // (Hq / Hk), as
     SDPA's enable_gqa (each key and value head repeated in place)."""
