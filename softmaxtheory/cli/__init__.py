@@ -35,6 +35,7 @@ from ..spec import Constant, LogLength, PaperPolynomial, Polynomial, Schedule
 
 __all__ = [
     "COMMANDS",
+    "CommandParser",
     "build_parser",
     "check_output_file",
     "load_npy",
@@ -107,7 +108,7 @@ _NEGATIVE_NUMBER = re.compile(
 )
 
 
-class _Parser(argparse.ArgumentParser):
+class CommandParser(argparse.ArgumentParser):
     """The parser of every subcommand: no abbreviated options, one-line errors.
 
     Options are never abbreviated (``--n`` is not ``--npy``), and a usage
@@ -205,7 +206,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     :data:`COMMANDS`) without running anything; the experiments' modules are
     not imported.
     """
-    parser = _Parser(
+    parser = CommandParser(
         prog="softmaxtheory",
         description="Softmax dispersion and adaptive temperature, certified.",
     )

@@ -71,10 +71,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def experiment_parser(name: str) -> argparse.ArgumentParser:
     """The argument parser of the experiment `name` (imports its module)."""
-    from . import _Parser  # the other commands' parser: one-line errors, no abbreviations
+    from . import CommandParser  # the other commands' parser: one-line errors, no abbreviations
 
     help_line = EXPERIMENTS[name][1]
-    parser = _Parser(
+    parser = CommandParser(
         prog=f"softmaxtheory reproduce {name}", description=help_line[0].upper() + help_line[1:]
     )
     _module(name).add_arguments(parser)
