@@ -107,16 +107,32 @@ PADDINGS = (
 )
 
 
+#: Lengths between those ``values`` draws (at most 48) and the long ones: on each side of
+#: 64, 128, 256 and 512, where a kernel switches paths (a row per warp up to 128 items, a
+#: row per block beyond) or ends a block. A "warp per row" path that loads the normaliser
+#: under ``col < 64`` for ``col < n`` sums half of a 100-item row, and no other length
+#: the suite sent lay between 49 and 129.
+MID_LENGTHS = (64, 65, 100, 128, 129, 257, 513)
+
+
+#: Runs of ``-inf`` in a row of ``16384 + 27`` items: padding over whole blocks of up to
+#: 8192 items, on the left and on the right (:data:`PADDINGS` covers blocks up to 2048).
+LONG_PADDINGS = (
+    ("i < 12288", "left padding: the first 12288 items masked"),
+    ("i >= 4000", "right padding: all but the first 4000 items masked"),
+)
+
+
 def _p_long_rows(t: Target, run: Run) -> None:
-    """Rows of 130 to 16384 items: accumulation error against the bound.
+    """Rows of 64 to 16411 items: accumulation error against the bound.
 
     Lengths that are powers of two and lengths that are not (``4096 + 3``,
     ``16384 + 27``): a blocked kernel whose last, partial block is handled wrongly is
     right on the first kind. The lengths of sequences in practice (130, 1000, 2047:
-    the other properties draw at most 48 items). Padded rows (:data:`PADDINGS`): whole
-    blocks masked.
+    the other properties draw at most 48 items), and :data:`MID_LENGTHS`. Padded rows
+    (:data:`PADDINGS`, :data:`LONG_PADDINGS`): whole blocks masked.
     """
-    sizes = [(130, 2.0), (1000, 3.0), (2047, 1.0)]
+    sizes = [(n, 2.0) for n in MID_LENGTHS] + [(130, 2.0), (1000, 3.0), (2047, 1.0)]
     sizes += [(4096, 1.0), (4099, 4.0), (16384, 2.0), (16411, 1.0)]
     if t.thorough:
         sizes += [(65536, 3.0), (65536 + ODD_TAIL, 3.0), (16384, 8.0)]
@@ -127,9 +143,13 @@ def _p_long_rows(t: Target, run: Run) -> None:
     x = strat.cast(strat.row_with_entropy(4.0, 8192, 3), t.dtype)
     src = _src_cast("softmaxtheory.strategies.row_with_entropy(4.0, 8192, 3)", t.dtype)
     run.compare(run.call(x), x, source=src, what="long row in the adaptive window, n = 8192")
-    for seed, (masked, label) in enumerate(PADDINGS, start=30):
-        x, src = _padded_array(seed, ODD_TAIL, 2.0, masked, t.dtype)
-        run.compare(run.call(x), x, source=src, what=f"padded row, n = {ODD_TAIL}, {label}")
+    padded = [(ODD_TAIL, masked, label) for masked, label in PADDINGS]
+    padded += [(16411, masked, label) for masked, label in LONG_PADDINGS]
+    if t.thorough:  # blocks of up to 32768
+        padded.append((65536 + ODD_TAIL, "i < 49152", "left padding: 49152 items masked"))
+    for seed, (n, masked, label) in enumerate(padded, start=30):
+        x, src = _padded_array(seed, n, 2.0, masked, t.dtype)
+        run.compare(run.call(x), x, source=src, what=f"padded row, n = {n}, {label}")
 
 
 def _p_million_row(t: Target, run: Run) -> None:
@@ -140,7 +160,8 @@ def _p_million_row(t: Target, run: Run) -> None:
     last block holds, is the row's maximum by 6: about half the mass. A kernel that
     drops the partial block from its sum is then off by a factor near 2; when the tail
     was like the rest, the 4099 dropped items were 0.4 % of the sum, within what the
-    float32 baseline allows a million-term sum.
+    float32 baseline allows a million-term sum. Then the same length with more than its
+    first half masked (left padding).
     """
     k = 24 if t.thorough else 20
     n = (1 << k) + ODD_TAIL
@@ -151,6 +172,12 @@ def _p_million_row(t: Target, run: Run) -> None:
     x = strat.cast(eval(src, {"np": np}), t.dtype)
     what = f"long row, n = 2**{k} + {ODD_TAIL}, its maximum last"
     run.compare(run.call(x), x, source=_src_cast(src, t.dtype), what=what)
+    # left padding over more than half the row: whole blocks of up to 2**(k-1) items masked,
+    # as a kernel that splits a row into a fixed number of parts meets
+    masked = f"i < {(1 << (k - 1)) + 5000}"
+    x, src = _padded_array(21, n, 2.0, masked, t.dtype)
+    what = f"long row, n = 2**{k} + {ODD_TAIL}, the first 2**{k - 1} + 5000 items masked"
+    run.compare(run.call(x), x, source=src, what=what)
 
 
 def _branch_entropies() -> list[float]:
@@ -269,13 +296,22 @@ def _p_dtype_shape(t: Target, run: Run) -> None:
         if got.shape != want:
             raise Failed(f"{label}: output shape {got.shape}, expected {want}")
         run.compare(out, x, what=label)
-    # a non-contiguous input: a transposed view
+    # non-contiguous inputs: a transposed view; batch views whose rows are contiguous but
+    # not evenly spaced (a kernel handed one row stride reads the wrong rows there)
     xt = np.ascontiguousarray(np.swapaxes(base[0], 0, 1))  # (5, 3): rows are columns
+    big = strat.cast(np.random.default_rng(12).normal(0, 3, (2, 5, 7)), t.dtype)
     if t.framework == "numpy":
-        out = t.call(xt, view=lambda a: np.swapaxes(a, 0, 1))
+        swap = lambda a: np.swapaxes(a, 0, 1)  # noqa: E731
     else:
-        out = t.call(xt, view=lambda a: a.transpose(0, 1))
-    run.compare(out, np.swapaxes(xt, 0, 1).copy(), what="non-contiguous (transposed) input")
+        swap = lambda a: a.transpose(0, 1)  # noqa: E731
+    views = [  # (label, the data sent, the view made of it there, the values it shows)
+        ("non-contiguous (transposed) input", xt, swap, np.swapaxes(xt, 0, 1)),
+        ("a batch view x[:, :3] of a (2, 5, n) array", big, lambda a: a[:, :3], big[:, :3]),
+        ("batch axes swapped, (5, 2, n) as a view of (2, 5, n)", big, swap,
+         np.swapaxes(big, 0, 1)),
+    ]  # fmt: skip
+    for label, data, view, shown in views:
+        run.compare(t.call(data, view=view), np.ascontiguousarray(shown), what=label)
 
 
 def _special_expected(t: Target) -> list[tuple[str, np.ndarray]]:
@@ -656,6 +692,9 @@ def _p_attention_masks(t: Target, run: Run) -> None:
     A mask of shape ``(B, 1, S)`` (each sequence its own padding) broadcasts over the
     queries, and one of shape ``(B, L, S)`` gives each batch entry its own mask: a
     kernel that reads the first entry's mask for every entry is right on 2-d masks.
+    Then additive masks, key padding over whole blocks of 300 and of 4099 keys, masks of
+    4-d operands (per head, and ``(B, 1, 1, S)``), masked keys with the largest logits,
+    and queries whose every key is masked.
     """
     if t.mask_keyword is None:
         raise Skip("the kernel takes no mask= or attn_mask= keyword")
@@ -691,8 +730,55 @@ def _p_attention_masks(t: Target, run: Run) -> None:
     inputs = {"q": q, "k": k, "v": v, "mask": blocks, "is_causal": False}
     _attention_compare(run, inputs, "masked, key padding over whole blocks of keys", source=source)
     _attention_schedules(run, inputs, "masked, key padding", source)
+    _long_key_padding(run)
+    _per_head_masks(run)
     _masked_far_keys(run)
     _fully_masked_queries(run)
+
+
+def _long_key_padding(run: Run) -> None:
+    """Key padding over whole chunks of up to 2048 of 4099 keys (``ODD_TAIL``).
+
+    Entry 0 keeps keys 2100 and up (left padding: keys 0 to 2047 masked), entry 1 its
+    first 1000 (right padding: keys 1024 to 4095). A kernel that splits the keys into
+    chunks (of 512 or 1024, as memory-efficient attention does) and merges their
+    normalisers by ``exp(m_chunk - m)`` gets NaN from a fully masked chunk; with 300 keys
+    (the case before) every chunk of 512 or more held a kept key.
+    """
+    t = run.target
+    (q, q_src), (k, k_src), (v, v_src) = (
+        _rng_array(seed, shape, 1.0, t.dtype)
+        for seed, shape in ((25, (2, 3, 8)), (26, (2, ODD_TAIL, 8)), (27, (2, ODD_TAIL, 3)))
+    )
+    keys = f"np.arange({ODD_TAIL})[None, None, :]"
+    mask_src = f"np.concatenate([{keys} >= 2100, {keys} < 1000])"
+    mask = eval(mask_src, {"np": np})  # (2, 1, 4099)
+    source = {"q": q_src, "k": k_src, "v": v_src, "mask": mask_src}
+    inputs = {"q": q, "k": k, "v": v, "mask": mask, "is_causal": False}
+    _attention_compare(run, inputs, f"masked, key padding over chunks of {ODD_TAIL} keys",
+                       source=source)  # fmt: skip
+
+
+def _per_head_masks(run: Run) -> None:
+    """Masks of 4-d operands ``(B, H, L, d)``: one per (entry, head), and key padding.
+
+    A ``(2, 3, 5, 7)`` mask gives every head its own pattern: a kernel that reads head 0's
+    for every head is right on the 3-d masks of the cases before. A ``(2, 1, 1, 7)`` mask
+    pads each entry's keys across all its heads and queries.
+    """
+    t = run.target
+    (q, q_src), (k, k_src), (v, v_src) = (
+        _rng_array(seed, shape, 1.0, t.dtype)
+        for seed, shape in ((28, (2, 3, 5, 4)), (29, (2, 3, 7, 4)), (30, (2, 3, 7, 2)))
+    )
+    source = {"q": q_src, "k": k_src, "v": v_src}
+    per_head = np.random.default_rng(31).random((2, 3, 5, 7)) < 0.5
+    per_head[..., 2] = True  # every query keeps a key
+    padding = np.arange(7)[None, None, None, :] < np.array([5, 2])[:, None, None, None]
+    for label, mask in (("a mask per head, shape (2, 3, 5, 7)", per_head),
+                        ("key padding of 4-d operands, shape (2, 1, 1, 7)", padding)):  # fmt: skip
+        inputs = {"q": q, "k": k, "v": v, "mask": mask, "is_causal": False}
+        _attention_compare(run, inputs, f"masked, {label}", source=source)
 
 
 def _masked_far_keys(run: Run) -> None:
@@ -791,6 +877,9 @@ def _additive_masks(
 def _p_attention_causal(t: Target, run: Run) -> None:
     r"""``is_causal=True`` (keys j > i masked); with drawn scales when the kernel takes them.
 
+    Drawn cases, then 130 queries and keys (whole key blocks beyond the diagonal), and
+    one query over 5 keys (a decoding step: the query sees key 0 only).
+
     A causal mask applied before a scale of 0 or below gives :math:`0 \cdot (-\infty)`
     (NaN) or :math:`+\infty` in the masked logits: torch's CPU flash kernel did (2.13).
     """
@@ -810,6 +899,15 @@ def _p_attention_causal(t: Target, run: Run) -> None:
     source = {"q": q_src, "k": k_src, "v": v_src}
     _attention_compare(run, inputs, "causal, 130 queries and keys", source=source)
     _attention_schedules(run, inputs, "causal, 130 queries and keys", source)
+    # one query over 5 keys (a decoding step): top-left aligned, the query sees key 0
+    # only; a single-query path that skips the causal mask attends all 5
+    (q, q_src), (k, k_src), (v, v_src) = (
+        _rng_array(seed, shape, 1.0, t.dtype)
+        for seed, shape in ((34, (2, 1, 4)), (35, (2, 5, 4)), (36, (2, 5, 3)))
+    )
+    inputs = {"q": q, "k": k, "v": v, "mask": None, "is_causal": True}
+    source = {"q": q_src, "k": k_src, "v": v_src}
+    _attention_compare(run, inputs, "causal, one query over 5 keys", source=source)
 
 
 #: The non-finite entries ``attention_special_values`` plants, as ``(what, operand, index,
@@ -882,8 +980,9 @@ def _p_attention_batch(t: Target, run: Run) -> None:
     """Each batch entry and query row is independent of the others; long key sequences.
 
     256 keys, and 256 + 5: a kernel that loops over key blocks and handles its last,
-    partial block wrongly is right on whole blocks. Batches of 67 and 69 (batch, head)
-    slices: every slice is checked, the last ones included. A kernel that takes
+    partial block wrongly is right on whole blocks. 1031 queries (an odd number: a
+    partial last tile of queries). Batches of 67 and 69 (batch, head) slices: every
+    slice is checked, the last ones included. A kernel that takes
     ``enable_gqa=`` also gets 6 query heads over 2 key and value heads (SDPA's
     pairing: query head h reads key head h // 3), causal too when it takes
     ``is_causal=``.
@@ -907,6 +1006,17 @@ def _p_attention_batch(t: Target, run: Run) -> None:
         cut = f"[{i}:{i + 1}]"
         source = {"q": f"({q_src}){cut}[:, :1]", "k": f"({k_src}){cut}", "v": f"({v_src}){cut}"}
         _attention_compare(run, one, f"head {i}, query 0 alone", source=source)
+    # 1031 queries over 5 keys: a kernel that tiles the queries and rounds the number of
+    # tiles down leaves the last queries unwritten, for every tile of a power-of-two size
+    # up to 1024 (the other cases have at most 130 queries)
+    (q, q_src), (k, k_src), (v, v_src) = (
+        _rng_array(seed, shape, 1.5, t.dtype)
+        for seed, shape in ((37, (1, 1031, 4)), (38, (1, 5, 4)), (39, (1, 5, 3)))
+    )
+    _attention_compare(
+        run, {"q": q, "k": k, "v": v, **base}, "1031 queries over 5 keys",
+        source={"q": q_src, "k": k_src, "v": v_src},
+    )  # fmt: skip
     # many (batch, head) slices, an odd number of them: a kernel that gives each program a
     # group of slices and rounds the number of groups down leaves the last ones unwritten
     for seed, lead in ((8, (67,)), (11, (3, 23))):
@@ -939,13 +1049,28 @@ def _p_attention_batch(t: Target, run: Run) -> None:
 FRESH_CALLS = 6
 
 
-def _fresh_sources(t: Target) -> list[list[tuple[str, str]]]:
-    """The operands of :func:`_p_fresh_results`' calls: (name, numpy source text) each."""
-    shapes = {"x": (2, 5)} if t.kind != "attention" else {"q": (2, 3, 4), "k": (2, 5, 4),
-                                                          "v": (2, 5, 4)}  # fmt: skip
+#: The operand shapes of :func:`_p_fresh_results`, small then large: a caching allocator
+#: that keeps a workspace only for large results (4096 items or more, 64 keys or more)
+#: hands out fresh memory for small ones.
+FRESH_SHAPES = {
+    "rows": ({"x": (2, 5)}, {"x": (2, 4099)}),
+    "attention": (
+        {"q": (2, 3, 4), "k": (2, 5, 4), "v": (2, 5, 4)},
+        {"q": (2, 3, 4), "k": (2, 261, 4), "v": (2, 261, 4)},
+    ),
+}
+
+
+def _fresh_sources(t: Target, size: int = 0) -> list[list[tuple[str, str]]]:
+    """The operands of :func:`_p_fresh_results`' calls: (name, numpy source text) each.
+
+    `size` 0 is the small shapes of :data:`FRESH_SHAPES`, 1 the large ones.
+    """
+    shapes = FRESH_SHAPES["attention" if t.kind == "attention" else "rows"][size]
+    seed = 31 + 3 * FRESH_CALLS * size
     return [
         [
-            (name, f"np.random.default_rng({31 + 3 * call + i}).normal(0.0, 3.0, {shape})")
+            (name, f"np.random.default_rng({seed + 3 * call + i}).normal(0.0, 3.0, {shape})")
             for i, (name, shape) in enumerate(shapes.items())
         ]
         for call in range(FRESH_CALLS)
@@ -979,13 +1104,18 @@ def _fresh_repro(t: Target, calls: list[list[tuple[str, str]]], first: int, last
 def _p_fresh_results(t: Target, run: Run) -> None:
     """A result the caller keeps does not change when the kernel is called again.
 
-    :data:`FRESH_CALLS` calls on inputs of one shape and dtype; every result must keep
-    its bits through the later calls. A kernel that returns a buffer it reuses (a
-    workspace cached between calls, or a pool of a few) passes every value check, yet
-    a caller that keeps results holds a later one twice. (Every property also checks
-    every call for writes to the kernel's inputs.)
+    :data:`FRESH_CALLS` calls on inputs of one shape and dtype, small then large
+    (:data:`FRESH_SHAPES`); every result must keep its bits through the later calls. A
+    kernel that returns a buffer it reuses (a workspace cached between calls, or a pool
+    of a few) passes every value check, yet a caller that keeps results holds a later
+    one twice. (Every property also checks every call for writes to the kernel's inputs.)
     """
-    calls = _fresh_sources(t)
+    for size in (0, 1):
+        _fresh_calls(t, run, _fresh_sources(t, size))
+
+
+def _fresh_calls(t: Target, run: Run, calls: list[list[tuple[str, str]]]) -> None:
+    """:func:`_p_fresh_results` on the operands `calls` (:func:`_fresh_sources`)."""
     arrays = [
         {name: strat.cast(eval(src, {"np": np}), t.dtype) for name, src in operands}
         for operands in calls

@@ -574,22 +574,22 @@ def attention_tail_unscaled(q, k, v, mask=None, is_causal=False):
 SPLIT_BLOCK = 64
 
 
-def _split_softmax(row):
+def _split_softmax(row, block=SPLIT_BLOCK):
     """Softmax of a 1-d row from each block's (max, sum), merged by ``exp(m_block - m)``:
     a fully masked block has ``m_block = -inf`` and gives ``exp(-inf - (-inf))``, NaN (the
     defect). Rows of special values are left to the correct softmax."""
     if not np.any(row > -np.inf) or np.any(np.isnan(row)) or np.any(np.isposinf(row)):
         return _softmax(row)
-    starts = range(0, row.size, SPLIT_BLOCK)
-    maxima = [row[lo : lo + SPLIT_BLOCK].max() for lo in starts]
+    starts = range(0, row.size, block)
+    maxima = [row[lo : lo + block].max() for lo in starts]
     m = max(maxima)
     with np.errstate(invalid="ignore"):
-        s = sum(np.sum(np.exp(row[lo : lo + SPLIT_BLOCK] - mb)) * np.exp(mb - m)
+        s = sum(np.sum(np.exp(row[lo : lo + block] - mb)) * np.exp(mb - m)
                 for lo, mb in zip(starts, maxima, strict=True))  # fmt: skip
         return np.exp(row - m) / s
 
 
-def split_softmax_nan_on_masked_block(x):
+def split_softmax_nan_on_masked_block(x, block=SPLIT_BLOCK):
     """Defect: a split softmax over blocks of 64 items (each block's max and sum, then
     merged) that gives NaN rows when a whole block is masked, as padding does."""
     x = np.asarray(x)
@@ -597,11 +597,17 @@ def split_softmax_nan_on_masked_block(x):
     flat = w.reshape(-1, w.shape[-1])
     out = np.empty_like(flat)
     for r, row in enumerate(flat):
-        out[r] = _split_softmax(row)
+        out[r] = _split_softmax(row, block)
     return out.reshape(x.shape).astype(x.dtype)
 
 
-def attention_nan_on_masked_key_block(q, k, v, mask=None, is_causal=False):
+def split_softmax_8192_nan_on_masked_block(x):
+    """Defect: the same over blocks of 8192 items: only rows padded over 8192 items or more
+    give NaN (padding of up to 3072 in 4099 items fills no such block)."""
+    return split_softmax_nan_on_masked_block(x, block=8192)
+
+
+def attention_nan_on_masked_key_block(q, k, v, mask=None, is_causal=False, block=SPLIT_BLOCK):
     """Defect: an adaptive attention whose normaliser is split over key blocks of 64 the same
     way: NaN rows where a whole block of keys is masked (key padding, causal rows)."""
     q, k, v = (np.asarray(a) for a in (q, k, v))
@@ -615,8 +621,15 @@ def attention_nan_on_masked_key_block(q, k, v, mask=None, is_causal=False):
         m = np.max(logits, axis=-1, keepdims=True, initial=-np.inf)
         z = b[..., None] * (logits - np.where(m == -np.inf, 0, m))
     flat = z.reshape(-1, z.shape[-1])
-    probs = np.stack([_split_softmax(row) for row in flat]) if flat.size else flat
+    probs = np.stack([_split_softmax(row, block) for row in flat]) if flat.size else flat
     return (probs.reshape(z.shape) @ v).astype(dt)
+
+
+def attention_nan_on_masked_key_chunk_1024(q, k, v, mask=None, is_causal=False):
+    """Defect: the same over key chunks of 1024 (memory-efficient attention's chunking):
+    every key of a sequence of at most 1024 lies in one chunk, so only longer padded
+    sequences give NaN."""
+    return attention_nan_on_masked_key_block(q, k, v, mask, is_causal, block=1024)
 
 
 def loglength_counting_masked(x, *, schedule=None):
@@ -825,6 +838,81 @@ def torch_flush_to_zero(x):
     return torch.softmax(x, dim=-1)
 
 
+def softmax_warp_rows_first_64(x):
+    """Defect: a "warp per row" path for rows of 65 to 128 items whose normaliser load is
+    guarded by ``col < 64`` where ``col < n`` was meant: the sum covers the first 64 items."""
+    x = np.asarray(x)
+    w = _work(x)
+    if not 64 < x.shape[-1] <= 128:
+        return _softmax(w).astype(x.dtype)
+    m = np.max(w, axis=-1, keepdims=True)
+    e = np.exp(w - np.where(m == -np.inf, 0, m))
+    return (e / np.sum(e[..., :64], axis=-1, keepdims=True)).astype(x.dtype)
+
+
+def softmax_one_row_stride(x):
+    """Defect: the wrapper of a row kernel handed a pointer and one row stride: it copies the
+    input only when its last axis is strided, then reads row r of the flattened batch at
+    ``r * strides[-2]`` (right for 2-d inputs and contiguous batches, not for ``x[:, :3]``)."""
+    x = np.asarray(x)
+    if x.ndim < 2:
+        return softmax(x)
+    if x.strides[-1] != x.itemsize:
+        x = np.ascontiguousarray(x)
+    rows = int(np.prod(x.shape[:-1]))
+    flat = np.lib.stride_tricks.as_strided(x, (rows, x.shape[-1]), (x.strides[-2], x.itemsize))
+    return _softmax(_work(flat)).astype(x.dtype).reshape(x.shape)
+
+
+def _workspace(key, result, large):
+    """`result` itself, or when `large` a copy in the workspace kept for `key`."""
+    if not large:
+        return result
+    buf = _BUFFERS.setdefault(("workspace", *key), np.empty_like(result))
+    np.copyto(buf, result)
+    return buf
+
+
+def workspace_for_large_results(x):
+    """Defect: results of 4096 elements or more go into a workspace kept per shape and dtype
+    (a caching allocator's large pool); smaller results are fresh."""
+    x = np.asarray(x)
+    r = _softmax(_work(x)).astype(x.dtype)
+    return _workspace((r.shape, r.dtype.str), r, r.size >= 4096)
+
+
+def attention_workspace_for_long_keys(q, k, v, mask=None, is_causal=False):
+    """Defect: the same in attention, for 64 keys or more."""
+    r = attention(q, k, v, mask=mask, is_causal=is_causal)
+    return _workspace(("attention", r.shape, r.dtype.str), r, np.shape(k)[-2] >= 64)
+
+
+def attention_query_tiles_floor(q, k, v, mask=None, is_causal=False):
+    """Defect: queries in tiles of 256 on a grid of ``L // 256`` tiles (at least 1): beyond
+    256 queries, those of a partial last tile stay zero."""
+    full = attention(q, k, v, mask=mask, is_causal=is_causal)
+    out = np.zeros_like(full)
+    done = max(1, full.shape[-2] // 256) * 256
+    out[..., :done, :] = full[..., :done, :]
+    return out
+
+
+def attention_mask_head_0(q, k, v, mask=None, is_causal=False):
+    """Defect: a 4-d mask ``(B, H, L, S)`` read at head 0 for every head (right for masks
+    without a head axis, or of one head)."""
+    if mask is not None and np.ndim(mask) == 4:
+        mask = np.broadcast_to(np.asarray(mask)[:, :1], np.shape(mask))
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+def attention_decode_ignores_causal(q, k, v, mask=None, is_causal=False):
+    """Defect: a single-query path (a decoding step) that drops ``is_causal``: with one
+    query over several keys it attends every key, where the top-left mask keeps key 0."""
+    if np.shape(q)[-2] == 1:
+        is_causal = False
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
 def unused_paper():  # pragma: no cover - keeps the import used for readers
     return PaperPolynomial()
 
@@ -935,6 +1023,20 @@ CATALOGUE = {
         attention_nan_keys_dropped, {"kind": "attention"}, "attention_special_values"),
     "grouped-query heads paired h % Hk, not h // (Hq / Hk)": (
         attention_gqa_heads_modulo, {"kind": "attention"}, "attention_batch"),
+    "split softmax over blocks of 8192, NaN on a fully masked block": (
+        split_softmax_8192_nan_on_masked_block, {"dtype": "float32"}, "long_rows"),
+    "chunked attention over 1024 keys, NaN on a fully masked chunk": (
+        attention_nan_on_masked_key_chunk_1024, {"kind": "attention"}, "attention_masks"),
+    "rows of 65 to 128 items normalised over their first 64": (
+        softmax_warp_rows_first_64, {"dtype": "float32"}, "long_rows"),
+    "rows of a batch view read at one row stride": (
+        softmax_one_row_stride, {"dtype": "float32"}, "dtype_shape"),
+    "query tiles of 256, the partial last tile never computed": (
+        attention_query_tiles_floor, {"kind": "attention"}, "attention_batch"),
+    "a per-head mask read at head 0": (
+        attention_mask_head_0, {"kind": "attention"}, "attention_masks"),
+    "one query (a decoding step) ignoring is_causal": (
+        attention_decode_ignores_causal, {"kind": "attention"}, "attention_causal"),
     # kernels whose values are right but whose memory is not
     "result written into the input": (softmax_in_place, {"dtype": "float32"}, "values"),
     "output buffer reused between calls": (reused_output_buffer, {}, "fresh_results"),
@@ -943,6 +1045,10 @@ CATALOGUE = {
     "attention output buffer reused between calls": (
         attention_reused_output_buffer, {"kind": "attention"}, "fresh_results"),
     "a pool of two output buffers used in turn": (output_pool_of_two, {}, "fresh_results"),
+    "a workspace reused for results of 4096 elements or more": (
+        workspace_for_large_results, {}, "fresh_results"),
+    "attention's workspace reused from 64 keys on": (
+        attention_workspace_for_long_keys, {"kind": "attention"}, "fresh_results"),
     # kernels whose values are right but which change the process around them
     "flush-to-zero switched on and left on": (
         torch_flush_to_zero, {"framework": "torch", "dtype": "float32"}, "values"),
