@@ -297,21 +297,30 @@ def _p_dtype_shape(t: Target, run: Run) -> None:
             raise Failed(f"{label}: output shape {got.shape}, expected {want}")
         run.compare(out, x, what=label)
     # non-contiguous inputs: a transposed view; batch views whose rows are contiguous but
-    # not evenly spaced (a kernel handed one row stride reads the wrong rows there)
-    xt = np.ascontiguousarray(np.swapaxes(base[0], 0, 1))  # (5, 3): rows are columns
+    # not evenly spaced (a kernel handed one row stride reads the wrong rows there); a
+    # slice that starts inside its buffer (a kernel that addresses the storage's start)
+    base_src = _src_cast("np.random.default_rng(11).normal(0, 3, (2, 3, 5))", t.dtype)
+    big_src = _src_cast("np.random.default_rng(12).normal(0, 3, (2, 5, 7))", t.dtype)
     big = strat.cast(np.random.default_rng(12).normal(0, 3, (2, 5, 7)), t.dtype)
+    xt = np.ascontiguousarray(np.swapaxes(base[0], 0, 1))  # (5, 3): rows are columns
     if t.framework == "numpy":
         swap = lambda a: np.swapaxes(a, 0, 1)  # noqa: E731
     else:
         swap = lambda a: a.transpose(0, 1)  # noqa: E731
-    views = [  # (label, the data sent, the view made of it there, the values it shows)
-        ("non-contiguous (transposed) input", xt, swap, np.swapaxes(xt, 0, 1)),
-        ("a batch view x[:, :3] of a (2, 5, n) array", big, lambda a: a[:, :3], big[:, :3]),
+    views = [  # (label, the data sent, the view made of it there, the values it shows, and
+        # numpy source text of the view, for the repro)
+        ("non-contiguous (transposed) input", xt, swap, np.swapaxes(xt, 0, 1),
+         f"np.swapaxes(np.ascontiguousarray(np.swapaxes(({base_src})[0], 0, 1)), 0, 1)"),
+        ("a batch view x[:, :3] of a (2, 5, n) array", big, lambda a: a[:, :3], big[:, :3],
+         f"({big_src})[:, :3]"),
         ("batch axes swapped, (5, 2, n) as a view of (2, 5, n)", big, swap,
-         np.swapaxes(big, 0, 1)),
+         np.swapaxes(big, 0, 1), f"np.swapaxes({big_src}, 0, 1)"),
+        ("x[1:, 1:] of a (5, n + 1) array (it starts inside its buffer)", big[0],
+         lambda a: a[1:, 1:], big[0, 1:, 1:], f"({big_src})[0, 1:, 1:]"),
     ]  # fmt: skip
-    for label, data, view, shown in views:
-        run.compare(t.call(data, view=view), np.ascontiguousarray(shown), what=label)
+    for label, data, view, shown, src in views:
+        run.compare(run.call(data, view=view), np.ascontiguousarray(shown), what=label,
+                    source=src)  # fmt: skip
 
 
 def _special_expected(t: Target) -> list[tuple[str, np.ndarray]]:
@@ -584,6 +593,14 @@ VIEWS = {
         "np.broadcast_to({x}[..., :1, :, :], {x}.shape)",
         "{x}[..., :1, :, :].expand({x}.shape)",
     ),
+    "a slice of a wider buffer (it starts inside it)": (
+        "np.concatenate([np.zeros_like({x}[..., :1]), {x}], -1)[..., 1:]",
+        "torch.cat([torch.zeros_like({x}[..., :1]), {x}], -1)[..., 1:]",
+    ),
+    "heads of a (B, L, H, d) projection": (
+        "np.swapaxes(np.ascontiguousarray(np.swapaxes({x}, -3, -2)), -3, -2)",
+        "{x}.transpose(-3, -2).contiguous().transpose(-3, -2)",
+    ),
 }
 
 
@@ -730,6 +747,10 @@ def _p_attention_masks(t: Target, run: Run) -> None:
     inputs = {"q": q, "k": k, "v": v, "mask": blocks, "is_causal": False}
     _attention_compare(run, inputs, "masked, key padding over whole blocks of keys", source=source)
     _attention_schedules(run, inputs, "masked, key padding", source)
+    if t.takes_scale:  # a masked path must take scale= too
+        for scale in (2.0, -0.5):
+            _attention_compare(run, {**inputs, "scale": scale},
+                               f"masked, key padding, scale={scale}", source=source)  # fmt: skip
     _long_key_padding(run)
     _per_head_masks(run)
     _masked_far_keys(run)
@@ -771,17 +792,19 @@ def _per_head_masks(run: Run) -> None:
         _rng_array(seed, shape, 1.0, t.dtype)
         for seed, shape in ((28, (2, 3, 5, 4)), (29, (2, 3, 7, 4)), (30, (2, 3, 7, 2)))
     )
-    source = {"q": q_src, "k": k_src, "v": v_src}
-    per_head = np.random.default_rng(31).random((2, 3, 5, 7)) < 0.5
-    per_head[..., 2] = True  # every query keeps a key
-    padding = np.arange(7)[None, None, None, :] < np.array([5, 2])[:, None, None, None]
-    for label, mask in (("a mask per head, shape (2, 3, 5, 7)", per_head),
-                        ("key padding of 4-d operands, shape (2, 1, 1, 7)", padding)):  # fmt: skip
-        inputs = {"q": q, "k": k, "v": v, "mask": mask, "is_causal": False}
+    masks = (  # every query keeps key 2
+        ("a mask per head, shape (2, 3, 5, 7)",
+         "(np.random.default_rng(31).random((2, 3, 5, 7)) < 0.5) | (np.arange(7) == 2)"),
+        ("key padding of 4-d operands, shape (2, 1, 1, 7)",
+         "np.arange(7)[None, None, None, :] < np.array([5, 2])[:, None, None, None]"),
+    )  # fmt: skip
+    for label, mask_src in masks:
+        inputs = {"q": q, "k": k, "v": v, "mask": eval(mask_src, {"np": np}), "is_causal": False}
+        source = {"q": q_src, "k": k_src, "v": v_src, "mask": mask_src}
         _attention_compare(run, inputs, f"masked, {label}", source=source)
 
 
-def _masked_far_keys(run: Run) -> None:
+def _masked_far_keys(run: Run, additive: bool = False) -> None:
     """Masked keys whose logits are 15000 above the others: a mask must remove a key.
 
     A kernel that writes its mask as a large negative number (-1e4, a "finite mask")
@@ -796,15 +819,19 @@ def _masked_far_keys(run: Run) -> None:
         "v": "np.random.default_rng(19).normal(0.0, 1.0, (2, 6, 3))",
         "mask": "np.tile(np.array([False, True, True, False, True, True])[None, None], (2, 2, 1))",
     }
+    if additive:
+        src["mask"] = f"np.where({src['mask']}, 0.0, -np.inf)"
     arrays = {n: eval(text, {"np": np}) for n, text in src.items()}
     inputs = {n: strat.cast(a, t.dtype) for n, a in arrays.items() if n != "mask"}
-    inputs.update(mask=arrays["mask"], is_causal=False)
+    mask = strat.cast(arrays["mask"], t.dtype) if additive else arrays["mask"]
+    inputs.update(mask=mask, is_causal=False)
     source = {n: _src_cast(text, t.dtype) for n, text in src.items() if n != "mask"}
-    source["mask"] = src["mask"]
-    _attention_compare(run, inputs, "masked keys with the largest logits (15000)", source=source)
+    source["mask"] = _src_cast(src["mask"], t.dtype) if additive else src["mask"]
+    what = "masked keys with the largest logits (15000)" + (", additive mask" if additive else "")
+    _attention_compare(run, inputs, what, source=source)
 
 
-def _fully_masked_queries(run: Run) -> None:
+def _fully_masked_queries(run: Run, additive: bool = False) -> None:
     """Queries whose every key is masked: their output is 0 (the special-value table).
 
     NaN there (SDPA's convention) is noted, and a failure under strict; a number that
@@ -820,6 +847,9 @@ def _fully_masked_queries(run: Run) -> None:
     mask[:, :, 0] = True
     mask[:, 2, :] = False  # query 2 of each batch entry attends to nothing
     what = "masked, a query whose every key is masked"
+    if additive:
+        mask = strat.cast(np.where(mask, 0.0, -np.inf), t.dtype)
+        what += ", additive mask"
     try:
         out = t.call_attention(q, k, v, mask, False)
     except Failed as exc:
@@ -872,6 +902,14 @@ def _additive_masks(
     _attention_check(run, out, first, f"masked, {label}", source=source)
     for label, mask in rest:
         _attention_compare(run, {**base, "mask": mask}, f"masked, {label}", source=source)
+    if t.takes_scale:
+        _attention_compare(run, {**first, "scale": 2.0}, f"masked, {label}, scale=2.0",
+                           source=source)  # fmt: skip
+    # -inf in a float mask removes a key as False does: a kernel that clamps the mask at
+    # -1e4 (or the float minimum) attends masked keys far above the others, and gives a
+    # query whose every key is masked the mean of the values
+    _masked_far_keys(run, additive=True)
+    _fully_masked_queries(run, additive=True)
 
 
 def _p_attention_causal(t: Target, run: Run) -> None:
@@ -934,6 +972,7 @@ def _p_attention_special_values(t: Target, run: Run) -> None:
     (``nan_to_num``) or drops the keys holding one passes every finite input.
     Masked keys holding NaN and infinite keys are left out: there conventions
     differ (SDPA adds the mask to a NaN logit, and weighs a masked NaN value by 0).
+    Then empty sequences (:func:`_empty_sequences`).
     """
     base = {
         name: _rng_array(seed, shape, 1.0, t.dtype)
@@ -946,14 +985,61 @@ def _p_attention_special_values(t: Target, run: Run) -> None:
         inputs = {**arrays, "mask": None, "is_causal": False}
         source = {name: src for name, (_, src) in base.items() if name != operand}
         _attention_compare(run, inputs, what, source=source)
+    _empty_sequences(run)
+
+
+def _empty_sequences(run: Run) -> None:
+    """Empty sequences: no keys (S = 0), no queries (L = 0).
+
+    With no keys every query attends nothing, so its output is 0, as for a query whose
+    every key is masked (NaN noted, a failure under strict); with no queries the output
+    is empty. A refusal (an exception) is noted, as ``n = 0`` is for the row kinds.
+    A flash-style kernel that writes its output after the last key block leaves
+    uninitialised memory when there is no block.
+    """
+    t = run.target
+    cast = lambda a: strat.cast(a, t.dtype)  # noqa: E731
+    g = np.random.default_rng(26)
+    cases = (
+        ("no keys (S = 0)", (1, 3, 4), (1, 0, 4), (1, 0, 2)),
+        ("no queries (L = 0)", (1, 0, 4), (1, 5, 4), (1, 5, 2)),
+    )
+    for what, *shapes in cases:
+        q, k, v = (cast(g.normal(0, 1, shape)) for shape in shapes)
+        try:
+            out = t.call_attention(q, k, v, None, False)
+        except Failed as exc:
+            raise Failed(f"{what}: {exc}") from exc
+        except Exception as exc:
+            run.notes.append(f"{what} refused with {type(exc).__name__}")
+            continue
+        got, got_dtype = run.output(out, what)
+        want = (*q.shape[:-1], v.shape[-1])
+        if got.shape != want or got_dtype != t.dtype:
+            raise Failed(f"{what}: got shape {got.shape}, dtype {got_dtype}; expected {want}, "
+                         f"{t.dtype}")  # fmt: skip
+        values = np.asarray(got, dtype=np.float64)
+        if values.size and not np.all(values == 0):
+            if not (np.all(np.isnan(values)) and not t.strict):
+                raise Failed(
+                    f"{what}: got {values.ravel().tolist()!r} for q {q.shape}, k {k.shape}, "
+                    f"v {v.shape}; every query attends nothing, so the table gives zeros"
+                )
+            run.notes.append(f"{what}: NaN where the table gives zeros")
+        run.checks += 1
 
 
 def _p_attention_layouts(t: Target, run: Run) -> None:
-    """Operands that are views: a last axis of stride n or 2, heads broadcast (stride 0).
+    """Operands that are views: strided, broadcast, offset, and projections' heads.
 
-    The same values as contiguous operands, so the same outputs. With ``d = dv`` (the
-    case fused kernels take). A kernel that reads each row as contiguous memory without
-    checking gets these wrong: torch's CPU flash kernel did (2.13).
+    A last axis of stride n or 2, heads broadcast (stride 0), slices that start inside
+    their buffer, and heads of ``(B, L, H, d)`` projections. The same values as
+    contiguous operands, so the same outputs. With ``d = dv`` (the case fused kernels
+    take). A kernel that reads each row as contiguous memory without
+    checking gets these wrong: torch's CPU flash kernel did (2.13). One that addresses
+    an operand from its storage's start (``untyped_storage().data_ptr()`` for
+    ``data_ptr()``) reads a slice's neighbours; one that assumes packed heads reads a
+    projection's heads wrongly.
     """
     rng = np.random.default_rng(23)
     cast = lambda a: strat.cast(a, t.dtype)  # noqa: E731
@@ -961,10 +1047,18 @@ def _p_attention_layouts(t: Target, run: Run) -> None:
     k = cast(rng.normal(0, 1, (2, 7, 8)))
     v = cast(rng.normal(0, 1, (2, 7, 8)))
     base = {"q": q, "k": k, "v": v, "mask": None, "is_causal": False}
-    for label in ("last axis of stride n", "last axis of stride 2"):
+    for label in ("last axis of stride n", "last axis of stride 2",
+                  "a slice of a wider buffer (it starts inside it)"):  # fmt: skip
         for name in "qkv":
             _attention_compare(run, base, f"{name} as a view, {label}", {name: label})
         _attention_compare(run, base, f"q, k and v as views, {label}", dict.fromkeys("qkv", label))
+    # 4-d operands as a model makes them: (B, L, H, d) projections with heads and
+    # sequence swapped, so that neither heads nor rows are packed
+    g = np.random.default_rng(24)
+    heads = {"q": cast(g.normal(0, 2, (2, 3, 5, 8))), "k": cast(g.normal(0, 1, (2, 3, 6, 8))),
+             "v": cast(g.normal(0, 1, (2, 3, 6, 4))), "mask": None, "is_causal": False}  # fmt: skip
+    label = "heads of a (B, L, H, d) projection"
+    _attention_compare(run, heads, f"q, k and v as {label}", dict.fromkeys("qkv", label))
     # the values the view shows: head 0 in both heads
     shared = {**base, "k": np.repeat(k[:1], 2, axis=0), "v": np.repeat(v[:1], 2, axis=0)}
     label = "head 0 broadcast (stride 0)"
@@ -1042,6 +1136,19 @@ def _p_attention_batch(t: Target, run: Run) -> None:
         causal = {**grouped, "is_causal": True}
         if t.takes_causal:
             _attention_compare(run, causal, "enable_gqa=True and is_causal=True", source=source)
+        # the grouped path with a key-padding mask and a scale, where the kernel takes them
+        extra, parts = {}, []
+        if t.mask_keyword is not None:
+            mask_src = "np.arange(7)[None, None, None, :] < np.array([7, 3])[:, None, None, None]"
+            extra["mask"] = eval(mask_src, {"np": np})
+            source = {**source, "mask": mask_src}
+            parts.append("a key-padding mask (2, 1, 1, 7)")
+        if t.takes_scale:
+            extra["scale"] = 2.0
+            parts.append("scale=2.0")
+        if parts:
+            what = f"enable_gqa=True with {' and '.join(parts)}"
+            _attention_compare(run, {**grouped, **extra}, what, source=source)
 
 
 #: Calls of :func:`_p_fresh_results`: a kernel that cycles through a pool of fewer

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from softmaxtheory.spec import PAPER_ENTROPY_EPS, PaperPolynomial, resolve_schedule
+from softmaxtheory.spec import PAPER_ENTROPY_EPS, Constant, PaperPolynomial, resolve_schedule
 
 PAPER = np.array([-0.037, 0.481, -2.3, 4.917, -1.791])
 
@@ -913,6 +913,77 @@ def attention_decode_ignores_causal(q, k, v, mask=None, is_causal=False):
     return attention(q, k, v, mask=mask, is_causal=is_causal)
 
 
+def _attention_with(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """A correct adaptive attention taking ``scale=`` and ``enable_gqa=`` (numpy)."""
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    dt = q.dtype
+    q, k, v = _work(q), _work(k), _work(v)
+    if enable_gqa:  # query head h reads key head h // (Hq / Hk), as SDPA's
+        group = q.shape[-3] // k.shape[-3]
+        k, v = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    logits = (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(scale)
+    return (adaptive_softmax(_apply_mask(logits, mask, is_causal)) @ v).astype(dt)
+
+
+def attention_masked_path_default_scale(q, k, v, mask=None, is_causal=False, scale=None):
+    """Defect: a separate path for masked calls that drops ``scale=`` (always 1/sqrt(d))."""
+    if mask is not None:
+        scale = None
+    return _attention_with(q, k, v, mask, is_causal, scale)
+
+
+def attention_gqa_path_drops_mask_and_scale(q, k, v, mask=None, is_causal=False, scale=None,
+                                            enable_gqa=False):  # fmt: skip
+    """Defect: the grouped-query branch forwards neither the mask nor the scale."""
+    if enable_gqa and np.shape(k)[-3] != np.shape(q)[-3]:
+        return _attention_with(q, k, v, None, is_causal, None, enable_gqa=True)
+    return _attention_with(q, k, v, mask, is_causal, scale)
+
+
+def attention_additive_mask_clamped(q, k, v, mask=None, is_causal=False):
+    """Defect: a float mask clamped at -1e4 "to avoid inf" (boolean masks handled right):
+    masked keys far above the others keep weight, and a fully masked query gets the mean
+    of the values."""
+    if mask is not None and np.asarray(mask).dtype != bool:
+        mask = np.maximum(np.asarray(mask), -1e4).astype(np.asarray(mask).dtype)
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+def attention_no_keys_unwritten(q, k, v, mask=None, is_causal=False):
+    """Defect: a flash-style loop whose output is written after the last key block: with
+    no keys there is no block and the buffer is returned as allocated (0.5 here, standing
+    for the memory's old contents)."""
+    if np.shape(k)[-2] == 0:
+        shape = (*np.broadcast_shapes(np.shape(q)[:-2], np.shape(v)[:-2]), np.shape(q)[-2],
+                 np.shape(v)[-1])  # fmt: skip
+        return np.full(shape, 0.5, dtype=np.asarray(q).dtype)
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+def torch_storage_offset_dropped(x):
+    """Defect: a torch wrapper that addresses its operand from the storage's start
+    (``untyped_storage().data_ptr()`` for ``data_ptr()``): a slice such as ``x[1:]`` is
+    read from its buffer's first element."""
+    import torch
+
+    base = torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage())
+    y = base.as_strided(x.shape, x.stride(), 0)
+    return torch.softmax(y.double(), dim=-1).to(x.dtype)
+
+
+def torch_attention_heads_viewed(q, k, v, attn_mask=None, is_causal=False):
+    """Defect: (batch, head) slices flattened with ``view(-1, L, d)``, which refuses heads
+    of a ``(B, L, H, d)`` projection (right for contiguous operands)."""
+    import torch.nn.functional as nnf
+
+    lead = q.shape[:-2]
+    q2, k2, v2 = (t.view(-1, *t.shape[-2:]) for t in (q, k, v))
+    mask = attn_mask
+    out = nnf.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, is_causal=is_causal)
+    return out.view(*lead, *out.shape[-2:])
+
+
 def unused_paper():  # pragma: no cover - keeps the import used for readers
     return PaperPolynomial()
 
@@ -1037,6 +1108,21 @@ CATALOGUE = {
         attention_mask_head_0, {"kind": "attention"}, "attention_masks"),
     "one query (a decoding step) ignoring is_causal": (
         attention_decode_ignores_causal, {"kind": "attention"}, "attention_causal"),
+    "a masked path that drops scale=": (
+        attention_masked_path_default_scale, {"kind": "attention"}, "attention_masks"),
+    "the grouped-query path dropping the mask and the scale": (
+        attention_gqa_path_drops_mask_and_scale, {"kind": "attention"}, "attention_batch"),
+    "a float mask clamped at -1e4": (
+        attention_additive_mask_clamped, {"kind": "attention"}, "attention_masks"),
+    "no keys: the output returned unwritten": (
+        attention_no_keys_unwritten, {"kind": "attention"}, "attention_special_values"),
+    "torch operand read from its storage's start": (
+        torch_storage_offset_dropped, {"framework": "torch", "dtype": "float32"},
+        "dtype_shape"),
+    "torch heads flattened with view(-1, L, d)": (
+        torch_attention_heads_viewed,
+        {"kind": "attention", "framework": "torch", "dtype": "float32",
+         "schedule": Constant(1)}, "attention_layouts"),
     # kernels whose values are right but whose memory is not
     "result written into the input": (softmax_in_place, {"dtype": "float32"}, "values"),
     "output buffer reused between calls": (reused_output_buffer, {}, "fresh_results"),
