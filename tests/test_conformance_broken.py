@@ -276,3 +276,18 @@ def test_draws_do_not_depend_on_imported_modules(tmp_path, monkeypatch):
     import lots_of_constants  # noqa: F401
 
     assert drawn() == before
+
+
+def test_a_kernel_raising_on_a_view_fails_with_the_exception():
+    """A kernel that refuses a non-contiguous input fails dtype_shape with what it raised;
+    the view cases called the kernel outside the suite's wrapper, and the check reported
+    a crashed process (in process: the exception escaped run_property)."""
+
+    def contiguous_only(x):
+        if not x.flags.c_contiguous:
+            raise ValueError("x must be contiguous")
+        return bk.softmax(x)
+
+    res = conf.run_property("dtype_shape", conf.Target(contiguous_only, dtype="float32"))
+    assert res.status == "fail"
+    assert "the kernel raised ValueError: x must be contiguous" in res.message

@@ -2,8 +2,8 @@
 
 With logits ``±3e38`` the shift :math:`x_j - m` of the low key is ``-6e38``, past the
 float32 maximum; under β from ``1e-37`` down to ``1e-46`` (below the least float32
-subnormal) the exponent :math:`\\beta (x_j - m)` is nevertheless of order one, or the
-weights are exactly uniform. A kernel that forms ``x - m`` in float32 before scaling
+subnormal) the exponent :math:`\\beta (x_j - m)` is of order one, or so small that the
+outputs are those of uniform weights. A kernel that forms ``x - m`` in float32 before scaling
 (``-inf`` times β), flushes a subnormal β to zero, or clamps the shift gives other
 weights. Shared by the interpreter tests (CI) and the CUDA tests (device runs).
 """
