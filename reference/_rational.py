@@ -11,6 +11,7 @@ so such rows are computed as fractions and rounded once.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from fractions import Fraction
 
@@ -76,9 +77,7 @@ def rational_coefficients(
 
     Over the whole row (masked entries 0), or None where :func:`loglength_weights` is.
     """
-    counts: dict = {}
-    for d in row.z:
-        counts[d] = counts.get(d, 0) + 1
+    counts = Counter(row.z)
     weights = loglength_weights(counts, row.n_eff, schedule)
     if weights is None:
         return None

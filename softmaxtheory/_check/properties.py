@@ -52,6 +52,17 @@ def _padded_array(
     return strat.cast(eval(src, {"np": np}), dtype), _src_cast(src, dtype)
 
 
+def _qkv(
+    t: Target, seeds_shapes: tuple, scale: float = 1.0
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Operands q, k, v of :func:`_rng_array` (``(seed, shape)`` each) and their sources."""
+    made = [_rng_array(seed, shape, scale, t.dtype) for seed, shape in seeds_shapes]
+    return (
+        {name: a for name, (a, _) in zip("qkv", made, strict=True)},
+        {name: src for name, (_, src) in zip("qkv", made, strict=True)},
+    )
+
+
 def _src_cast(src: str, dtype: str) -> str:
     if dtype == "bfloat16":
         return f"softmaxtheory.strategies.cast({src}, 'bfloat16')"
@@ -766,16 +777,11 @@ def _long_key_padding(run: Run) -> None:
     normalisers by ``exp(m_chunk - m)`` gets NaN from a fully masked chunk; with 300 keys
     (the case before) every chunk of 512 or more held a kept key.
     """
-    t = run.target
-    (q, q_src), (k, k_src), (v, v_src) = (
-        _rng_array(seed, shape, 1.0, t.dtype)
-        for seed, shape in ((25, (2, 3, 8)), (26, (2, ODD_TAIL, 8)), (27, (2, ODD_TAIL, 3)))
-    )
+    ops, source = _qkv(run.target, ((25, (2, 3, 8)), (26, (2, ODD_TAIL, 8)),
+                                    (27, (2, ODD_TAIL, 3))))  # fmt: skip
     keys = f"np.arange({ODD_TAIL})[None, None, :]"
-    mask_src = f"np.concatenate([{keys} >= 2100, {keys} < 1000])"
-    mask = eval(mask_src, {"np": np})  # (2, 1, 4099)
-    source = {"q": q_src, "k": k_src, "v": v_src, "mask": mask_src}
-    inputs = {"q": q, "k": k, "v": v, "mask": mask, "is_causal": False}
+    source["mask"] = f"np.concatenate([{keys} >= 2100, {keys} < 1000])"
+    inputs = {**ops, "mask": eval(source["mask"], {"np": np}), "is_causal": False}  # (2, 1, S)
     _attention_compare(run, inputs, f"masked, key padding over chunks of {ODD_TAIL} keys",
                        source=source)  # fmt: skip
 
@@ -787,11 +793,8 @@ def _per_head_masks(run: Run) -> None:
     for every head is right on the 3-d masks of the cases before. A ``(2, 1, 1, 7)`` mask
     pads each entry's keys across all its heads and queries.
     """
-    t = run.target
-    (q, q_src), (k, k_src), (v, v_src) = (
-        _rng_array(seed, shape, 1.0, t.dtype)
-        for seed, shape in ((28, (2, 3, 5, 4)), (29, (2, 3, 7, 4)), (30, (2, 3, 7, 2)))
-    )
+    ops, ops_source = _qkv(run.target, ((28, (2, 3, 5, 4)), (29, (2, 3, 7, 4)),
+                                        (30, (2, 3, 7, 2))))  # fmt: skip
     masks = (  # every query keeps key 2
         ("a mask per head, shape (2, 3, 5, 7)",
          "(np.random.default_rng(31).random((2, 3, 5, 7)) < 0.5) | (np.arange(7) == 2)"),
@@ -799,8 +802,8 @@ def _per_head_masks(run: Run) -> None:
          "np.arange(7)[None, None, None, :] < np.array([5, 2])[:, None, None, None]"),
     )  # fmt: skip
     for label, mask_src in masks:
-        inputs = {"q": q, "k": k, "v": v, "mask": eval(mask_src, {"np": np}), "is_causal": False}
-        source = {"q": q_src, "k": k_src, "v": v_src, "mask": mask_src}
+        inputs = {**ops, "mask": eval(mask_src, {"np": np}), "is_causal": False}
+        source = {**ops_source, "mask": mask_src}
         _attention_compare(run, inputs, f"masked, {label}", source=source)
 
 
@@ -831,6 +834,22 @@ def _masked_far_keys(run: Run, additive: bool = False) -> None:
     _attention_compare(run, inputs, what, source=source)
 
 
+def _zeros_expected(run: Run, values: np.ndarray, what: str, why: str) -> None:
+    """Fail unless `values` (outputs of queries that attend nothing) are all 0.
+
+    All NaN (SDPA's convention) is noted instead, and fails under strict; `why` ends
+    the failure's message.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if np.all(values == 0):
+        return
+    if not (np.all(np.isnan(values)) and not run.target.strict):
+        nan = " (NaN is tolerated only without strict)" if np.all(np.isnan(values)) else ""
+        raise Failed(f"{what}: got {values.ravel().tolist()!r}, the table gives zeros{nan}; "
+                     f"{why}")  # fmt: skip
+    run.notes.append(f"{what}: NaN where the table gives zeros")
+
+
 def _fully_masked_queries(run: Run, additive: bool = False) -> None:
     """Queries whose every key is masked: their output is 0 (the special-value table).
 
@@ -857,15 +876,8 @@ def _fully_masked_queries(run: Run, additive: bool = False) -> None:
     except Exception as exc:
         raise Failed(f"{what}: the kernel raised {type(exc).__name__}: {exc}") from exc
     got, _ = run.output(out, what)
-    row = np.asarray(got[:, 2], dtype=np.float64)
-    if not np.all(row == 0):
-        if not (np.all(np.isnan(row)) and not t.strict):
-            why = " (NaN is tolerated only without strict)" if np.all(np.isnan(row)) else ""
-            raise Failed(
-                f"{what}: got {row.tolist()!r}, the table gives zeros{why}; a number there "
-                "means masked keys were attended (a mask written as a finite number?)"
-            )
-        run.notes.append(f"{what}: NaN where the table gives zeros")
+    _zeros_expected(run, got[:, 2], what, "a number there means masked keys were attended "
+                    "(a mask written as a finite number?)")  # fmt: skip
     keep = [0, 1, 3]
     rest = {"q": q[:, keep], "k": k, "v": v, "mask": mask[:, keep], "is_causal": False}
     _attention_check(run, out[:, keep], rest, f"{what}: the other queries")
@@ -939,12 +951,8 @@ def _p_attention_causal(t: Target, run: Run) -> None:
     _attention_schedules(run, inputs, "causal, 130 queries and keys", source)
     # one query over 5 keys (a decoding step): top-left aligned, the query sees key 0
     # only; a single-query path that skips the causal mask attends all 5
-    (q, q_src), (k, k_src), (v, v_src) = (
-        _rng_array(seed, shape, 1.0, t.dtype)
-        for seed, shape in ((34, (2, 1, 4)), (35, (2, 5, 4)), (36, (2, 5, 3)))
-    )
-    inputs = {"q": q, "k": k, "v": v, "mask": None, "is_causal": True}
-    source = {"q": q_src, "k": k_src, "v": v_src}
+    ops, source = _qkv(t, ((34, (2, 1, 4)), (35, (2, 5, 4)), (36, (2, 5, 3))))
+    inputs = {**ops, "mask": None, "is_causal": True}
     _attention_compare(run, inputs, "causal, one query over 5 keys", source=source)
 
 
@@ -1018,14 +1026,8 @@ def _empty_sequences(run: Run) -> None:
         if got.shape != want or got_dtype != t.dtype:
             raise Failed(f"{what}: got shape {got.shape}, dtype {got_dtype}; expected {want}, "
                          f"{t.dtype}")  # fmt: skip
-        values = np.asarray(got, dtype=np.float64)
-        if values.size and not np.all(values == 0):
-            if not (np.all(np.isnan(values)) and not t.strict):
-                raise Failed(
-                    f"{what}: got {values.ravel().tolist()!r} for q {q.shape}, k {k.shape}, "
-                    f"v {v.shape}; every query attends nothing, so the table gives zeros"
-                )
-            run.notes.append(f"{what}: NaN where the table gives zeros")
+        why = f"q {q.shape}, k {k.shape}, v {v.shape}: every query attends nothing"
+        _zeros_expected(run, got, what, why)
         run.checks += 1
 
 
@@ -1103,14 +1105,8 @@ def _p_attention_batch(t: Target, run: Run) -> None:
     # 1031 queries over 5 keys: a kernel that tiles the queries and rounds the number of
     # tiles down leaves the last queries unwritten, for every tile of a power-of-two size
     # up to 1024 (the other cases have at most 130 queries)
-    (q, q_src), (k, k_src), (v, v_src) = (
-        _rng_array(seed, shape, 1.5, t.dtype)
-        for seed, shape in ((37, (1, 1031, 4)), (38, (1, 5, 4)), (39, (1, 5, 3)))
-    )
-    _attention_compare(
-        run, {"q": q, "k": k, "v": v, **base}, "1031 queries over 5 keys",
-        source={"q": q_src, "k": k_src, "v": v_src},
-    )  # fmt: skip
+    ops, source = _qkv(t, ((37, (1, 1031, 4)), (38, (1, 5, 4)), (39, (1, 5, 3))), 1.5)
+    _attention_compare(run, {**ops, **base}, "1031 queries over 5 keys", source=source)
     # many (batch, head) slices, an odd number of them: a kernel that gives each program a
     # group of slices and rounds the number of groups down leaves the last ones unwritten
     for seed, lead in ((8, (67,)), (11, (3, 23))):
