@@ -18,6 +18,9 @@ last axis (shape ``(..., n)``, or ``(...)`` for kind ``entropy``); attention
 kernels take ``q, k, v``. Optional keywords are used when the kernel's
 signature has them: ``schedule=`` (then other schedules are tested too),
 ``entropy_eps=``, ``mask=`` or ``attn_mask=`` and ``is_causal=`` (attention).
+A torch kernel is called with gradients on, and again with inputs that require
+grad, under ``torch.no_grad()`` and under ``torch.inference_mode()``
+(:data:`GRAD_MODES`): a path taken in training or in inference only is checked too.
 The kernel gets private copies of its operands and must leave them unchanged;
 what it returns must stay unchanged when it is called again (``fresh_results``).
 
@@ -38,6 +41,7 @@ from typing import Any
 # verdict, Hypothesis), properties (the checks and PROPERTIES) and report (formatting).
 from . import _formats
 from ._check import properties as _properties
+from ._check import target as _target
 from ._check.properties import properties_for
 from ._check.report import STOPPED
 from ._check.runner import PropertyResult, run_check
@@ -53,6 +57,7 @@ from ._check.target import (
 __all__ = [
     "DTYPES",
     "FRAMEWORKS",
+    "GRAD_MODES",
     "KINDS",
     "PROPERTIES",
     "ConformanceUsageError",
@@ -73,6 +78,12 @@ KINDS: tuple[str, ...] = _formats.KINDS
 FRAMEWORKS: tuple[str, ...] = _formats.FRAMEWORKS
 #: The input dtypes.
 DTYPES: tuple[str, ...] = _formats.DTYPES
+#: How a torch kernel is called besides the default (gradients on, inputs that do not
+#: require them), each mode a label mapped to ``(whether q, k, v or x require grad, the
+#: torch context manager the call runs in, or None)``: inputs requiring grad, under
+#: ``torch.no_grad()``, under ``torch.inference_mode()``. ``dtype_shape`` and
+#: ``attention_layouts`` check every mode.
+GRAD_MODES: dict[str, tuple[bool, str | None]] = _target.GRAD_MODES
 #: Every property in report order, mapping its name to its check and the kinds it applies to.
 PROPERTIES = _properties.PROPERTIES
 

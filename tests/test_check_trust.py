@@ -462,6 +462,31 @@ def test_repro_imports_only_what_it_uses():
     assert "strategies" not in conf.Target(np.exp, "pkg.mod:f").repro
 
 
+def _entropy_guard_added_twice(x, entropy_eps=0.5):
+    """Right with its default guard; any other guard is added to the entropy once more."""
+    from softmaxtheory import reference
+
+    x = np.asarray(x)
+    h = np.asarray(reference.entropy(x, entropy_eps=entropy_eps), dtype=x.dtype)
+    return h if entropy_eps == 0.5 else h + entropy_eps
+
+
+def test_the_repro_passes_the_entropy_guard_the_suite_passed(capsys):
+    """With --entropy-eps, the suite calls ``kernel(x, entropy_eps=...)``; the repro called
+    ``kernel(x)``, which ran the kernel's default guard and printed the right value."""
+    target = conf.Target(
+        _entropy_guard_added_twice, f"{__name__}:_entropy_guard_added_twice", kind="entropy",
+        entropy_eps=1e-3,
+    )  # fmt: skip
+    res = conf.run_property("values", target)
+    assert res.status == "fail"
+    snippet = res.message.split("repro:\n", 1)[1]
+    assert "kernel = functools.partial(kernel, entropy_eps=0.001)" in snippet
+    exec(compile(snippet, "<repro>", "exec"), {})
+    kernel_value, reference_value = capsys.readouterr().out.split()
+    assert float(kernel_value) == float(reference_value) + 1e-3
+
+
 def test_special_value_note_names_the_table_value():
     def nan_when_masked(x):  # torch's convention for a fully masked row
         x = np.asarray(x)

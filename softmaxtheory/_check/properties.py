@@ -22,9 +22,9 @@ from .._formats import FORMATS, ROWWISE_KINDS, Kind
 from ..spec import Constant, LogLength, Polynomial, Schedule
 from . import error_model as model
 from .memory import changed, snapshot
-from .report import row_literal, with_schedule
+from .report import array_literal, row_literal, with_schedule
 from .runner import Failed, Run, Skip, run_given
-from .target import Target
+from .target import GRAD_MODES, Target, grad_call_lines
 
 __all__ = ["PROPERTIES", "properties_for"]
 
@@ -292,7 +292,11 @@ def _p_many_rows(t: Target, run: Run) -> None:
 
 
 def _p_dtype_shape(t: Target, run: Run) -> None:
-    """Output dtype equals the input dtype; shapes (n,), (1, n), (2, 3, n), views."""
+    """Output dtype equals the input dtype; shapes (n,), (1, n), (2, 3, n), views.
+
+    A torch kernel is also called with inputs that require grad, under ``no_grad`` and
+    under ``inference_mode`` (see :func:`_grad_modes`).
+    """
     base = strat.cast(np.random.default_rng(11).normal(0, 3, (2, 3, 5)), t.dtype)
     cases: list[tuple[str, np.ndarray, Any]] = [
         ("1-d row", base[0, 0], None),
@@ -332,6 +336,36 @@ def _p_dtype_shape(t: Target, run: Run) -> None:
     for label, data, view, shown, src in views:
         run.compare(run.call(data, view=view), np.ascontiguousarray(shown), what=label,
                     source=src)  # fmt: skip
+    if t.framework == "torch":
+        far = strat.cast(eval(MASKED_FAR_ROWS[1], {"np": np}), t.dtype)
+        _grad_modes(t, run, [(base, base_src), (far, _src_cast(MASKED_FAR_ROWS[1], t.dtype))])
+
+
+def _grad_modes(t: Target, run: Run, cases: list[tuple[np.ndarray, str]]) -> None:
+    """The logits `cases` (arrays and their sources) in each of :data:`GRAD_MODES`.
+
+    A torch kernel may take another path when an input requires grad (an autograd
+    ``Function``) or under ``no_grad`` (an inference path that reuses its input's
+    memory): each must give the reference's values and leave its input as it found
+    it. A kernel that refuses inputs requiring grad (it is not differentiable) is
+    noted; one that raises under ``no_grad`` or ``inference_mode`` fails.
+    """
+    for mode in GRAD_MODES:
+        for x, src in cases:
+            what = f"{mode}, shape {x.shape}"
+            try:
+                out = t.call(x, grad_mode=mode)
+            except Failed as exc:
+                raise Failed(f"{what}: {exc}") from exc
+            except Exception as exc:
+                if GRAD_MODES[mode][0]:
+                    run.notes.append(f"{mode} refused with {type(exc).__name__}")
+                    break
+                raise Failed(
+                    f"{what}: the kernel raised {type(exc).__name__}: {exc}\nrepro:\n"
+                    + "\n".join([*t.repro_lines(x), *grad_call_lines(mode, "kernel(x)  # raises")])
+                ) from exc
+            run.compare(out, x, source=src, what=what, grad_mode=mode)
 
 
 def _special_expected(t: Target) -> list[tuple[str, np.ndarray]]:
@@ -637,6 +671,7 @@ def _attention_compare(
     views: dict[str, str] | None = None,
     source: dict[str, str] | None = None,
     schedule: Schedule | None = None,
+    grad_mode: str | None = None,
 ) -> None:
     """Call the kernel on `inputs` and check its output against the reference.
 
@@ -644,28 +679,83 @@ def _attention_compare(
     ``"v"``) to a label of :data:`VIEWS`, applied once they are in the framework (the
     repro applies them too); `source` maps operands to source text that rebuilds them
     (for the repro of operands too large to write out); `schedule`, when given, is
-    passed as ``schedule=`` (the target's own otherwise).
+    passed as ``schedule=`` (the target's own otherwise); `grad_mode`, a label of
+    :data:`~softmaxtheory._check.target.GRAD_MODES`, is how a torch kernel is called.
+    A kernel that raises fails with the exception and a repro of the call.
     """
     t = run.target
     q, k, v, mask, causal = (inputs[n] for n in ("q", "k", "v", "mask", "is_causal"))
-    scale = inputs.get("scale")
     views = views or {}
     try:
         out = t.call_attention(
-            q, k, v, mask, causal, scale=scale,
+            q, k, v, mask, causal, scale=inputs.get("scale"),
             views={n: _view(t, lb) for n, lb in views.items()}, schedule=schedule,
-            enable_gqa=bool(inputs.get("enable_gqa")),
+            enable_gqa=bool(inputs.get("enable_gqa")), grad_mode=grad_mode,
         )  # fmt: skip
     except Failed as exc:
         raise Failed(f"{what}: {exc}") from exc
     except Exception as exc:
-        raise Failed(
-            f"{what}: the kernel raised {type(exc).__name__}: {exc} (q {q.shape}, k {k.shape}, "
-            f"v {v.shape}, mask {None if mask is None else mask.shape}, is_causal {causal}"
-            + ("" if scale is None else f", scale {scale!r}")
-            + ")"
+        repro = _attention_call_repro(t, inputs, views, source, schedule, grad_mode)
+        raise _Raised(
+            f"{what}: the kernel raised {type(exc).__name__}: {exc}\nrepro:\n{repro}"
         ) from exc
-    _attention_check(run, out, inputs, what, views, source, schedule)
+    _attention_check(run, out, inputs, what, views, source, schedule, grad_mode)
+
+
+class _Raised(Failed):
+    """:func:`_attention_compare`'s failure when the kernel raised (the exception its cause)."""
+
+
+def _attention_repro_head(
+    t: Target,
+    views: dict[str, str] | None,
+    source: dict[str, str] | None,
+    schedule: Schedule | None,
+    grad_mode: str | None,
+) -> str:
+    """The lines that define ``kernel`` for an attention repro, the call made as the suite did.
+
+    `views`, `source`, `schedule` and `grad_mode` as for :func:`_attention_compare`.
+    """
+    repro = t.attention_repro(
+        {n: _view_source(t, lb) for n, lb in (views or {}).items()}, grad_mode
+    )
+    repro = with_schedule(repro, schedule)
+    if source and any("softmaxtheory.strategies" in text for text in source.values()):
+        repro = "import softmaxtheory.strategies\n" + repro
+    return repro
+
+
+def _attention_call_repro(
+    t: Target,
+    inputs: dict[str, Any],
+    views: dict[str, str] | None,
+    source: dict[str, str] | None,
+    schedule: Schedule | None,
+    grad_mode: str | None,
+) -> str:
+    """A snippet that makes the suite's call of an attention kernel on `inputs`.
+
+    Operands of up to ``3 * REPRO_ITEMS`` values are written out, larger ones rebuilt
+    from `source`; the other arguments as for :func:`_attention_compare`.
+    """
+    names = [*"qkv", *(["mask"] if inputs["mask"] is not None else [])]
+    lines = ["import numpy as np", _attention_repro_head(t, views, source, schedule, grad_mode)]
+    for name in names:
+        a = np.asarray(inputs[name])
+        if a.size > 3 * tst.REPRO_ITEMS:
+            lines.append(f"{name} = {(source or {}).get(name, f'np.asarray(<your {name}>)')}")
+        elif a.dtype == bool:
+            lines.append(f"{name} = np.array({a.tolist()!r})")
+        else:
+            dtype = t.dtype if name != "mask" else a.dtype.name
+            lines.append(f"{name} = {array_literal(a, dtype)}")
+    kw = ", mask=mask" if inputs["mask"] is not None else ""
+    kw += ", is_causal=True" if inputs["is_causal"] else ""
+    kw += "" if inputs.get("scale") is None else f", scale={inputs['scale']!r}"
+    kw += ", enable_gqa=True" if inputs.get("enable_gqa") else ""
+    lines.append(f"kernel(q, k, v{kw})  # raises")
+    return "\n".join(lines)
 
 
 def _attention_check(
@@ -676,14 +766,12 @@ def _attention_check(
     views: dict[str, str] | None = None,
     source: dict[str, str] | None = None,
     schedule: Schedule | None = None,
+    grad_mode: str | None = None,
 ) -> None:
     """Check the kernel's output `out` on `inputs` (see :func:`_attention_compare`)."""
     t = run.target
     q, k, v, mask, causal = (inputs[n] for n in ("q", "k", "v", "mask", "is_causal"))
-    repro = t.attention_repro({n: _view_source(t, lb) for n, lb in (views or {}).items()})
-    repro = with_schedule(repro, schedule)
-    if source and any("softmaxtheory.strategies" in text for text in source.values()):
-        repro = "import softmaxtheory.strategies\n" + repro
+    repro = _attention_repro_head(t, views, source, schedule, grad_mode)
     got, got_dtype = run.output(out, what)
     if got_dtype != t.dtype:
         raise Failed(f"{what}: the kernel returned dtype {got_dtype} for {t.dtype} input")
@@ -869,12 +957,16 @@ def _fully_masked_queries(run: Run, additive: bool = False) -> None:
     if additive:
         mask = strat.cast(np.where(mask, 0.0, -np.inf), t.dtype)
         what += ", additive mask"
+    inputs = {"q": q, "k": k, "v": v, "mask": mask, "is_causal": False}
     try:
         out = t.call_attention(q, k, v, mask, False)
     except Failed as exc:
         raise Failed(f"{what}: {exc}") from exc
     except Exception as exc:
-        raise Failed(f"{what}: the kernel raised {type(exc).__name__}: {exc}") from exc
+        repro = _attention_call_repro(t, inputs, None, None, None, None)
+        raise Failed(
+            f"{what}: the kernel raised {type(exc).__name__}: {exc}\nrepro:\n{repro}"
+        ) from exc
     got, _ = run.output(out, what)
     _zeros_expected(run, got[:, 2], what, "a number there means masked keys were attended "
                     "(a mask written as a finite number?)")  # fmt: skip
@@ -1070,6 +1162,31 @@ def _p_attention_layouts(t: Target, run: Run) -> None:
         sq = {**base, "q": cast(rng.normal(0, 2, (2, 7, 8))), "is_causal": True}
         _attention_compare(run, sq, f"causal, q, k and v as views, {label}",
                            dict.fromkeys("qkv", label))  # fmt: skip
+    if t.framework == "torch":
+        _attention_grad_modes(run, base)
+
+
+def _attention_grad_modes(run: Run, base: dict[str, Any]) -> None:
+    """The operands `base` in each of :data:`GRAD_MODES`, masked too if the kernel takes masks.
+
+    As :func:`_grad_modes` for the row kinds: each path must give the reference's
+    values and leave its operands alone; refusing q, k and v that require grad is
+    noted, raising under ``no_grad`` or ``inference_mode`` fails.
+    """
+    t = run.target
+    cases = [("", base)]
+    if t.mask_keyword is not None:
+        padding = np.tile(np.arange(base["k"].shape[-2]) < 5, (base["q"].shape[-2], 1))
+        cases.append((", key padding", {**base, "mask": padding}))
+    for mode in GRAD_MODES:
+        for label, inputs in cases:
+            try:
+                _attention_compare(run, inputs, f"{mode}{label}", grad_mode=mode)
+            except _Raised as exc:
+                if not GRAD_MODES[mode][0]:
+                    raise
+                run.notes.append(f"{mode} refused with {type(exc.__cause__).__name__}")
+                break
 
 
 def _p_attention_batch(t: Target, run: Run) -> None:

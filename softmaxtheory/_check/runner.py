@@ -146,8 +146,12 @@ class Run:
         schedule: Schedule | None = None,
         source: str | None = None,
         what: str = "",
+        grad_mode: str | None = None,
     ) -> tst.ErrorReport:
         """Check the kernel's output `out` on logits `x` against the reference; record it.
+
+        `grad_mode`, the :data:`~softmaxtheory._check.target.GRAD_MODES` label the call
+        was made in, makes the repro call the kernel so.
 
         Raises
         ------
@@ -163,7 +167,7 @@ class Run:
                 f"{what}: the kernel returned dtype {got_dtype} for {t.dtype} input "
                 "(dtype not preserved)"
             )
-        repro = with_schedule(t.repro, schedule)
+        repro = with_schedule(t.repro_in(grad_mode), schedule)
         if source is not None and "softmaxtheory.strategies" in source:
             repro = "import softmaxtheory.strategies\n" + repro
         kw: dict[str, Any] = dict(dtype=t.dtype, repro=repro, source=source, strict=t.strict)

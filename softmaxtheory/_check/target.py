@@ -23,14 +23,16 @@ from .. import strategies as strat
 from .._certify.environment import flushes_subnormals, restore_gradual_underflow
 from .._formats import DTYPES, FRAMEWORKS, KINDS, default_dtype
 from ..spec import PaperPolynomial, Schedule, resolve_schedule
-from .errors import Failed
+from .errors import Failed, InputWritten
 from .memory import Change, changed, private_copy, snapshot
 from .report import array_literal, np_dtype_literal
 
 __all__ = [
+    "GRAD_MODES",
     "ConformanceUsageError",
     "Target",
     "check_options",
+    "grad_call_lines",
     "load_kernel",
     "parse_kwarg",
     "target_from_options",
@@ -39,6 +41,59 @@ __all__ = [
 
 class ConformanceUsageError(ValueError):
     """A bad kernel path, kind, framework, dtype or device (exit status 2)."""
+
+
+#: How else a torch kernel is called, besides the default (gradients on, inputs that do
+#: not require them): label -> (whether the float inputs require grad, the ``torch``
+#: context manager the call runs in, or None). A kernel may take another path in each: an autograd
+#: ``Function`` when an input requires grad, an inference path that reuses its input's
+#: memory under ``no_grad``; the suite checks each path's values and that it leaves its
+#: inputs as it found them.
+GRAD_MODES: dict[str, tuple[bool, str | None]] = {
+    "inputs requiring grad": (True, None),
+    "under torch.no_grad()": (False, "no_grad"),
+    "under torch.inference_mode()": (False, "inference_mode"),
+}
+
+
+def _grad_context(mode: str | None) -> Any:
+    """The context a call in :data:`GRAD_MODES` `mode` runs in (a null one for None)."""
+    import contextlib
+
+    context = None if mode is None else GRAD_MODES[mode][1]
+    if context is None:
+        return contextlib.nullcontext()
+    import torch
+
+    return getattr(torch, context)()
+
+
+def _requires_grad(mode: str | None) -> bool:
+    """Whether the float inputs of a call in `mode` require grad."""
+    return mode is not None and GRAD_MODES[mode][0]
+
+
+def grad_call_lines(mode: str | None, call: str = "kernel(x)") -> list[str]:
+    """Repro lines that make `call` in :data:`GRAD_MODES` `mode` (plainly for None)."""
+    if mode is None:
+        return [call]
+    requires_grad, context = GRAD_MODES[mode]
+    if context is None:
+        return [*(["x.requires_grad_()"] if requires_grad else []), call]
+    return [f"with torch.{context}():", f"    {call}"]
+
+
+def _grad_return(call: str, mode: str | None) -> str:
+    """The last lines of a repro's torch ``kernel``: `call` in `mode`, returned as numpy."""
+    context = None if mode is None else GRAD_MODES[mode][1]
+    if context is None:
+        detach = ".detach()" if _requires_grad(mode) else ""
+        return f"    return {call}{detach}.cpu().double().numpy()\n"
+    return (
+        f"    with torch.{context}():  # as the suite called it\n"
+        f"        out = {call}\n"
+        "    return out.cpu().double().numpy()\n"
+    )
 
 
 def _cwd_on_path() -> None:
@@ -321,7 +376,12 @@ class Target:
 
     # -- calling -------------------------------------------------------------
 
-    def _to_framework(self, a: np.ndarray | None) -> Any:
+    def _to_framework(self, a: np.ndarray | None, requires_grad: bool = False) -> Any:
+        """`a` in the target's framework, dtype and device.
+
+        With `requires_grad`, a float tensor is a leaf that requires grad (as a model's
+        parameters are).
+        """
         if a is None or self.framework == "numpy":
             return a
         import torch
@@ -329,7 +389,8 @@ class Target:
         t = torch.from_numpy(np.ascontiguousarray(a))
         if a.dtype != bool:
             t = t.to(getattr(torch, self.dtype))
-        return t.to(self.device)
+        t = t.to(self.device)
+        return t.requires_grad_() if requires_grad and a.dtype != bool else t
 
     def _kwargs(self, schedule: Schedule | None) -> dict[str, Any]:
         kw: dict[str, Any] = dict(self.kwargs)
@@ -344,21 +405,25 @@ class Target:
         args: dict[str, Any],
         originals: dict[str, np.ndarray],
         call: Callable[[], Any],
-        literal: np.ndarray | None = None,
+        literal: dict[str, np.ndarray] | None = None,
+        grad_mode: str | None = None,
+        call_text: str = "kernel(x)",
     ) -> Any:
         """Run `call` (the kernel on `args`, private copies); fail if it wrote to one of them.
 
         `originals` are the numpy arrays `args` were copied from, which the kernel never
         sees: for a numpy kernel (same dtype, same bits) they are the state before the
-        call, so no further copy is made. `literal`, when given, is the logits `x` of a
-        plain call (no view, no keyword but the target's own): a write to it is reported
-        with a repro.
+        call, so no further copy is made. `literal`, when given, holds small operands of
+        a call with no views, made as `call_text` says, in `grad_mode` (a label of
+        :data:`GRAD_MODES`, or None): a write or a flush is reported with a repro.
 
         Raises
         ------
-        Failed
+        InputWritten
             If an element of one of `args` changed (bits compared: see
             :mod:`~softmaxtheory._check.memory`).
+        Failed
+            If the kernel left flush-to-zero on.
         """
         if self.framework == "numpy":
             before = {name: snapshot(originals[name], copy=False) for name in args}
@@ -376,8 +441,8 @@ class Target:
                 "no torch.set_flush_denormal(True) left on)"
                 + ("" if restored else "; the oracle could not switch it off again")
             )
-            if literal is not None and literal.size <= 64:
-                text += f"\nrepro:\n{self._flush_repro(literal)}"
+            if literal is not None:
+                text += f"\nrepro:\n{self._flush_repro(literal, grad_mode, call_text)}"
             raise Failed(text)
         for name, a in args.items():
             change = changed(before[name], snapshot(a, copy=False))
@@ -387,57 +452,98 @@ class Target:
                 f"the kernel wrote to its input {name} (shape {tuple(a.shape)}): {change}. "
                 "A kernel must leave its inputs as it found them (its caller may use them again)"
             )
-            if literal is not None and literal.size <= 64 and change.index:
-                text += f"\nrepro:\n{self._write_repro(literal, change)}"
-            raise Failed(text)
+            if literal is not None and change.index:
+                repro = self._write_repro(literal, name, change, grad_mode, call_text)
+                text += f"\nrepro:\n{repro}"
+            raise InputWritten(text, name, change)
         return out
 
-    def _flush_repro(self, x: np.ndarray) -> str:
-        """A snippet that calls the kernel on `x` and shows a subnormal sum flushed after it."""
+    def _flush_repro(
+        self, operands: dict[str, np.ndarray], grad_mode: str | None, call_text: str
+    ) -> str:
+        """A snippet that makes the call and shows a subnormal sum flushed after it."""
         lines = [
-            *self._repro_lines(x),
+            *self.operand_lines(operands, call_text),
             "tiny = 5e-324  # the least subnormal",
             "print(tiny + tiny)  # 1e-323",
-            "kernel(x)",
+            *grad_call_lines(grad_mode, call_text),
             "print(tiny + tiny)  # 0.0: the kernel left flush-to-zero on",
         ]
         return "\n".join(lines)
 
-    def _repro_lines(self, x: np.ndarray) -> list[str]:
+    def repro_lines(self, x: np.ndarray) -> list[str]:
         """Import lines, the kernel as ``kernel`` and the logits `x` in its framework."""
-        head = self._repro_head() or "kernel = ...  # your kernel"
-        if self.framework == "numpy":
-            return ["import numpy as np", head, f"x = {array_literal(x, self.dtype)}"]
-        return ["import numpy as np", "import torch", head,
-                f"x = torch.from_numpy({array_literal(x, 'float64')})"
-                f".to(torch.{self.dtype}).to({self.device!r})"]  # fmt: skip
+        return self.operand_lines({"x": x})
 
-    def _write_repro(self, x: np.ndarray, change: Change) -> str:
-        """A snippet that calls the kernel on `x` and prints the element it overwrote."""
-        lines = self._repro_lines(x)
+    def operand_lines(self, operands: dict[str, np.ndarray], call_text: str = "") -> list[str]:
+        """Import lines, the kernel as ``kernel`` and `operands` in its framework.
+
+        Each operand is written out as the suite passed it: for torch, converted to the
+        target's dtype and device (a float mask too, a boolean one kept boolean). A
+        `call_text` that names ``softmaxtheory.spec`` has it imported.
+        """
+        head = self._repro_head() or "kernel = ...  # your kernel"
+        lines = ["import numpy as np"]
+        if self.framework == "torch":
+            lines.append("import torch")
+        if "softmaxtheory.spec" in call_text:
+            lines.append("import softmaxtheory.spec")
+        lines.append(head)
+        for name, a in operands.items():
+            if a.dtype == bool:
+                text = f"np.array({a.tolist()!r})"
+                if self.framework == "torch":
+                    text = f"torch.from_numpy({text}).to({self.device!r})"
+            elif self.framework == "numpy":
+                text = array_literal(a, self.dtype if name != "mask" else a.dtype.name)
+            else:
+                text = (f"torch.from_numpy({array_literal(a, 'float64')})"
+                        f".to(torch.{self.dtype}).to({self.device!r})")  # fmt: skip
+            lines.append(f"{name} = {text}")
+        return lines
+
+    def _write_repro(
+        self,
+        operands: dict[str, np.ndarray],
+        name: str,
+        change: Change,
+        grad_mode: str | None,
+        call_text: str,
+    ) -> str:
+        """A snippet that makes the call and prints the element of `name` it overwrote."""
+        lines = self.operand_lines(operands, call_text)
         where = ", ".join(map(str, change.index))
         lines += [
-            "kernel(x)",
-            f"# x[{where}] was {change.before!r} before the call; after it:",
-            f"print(x[{where}].item())  # {change.after!r}",
+            *grad_call_lines(grad_mode, call_text),
+            f"# {name}[{where}] was {change.before!r} before the call; after it:",
+            f"print({name}[{where}].item())  # {change.after!r}",
         ]
         return "\n".join(lines)
 
-    def call(self, x: np.ndarray, schedule: Schedule | None = None, view: Any = None) -> Any:
+    def call(
+        self,
+        x: np.ndarray,
+        schedule: Schedule | None = None,
+        view: Any = None,
+        grad_mode: str | None = None,
+    ) -> Any:
         """Call the kernel on logits `x` (a private copy, in the framework); return its output.
 
         `x` itself is never handed to the kernel; the call fails if the kernel writes to its
-        copy (``Failed``, with a repro when the call is plain and x is small).
+        copy (``Failed``, with a repro when the call is plain and x is small). `grad_mode`
+        (torch), a label of :data:`~softmaxtheory.conformance.GRAD_MODES`, makes `x`
+        require grad or runs the call under ``no_grad`` or ``inference_mode``.
         """
-        arg = self._to_framework(private_copy(x))
+        arg = self._to_framework(private_copy(x), _requires_grad(grad_mode))
         viewed = arg if view is None else view(arg)
         plain = view is None and schedule is None
-        return self._checked_call(
-            {"x": arg},
-            {"x": x},
-            lambda: self.kernel(viewed, **self._kwargs(schedule)),
-            literal=x if plain else None,
-        )
+
+        def call() -> Any:
+            with _grad_context(grad_mode):
+                return self.kernel(viewed, **self._kwargs(schedule))
+
+        literal = {"x": x} if plain and x.size <= 64 else None
+        return self._checked_call({"x": arg}, {"x": x}, call, literal, grad_mode)
 
     def call_attention(
         self,
@@ -451,18 +557,24 @@ class Target:
         views: dict[str, Any] | None = None,
         schedule: Schedule | None = None,
         enable_gqa: bool = False,
+        grad_mode: str | None = None,
     ) -> Any:
         """Call an attention kernel on numpy operands (converted to the framework).
 
         `scale` and `schedule` are passed only when given, ``enable_gqa=True`` only
         when set; `views` maps ``"q"``, ``"k"`` or ``"v"`` to a function applied to
-        that operand once converted (a strided view, say).
+        that operand once converted (a strided view, say); `grad_mode` (torch), a
+        label of :data:`~softmaxtheory.conformance.GRAD_MODES`, makes q, k and v
+        require grad or runs the call under ``no_grad`` or ``inference_mode``.
         """
         kw = self._kwargs(schedule)
         originals = {"q": q, "k": k, "v": v}
         if mask is not None:
             originals["mask"] = np.asarray(mask)
-        operands = {name: self._to_framework(private_copy(a)) for name, a in originals.items()}
+        operands = {
+            name: self._to_framework(private_copy(a), _requires_grad(grad_mode) and name != "mask")
+            for name, a in originals.items()
+        }
         if mask is not None:
             kw[self.mask_keyword or "mask"] = operands["mask"]
         if is_causal:
@@ -472,57 +584,89 @@ class Target:
         if enable_gqa:
             kw["enable_gqa"] = True
         args = [views[n](operands[n]) if views and n in views else operands[n] for n in "qkv"]
-        return self._checked_call(operands, originals, lambda: self.kernel(*args, **kw))
+
+        def call() -> Any:
+            with _grad_context(grad_mode):
+                return self.kernel(*args, **kw)
+
+        # the call as a repro writes it (the target's own keywords are bound in its head)
+        parts = ["q", "k", "v"]
+        parts += [f"{self.mask_keyword or 'mask'}=mask"] if mask is not None else []
+        parts += ["is_causal=True"] if is_causal else []
+        parts += [f"scale={scale!r}"] if scale is not None else []
+        parts += ["enable_gqa=True"] if enable_gqa else []
+        parts += [f"schedule=softmaxtheory.spec.{schedule!r}"] if schedule is not None else []
+        text = f"kernel({', '.join(parts)})"
+        small = not views and all(a.size <= 3 * 64 for a in originals.values())
+        return self._checked_call(
+            operands, originals, call, originals if small else None, grad_mode, text
+        )
 
     def _repro_head(self) -> str | None:
-        """Lines that import the kernel as ``kernel`` (None without a ``module:function``)."""
+        """Lines that import the kernel as ``kernel`` (None without a ``module:function``).
+
+        ``kernel`` is bound to the keywords every call passes: the target's own and
+        ``entropy_eps`` when the kernel takes it (:meth:`_kwargs`), so that the repro's
+        ``kernel(x)`` is the suite's call.
+        """
         mod, _, attr = self.name.partition(":")
         if not attr:
             return None
         head = attr.split(".")[0]
         lines = f"from {mod} import {head}\nkernel = {attr}"
-        if self.kwargs:
-            args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        bound = self._kwargs(None)
+        if bound:
+            args = ", ".join(f"{k}={v!r}" for k, v in bound.items())
             lines = f"import functools\n{lines}\nkernel = functools.partial(kernel, {args})"
         return lines
 
     @property
     def repro(self) -> str:
         """Lines that import the kernel and define ``kernel`` for repro snippets."""
+        return self.repro_in(None)
+
+    def repro_in(self, grad_mode: str | None) -> str:
+        """:attr:`repro` for a call in `grad_mode`, a label of :data:`GRAD_MODES` or None.
+
+        The ``kernel`` of the lines makes its torch inputs require grad, or calls the
+        kernel under ``no_grad`` or ``inference_mode``, as the suite did.
+        """
         if self.kind == "attention":
-            return self.attention_repro(None)
+            return self.attention_repro(None, grad_mode)
         lines = self._repro_head()
         if lines is None:
             return "kernel = ...  # your kernel"
         if self.framework == "torch":
             src = np_dtype_literal(self.dtype)
+            grad = ".requires_grad_()" if _requires_grad(grad_mode) else ""
             lines = (
                 f"import torch\n{lines}\n"
                 f"_kernel = kernel\n\n\ndef kernel(*arrays):  # numpy in, numpy out, via torch\n"
                 f"    ts = [torch.from_numpy(np.asarray(a, dtype={src}))"
-                f".to(torch.{self.dtype}).to({self.device!r}) for a in arrays]\n"
-                f"    return _kernel(*ts).cpu().double().numpy()\n"
+                f".to(torch.{self.dtype}).to({self.device!r}){grad} for a in arrays]\n"
+                + _grad_return("_kernel(*ts)", grad_mode)
             )
         return lines
 
-    def attention_repro(self, views: dict[str, str] | None) -> str:
+    def attention_repro(self, views: dict[str, str] | None, grad_mode: str | None = None) -> str:
         """:attr:`repro` for an attention call whose operands were views.
 
         `views` maps ``"q"``, ``"k"`` or ``"v"`` to the source of the view the suite
         applied to it (``{x}`` standing for the operand, once in the framework); the
-        ``kernel`` of the lines applies the same views.
+        ``kernel`` of the lines applies the same views, and calls the kernel in
+        `grad_mode` (see :meth:`repro_in`).
         """
         head = self._repro_head()
         if head is None:
             return "kernel = ...  # your kernel"
-        return head + self._attention_wrapper(views)
+        return head + self._attention_wrapper(views, grad_mode)
 
-    def _attention_wrapper(self, views: dict[str, str] | None) -> str:
+    def _attention_wrapper(self, views: dict[str, str] | None, grad_mode: str | None) -> str:
         """Lines that make ``kernel`` take the repro's call as the suite made it.
 
         The repro calls ``kernel(q, k, v, mask=..., is_causal=..., scale=...)`` on numpy
         arrays; the lines pass the mask by the kernel's keyword, apply `views` (see
-        :meth:`attention_repro`) and, for torch, convert.
+        :meth:`attention_repro`) and, for torch, convert and set `grad_mode`.
         """
         key = self.mask_keyword or "mask"
         view_lines = "".join(
@@ -540,17 +684,17 @@ class Target:
             )
         src = np_dtype_literal(self.dtype)
         put = f".to({self.device!r})"
+        grad = ".requires_grad_()" if _requires_grad(grad_mode) else ""
         return (
             "\nimport torch\n_kernel = kernel\n\n\n"
             "def kernel(q, k, v, mask=None, **kw):  # numpy in, numpy out, via torch\n"
             f"    q, k, v = (torch.from_numpy(np.asarray(a, dtype={src}))"
-            f".to(torch.{self.dtype}){put}\n               for a in (q, k, v))\n"
+            f".to(torch.{self.dtype}){put}{grad}\n               for a in (q, k, v))\n"
             + view_lines
             + "    if mask is not None:\n"
             "        m = torch.from_numpy(np.asarray(mask))\n"
             f"        m = m if m.dtype == torch.bool else m.to(torch.{self.dtype})\n"
-            f"        kw[{key!r}] = m{put}\n"
-            "    return _kernel(q, k, v, **kw).cpu().double().numpy()\n"
+            f"        kw[{key!r}] = m{put}\n" + _grad_return("_kernel(q, k, v, **kw)", grad_mode)
         )
 
     def budget(self, default: int) -> int:

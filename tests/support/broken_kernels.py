@@ -838,6 +838,73 @@ def torch_flush_to_zero(x):
     return torch.softmax(x, dim=-1)
 
 
+def torch_softmax_in_place_under_no_grad(x):
+    """Defect: an inference path that saves a buffer: under ``torch.no_grad()`` the
+    softmax is computed in the input's memory (``x.sub_(m).exp_()``); with gradients on,
+    out of place."""
+    import torch
+
+    if torch.is_grad_enabled():
+        return torch.softmax(x, dim=-1)
+    m = x.amax(dim=-1, keepdim=True)
+    e = x.sub_(torch.where(torch.isneginf(m), 0.0, m)).exp_()
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def _float32_softmax_function():
+    """A softmax autograd ``Function`` whose forward computes in float32 (made on first use)."""
+    import torch
+
+    class Float32Softmax(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = torch.softmax(x.float(), dim=-1).to(x.dtype)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            (y,) = ctx.saved_tensors
+            return y * (g - (g * y).sum(dim=-1, keepdim=True))
+
+    return Float32Softmax
+
+
+def torch_softmax_float32_when_training(x):
+    """Defect: a float64 softmax whose training path (an autograd ``Function``, taken when
+    the input requires grad) computes in float32; the inference path is right."""
+    import torch
+
+    if x.requires_grad:
+        return _float32_softmax_function().apply(x)
+    return torch.softmax(x, dim=-1)
+
+
+def torch_attention_scaling_q_in_place_under_no_grad(q, k, v, attn_mask=None, is_causal=False,
+                                                     scale=None):  # fmt: skip
+    """Defect: adaptive attention that, under ``torch.no_grad()``, scales the queries in
+    their own memory (``q.mul_(scale)``) to save a copy at inference."""
+    import torch
+
+    from softmaxtheory.accelerated.torch import adaptive_attention
+
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q = q * scale if torch.is_grad_enabled() else q.mul_(scale)
+    return adaptive_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=1.0)
+
+
+def torch_attention_float32_when_training(q, k, v, attn_mask=None, is_causal=False,
+                                          scale=None):  # fmt: skip
+    """Defect: float64 adaptive attention whose path for operands requiring grad runs in
+    float32 (a training path written for float32 models)."""
+    from softmaxtheory.accelerated.torch import adaptive_attention
+
+    kw = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale}
+    if q.requires_grad:
+        return adaptive_attention(q.float(), k.float(), v.float(), **kw).to(q.dtype)
+    return adaptive_attention(q, k, v, **kw)
+
+
 def softmax_warp_rows_first_64(x):
     """Defect: a "warp per row" path for rows of 65 to 128 items whose normaliser load is
     guarded by ``col < 64`` where ``col < n`` was meant: the sum covers the first 64 items."""
@@ -1135,6 +1202,19 @@ CATALOGUE = {
         workspace_for_large_results, {}, "fresh_results"),
     "attention's workspace reused from 64 keys on": (
         attention_workspace_for_long_keys, {"kind": "attention"}, "fresh_results"),
+    # paths a torch kernel takes only in training (inputs requiring grad) or inference
+    "torch softmax in the input's memory under no_grad": (
+        torch_softmax_in_place_under_no_grad, {"framework": "torch", "dtype": "float32"},
+        "dtype_shape"),
+    "torch softmax in float32 when the input requires grad": (
+        torch_softmax_float32_when_training, {"framework": "torch", "dtype": "float64"},
+        "dtype_shape"),
+    "torch attention scaling q in place under no_grad": (
+        torch_attention_scaling_q_in_place_under_no_grad,
+        {"kind": "attention", "framework": "torch", "dtype": "float32"}, "attention_layouts"),
+    "torch attention in float32 when q, k, v require grad": (
+        torch_attention_float32_when_training,
+        {"kind": "attention", "framework": "torch", "dtype": "float64"}, "attention_layouts"),
     # kernels whose values are right but which change the process around them
     "flush-to-zero switched on and left on": (
         torch_flush_to_zero, {"framework": "torch", "dtype": "float32"}, "values"),
