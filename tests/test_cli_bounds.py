@@ -68,9 +68,11 @@ def assert_rounded_up(text: str, bound: mpmath.mpf, digits: int) -> None:
     ("spread", "beta", "digits"), [(5.69, 1.0, 6), (2.0, 0.5, 4), (30.0, 1.0, 9)]
 )
 def test_table_values_are_correctly_rounded(capsys, spread, beta, digits):
+    # the table, not the adaptive dispersion bracket (--budget 0: its closed form)
     code, out, _ = run(
-        capsys, "bounds", "--spread", str(spread), "--beta", str(beta), "--digits", str(digits)
-    )
+        capsys, "bounds", "--spread", str(spread), "--beta", str(beta), "--digits", str(digits),
+        "--budget", "0",
+    )  # fmt: skip
     assert code == 0
     rows = [MAX.match(line) for line in out.splitlines()]
     rows = [m for m in rows if m]
@@ -185,13 +187,14 @@ def test_measures_a_npy_file(tmp_path, capsys):
     x = np.array([[0.0, 3.0, -np.inf, 1.0], [0.0, 1.0, 2.0, 0.5], [0.0, np.nan, 1.0, 1.0]])
     path = tmp_path / "logits.npy"
     np.save(path, x)
-    code, out, _ = run(capsys, "bounds", "--npy", str(path), "--json")
+    code, out, _ = run(capsys, "bounds", "--npy", str(path), "--json", "--budget", "0")
     assert code == 0
     doc = json.loads(out)
     assert doc["spread"] == 3.0
     assert doc["measured"]["rows_with_nan_or_inf"] == 1
     assert doc["measured"]["spread_mean"] == 2.5
-    code, out, _ = run(capsys, "bounds", "--npy", str(path), "--statistic", "mean")
+    argv = ("bounds", "--npy", str(path), "--statistic", "mean", "--budget", "0", "--sizes", "16")
+    code, out, _ = run(capsys, *argv)
     assert code == 0
     assert out.startswith("measured 3 rows of 4 items in ")
     assert "; 1 row with NaN or +inf skipped\n" in out  # was "1 rows"
@@ -249,7 +252,7 @@ def test_spread_zero_bracket_ends_round_in_their_own_directions(capsys):
 def test_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     path = tmp_path / "bounds.png"
-    code, _, err = run(capsys, "bounds", "--spread", "5.69", "--plot", str(path))
+    code, _, err = run(capsys, "bounds", "--spread", "5.69", "--budget", "0", "--plot", str(path))
     assert code == 0 and f"wrote {path}" in err
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000
@@ -317,11 +320,9 @@ def test_usage_errors(capsys, argv, message):
 
 
 def test_console_entry_point():
+    argv = ["bounds", "--spread", "5.69", "--sizes", "297", "--budget", "0"]
     out = subprocess.run(
-        [sys.executable, "-m", "softmaxtheory", "bounds", "--spread", "5.69", "--sizes", "297"],
-        capture_output=True,
-        text=True,
-        check=True,
+        [sys.executable, "-m", "softmaxtheory", *argv], capture_output=True, text=True, check=True
     ).stdout
     assert "once n >= 297" in out
 
@@ -340,7 +341,7 @@ def test_decimals_ignore_the_callers_decimal_context(capsys):
     ROUND_DOWN. The table must not depend on the caller's context."""
     import decimal
 
-    argv = ("bounds", "--spread", "5.69", "--digits", "9", "--sizes", "16,1000")
+    argv = ("bounds", "--spread", "5.69", "--digits", "9", "--sizes", "16,1000", "--budget", "0")
     with decimal.localcontext() as ctx:  # first, so that no cached text hides it
         ctx.prec, ctx.rounding = 3, decimal.ROUND_DOWN
         ctx.traps[decimal.Inexact] = True
@@ -364,9 +365,10 @@ def test_the_adaptive_column_is_an_upper_bound_rounded_up(capsys):
     assert decimal_up(0.99949, 3) == "1.00" and decimal_up(1.0, 3) == "1.00"
     assert decimal_up(0.0673880185230548, 6) == "0.0673881"
     assert decimal_up(5e-324, 3) == "4.95e-324"
-    code, out, _ = run(capsys, "bounds", "--spread", "5.69", "--sizes", "4096")
+    argv = ("bounds", "--spread", "5.69", "--sizes", "4096", "--budget", "0")
+    code, out, _ = run(capsys, *argv)
     assert code == 0 and "0.0673880             0.0673881" in out
-    code, out, _ = run(capsys, "bounds", "--spread", "5.69", "--sizes", "4096", "--json")
+    code, out, _ = run(capsys, *argv, "--json")
     b = bounds.adaptive_max_coefficient_bracket(4096, 5.69)
     assert b.lower <= json.loads(out)["rows"][0]["adaptive_max_coefficient"] == b.upper
 
@@ -379,7 +381,8 @@ def test_exact_digits_print_the_witness_in_full(capsys):
     )
     b = bounds.adaptive_dispersion_bracket(0.5, 800.0)
     assert code == 0 and f"at {800.0!r}, {b.witness.counts[-1]} at 0.0)" in out
-    code, out, _ = run(capsys, "bounds", "--spread", "5.69", "--digits", "3", "--sizes", "16")
+    argv = ("bounds", "--spread", "5.69", "--digits", "3", "--sizes", "16", "--budget", "0")
+    code, out, _ = run(capsys, *argv)
     assert "1 at 5.69, 9 at 4.405952962239583, the rest at 0.0; --exact-digits prints the" in out
     assert "adaptive, at most" in out
 

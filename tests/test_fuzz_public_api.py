@@ -1453,7 +1453,11 @@ def test_cli_valid_arguments(logits, schedule, dtype, spread, eps) -> None:
         np.testing.assert_array_equal(np.array(got, dtype=dtype), want)
 
     outcome("cli reference", lambda: _run_cli(argv), [], verify)
-    argv = ["bounds", "--json", "--spread", repr(spread), "--eps", eps, "--sizes", "16,64"]
+    # a small budget of branch and bound for the adaptive bracket: it runs at every drawn
+    # spread, at a hundredth of the default's 2 s an example (tests/test_bounds.py checks
+    # what the default budget proves)
+    argv = ["bounds", "--json", "--spread", repr(spread), "--eps", eps, "--sizes", "16,64",
+            "--budget", "300"]  # fmt: skip
 
     def verify_bounds(res: tuple) -> None:
         code, out, err = res

@@ -1086,7 +1086,7 @@ CATALOGUE = {
     "Horner's rule in bfloat16": (
         torch_horner_bfloat16, {**_A, "dtype": "bfloat16", "framework": "torch"}, "values"),
     "Horner's rule in float16": (
-        horner_float16, {**_A, "dtype": "float16"}, "batch_independence"),
+        horner_float16, {**_A, "dtype": "float16"}, "branch_points"),
     "logits clamped at +-50": (clamped_logits, {"dtype": "float32"}, "values"),
     "float64 path computed in float32": (float32_internal, {}, "values"),
     "float64 path accumulating in float32": (float32_accumulation, {}, "long_rows"),
