@@ -106,12 +106,13 @@ def run_conformance(
 ) -> list[PropertyResult]:
     """Run every property of `target`'s kind (or those named in `only`)."""
     results = []
+    width = _properties.name_width(target.kind)
     for name in properties_for(target.kind):
         if only and name not in only:
             continue
         res = run_property(name, target)
         if progress is not None:
-            progress(res.line())
+            progress(res.line(width))
         results.append(res)
     return results
 

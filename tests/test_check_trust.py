@@ -424,6 +424,22 @@ def test_one_check_is_singular():
     assert conf.PropertyResult("values", "pass", 0.5, 2).line().endswith(" 2 checks")
 
 
+@pytest.mark.parametrize("kind", ["softmax", "adaptive_softmax", "attention"])
+def test_report_columns_line_up_for_every_kind(kind):
+    """attention_special_values (24 characters) overran the name column of 20: its ulps and
+    checks stood four places right of every other line's."""
+    from softmaxtheory._check.properties import name_width
+
+    width = name_width(kind)
+    lines = [
+        conf.PropertyResult(name, "pass", 12.5, 7).line(width) for name in conf.properties_for(kind)
+    ]
+    assert len({line.index("max 12.5 ulp") for line in lines}) == 1
+    assert len({line.index("7 checks") for line in lines}) == 1
+    if kind != "attention":
+        assert width == 20  # the row kinds' reports keep their columns
+
+
 def test_verdict_wording():
     R = conf.PropertyResult
     assert check_command.verdict([R("values", "pass")]) == "CONFORMS"

@@ -122,6 +122,7 @@ def _code(fn: Any) -> str:
 
 def _run_defect(bk: ModuleType, name: str) -> dict[str, Any]:
     from softmaxtheory import conformance as conf
+    from softmaxtheory._check.properties import name_width
 
     kernel, opts, recorded = bk.CATALOGUE[name]
     record: dict[str, Any] = {
@@ -148,7 +149,7 @@ def _run_defect(bk: ModuleType, name: str) -> dict[str, Any]:
                 status="caught",
                 property=prop,
                 position=len(ran),
-                line=res.line(),
+                line=res.line(name_width(target.kind)),
                 failure=_failure_lines(res.message),
             )
             return record

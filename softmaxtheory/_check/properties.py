@@ -26,7 +26,7 @@ from .report import array_literal, row_literal, with_schedule
 from .runner import Failed, Run, Skip, run_given
 from .target import GRAD_MODES, Target, grad_call_lines
 
-__all__ = ["PROPERTIES", "properties_for"]
+__all__ = ["PROPERTIES", "name_width", "properties_for"]
 
 
 def _rng_array(
@@ -1402,3 +1402,8 @@ PROPERTIES: dict[str, tuple[Callable[[Target, Run], None], tuple[Kind, ...]]] = 
 def properties_for(kind: str) -> list[str]:
     """The properties that apply to a kind, in report order."""
     return [name for name, (_, kinds) in PROPERTIES.items() if kind in kinds]
+
+
+def name_width(kind: str) -> int:
+    """The width of the report's name column for `kind`: 20, or its longest property name."""
+    return max(20, *(len(name) for name in properties_for(kind)))

@@ -86,14 +86,19 @@ class PropertyResult:
     message: str = ""
     notes: list[str] = field(default_factory=list)
 
-    def line(self) -> str:
-        """One line of the report."""
+    def line(self, width: int = 20) -> str:
+        """One line of the report, the property's name in a column of `width` characters.
+
+        The report of a kind passes the width of its longest name
+        (:func:`~softmaxtheory._check.properties.name_width`), so that the columns
+        after it line up.
+        """
         ulp = f"max {fmt_ulp(self.max_ulp)} ulp" if self.checks else ""
         tail = self.message.splitlines()[0] if self.status == "skip" and self.message else ""
         if self.status == "fail" and self.message.startswith(STOPPED):
             tail = self.message.splitlines()[0][len(STOPPED) :]
         checks = f"{self.checks:>5} {'check' if self.checks == 1 else 'checks'}"
-        return f"{self.status.upper():<5} {self.name:<20} {ulp:<22} {checks} {tail}".rstrip()
+        return f"{self.status.upper():<5} {self.name:<{width}} {ulp:<22} {checks} {tail}".rstrip()
 
 
 @dataclass

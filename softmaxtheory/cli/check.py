@@ -166,6 +166,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """
     try:
         from .. import conformance as conf
+        from .._check.properties import name_width
     except ImportError as exc:  # hypothesis missing
         print(f"softmaxtheory check: {exc}; pip install 'softmaxtheory[check]'", file=sys.stderr)
         return 2
@@ -222,10 +223,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         broken = None
     else:
         timeout = args.timeout or (10 * DEFAULT_TIMEOUT if args.thorough else DEFAULT_TIMEOUT)
+        width = name_width(args.kind)  # the name column of the kind's report
         try:
             outcome = run_isolated(
                 _child_argv(args, dtype), names, timeout,
-                progress=lambda res: write_line(res.line()), loaded=header,
+                progress=lambda res: write_line(res.line(width)), loaded=header,
             )  # fmt: skip
         except KeyboardInterrupt:
             print("softmaxtheory check: interrupted", file=sys.stderr)
