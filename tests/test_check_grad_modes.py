@@ -206,3 +206,68 @@ def test_a_numpy_attention_write_repro_passes_every_keyword(capsys):
     )
     _exec(snippet)
     assert capsys.readouterr().out.split() == [snippet.rsplit("# ", 1)[1].strip()]
+
+
+def _doubles_q_when_training(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    out = SDPA(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+    if q.requires_grad:
+        q.data.mul_(2.0)  # past autograd's guard on leaves
+    return out
+
+
+def test_an_attention_write_in_training_has_a_repro_that_requires_grad(capsys):
+    """The repro made ``x`` require grad, a name an attention call does not have."""
+    target = conf.Target(
+        _doubles_q_when_training, f"{__name__}:_doubles_q_when_training", kind="attention",
+        framework="torch", dtype="float32", schedule=Constant(1),
+    )  # fmt: skip
+    res = conf.run_property("attention_layouts", target)
+    assert res.status == "fail" and "inputs requiring grad" in res.message
+    snippet = res.message.split("repro:\n", 1)[1]
+    assert "q.requires_grad_()\nk.requires_grad_()\nv.requires_grad_()\nkernel(q, k, v)" in snippet
+    _exec(snippet)
+    assert capsys.readouterr().out.split() == [snippet.rsplit("# ", 1)[1].strip()]
+
+
+def _small_operands_only(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    if max(a.numel() for a in (q, k, v)) > 200:
+        raise RuntimeError("workspace too small")
+    return SDPA(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+
+
+def test_a_raise_on_large_operands_without_a_source_has_a_runnable_repro():
+    """Operands over 192 values without a source were written ``np.asarray(<your q>)``."""
+    target = conf.Target(
+        _small_operands_only, f"{__name__}:_small_operands_only", kind="attention",
+        framework="torch", dtype="float32", schedule=Constant(1),
+    )  # fmt: skip
+    res = conf.run_property("attention_layouts", target)
+    assert res.status == "fail" and "<your" not in res.message
+    with pytest.raises(RuntimeError, match="workspace too small"):
+        _exec(res.message.split("repro:\n", 1)[1])
+
+
+def _training_path_refusing_masks(x):
+    if x.requires_grad and torch.isinf(x).any():
+        raise RuntimeError("backward buffer NaN on -inf")
+    return torch.softmax(x, dim=-1)
+
+
+def _attention_training_path_refusing_masks(q, k, v, attn_mask=None, is_causal=False):
+    if q.requires_grad and attn_mask is not None:
+        raise NotImplementedError("masks in training")
+    return SDPA(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "kind", "prop"),
+    [(_training_path_refusing_masks, "softmax", "dtype_shape"),
+     (_attention_training_path_refusing_masks, "attention", "attention_layouts")],
+)  # fmt: skip
+def test_a_training_path_that_crashes_after_taking_grad_inputs_fails(kernel, kind, prop):
+    """A raise after the kernel took inputs requiring grad was noted as a refusal."""
+    target = conf.Target(kernel, kind=kind, framework="torch", dtype="float32",
+                         schedule=Constant(1))  # fmt: skip
+    res = conf.run_property(prop, target)
+    assert res.status == "fail"
+    assert res.message.startswith("inputs requiring grad") and "the kernel raised" in res.message

@@ -278,9 +278,12 @@ MANY_ROWS = (((1031,), 17, 1.0), ((5, 209), 12, 3.0), ((3, 7, 11), 5, 0.5))
 
 
 def _p_many_rows(t: Target, run: Run) -> None:
-    """Batches of 231 to 1045 rows (16411 more with --thorough) against the reference.
+    """Batches of 231 to 1045 rows (16411 more with --thorough), then 65537, against the reference.
 
-    See :data:`MANY_ROWS`: every row is checked, the last ones included.
+    See :data:`MANY_ROWS`: every row is checked, the last ones included. Then
+    :data:`GRID_ROWS` rows: past 65535, where a GPU kernel that puts its rows on the
+    second or third axis of its launch grid (CUDA's end at 65535) never writes the
+    last ones.
     """
     cases = list(MANY_ROWS)
     if t.thorough:
@@ -289,6 +292,13 @@ def _p_many_rows(t: Target, run: Run) -> None:
         x, src = _rng_array(seed, (*batch, n), scale, t.dtype)
         what = f"{int(np.prod(batch))} rows of {n} items, batch shape {batch}"
         run.compare(run.call(x), x, source=src, what=what)
+    x = strat.cast(eval(GRID_ROWS, {"np": np}), t.dtype)
+    what = "65537 rows of 4 items (7 rows repeated): past CUDA's grid limit of 65535"
+    run.compare(run.call(x), x, source=_src_cast(GRID_ROWS, t.dtype), what=what)
+
+
+#: 65537 rows, seven distinct ones in turn (the reference certifies each distinct row once).
+GRID_ROWS = "np.random.default_rng(44).normal(0.0, 2.0, (7, 4))[np.arange(65537) % 7]"
 
 
 def _p_dtype_shape(t: Target, run: Run) -> None:
@@ -348,17 +358,20 @@ def _grad_modes(t: Target, run: Run, cases: list[tuple[np.ndarray, str]]) -> Non
     ``Function``) or under ``no_grad`` (an inference path that reuses its input's
     memory): each must give the reference's values and leave its input as it found
     it. A kernel that refuses inputs requiring grad (it is not differentiable) is
-    noted; one that raises under ``no_grad`` or ``inference_mode`` fails.
+    noted (a raise on the first call in that mode; a raise after the kernel took such
+    inputs fails); one that raises under ``no_grad`` or ``inference_mode`` fails.
     """
     for mode in GRAD_MODES:
-        for x, src in cases:
+        for i, (x, src) in enumerate(cases):
             what = f"{mode}, shape {x.shape}"
             try:
                 out = t.call(x, grad_mode=mode)
             except Failed as exc:
                 raise Failed(f"{what}: {exc}") from exc
             except Exception as exc:
-                if GRAD_MODES[mode][0]:
+                # a refusal is a raise on the mode's first call; once the kernel took
+                # inputs requiring grad, a raise is a crash of its training path
+                if GRAD_MODES[mode][0] and i == 0:
                     run.notes.append(f"{mode} refused with {type(exc).__name__}")
                     break
                 raise Failed(
@@ -737,15 +750,16 @@ def _attention_call_repro(
     """A snippet that makes the suite's call of an attention kernel on `inputs`.
 
     Operands of up to ``3 * REPRO_ITEMS`` values are written out, larger ones rebuilt
-    from `source`; the other arguments as for :func:`_attention_compare`.
+    from `source` where it has them (written out otherwise); the other arguments as
+    for :func:`_attention_compare`.
     """
     names = [*"qkv", *(["mask"] if inputs["mask"] is not None else [])]
     lines = ["import numpy as np", _attention_repro_head(t, views, source, schedule, grad_mode)]
     for name in names:
-        a = np.asarray(inputs[name])
-        if a.size > 3 * tst.REPRO_ITEMS:
-            lines.append(f"{name} = {(source or {}).get(name, f'np.asarray(<your {name}>)')}")
-        elif a.dtype == bool:
+        a, src = np.asarray(inputs[name]), (source or {}).get(name)
+        if a.size > 3 * tst.REPRO_ITEMS and src is not None:
+            lines.append(f"{name} = {src}")
+        elif a.dtype == bool:  # (an operand without a source is written out, however long)
             lines.append(f"{name} = np.array({a.tolist()!r})")
         else:
             dtype = t.dtype if name != "mask" else a.dtype.name
@@ -1179,11 +1193,11 @@ def _attention_grad_modes(run: Run, base: dict[str, Any]) -> None:
         padding = np.tile(np.arange(base["k"].shape[-2]) < 5, (base["q"].shape[-2], 1))
         cases.append((", key padding", {**base, "mask": padding}))
     for mode in GRAD_MODES:
-        for label, inputs in cases:
+        for i, (label, inputs) in enumerate(cases):
             try:
                 _attention_compare(run, inputs, f"{mode}{label}", grad_mode=mode)
             except _Raised as exc:
-                if not GRAD_MODES[mode][0]:
+                if not GRAD_MODES[mode][0] or i > 0:  # (see _grad_modes)
                     raise
                 run.notes.append(f"{mode} refused with {type(exc.__cause__).__name__}")
                 break
@@ -1219,11 +1233,19 @@ def _p_attention_batch(t: Target, run: Run) -> None:
         cut = f"[{i}:{i + 1}]"
         source = {"q": f"({q_src}){cut}[:, :1]", "k": f"({k_src}){cut}", "v": f"({v_src}){cut}"}
         _attention_compare(run, one, f"head {i}, query 0 alone", source=source)
+    _far_unmasked_key(t, run)
     # 1031 queries over 5 keys: a kernel that tiles the queries and rounds the number of
     # tiles down leaves the last queries unwritten, for every tile of a power-of-two size
     # up to 1024 (the other cases have at most 130 queries)
     ops, source = _qkv(t, ((37, (1, 1031, 4)), (38, (1, 5, 4)), (39, (1, 5, 3))), 1.5)
     _attention_compare(run, {**ops, **base}, "1031 queries over 5 keys", source=source)
+    # 65537 (batch, head) slices, five distinct ones in turn: a GPU kernel with the slices
+    # on the second or third axis of its launch grid (CUDA's end at 65535) never writes
+    # the last ones
+    ops = {name: strat.cast(eval(src, {"np": np}), t.dtype) for name, src in GRID_SLICES.items()}
+    source = {name: _src_cast(src, t.dtype) for name, src in GRID_SLICES.items()}
+    what = "65537 (batch, head) slices (5 repeated): past CUDA's grid limit of 65535"
+    _attention_compare(run, {**ops, **base}, what, source=source)
     # many (batch, head) slices, an odd number of them: a kernel that gives each program a
     # group of slices and rounds the number of groups down leaves the last ones unwritten
     for seed, lead in ((8, (67,)), (11, (3, 23))):
@@ -1262,6 +1284,40 @@ def _p_attention_batch(t: Target, run: Run) -> None:
         if parts:
             what = f"enable_gqa=True with {' and '.join(parts)}"
             _attention_compare(run, {**grouped, **extra}, what, source=source)
+
+
+#: Operands of 65537 (batch, head) slices, five distinct ones in turn (numpy source).
+GRID_SLICES = {
+    name: f"np.random.default_rng({seed}).normal(0.0, 1.5, (5, {rows}, {d}))[np.arange(65537) % 5]"
+    for name, seed, rows, d in (("q", 45, 1, 4), ("k", 46, 3, 4), ("v", 47, 3, 2))
+}
+
+
+#: The operands of :func:`_far_unmasked_key` (numpy source, float64): query 0 is 100 along
+#: the first axis, and key 200 of 261 is 30 there, so that its logit, about 1060 at the
+#: default scale, stands far above the others (a few tens).
+FAR_KEY_SOURCES = {
+    "q": "np.vstack([100.0 * np.eye(1, 8), np.random.default_rng(41).normal(0.0, 1.0, (1, 8))])"
+    "[None]",
+    "k": "np.where((np.arange(261) == 200)[:, None], 30.0 * np.eye(1, 8), "
+    "np.random.default_rng(42).normal(0.0, 1.0, (261, 8)))[None]",
+    "v": "np.random.default_rng(43).normal(0.0, 1.0, (1, 261, 4))",
+}
+
+
+def _far_unmasked_key(t: Target, run: Run) -> None:
+    """An unmasked key whose logit (about 1060) is far above the others, past the first blocks.
+
+    A kernel that exponentiates the logits without subtracting the row's maximum, or
+    that keeps the maximum of its first key block for the blocks after it (a fixed
+    maximum without its overflow fallback), overflows there and returns NaN; the
+    suite's other unmasked logits are at most a few tens, far below float64's overflow
+    of ``exp`` at 709, so a float64 kernel with either defect passed them.
+    """
+    ops = {n: strat.cast(eval(src, {"np": np}), t.dtype) for n, src in FAR_KEY_SOURCES.items()}
+    source = {n: _src_cast(src, t.dtype) for n, src in FAR_KEY_SOURCES.items()}
+    what = "key 200 of 261 with a logit about 1000 above the others (not masked)"
+    _attention_compare(run, {**ops, "mask": None, "is_causal": False}, what, source=source)
 
 
 #: Calls of :func:`_p_fresh_results`: a kernel that cycles through a pool of fewer

@@ -73,14 +73,26 @@ def _requires_grad(mode: str | None) -> bool:
     return mode is not None and GRAD_MODES[mode][0]
 
 
-def grad_call_lines(mode: str | None, call: str = "kernel(x)") -> list[str]:
-    """Repro lines that make `call` in :data:`GRAD_MODES` `mode` (plainly for None)."""
+def grad_call_lines(
+    mode: str | None, call: str = "kernel(x)", operands: Iterable[str] = ("x",)
+) -> list[str]:
+    """Repro lines that make `call` in :data:`GRAD_MODES` `mode` (plainly for None).
+
+    In a mode whose inputs require grad, each of the float `operands` (``x``, or ``q``,
+    ``k`` and ``v``; never a mask) is made to require it first.
+    """
     if mode is None:
         return [call]
     requires_grad, context = GRAD_MODES[mode]
     if context is None:
-        return [*(["x.requires_grad_()"] if requires_grad else []), call]
+        return [*([f"{name}.requires_grad_()" for name in operands] if requires_grad else []),
+                call]  # fmt: skip
     return [f"with torch.{context}():", f"    {call}"]
+
+
+def _float_operands(operands: dict[str, np.ndarray]) -> list[str]:
+    """The names of the float operands (those that can require grad): not a mask."""
+    return [name for name in operands if name != "mask"]
 
 
 def _grad_return(call: str, mode: str | None) -> str:
@@ -466,7 +478,7 @@ class Target:
             *self.operand_lines(operands, call_text),
             "tiny = 5e-324  # the least subnormal",
             "print(tiny + tiny)  # 1e-323",
-            *grad_call_lines(grad_mode, call_text),
+            *grad_call_lines(grad_mode, call_text, _float_operands(operands)),
             "print(tiny + tiny)  # 0.0: the kernel left flush-to-zero on",
         ]
         return "\n".join(lines)
@@ -514,7 +526,7 @@ class Target:
         lines = self.operand_lines(operands, call_text)
         where = ", ".join(map(str, change.index))
         lines += [
-            *grad_call_lines(grad_mode, call_text),
+            *grad_call_lines(grad_mode, call_text, _float_operands(operands)),
             f"# {name}[{where}] was {change.before!r} before the call; after it:",
             f"print({name}[{where}].item())  # {change.after!r}",
         ]

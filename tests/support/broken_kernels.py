@@ -905,6 +905,59 @@ def torch_attention_float32_when_training(q, k, v, attn_mask=None, is_causal=Fal
     return adaptive_attention(q, k, v, **kw)
 
 
+def attention_exp_without_max(q, k, v, mask=None, is_causal=False):
+    """Defect: plain attention whose softmax exponentiates the logits as they are (no
+    maximum subtracted): past a logit of 709 float64's exp is inf, and inf / inf NaN."""
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    logits = _apply_mask((q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1]), mask, is_causal)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        e = np.exp(logits)
+        total = e.sum(axis=-1, keepdims=True)
+        w = np.where(total == 0, 0.0, e / np.where(total == 0, 1.0, total))
+    return (w @ v).astype(q.dtype)
+
+
+def torch_attention_first_block_maximum(q, k, v, attn_mask=None, is_causal=False):
+    """Defect: plain attention over blocks of 64 keys that fixes its maximum from the first
+    block holding an unmasked key and never rescales (a "unified maximum" without its
+    overflow fallback): a later key far above that maximum overflows exp."""
+    import torch
+
+    logits = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    L, S = logits.shape[-2:]
+    if is_causal:
+        logits = logits.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), -torch.inf)
+    if attn_mask is not None:
+        logits = (logits.masked_fill(~attn_mask, -torch.inf) if attn_mask.dtype == torch.bool
+                  else logits + attn_mask)  # fmt: skip
+    pad = -S % 64
+    blocks = torch.nn.functional.pad(logits, (0, pad), value=-torch.inf)
+    block_max = blocks.unflatten(-1, (-1, 64)).amax(dim=-1)  # (..., L, blocks)
+    finite = torch.isfinite(block_max)
+    first = finite.int().argmax(dim=-1, keepdim=True)
+    m = torch.where(finite.any(-1, keepdim=True), block_max.gather(-1, first), 0.0)
+    e = torch.exp(logits - m)
+    total = e.sum(dim=-1, keepdim=True)
+    w = torch.where(total == 0, 0.0, e / total)
+    return w @ v
+
+
+def rows_past_the_grid_limit_unwritten(x):
+    """Defect: one program per row on the second axis of a CUDA launch grid, which ends at
+    65535: the rows past it are never written (zeros here)."""
+    out = softmax(x)
+    out.reshape(-1, out.shape[-1])[65535:] = 0
+    return out
+
+
+def attention_slices_past_the_grid_limit_unwritten(q, k, v, mask=None, is_causal=False):
+    """Defect: one program per (batch, head) slice on the second axis of a CUDA launch grid
+    (it ends at 65535): the slices past it are never written (zeros here)."""
+    out = attention(q, k, v, mask=mask, is_causal=is_causal)
+    out.reshape(-1, *out.shape[-2:])[65535:] = 0
+    return out
+
+
 def softmax_warp_rows_first_64(x):
     """Defect: a "warp per row" path for rows of 65 to 128 items whose normaliser load is
     guarded by ``col < 64`` where ``col < n`` was meant: the sum covers the first 64 items."""
@@ -1190,6 +1243,17 @@ CATALOGUE = {
         torch_attention_heads_viewed,
         {"kind": "attention", "framework": "torch", "dtype": "float32",
          "schedule": Constant(1)}, "attention_layouts"),
+    "attention exponentiating logits without subtracting the maximum": (
+        attention_exp_without_max, {"kind": "attention", "schedule": Constant(1)},
+        "attention_batch"),
+    "attention keeping the maximum of its first key block (no rescaling)": (
+        torch_attention_first_block_maximum,
+        {"kind": "attention", "framework": "torch", "dtype": "float32", "schedule": Constant(1)},
+        "attention_batch"),
+    "rows past CUDA's grid limit of 65535 never written": (
+        rows_past_the_grid_limit_unwritten, {"dtype": "float32"}, "many_rows"),
+    "attention slices past CUDA's grid limit of 65535 never written": (
+        attention_slices_past_the_grid_limit_unwritten, {"kind": "attention"}, "attention_batch"),
     # kernels whose values are right but whose memory is not
     "result written into the input": (softmax_in_place, {"dtype": "float32"}, "values"),
     "output buffer reused between calls": (reused_output_buffer, {}, "fresh_results"),
