@@ -585,14 +585,6 @@ def _attn_mask(
     return None, marr, target[:-2]
 
 
-def _kernel_view(a: np.ndarray, shape: tuple[int, ...], idx: tuple[int, ...]) -> np.ndarray:
-    """The (L, S) slice `idx` of `a` broadcast to `shape`, a read-only view.
-
-    Strides are 0 where broadcast; one compiled signature whatever the mask's layout.
-    """
-    return np.broadcast_to(a, shape)[idx]
-
-
 @_ieee
 def adaptive_attention(
     q: Any,
@@ -682,38 +674,55 @@ def adaptive_attention(
     kb = np.broadcast_to(ka, (*lead, S, d))
     vb = np.broadcast_to(va, (*lead, S, dv))
     out = np.zeros((*lead, L, dv), dtype=np.float64)
-    kind = np.empty(L, dtype=np.int64)
-    m = np.empty(L)
-    neff = np.empty(L, dtype=np.int64)
-    h = np.empty(L)
-    g = np.zeros(L, dtype=np.int64)
+    # per query row of every slice: its kind, maximum, unmasked count, entropy and wide
+    # shift, from a first loop over the slices; β for all of them in one call (a call
+    # a slice cost as much as the slice's kernels where slices are small: many heads
+    # at one query); then the outputs, from a second loop
+    kinds = np.empty((*lead, L), dtype=np.int64)
+    ms = np.empty((*lead, L))
+    neffs = np.empty((*lead, L), dtype=np.int64)
+    hs = np.empty((*lead, L))
+    gs = np.zeros((*lead, L), dtype=np.int64)
     shape = (*lead, L, S)
-    for idx in np.ndindex(*lead):
+    adds, keeps = np.broadcast_to(add, shape), np.broadcast_to(keep, shape)
+    kexps: dict[tuple[int, ...], int] = {}
+    wides: dict[tuple[int, ...], np.ndarray] = {}  # the rows found wide (before wide stats)
+    no_rows = np.empty(0, dtype=np.int64)
+
+    def operands(idx: tuple[int, ...]) -> tuple[np.ndarray, ...]:
         qi = np.ascontiguousarray(qb[idx], dtype=work)
         ki = np.ascontiguousarray(kb[idx], dtype=work)
-        vi = np.ascontiguousarray(vb[idx], dtype=work)
-        ai = _kernel_view(add, shape, idx)
-        ke = _kernel_view(keep, shape, idx)
-        qbad = ~np.isfinite(qi).all(axis=1)
-        kbad = ~np.isfinite(ki).all(axis=1)
+        return qi, ki, ~np.isfinite(qi).all(axis=1), ~np.isfinite(ki).all(axis=1)
+
+    for idx in np.ndindex(*lead):
+        qi, ki, qbad, kbad = operands(idx)
+        ai, ke = adds[idx], keeps[idx]
+        kind, m, neff, h, g = kinds[idx], ms[idx], neffs[idx], hs[idx], gs[idx]
         _k.attention_stats(qi, ki, ai, ke, causal, qbad, kbad, scale, eps, kind, m, neff, h)
         wide = np.flatnonzero(kind == _k.KIND_WIDE)
         if wide.size:
             finite = np.abs(ki[np.isfinite(ki)]) if ki.size else ki
             kexp = math.frexp(float(finite.max()))[1] if finite.size and finite.max() else -1074
+            kexps[idx], wides[idx] = kexp, wide
             _k.attention_wide_stats(
                 qi, ki, ai, ke, causal, qbad, kbad, scale, kexp, eps, wide, kind, m, g, neff, h
             )
-        b = schedule.beta_float(h, neff)
-        b[kind == ROW_INVALID] = np.nan
-        b[kind == ROW_MASKED] = 1.0
+    betas = schedule.beta_float(hs, neffs)
+    betas[kinds == ROW_INVALID] = np.nan
+    betas[kinds == ROW_MASKED] = 1.0
+    for idx in np.ndindex(*lead):
+        qi, ki, qbad, kbad = operands(idx)
+        vi = np.ascontiguousarray(vb[idx], dtype=work)
+        ai, ke = adds[idx], keeps[idx]
+        kind, m, b, g = kinds[idx], ms[idx], betas[idx], gs[idx]
         o = np.empty((L, dv))
+        wide = wides.get(idx, no_rows)
         apply_kind = kind.copy()
         apply_kind[wide] = _k.KIND_WIDE
         _k.attention_apply(qi, ki, vi, ai, ke, causal, qbad, kbad, scale, apply_kind, m, b, o)
         if wide.size:
             _k.attention_wide_apply(
-                qi, ki, vi, ai, ke, causal, qbad, kbad, scale, kexp, wide, kind, m, g, b, o
+                qi, ki, vi, ai, ke, causal, qbad, kbad, scale, kexps[idx], wide, kind, m, g, b, o
             )
         vbad = np.flatnonzero(~np.isfinite(vi).all(axis=1))
         if vbad.size:

@@ -289,3 +289,26 @@ def test_a_kernel_raising_on_a_view_fails_with_the_exception():
     res = conf.run_property("dtype_shape", conf.Target(contiguous_only, dtype="float32"))
     assert res.status == "fail"
     assert "the kernel raised ValueError: x must be contiguous" in res.message
+
+
+def test_a_cache_keyed_by_shape_alone_is_caught_and_its_repro_calls_the_other_dtype_first(
+    capsys,
+):
+    """Every call of a run was in one dtype: a kernel whose compiled variants are cached by
+    shape, the dtype left out of the key, passed. The repro makes the float16 call first."""
+    pytest.importorskip("torch")
+    kernel, opts, prop = bk.CATALOGUE[
+        "a compiled variant cached by shape, the dtype left out of the key"
+    ]
+    bk._VARIANTS.clear()
+    target = conf.Target(kernel, f"tests.support.broken_kernels:{kernel.__name__}", **opts)
+    res = conf.run_property(prop, target)
+    assert res.status == "fail" and "shape (2, 6007), called in float16 first" in res.message
+    snippet = res.message.split("repro:\n", 1)[1]
+    assert "# the suite's call in float16 first, same shape" in snippet
+    got = res.message.split("  got      ", 1)[1].split("\n", 1)[0]
+    bk._VARIANTS.clear()  # the repro's own first call makes the variant
+    exec(compile(snippet, "<repro>", "exec"), {})
+    kernel_value, reference_value = capsys.readouterr().out.split()
+    assert float(kernel_value) == float(got) != float(reference_value)
+    bk._VARIANTS.clear()

@@ -7,6 +7,7 @@ them in report order with the kinds they apply to.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -304,7 +305,8 @@ GRID_ROWS = "np.random.default_rng(44).normal(0.0, 2.0, (7, 4))[np.arange(65537)
 def _p_dtype_shape(t: Target, run: Run) -> None:
     """Output dtype equals the input dtype; shapes (n,), (1, n), (2, 3, n), views.
 
-    A torch kernel is also called with inputs that require grad, under ``no_grad`` and
+    Then a new shape after a call in another dtype (:func:`_after_another_dtype`). A
+    torch kernel is also called with inputs that require grad, under ``no_grad`` and
     under ``inference_mode`` (see :func:`_grad_modes`).
     """
     base = strat.cast(np.random.default_rng(11).normal(0, 3, (2, 3, 5)), t.dtype)
@@ -346,9 +348,55 @@ def _p_dtype_shape(t: Target, run: Run) -> None:
     for label, data, view, shown, src in views:
         run.compare(run.call(data, view=view), np.ascontiguousarray(shown), what=label,
                     source=src)  # fmt: skip
+    _after_another_dtype(t, run)
     if t.framework == "torch":
         far = strat.cast(eval(MASKED_FAR_ROWS[1], {"np": np}), t.dtype)
         _grad_modes(t, run, [(base, base_src), (far, _src_cast(MASKED_FAR_ROWS[1], t.dtype))])
+
+
+#: The dtype :func:`_after_another_dtype` calls the kernel in first, by the checked dtype:
+#: a less precise one where there is one (numpy has no bfloat16).
+OTHER_DTYPES = {
+    ("numpy", "float64"): "float32", ("numpy", "float32"): "float16",
+    ("numpy", "float16"): "float32", ("torch", "float64"): "float32",
+    ("torch", "float32"): "float16", ("torch", "float16"): "bfloat16",
+    ("torch", "bfloat16"): "float16",
+}  # fmt: skip
+
+#: Logits of a shape no other property sends, for :func:`_after_another_dtype` (float64).
+FRESH_SHAPE_ROWS = "np.random.default_rng(48).normal(0.0, 3.0, (2, 6007))"
+
+
+def _after_another_dtype(t: Target, run: Run) -> None:
+    """Logits of a new shape, first in another dtype (result unchecked), then in the target's.
+
+    A kernel that caches a compiled variant, a workspace or a plan by shape and forgets
+    the dtype in the key (as caches of rotary tables and compiled graphs have) runs the
+    first call's variant on the second: a float32 call computes in float16. Every other
+    call of a run is in one dtype, so no other property shows it. A kernel that refuses
+    the other dtype is only checked in its own.
+    """
+    other = OTHER_DTYPES[(t.framework, t.dtype)]
+    first = dataclasses.replace(t, dtype=other)
+    x_other = strat.cast(eval(FRESH_SHAPE_ROWS, {"np": np}), other)
+    try:
+        first.call(x_other)
+    except Failed:
+        raise
+    except Exception:
+        pass
+    x = strat.cast(eval(FRESH_SHAPE_ROWS, {"np": np}), t.dtype)
+    if t.framework == "numpy":
+        call = f"kernel(({FRESH_SHAPE_ROWS}).astype(np.{other}))"
+    else:
+        rows = f"softmaxtheory.strategies.cast({FRESH_SHAPE_ROWS}, {other!r})"
+        call = f"_kernel(torch.from_numpy({rows}).to(torch.{other}).to({t.device!r}))"
+    prelude = f"{call}  # the suite's call in {other} first, same shape"
+    if t.framework == "torch":
+        prelude = "import softmaxtheory.strategies\n" + prelude
+    what = f"shape {x.shape}, called in {other} first"
+    run.compare(run.call(x), x, source=_src_cast(FRESH_SHAPE_ROWS, t.dtype), what=what,
+                prelude=prelude)  # fmt: skip
 
 
 def _grad_modes(t: Target, run: Run, cases: list[tuple[np.ndarray, str]]) -> None:

@@ -89,9 +89,8 @@ class PropertyResult:
     def line(self, width: int = 20) -> str:
         """One line of the report, the property's name in a column of `width` characters.
 
-        The report of a kind passes the width of its longest name
-        (:func:`~softmaxtheory._check.properties.name_width`), so that the columns
-        after it line up.
+        The report of a kind passes the width of its longest property name, so that
+        the columns after it line up.
         """
         ulp = f"max {fmt_ulp(self.max_ulp)} ulp" if self.checks else ""
         tail = self.message.splitlines()[0] if self.status == "skip" and self.message else ""
@@ -152,11 +151,14 @@ class Run:
         source: str | None = None,
         what: str = "",
         grad_mode: str | None = None,
+        prelude: str | None = None,
     ) -> tst.ErrorReport:
         """Check the kernel's output `out` on logits `x` against the reference; record it.
 
         `grad_mode`, the :data:`~softmaxtheory._check.target.GRAD_MODES` label the call
-        was made in, makes the repro call the kernel so.
+        was made in, makes the repro call the kernel so; `prelude`, lines the repro runs
+        after defining ``kernel`` (the calls the suite made before this one, where they
+        matter).
 
         Raises
         ------
@@ -173,6 +175,8 @@ class Run:
                 "(dtype not preserved)"
             )
         repro = with_schedule(t.repro_in(grad_mode), schedule)
+        if prelude:
+            repro = f"{repro.rstrip()}\n{prelude}"
         if source is not None and "softmaxtheory.strategies" in source:
             repro = "import softmaxtheory.strategies\n" + repro
         kw: dict[str, Any] = dict(dtype=t.dtype, repro=repro, source=source, strict=t.strict)

@@ -958,6 +958,22 @@ def attention_slices_past_the_grid_limit_unwritten(q, k, v, mask=None, is_causal
     return out
 
 
+#: The variants of :func:`torch_variant_cached_by_shape`, by shape (the dtype left out).
+_VARIANTS: dict = {}
+
+
+def torch_variant_cached_by_shape(x):
+    """Defect: one compiled variant per input shape, the dtype left out of the cache key (a
+    variant here computes in the dtype of the call that made it): a float32 call after a
+    float16 call of the same shape computes in float16."""
+    import torch
+
+    if x.shape not in _VARIANTS:
+        dtype = x.dtype
+        _VARIANTS[x.shape] = lambda t: torch.softmax(t.to(dtype), dim=-1)
+    return _VARIANTS[x.shape](x).to(x.dtype)
+
+
 def softmax_warp_rows_first_64(x):
     """Defect: a "warp per row" path for rows of 65 to 128 items whose normaliser load is
     guarded by ``col < 64`` where ``col < n`` was meant: the sum covers the first 64 items."""
@@ -1254,6 +1270,9 @@ CATALOGUE = {
         rows_past_the_grid_limit_unwritten, {"dtype": "float32"}, "many_rows"),
     "attention slices past CUDA's grid limit of 65535 never written": (
         attention_slices_past_the_grid_limit_unwritten, {"kind": "attention"}, "attention_batch"),
+    "a compiled variant cached by shape, the dtype left out of the key": (
+        torch_variant_cached_by_shape, {"framework": "torch", "dtype": "float32"},
+        "dtype_shape"),
     # kernels whose values are right but whose memory is not
     "result written into the input": (softmax_in_place, {"dtype": "float32"}, "values"),
     "output buffer reused between calls": (reused_output_buffer, {}, "fresh_results"),
