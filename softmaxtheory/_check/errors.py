@@ -7,22 +7,11 @@ verdict; they live here so that :mod:`~softmaxtheory._check.target` can raise
 
 from __future__ import annotations
 
-from typing import Any
-
-__all__ = ["Failed", "InputWritten", "Skip"]
+__all__ = ["Failed", "Skip"]
 
 
 class Failed(Exception):
     """A counterexample found by a property: the message is the whole report, repro included."""
-
-
-class InputWritten(Failed):
-    """The kernel wrote to its input `name`; `change` (a ``memory.Change``) says where."""
-
-    def __init__(self, message: str, name: str, change: Any) -> None:
-        super().__init__(message)
-        self.name = name
-        self.change = change
 
 
 class Skip(Exception):

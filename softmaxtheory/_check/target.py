@@ -23,7 +23,7 @@ from .. import strategies as strat
 from .._certify.environment import flushes_subnormals, restore_gradual_underflow
 from .._formats import DTYPES, FRAMEWORKS, KINDS, default_dtype
 from ..spec import PaperPolynomial, Schedule, resolve_schedule
-from .errors import Failed, InputWritten
+from .errors import Failed
 from .memory import Change, changed, private_copy, snapshot
 from .report import array_literal, np_dtype_literal
 
@@ -431,11 +431,9 @@ class Target:
 
         Raises
         ------
-        InputWritten
-            If an element of one of `args` changed (bits compared: see
-            :mod:`~softmaxtheory._check.memory`).
         Failed
-            If the kernel left flush-to-zero on.
+            If an element of one of `args` changed (bits compared: see
+            :mod:`~softmaxtheory._check.memory`), or the kernel left flush-to-zero on.
         """
         if self.framework == "numpy":
             before = {name: snapshot(originals[name], copy=False) for name in args}
@@ -467,7 +465,7 @@ class Target:
             if literal is not None and change.index:
                 repro = self._write_repro(literal, name, change, grad_mode, call_text)
                 text += f"\nrepro:\n{repro}"
-            raise InputWritten(text, name, change)
+            raise Failed(text)
         return out
 
     def _flush_repro(
