@@ -156,6 +156,39 @@ def test_fresh_results_repro_reproduces(case, capsys):
     assert capsys.readouterr().out.split() == ["False"]
 
 
+#: Calls of :func:`_raises_after_eight` since the counter was reset.
+_CALLS = [0]
+
+
+def _raises_after_eight(*operands):
+    """Defect: a pool of eight result buffers that runs out (the ninth call raises)."""
+    _CALLS[0] += 1
+    if _CALLS[0] > 8:
+        raise MemoryError("the pool of 8 result buffers is exhausted")
+    return bk.attention(*operands) if len(operands) == 3 else bk.softmax(*operands)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "attention"])
+def test_a_kernel_that_raises_on_a_later_call_has_a_repro_of_every_call(kind, capsys):
+    """The repro of a kernel that raises on fresh_results' ninth call makes all nine calls:
+    the failure depends on the calls before it, so the last call alone would not raise."""
+    name = "tests.test_check_memory:_raises_after_eight"
+    _CALLS[0] = 0
+    res = conf.run_property("fresh_results", conf.Target(_raises_after_eight, name, kind=kind))
+    assert res.status == "fail", res.message
+    assert "the kernel raised MemoryError: the pool of 8 result buffers is exhausted" in (
+        res.message
+    )
+    assert f"on the property's call 9 of {2 * FRESH_CALLS}" in res.message
+    snippet = res.message.split("repro:\n", 1)[1]
+    calls = [line for line in snippet.splitlines() if line.startswith("kernel(")]
+    assert len(calls) == 9 and calls[-1].endswith("# raises")
+    _CALLS[0] = 0
+    with pytest.raises(MemoryError, match="exhausted"):
+        exec(compile(snippet, "<repro>", "exec"), {})
+    assert _CALLS[0] == 9
+
+
 def test_a_kernel_that_returns_the_same_values_again_is_not_a_reused_buffer():
     """Memoising by content returns one object for equal inputs; that is not a defect."""
     cache = {}

@@ -1401,18 +1401,21 @@ def _fresh_sources(t: Target, size: int = 0) -> list[list[tuple[str, str]]]:
     ]
 
 
-def _fresh_repro(t: Target, calls: list[list[tuple[str, str]]], first: int, last: int) -> str:
-    """A snippet: keep call `first`'s result, make the calls up to `last`, print if it changed."""
+def _fresh_lines(t: Target) -> tuple[list[str], Callable[[str], str]]:
+    """The first lines of a :func:`_p_fresh_results` repro, and how it makes an operand."""
     head = t._repro_head() or "kernel = ...  # your kernel"
     if t.framework == "numpy":
-        lines = ["import numpy as np", head]
-        make = lambda src: _src_cast(src, t.dtype)  # noqa: E731
+        return ["import numpy as np", head], lambda src: _src_cast(src, t.dtype)
+    make = lambda src: f"torch.from_numpy({src}).to(torch.{t.dtype}).to({t.device!r})"  # noqa: E731
+    return ["import numpy as np", "import torch", head], make
+
+
+def _fresh_repro(t: Target, calls: list[list[tuple[str, str]]], first: int, last: int) -> str:
+    """A snippet: keep call `first`'s result, make the calls up to `last`, print if it changed."""
+    lines, make = _fresh_lines(t)
+    if t.framework == "numpy":
         copy, equal = "kept = first.copy()", "np.array_equal(first, kept, equal_nan=True)"
     else:
-        lines = ["import numpy as np", "import torch", head]
-        make = lambda src: (  # noqa: E731
-            f"torch.from_numpy({src}).to(torch.{t.dtype}).to({t.device!r})"
-        )
         copy, equal = "kept = first.clone()", "torch.equal(first.view(-1), kept.view(-1))"
     names = [name for name, _ in calls[0]]
     for i in range(first, last + 1):
@@ -1425,6 +1428,22 @@ def _fresh_repro(t: Target, calls: list[list[tuple[str, str]]], first: int, last
     return "\n".join(lines)
 
 
+def _fresh_raise_repro(t: Target, made: list[list[tuple[str, str]]]) -> str:
+    """A snippet that makes the calls `made` of :func:`_p_fresh_results` in turn.
+
+    `made` is every call of the property up to the one that raised (the operands' names
+    and numpy sources), so that a kernel whose failure depends on the calls before it
+    (a pool of buffers that runs out, a cache that fills) fails in the snippet too.
+    """
+    lines, make = _fresh_lines(t)
+    for i, operands in enumerate(made):
+        lines += [f"{name}{i + 1} = {make(src)}" for name, src in operands]
+    for i, operands in enumerate(made):
+        args = ", ".join(f"{name}{i + 1}" for name, _ in operands)
+        lines.append(f"kernel({args})" + ("  # raises" if i == len(made) - 1 else ""))
+    return "\n".join(lines)
+
+
 def _p_fresh_results(t: Target, run: Run) -> None:
     """A result the caller keeps does not change when the kernel is called again.
 
@@ -1434,12 +1453,22 @@ def _p_fresh_results(t: Target, run: Run) -> None:
     of a few) passes every value check, yet a caller that keeps results holds a later
     one twice. (Every property also checks every call for writes to the kernel's inputs.)
     """
+    made: list[list[tuple[str, str]]] = []
     for size in (0, 1):
-        _fresh_calls(t, run, _fresh_sources(t, size))
+        _fresh_calls(t, run, _fresh_sources(t, size), made)
 
 
-def _fresh_calls(t: Target, run: Run, calls: list[list[tuple[str, str]]]) -> None:
-    """:func:`_p_fresh_results` on the operands `calls` (:func:`_fresh_sources`)."""
+def _fresh_calls(
+    t: Target,
+    run: Run,
+    calls: list[list[tuple[str, str]]],
+    made: list[list[tuple[str, str]]],
+) -> None:
+    """:func:`_p_fresh_results` on the operands `calls` (:func:`_fresh_sources`).
+
+    `made` lists the calls the property made before, for the repro of a kernel that
+    raises; each call is appended to it.
+    """
     arrays = [
         {name: strat.cast(eval(src, {"np": np}), t.dtype) for name, src in operands}
         for operands in calls
@@ -1448,17 +1477,23 @@ def _fresh_calls(t: Target, run: Run, calls: list[list[tuple[str, str]]]) -> Non
     def call(inputs: dict[str, np.ndarray]) -> Any:
         if t.kind == "attention":
             return t.call_attention(inputs["q"], inputs["k"], inputs["v"], None, False)
-        return run.call(inputs["x"])
+        return t.call(inputs["x"])
 
     outs: list[Any] = []
     kept: list[Any] = []
     for i, inputs in enumerate(arrays):
+        made.append(calls[i])
         try:
             outs.append(call(inputs))
         except Failed:
             raise
         except Exception as exc:
-            raise Failed(f"the kernel raised {type(exc).__name__}: {exc}") from exc
+            raise Failed(
+                f"the kernel raised {type(exc).__name__}: {exc}\non the property's call "
+                f"{len(made)} of {2 * FRESH_CALLS} ({FRESH_CALLS} small, then {FRESH_CALLS} "
+                "large; new values)"
+                f"\nrepro:\n{_fresh_raise_repro(t, made)}"
+            ) from exc
         kept.append(snapshot(outs[-1]))
         for j in range(i):
             change = changed(kept[j], snapshot(outs[j]))
