@@ -18,6 +18,7 @@ from softmaxtheory import cli
 from softmaxtheory import conformance as conf
 from softmaxtheory.cli import check as check_command
 from softmaxtheory.spec import Constant
+from tests.support import broken_kernels as bk
 
 pytest_plugins = ["pytester"]
 
@@ -247,6 +248,82 @@ def test_uninspectable_kernel_is_probed_by_calling():
     assert t.mask_keyword == "attn_mask" and t.takes_causal and not t.takes_schedule
     assert t.takes_gqa  # found by four query heads over two key heads
     assert not conf.Target(lambda q, k, v, **kw: q, kind="attention").takes_gqa  # **kw: no
+
+
+def _kw_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, **kwargs):
+    """Correct plain attention in SDPA's conventions; other options (dropout_p=...) are
+    taken by ``**kwargs`` and ignored."""
+    s = q @ np.swapaxes(k, -1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if is_causal:
+        s = np.where(np.tri(*s.shape[-2:], dtype=bool), s, -np.inf)
+    if attn_mask is not None:
+        s = np.where(attn_mask, s, -np.inf) if attn_mask.dtype == bool else s + attn_mask
+    with np.errstate(invalid="ignore"):
+        e = np.exp(s - np.max(s, axis=-1, keepdims=True))
+        return (e / e.sum(axis=-1, keepdims=True)) @ v
+
+
+def test_a_trailing_kwargs_takes_no_keyword_it_drops():
+    """A ``**kwargs`` is not a promise to honour every keyword: the keywords the
+    signature names are taken (``attn_mask`` before ``mask``), the others only if a
+    call shows their effect. Before, ``mask=`` and ``schedule=`` went into the
+    ``**kwargs`` and the kernel failed three properties by 1e10 ulps."""
+    t = conf.Target(_kw_attention, kind="attention", schedule=Constant(1))
+    assert t.mask_keyword == "attn_mask" and t.takes_causal and t.takes_scale
+    assert not t.takes_schedule  # two schedules, one result: dropped
+    assert t.takes_eps  # passed (a **kwargs that drops it computes what it would anyway)
+    for prop in ("attention_masks", "attention_causal", "attention_layouts"):
+        assert conf.run_property(prop, t).status == "pass", prop
+    res = conf.run_property("schedules", conf.Target(lambda x, **kw: bk.adaptive_softmax(x),
+                                                     kind="adaptive_softmax"))  # fmt: skip
+    assert res.status == "skip" and "takes no schedule=" in res.message
+    # a **kwargs that forwards the keyword is probed as taking it
+    forwards = conf.Target(lambda x, **kw: bk.adaptive_softmax(x, **kw), kind="adaptive_softmax")
+    assert forwards.takes_schedule
+    assert conf.run_property("schedules", forwards).status == "pass"
+
+
+def test_a_torch_module_is_read_by_its_forward():
+    """``inspect.signature`` of an ``nn.Module`` is ``(*args, **kwargs)``; its forward
+    says what it takes. Before, a module got ``scale=`` and ``mask=`` and raised."""
+    torch = pytest.importorskip("torch")
+    from softmaxtheory.accelerated.torch import adaptive_softmax
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, attn_mask=None, is_causal=False):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal
+            )
+
+    class Adaptive(torch.nn.Module):
+        def forward(self, x):
+            return adaptive_softmax(x)
+
+    t = conf.Target(Attention(), kind="attention", framework="torch", dtype="float32",
+                    schedule=Constant(1))  # fmt: skip
+    assert t.mask_keyword == "attn_mask" and t.takes_causal
+    assert not t.takes_scale and not t.takes_schedule
+    assert conf.run_property("attention_masks", t).status == "pass"
+    a = conf.Target(Adaptive(), kind="adaptive_softmax", framework="torch", dtype="float32")
+    assert not a.takes_schedule and conf.run_property("schedules", a).status == "skip"
+
+
+def _guarded_entropy(x, entropy_eps=1e-9):
+    """A correct guarded entropy whose guard defaults to the paper's 1e-9."""
+    x = np.asarray(x)
+    return bk._entropy(bk._work(x), entropy_eps).astype(x.dtype)
+
+
+def test_entropy_eps_is_passed_when_taken_zero_included():
+    """A kernel whose own guard defaults to 1e-9 is checked at the run's entropy_eps:
+    0.0 is passed too. Before, only a non-zero entropy_eps was, and the kernel failed
+    every property by 1e12 ulps against the unguarded reference."""
+    t = conf.Target(_guarded_entropy, "tests.test_check_trust:_guarded_entropy", kind="entropy")
+    assert t._kwargs(None) == {"entropy_eps": 0.0}
+    assert conf.run_property("values", t).status == "pass"
+    assert "entropy_eps=0.0" in t.repro
+    # the softmax kind has no entropy: nothing is passed
+    assert conf.Target(lambda x, entropy_eps=0.0: bk.softmax(x))._kwargs(None) == {}
 
 
 def test_sdpa_passed_directly_runs_every_property():

@@ -13,7 +13,7 @@ import inspect
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ import numpy as np
 from .. import strategies as strat
 from .._certify.environment import flushes_subnormals, restore_gradual_underflow
 from .._formats import DTYPES, FRAMEWORKS, KINDS, default_dtype
-from ..spec import PaperPolynomial, Schedule, resolve_schedule
+from ..spec import Constant, PaperPolynomial, Schedule, resolve_schedule
 from .errors import Failed
 from .memory import Change, changed, private_copy, snapshot
 from .report import array_literal, np_dtype_literal
@@ -173,13 +173,40 @@ def parse_kwarg(text: str) -> tuple[str, Any]:
     return name.strip(), parsed
 
 
-def _accepts(fn: Callable[..., Any], name: str) -> bool | None:
-    """Whether `fn`'s signature takes keyword `name`; None when it cannot be inspected."""
+def _parameters(fn: Callable[..., Any]) -> Mapping[str, inspect.Parameter] | None:
+    """The parameters of `fn`'s signature; None when it cannot be inspected.
+
+    A ``torch.nn.Module`` is called through ``__call__(*args, **kwargs)``, which says
+    nothing: its ``forward`` is what the call reaches, so its signature is read.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(fn, torch.nn.Module):
+        fn = fn.forward
     try:
-        params = inspect.signature(fn).parameters
+        return inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return None
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool | None:
+    """Whether `fn`'s signature takes keyword `name`.
+
+    True when it names it (not positional-only), False when it does not and has no
+    ``**kwargs``; None when it cannot be inspected, or when only a ``**kwargs`` could
+    take it: such a kernel may forward the keyword or drop it, which only a call tells
+    (:meth:`Target._probe`).
+    """
+    params = _parameters(fn)
+    if params is None:
+        return None
+    if name in params:
+        return params[name].kind is not inspect.Parameter.POSITIONAL_ONLY
+    return None if any(p.kind is p.VAR_KEYWORD for p in params.values()) else False
+
+
+def _same_result(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two probing calls gave the same numbers (False when either gave none)."""
+    return a.size > 0 and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
 
 
 def check_options(
@@ -264,10 +291,13 @@ class Target:
     Notes
     -----
     Which optional keywords the kernel takes (``schedule=``, ``entropy_eps=``,
-    ``mask=``/``attn_mask=``, ``is_causal=``) is read from its signature; when
-    the signature cannot be inspected (a builtin such as
-    ``torch.nn.functional.scaled_dot_product_attention``), the kernel is
-    probed by calling it on a tiny input with and without the keyword.
+    ``mask=``/``attn_mask=``, ``is_causal=``, ``scale=``) is read from its
+    signature (a ``torch.nn.Module``'s ``forward``); when the signature cannot be
+    inspected (a builtin such as
+    ``torch.nn.functional.scaled_dot_product_attention``) or only a ``**kwargs``
+    could take the keyword, the kernel is probed by calling it on a tiny input
+    (a dropped keyword is not taken). ``entropy_eps`` is passed whenever the kernel takes it
+    (not to the softmax kind), ``0.0`` included.
     """
 
     kernel: Callable[..., Any]
@@ -308,39 +338,53 @@ class Target:
     def _probe(self, name: str) -> bool:
         """Probe keyword `name` by calling the kernel on a tiny input with and without it.
 
-        Taken unless only the call with it fails (when both fail, the property
-        runs and reports the failure).
+        Taken when the calls with it run and, for a keyword that changes the result
+        (``schedule=``, a mask, ``is_causal=``, ``scale=``), two values of it give two
+        results: a ``**kwargs`` that drops the keyword would otherwise be checked
+        against a result it never computed. Also taken when every call fails, with
+        the keyword and without (the property runs and reports the failure).
         """
-        value: Any = {
-            "schedule": self.schedule,
-            "entropy_eps": self.entropy_eps,
-            "is_causal": False,
-            "scale": 0.5,
-        }.get(name)
         if self.kind == "attention":
             q = np.array([[0.5, -1.0], [1.0, 0.25]])
             args = [self._to_framework(strat.cast(q, self.dtype)) for _ in range(3)]
-            if name in ("mask", "attn_mask"):
-                value = self._to_framework(np.ones((2, 2), dtype=bool))
             if name == "enable_gqa":
                 # four query heads over two key and value heads, which plain broadcasting
                 # cannot pair: only a kernel that groups heads runs it
                 q4, k2 = np.stack([q, -q, 0.5 * q, q.T]), np.stack([q, q.T])
                 grouped = [self._to_framework(strat.cast(a, self.dtype)) for a in (q4, k2, k2)]
-                return self._runs(grouped, {name: True})
+                return self._runs(grouped, {name: True}) is not None
         else:
             args = [self._to_framework(strat.cast(np.array([[0.0, 1.0, 2.0]]), self.dtype))]
+        one_key = np.array([[True, False], [True, False]])  # both queries see key 0 alone
+        values: tuple[Any, ...] = {
+            "schedule": (Constant(beta="1"), Constant(beta="2")),
+            "is_causal": (False, True),
+            "scale": (0.5, 2.0),
+            "mask": (np.ones((2, 2), dtype=bool), one_key),
+            "attn_mask": (np.ones((2, 2), dtype=bool), one_key),
+        }.get(name, (self.entropy_eps,))
+        values = tuple(self._to_framework(v) if isinstance(v, np.ndarray) else v for v in values)
+        results = [self._runs(args, {name: value}) for value in values]
+        if any(r is None for r in results):
+            return self._runs(args, {}) is None
+        return len(results) == 1 or not _same_result(*results)
 
-        return self._runs(args, {name: value}) or not self._runs(args, {})
+    def _runs(self, args: list[Any], kw: dict[str, Any]) -> np.ndarray | None:
+        """The kernel's result on `args` with keywords `kw`, as a float64 array.
 
-    def _runs(self, args: list[Any], kw: dict[str, Any]) -> bool:
-        """Whether the kernel returns (raises nothing) on `args` with keywords `kw`."""
+        None when the call raises; an empty array when the result is no array of numbers.
+        """
         try:
             with np.errstate(all="ignore"):
-                self.kernel(*args, **self.kwargs, **kw)
+                out = self.kernel(*args, **self.kwargs, **kw)
         except Exception:
-            return False
-        return True
+            return None
+        try:
+            if self.framework == "torch" and hasattr(out, "detach"):
+                out = out.detach().cpu().double().numpy()
+            return np.asarray(out, dtype=np.float64)
+        except Exception:
+            return np.empty(0)
 
     @property
     def takes_schedule(self) -> bool:
@@ -354,8 +398,14 @@ class Target:
 
     @property
     def mask_keyword(self) -> str | None:
-        """``mask`` or ``attn_mask``, the keyword the kernel takes a mask by (None if neither)."""
-        return next((k for k in ("mask", "attn_mask") if self.takes(k)), None)
+        """``mask`` or ``attn_mask``, the keyword the kernel takes a mask by (None if neither).
+
+        One its signature names comes first: ``attn_mask=None, **kwargs`` takes
+        ``attn_mask``, whatever its ``**kwargs`` would do with ``mask=``.
+        """
+        names = ("mask", "attn_mask")
+        named = next((k for k in names if _accepts(self.kernel, k)), None)
+        return named or next((k for k in names if self.takes(k)), None)
 
     @property
     def takes_causal(self) -> bool:
@@ -378,9 +428,8 @@ class Target:
         kernel that never claimed to group heads.
         """
         if "enable_gqa" not in self._takes:
-            try:
-                params = inspect.signature(self.kernel).parameters
-            except (TypeError, ValueError):
+            params = _parameters(self.kernel)
+            if params is None:
                 self._takes["enable_gqa"] = self._probe("enable_gqa")
             else:
                 self._takes["enable_gqa"] = "enable_gqa" in params
@@ -408,7 +457,9 @@ class Target:
         kw: dict[str, Any] = dict(self.kwargs)
         if schedule is not None:
             kw["schedule"] = schedule
-        if self.entropy_eps and self.takes_eps:
+        if self.kind != "softmax" and self.takes_eps:
+            # always, 0.0 too: a kernel whose own default guard is 1e-9 is checked at
+            # the run's entropy_eps, not at its default
             kw["entropy_eps"] = self.entropy_eps
         return kw
 
