@@ -183,7 +183,7 @@ def test_notes_are_a_list_on_the_result():
     res = conf.run_property("special_values", conf.Target(_nan_when_masked, dtype="float32"))
     assert res.status == "pass"
     assert res.notes == [
-        "fully masked row: NaN where the table gives zeros",
+        "fully masked row (3 items, one item, 4099 items): NaN where the table gives zeros",
         "n = 0 refused with ValueError",
     ]
     assert res.message == "note: " + "; ".join(res.notes)
@@ -196,7 +196,9 @@ def test_notes_travel_with_a_failure_and_through_json():
 
     res = conf.run_property("special_values", conf.Target(nan_as_zero, dtype="float32"))
     assert res.status == "fail"
-    assert res.notes == ["fully masked row: NaN where the table gives zeros"]
+    assert res.notes == [
+        "fully masked row (3 items, one item, 4099 items): NaN where the table gives zeros"
+    ]
     assert res.message.startswith("row with NaN\n")  # the context note, then the mismatch
     assert "repro:" in res.message
     again = PropertyResult(**json.loads(json.dumps(dataclasses.asdict(res))))  # the child's way

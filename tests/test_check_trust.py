@@ -588,7 +588,9 @@ def test_special_value_note_names_the_table_value():
 
     res = conf.run_property("special_values", conf.Target(nan_when_masked, dtype="float32"))
     assert res.status == "pass"
-    assert "fully masked row: NaN where the table gives zeros" in res.message
+    assert "fully masked row (3 items, one item, 4099 items): NaN where the table gives zeros" in (
+        res.message
+    )
 
 
 def test_help_says_check_not_prove(capsys):
@@ -627,3 +629,27 @@ def test_a_kernel_that_does_not_group_heads_is_not_probed_as_grouping(broadcast)
     t = conf.Target(_Uninspectable(broadcast), "k:k", kind="attention", examples=2)
     assert not t.takes_gqa
     assert conf.run_property("attention_batch", t).status == "pass"
+
+
+def _entropy_off_on_some_long_rows(x):
+    """Defect: rows of 257 to 2047 items but 400 (a path the fixed rows never take) get an
+    entropy 1e-6 too large."""
+    x = np.asarray(x)
+    h = bk.entropy(x)
+    n = x.shape[-1]
+    return h * (1 + 1e-6) if 256 < n < 2048 and n != 400 else h
+
+
+def test_a_drawn_long_row_is_written_out_in_the_repro():
+    """A failing row that Hypothesis drew has no source text; longer than the helpers
+    write out, its repro named ``<your x>``, which does not run. The suite writes it out."""
+    name = "tests.test_check_trust:_entropy_off_on_some_long_rows"
+    res = conf.run_property("branch_points", conf.Target(_entropy_off_on_some_long_rows, name,
+                                                         kind="entropy"))  # fmt: skip
+    assert res.status == "fail" and "H in [5, H_off]" in res.message
+    snippet = res.message.split("repro:\n", 1)[1]
+    assert "<your" not in snippet
+    namespace: dict = {}
+    exec(compile(snippet, "<repro>", "exec"), namespace)
+    x = namespace["x"]
+    assert 256 < x.shape[-1] < 2048 and x.shape[-1] != 400

@@ -135,17 +135,33 @@ LONG_PADDINGS = (
 )
 
 
+#: Rows with one item 1000 above the others at their last position (length, seed): a
+#: kernel that takes its maximum from the first block only, or leaves a vectorised loop's
+#: tail out of it, overflows ``exp`` there (NaN) in every dtype; a random row's maximum
+#: stands a few units above the rest, where no such kernel overflows.
+SPIKED_ROWS = ((33, 40), (ODD_TAIL, 41), (16411, 42))
+
+
+def _spiked_array(seed: int, n: int, dtype: str) -> tuple[np.ndarray, str]:
+    """:func:`_rng_array` of length `n` (scale 3) with 1000.0 at its last item, and its source."""
+    rows = f"np.random.default_rng({seed}).normal(0.0, 3.0, {n})"
+    src = f"np.where(np.arange({n}) == {n - 1}, 1000.0, {rows})"
+    return strat.cast(eval(src, {"np": np}), dtype), _src_cast(src, dtype)
+
+
 def _p_long_rows(t: Target, run: Run) -> None:
-    """Rows of 64 to 16411 items: accumulation error against the bound.
+    """Rows of 64 to 40963 items: accumulation error against the bound.
 
     Lengths that are powers of two and lengths that are not (``4096 + 3``,
-    ``16384 + 27``): a blocked kernel whose last, partial block is handled wrongly is
-    right on the first kind. The lengths of sequences in practice (130, 1000, 2047:
-    the other properties draw at most 48 items), and :data:`MID_LENGTHS`. Padded rows
-    (:data:`PADDINGS`, :data:`LONG_PADDINGS`): whole blocks masked.
+    ``16384 + 27``, ``2**15 + 2**13 + 3``): a blocked kernel whose last, partial block
+    is handled wrongly is right on the first kind. The lengths of sequences in
+    practice (130, 1000, 2047: the other properties draw at most 48 items), and
+    :data:`MID_LENGTHS`. Rows whose last item stands 1000 above the rest
+    (:data:`SPIKED_ROWS`). Padded rows (:data:`PADDINGS`, :data:`LONG_PADDINGS`):
+    whole blocks masked.
     """
     sizes = [(n, 2.0) for n in MID_LENGTHS] + [(130, 2.0), (1000, 3.0), (2047, 1.0)]
-    sizes += [(4096, 1.0), (4099, 4.0), (16384, 2.0), (16411, 1.0)]
+    sizes += [(4096, 1.0), (4099, 4.0), (16384, 2.0), (16411, 1.0), (40963, 2.0)]
     if t.thorough:
         sizes += [(65536, 3.0), (65536 + ODD_TAIL, 3.0), (16384, 8.0)]
     for seed, (n, scale) in enumerate(sizes):
@@ -155,6 +171,9 @@ def _p_long_rows(t: Target, run: Run) -> None:
     x = strat.cast(strat.row_with_entropy(4.0, 8192, 3), t.dtype)
     src = _src_cast("softmaxtheory.strategies.row_with_entropy(4.0, 8192, 3)", t.dtype)
     run.compare(run.call(x), x, source=src, what="long row in the adaptive window, n = 8192")
+    for n, seed in SPIKED_ROWS:
+        x, src = _spiked_array(seed, n, t.dtype)
+        run.compare(run.call(x), x, source=src, what=f"n = {n}, the last item 1000 above the rest")
     padded = [(ODD_TAIL, masked, label) for masked, label in PADDINGS]
     padded += [(16411, masked, label) for masked, label in LONG_PADDINGS]
     if t.thorough:  # blocks of up to 32768
@@ -430,19 +449,36 @@ def _grad_modes(t: Target, run: Run, cases: list[tuple[np.ndarray, str]]) -> Non
 
 
 def _special_expected(t: Target) -> list[tuple[str, np.ndarray]]:
+    """The cases of ``special_values``: (label, rows); the first row of each is special.
+
+    Rows of three items, of one (a kernel with a fast path for ``n = 1``) and of
+    :data:`ODD_TAIL` items (a kernel with another path for long rows), each beside a
+    regular row of its length.
+    """
     ninf, nan, inf = -np.inf, np.nan, np.inf
+    n = ODD_TAIL
+    regular = np.random.default_rng(43).normal(0.0, 2.0, n)
+    at = np.arange(n) == 3000
     return [
         ("partly masked row", np.array([[0.5, ninf, 2.0, ninf, -1.0]])),
         ("one unmasked item", np.array([[ninf, 3.0, ninf]])),
         ("fully masked row", np.array([[ninf, ninf, ninf], [0.0, 1.0, 2.0]])),
+        ("fully masked row, one item", np.array([[ninf], [2.0]])),
+        (f"fully masked row, {n} items", np.stack([np.full(n, ninf), regular])),
         ("row with NaN", np.array([[0.0, nan, 1.0], [0.0, 1.0, 2.0]])),
+        ("row with NaN, one item", np.array([[nan], [2.0]])),
+        (f"row with NaN, {n} items", np.stack([np.where(at, nan, regular), regular])),
         ("row with +inf", np.array([[0.0, inf, 1.0], [0.0, 1.0, 2.0]])),
+        ("row with +inf, one item", np.array([[inf], [2.0]])),
+        (f"row with +inf, {n} items", np.stack([np.where(at, inf, regular), regular])),
         ("empty rows (n = 0)", np.zeros((2, 0))),
     ]
 
 
 def _p_special_values(t: Target, run: Run) -> None:
     """The special-value table: masks exact; NaN/+inf rows NaN; masked rows; n = 0."""
+    # a convention's note -> its place in run.notes and the row lengths it was seen at
+    conventions: dict[str, tuple[int, list[str]]] = {}
     for label, x64 in _special_expected(t):
         x = strat.cast(x64, t.dtype)
         try:
@@ -455,7 +491,7 @@ def _p_special_values(t: Target, run: Run) -> None:
                 continue
             raise Failed(f"{label}: the kernel raised {type(exc).__name__}: {exc}") from exc
         got, _ = run.output(out, label)
-        if label in ("fully masked row", "row with +inf"):
+        if label.startswith(("fully masked row", "row with +inf")):
             # conventions differ (torch and scipy give NaN for a fully masked row, and a
             # NaN at the +inf item): by default a softmax may answer NaN there, never a
             # silent number; strict (and every kind but softmax for a fully masked row)
@@ -477,7 +513,16 @@ def _p_special_values(t: Target, run: Run) -> None:
                     why = "NaNs are tolerated as a convention, finite numbers are not"
                 raise Failed(f"{label}: got {got[0]!r}; the table gives {table} ({why})")
             if not ok_table:
-                run.notes.append(f"{label}: {_nan_text(bad)} where the table gives {table}")
+                base, _, size = label.partition(", ")
+                rest = f"{_nan_text(bad)} where the table gives {table}"
+                note = f"{base}: {rest}"
+                if note not in conventions:
+                    conventions[note] = (len(run.notes), [])
+                    run.notes.append(note)
+                at, sizes = conventions[note]
+                sizes.append(size or "3 items")
+                if len(sizes) > 1:
+                    run.notes[at] = f"{base} ({', '.join(sizes)}): {rest}"
             run.compare(out[1:], x[1:], what=label)
             continue
         run.compare(out, x, what=label)
@@ -630,7 +675,17 @@ OTHER_SCHEDULES: tuple[Schedule, ...] = (
     Constant("2"),
     Constant("0.5"),
     LogLength("0.5"),
-    Polynomial(("0.5", "1"), threshold="1"),  # beta jumps from 1 to 1.5 at H = 1
+    # beta jumps from 1 to 1.5 at H = 1, and P(H) = 2 - H/2 falls below 1 beyond H = 2,
+    # where max(P, 1) binds: a kernel that leaves out the clamp scales by P there
+    Polynomial(("-0.5", "2"), threshold="1"),
+)
+
+#: Rows of ``schedules`` with one unmasked item, or none: ``LogLength`` gives beta = 0
+#: there (``n_eff = 1``), and a kernel that scales ``x - max`` without keeping its masked
+#: items masked computes ``0 * -inf``, NaN.
+SPARSE_ROWS = (
+    "np.array([[0.3, -np.inf, -np.inf, -np.inf], [-np.inf, -np.inf, 2.0, -np.inf], "
+    "[-np.inf, -np.inf, -np.inf, -np.inf], [0.3, 1.0, -np.inf, -np.inf]])"
 )
 
 
@@ -639,7 +694,8 @@ def _p_schedules(t: Target, run: Run) -> None:
 
     Rows with masked items too: ``LogLength`` counts the unmasked items (its
     :math:`n_{\mathrm{eff}}`), and a kernel that passes the row's length is right
-    on rows without masks only.
+    on rows without masks only; rows with one unmasked item or none
+    (:data:`SPARSE_ROWS`), where ``LogLength`` gives :math:`\beta = 0`.
     """
     if not t.takes_schedule:
         raise Skip("the kernel takes no schedule= keyword")
@@ -657,7 +713,13 @@ def _p_schedules(t: Target, run: Run) -> None:
         f"row_with_entropy(h, 8, 1) for h in {hm!r}]), 2, axis=1), -np.inf)"
     )
     masked = strat.cast(eval(masked_src, {"np": np, "softmaxtheory": softmaxtheory}), t.dtype)
-    cases = ((small, small_src), (masked, _src_cast(masked_src, t.dtype)), (rows, src))
+    sparse = strat.cast(eval(SPARSE_ROWS, {"np": np}), t.dtype)
+    cases = (
+        (small, small_src),
+        (masked, _src_cast(masked_src, t.dtype)),
+        (sparse, _src_cast(SPARSE_ROWS, t.dtype)),
+        (rows, src),
+    )
     for sched in OTHER_SCHEDULES:
         for x, xs in cases:
             out = run.call(x, schedule=sched)

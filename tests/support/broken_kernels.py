@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from softmaxtheory.spec import PAPER_ENTROPY_EPS, Constant, PaperPolynomial, resolve_schedule
+from softmaxtheory.spec import (
+    PAPER_ENTROPY_EPS,
+    Constant,
+    PaperPolynomial,
+    Polynomial,
+    resolve_schedule,
+)
 
 PAPER = np.array([-0.037, 0.481, -2.3, 4.917, -1.791])
 
@@ -1138,6 +1144,104 @@ def torch_sdpa(q, k, v, attn_mask=None, is_causal=False):
     return nnf.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
 
 
+# -- round four: maxima, special rows and schedules the default run left out ---------
+
+
+def _normalised(w, m):
+    """exp(w - m) / its sum, with m as given (a kernel's own maximum), 0/0 as 0."""
+    with np.errstate(all="ignore"):
+        e = np.exp(w - np.where(m == -np.inf, 0, m))
+        s = np.sum(e, axis=-1, keepdims=True)
+        return np.where(s == 0, 0, e / np.where(s == 0, 1, s))
+
+
+def softmax_first_block_max(x):
+    """Defect: the maximum of the first 1024-item block that has an unmasked item is used
+    for the whole row and never rescaled (an online softmax without its correction)."""
+    x = np.asarray(x)
+    w = _work(x)
+    n = w.shape[-1]
+    padded = np.concatenate([w, np.full((*w.shape[:-1], -n % 1024), -np.inf, w.dtype)], -1)
+    blocks = padded.reshape(*w.shape[:-1], -1, 1024).max(axis=-1)
+    first = np.argmax(blocks > -np.inf, axis=-1)[..., None]
+    return _normalised(w, np.take_along_axis(blocks, first, -1)).astype(x.dtype)
+
+
+def softmax_tail_left_out_of_max(x):
+    """Defect: the maximum is taken by a loop over groups of 8 items; the last n % 8 items
+    (the tail) are left out of it (a row shorter than 8 is reduced whole)."""
+    x = np.asarray(x)
+    w = _work(x)
+    main = w.shape[-1] - w.shape[-1] % 8 or w.shape[-1]
+    return _normalised(w, np.max(w[..., :main], axis=-1, keepdims=True, initial=-np.inf)).astype(
+        x.dtype
+    )
+
+
+def softmax_one_item_fast_path(x):
+    """Defect: a row of one item returns 1 without looking at it (-inf, NaN or +inf too)."""
+    x = np.asarray(x)
+    return np.ones_like(x) if x.shape[-1] == 1 else softmax(x)
+
+
+def entropy_long_rows_without_guard(x):
+    """Defect: rows of more than 1024 items take a second path without the 0/0 guard, so a
+    fully masked long row (a padded batch entry) gives NaN instead of 0."""
+    x = np.asarray(x)
+    w = _work(x)
+    if w.shape[-1] <= 1024:
+        return entropy(x)
+    with np.errstate(all="ignore"):
+        z = w - np.max(w, axis=-1, keepdims=True)
+        e = np.exp(z)
+        s = np.sum(e, axis=-1)
+        return (np.log(s) - np.sum(np.where(e > 0, e * z, 0), axis=-1) / s).astype(x.dtype)
+
+
+def adaptive_scales_masked_items(x, *, schedule=None):
+    """Defect: beta * (x - max) is computed over every item, masked ones included: where
+    beta = 0 (LogLength on a row with one unmasked item) 0 * -inf is NaN."""
+    x = np.asarray(x)
+    w = _work(x)
+    schedule = resolve_schedule(schedule)
+    n_eff = np.sum(w > -np.inf, axis=-1)
+    beta = np.asarray(schedule.beta_float(_entropy(w), n_eff), dtype=w.dtype)
+    with np.errstate(invalid="ignore"):
+        m = np.max(w, axis=-1, keepdims=True, initial=-np.inf)
+        z = beta[..., None] * (w - np.where(m == -np.inf, 0, m))
+    return _softmax(z).astype(x.dtype)
+
+
+def adaptive_polynomial_without_clamp(x, *, schedule=None):
+    """Defect: a user's Polynomial schedule is evaluated as P(H) above its threshold,
+    without max(P, 1) (the paper's polynomial, built in, keeps it)."""
+    schedule = resolve_schedule(schedule)
+    if type(schedule) is not Polynomial:
+        return adaptive_softmax(x, schedule=schedule)
+    x = np.asarray(x)
+    w = _work(x)
+    H = _entropy(w)
+    c = np.array([float(a) for a in schedule.coefficients])
+    beta = np.where(H > float(schedule.threshold), np.polyval(c, H), 1.0).astype(w.dtype)
+    with np.errstate(invalid="ignore"):
+        m = np.max(w, axis=-1, keepdims=True, initial=-np.inf)
+        z = w - np.where(m == -np.inf, 0, m)
+        z = np.where(z == -np.inf, -np.inf, beta[..., None] * z)
+    return _softmax(z).astype(x.dtype)
+
+
+def softmax_second_template_half_sum(x):
+    """Defect: rows of 32769 to 65536 items (a second launch template) are normalised by
+    the sum of their first 32768 items only, its loop bound left at the first template's."""
+    x = np.asarray(x)
+    w = _work(x)
+    if not 32768 < w.shape[-1] <= 65536:
+        return softmax(x)
+    with np.errstate(all="ignore"):
+        e = np.exp(w - np.max(w, axis=-1, keepdims=True))
+        return (e / np.sum(e[..., :32768], axis=-1, keepdims=True)).astype(x.dtype)
+
+
 # -- the catalogue ------------------------------------------------------------------
 
 _A = {"kind": "adaptive_softmax"}
@@ -1298,6 +1402,19 @@ CATALOGUE = {
     "torch attention in float32 when q, k, v require grad": (
         torch_attention_float32_when_training,
         {"kind": "attention", "framework": "torch", "dtype": "float64"}, "attention_layouts"),
+    # round four: maxima, special rows and schedules the default run left out
+    "maximum of the first block, never rescaled": (
+        softmax_first_block_max, {"dtype": "float32"}, "long_rows"),
+    "tail items left out of the maximum": (softmax_tail_left_out_of_max, {}, "long_rows"),
+    "a fast path for one-item rows": (
+        softmax_one_item_fast_path, {"dtype": "float32"}, "special_values"),
+    "fully masked long rows without the 0/0 guard": (
+        entropy_long_rows_without_guard, {"kind": "entropy"}, "special_values"),
+    "beta times masked items (0 * -inf at beta = 0)": (
+        adaptive_scales_masked_items, _A, "schedules"),
+    "user polynomial without max(P, 1)": (adaptive_polynomial_without_clamp, _A, "schedules"),
+    "rows of 32769 to 65536 items normalised by half their sum": (
+        softmax_second_template_half_sum, {"dtype": "float32"}, "long_rows"),
     # kernels whose values are right but which change the process around them
     "flush-to-zero switched on and left on": (
         torch_flush_to_zero, {"framework": "torch", "dtype": "float32"}, "values"),
