@@ -39,15 +39,15 @@ def _rng_array(
 
 
 def _padded_array(
-    seed: int, n: int, scale: float, masked: str, dtype: str
+    seed: int, n: int, scale: float, masked: str, dtype: str, fill: str = "-np.inf"
 ) -> tuple[np.ndarray, str]:
-    """:func:`_rng_array` of length `n` with ``-inf`` where `masked` (source text in ``i``) holds.
+    """:func:`_rng_array` of length `n` with `fill` where `masked` (source text in ``i``) holds.
 
     ``i`` is ``np.arange(n)``: ``"i < 3072"`` masks a run of 3072 leading items, as a
-    left-padded sequence has.
+    left-padded sequence has; another `fill` (source text) sets those items instead.
     """
     src = (
-        f"np.where((lambda i: {masked})(np.arange({n})), -np.inf, "
+        f"np.where((lambda i: {masked})(np.arange({n})), {fill}, "
         f"np.random.default_rng({seed}).normal(0.0, {scale}, {n}))"
     )
     return strat.cast(eval(src, {"np": np}), dtype), _src_cast(src, dtype)
@@ -142,13 +142,6 @@ LONG_PADDINGS = (
 SPIKED_ROWS = ((33, 40), (ODD_TAIL, 41), (16411, 42))
 
 
-def _spiked_array(seed: int, n: int, dtype: str) -> tuple[np.ndarray, str]:
-    """:func:`_rng_array` of length `n` (scale 3) with 1000.0 at its last item, and its source."""
-    rows = f"np.random.default_rng({seed}).normal(0.0, 3.0, {n})"
-    src = f"np.where(np.arange({n}) == {n - 1}, 1000.0, {rows})"
-    return strat.cast(eval(src, {"np": np}), dtype), _src_cast(src, dtype)
-
-
 def _p_long_rows(t: Target, run: Run) -> None:
     """Rows of 64 to 40963 items: accumulation error against the bound.
 
@@ -172,7 +165,7 @@ def _p_long_rows(t: Target, run: Run) -> None:
     src = _src_cast("softmaxtheory.strategies.row_with_entropy(4.0, 8192, 3)", t.dtype)
     run.compare(run.call(x), x, source=src, what="long row in the adaptive window, n = 8192")
     for n, seed in SPIKED_ROWS:
-        x, src = _spiked_array(seed, n, t.dtype)
+        x, src = _padded_array(seed, n, 3.0, f"i == {n - 1}", t.dtype, fill="1000.0")
         run.compare(run.call(x), x, source=src, what=f"n = {n}, the last item 1000 above the rest")
     padded = [(ODD_TAIL, masked, label) for masked, label in PADDINGS]
     padded += [(16411, masked, label) for masked, label in LONG_PADDINGS]

@@ -8,6 +8,7 @@ plugin, which both call it. The public names are re-exported by
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import math
@@ -396,7 +397,7 @@ class Target:
         """The kernel takes ``entropy_eps=``."""
         return self.takes("entropy_eps")
 
-    @property
+    @functools.cached_property
     def mask_keyword(self) -> str | None:
         """``mask`` or ``attn_mask``, the keyword the kernel takes a mask by (None if neither).
 
