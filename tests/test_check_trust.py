@@ -6,6 +6,8 @@ temporary folder and runs ``python -m softmaxtheory check`` there as a child pro
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import subprocess
 import sys
@@ -14,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from softmaxtheory import cli
+from softmaxtheory import cli, reference
 from softmaxtheory import conformance as conf
 from softmaxtheory.cli import check as check_command
 from softmaxtheory.spec import Constant
@@ -324,6 +326,58 @@ def test_entropy_eps_is_passed_when_taken_zero_included():
     assert "entropy_eps=0.0" in t.repro
     # the softmax kind has no entropy: nothing is passed
     assert conf.Target(lambda x, entropy_eps=0.0: bk.softmax(x))._kwargs(None) == {}
+
+
+def _listing_guard_only(x, *, entropy_eps=1e-9):
+    """Defect: takes entropy_eps= and always computes the paper's guarded entropy."""
+    return bk.adaptive_softmax(x, entropy_eps=1e-9)
+
+
+def _adaptive_dropping_eps_in_kwargs(x, **kwargs):
+    """A kernel whose **kwargs swallows entropy_eps= (it implements the exact entropy)."""
+    return bk.adaptive_softmax(x)
+
+
+def test_a_kernel_naming_entropy_eps_is_checked_in_both_modes():
+    """The spec has two entropy modes, and a kernel whose signature names entropy_eps= is
+    checked in both: one that drops the keyword (right at 0, the default run's mode) fails
+    at 1e-9, with the mode named, a hint and a repro that binds it; one that implements
+    only the guard fails at 0 in a run at 1e-9. Before, a default run passed both."""
+    name = "tests.support.broken_kernels:adaptive_ignoring_entropy_eps"
+    t = conf.Target(bk.adaptive_ignoring_entropy_eps, name, kind="adaptive_softmax")
+    assert conf.run_property("values", t).status == "pass"  # right at the run's mode
+    res = conf.run_property("branch_points", t)
+    assert res.status == "fail"
+    assert "entropy_eps=1e-09 (the spec's other entropy mode" in res.message
+    assert "hint: the same input passed at entropy_eps=0.0" in res.message
+    assert "seems to compute in float32" not in res.message  # the precision hint's guess
+    repro = res.message.split("repro:\n", 1)[1]
+    assert "functools.partial(kernel, entropy_eps=1e-09)" in repro
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(repro, "<repro>", "exec"), {})
+    got, exact = (float(v) for v in out.getvalue().split())
+    assert got != exact  # the repro shows the mismatch
+    name = "tests.test_check_trust:_listing_guard_only"
+    guarded = conf.Target(_listing_guard_only, name, kind="adaptive_softmax", entropy_eps=1e-9)
+    res = conf.run_property("branch_points", guarded)
+    assert res.status == "fail" and "entropy_eps=0.0 (the spec's other entropy mode" in res.message
+
+
+def test_the_other_entropy_mode_passes_a_correct_kernel_and_skips_kwargs():
+    """A correct kernel passes both modes, the second mode's rows counted; a **kwargs that
+    may drop the keyword is checked in the run's mode alone, and the softmax kind never."""
+    named = conf.Target(bk.adaptive_softmax, kind="adaptive_softmax")
+    dropped = conf.Target(_adaptive_dropping_eps_in_kwargs, kind="adaptive_softmax")
+    assert named.names_eps and dropped.takes_eps and not dropped.names_eps
+    both, one = (conf.run_property("branch_points", t) for t in (named, dropped))
+    assert both.status == one.status == "pass"
+    assert both.checks == one.checks + 2  # the branch-point and far-block rows again
+    for eps in (0.0, 1e-9):  # the reference itself, in either mode, with the other
+        t = conf.Target(reference.adaptive_attention, kind="attention", entropy_eps=eps)
+        assert t.names_eps and conf.run_property("attention_batch", t).status == "pass"
+    soft = conf.Target(lambda x, entropy_eps=0.0: bk.softmax(x), kind="softmax")
+    assert soft.names_eps and conf.run_property("values", soft).status == "pass"
 
 
 def test_sdpa_passed_directly_runs_every_property():

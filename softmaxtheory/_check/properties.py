@@ -20,10 +20,10 @@ import softmaxtheory  # the package the repro sources name (loaded: this is part
 from .. import strategies as strat
 from .. import testing as tst
 from .._formats import FORMATS, ROWWISE_KINDS, Kind
-from ..spec import Constant, LogLength, Polynomial, Schedule
+from ..spec import PAPER_ENTROPY_EPS, Constant, LogLength, Polynomial, Schedule
 from . import error_model as model
 from .memory import changed, snapshot
-from .report import array_literal, row_literal, with_schedule
+from .report import STOPPED, array_literal, row_literal, with_schedule
 from .runner import Failed, Run, Skip, run_given
 from .target import GRAD_MODES, Target, grad_call_lines
 
@@ -239,6 +239,48 @@ def _far_block_rows(dtype: str) -> tuple[np.ndarray, str]:
     return eval(src, {"np": np, "softmaxtheory": softmaxtheory}), src
 
 
+def _other_entropy_mode(t: Target) -> float:
+    """The spec's other entropy mode: ``1e-9`` (the paper's guard) for a run at 0, else 0."""
+    return PAPER_ENTROPY_EPS if t.entropy_eps == 0 else 0.0
+
+
+def _in_other_entropy_mode(run: Run, check: Callable[[Run], None]) -> None:
+    r"""Run `check` again at the other entropy mode, for a kernel that takes ``entropy_eps=``.
+
+    The spec has two modes, :math:`H` (``entropy_eps=0``) and the paper's guarded
+    :math:`-\sum_i p_i \log(p_i + 10^{-9})`; a kernel that takes the keyword is checked
+    in both, the run's and :func:`_other_entropy_mode`, so that one that drops the
+    keyword, or writes the guard as :math:`-p \log \max(p, \varepsilon)`, is caught by a
+    default run. `check` gets a :class:`Run` of the target at that mode (its repro
+    binds ``entropy_eps=``); what it measures counts in `run`, and a failure names
+    the mode. Nothing runs for the softmax kind or a kernel whose signature does not
+    name the keyword (:attr:`Target.names_eps`: a ``**kwargs`` may drop it).
+    """
+    t = run.target
+    if t.kind == "softmax" or not t.names_eps:
+        return
+    eps = _other_entropy_mode(t)
+    other = dataclasses.replace(t, entropy_eps=eps)
+    other._takes.update(t._takes)  # the same kernel: nothing to probe again
+    sub = Run(other)
+    where = f"entropy_eps={eps!r} (the spec's other entropy mode; the kernel takes entropy_eps=)"
+    try:
+        check(sub)
+    except tst.KernelMismatch as exc:
+        exc.add_note(where)
+        exc.entropy_modes = (t.entropy_eps, eps)  # the hint of its report
+        raise
+    except Failed as exc:
+        text = str(exc)
+        if text.startswith(STOPPED):
+            raise
+        raise type(exc)(f"at {where}: {text}") from exc
+    finally:
+        run.checks += sub.checks
+        run.max_ulp = max(run.max_ulp, sub.max_ulp)
+        run.notes.extend(n for n in sub.notes if n not in run.notes)
+
+
 def _p_branch_points(t: Target, run: Run) -> None:
     """Rows around 0.5, H_on, H*, H_off and beyond (n = 2048); 256-2048 items at H in [5, H_off].
 
@@ -248,10 +290,19 @@ def _p_branch_points(t: Target, run: Run) -> None:
     of items far below the rest (:func:`_far_block_rows`) show an entropy rounded
     once to bfloat16.
     """
-    rows, src = _branch_rows(t.dtype)
-    run.compare(run.call(rows), rows, source=src, what="branch-point rows")
-    rows, src = _far_block_rows(t.dtype)
-    run.compare(run.call(rows), rows, source=src, what="rows with a far block, H near H_off")
+    cases = (
+        (*_branch_rows(t.dtype), "branch-point rows"),
+        (*_far_block_rows(t.dtype), "rows with a far block, H near H_off"),
+    )
+    for rows, src, what in cases:
+        run.compare(run.call(rows), rows, source=src, what=what)
+
+    def other_mode(sub: Run) -> None:
+        for rows, src, what in cases:
+            sub.compare(sub.call(rows), rows, source=src, what=f"{what}, entropy_eps={eps!r}")
+
+    eps = _other_entropy_mode(t)
+    _in_other_entropy_mode(run, other_mode)
 
     def body(x: np.ndarray) -> None:
         run.compare(run.call(x[None, :]), x[None, :], what=f"{x.shape[0]} items, H in [5, H_off]")
@@ -734,6 +785,20 @@ def _attention_schedules(
         )
 
 
+def _attention_other_mode(
+    run: Run, inputs: dict[str, Any], what: str, source: dict[str, str]
+) -> None:
+    """`inputs` again at the other entropy mode, for a kernel that takes ``entropy_eps=``.
+
+    See :func:`_in_other_entropy_mode`.
+    """
+    eps = _other_entropy_mode(run.target)
+    _in_other_entropy_mode(
+        run,
+        lambda sub: _attention_compare(sub, inputs, f"{what}, entropy_eps={eps!r}", source=source),
+    )
+
+
 # ---------------------------------------------------------------------------
 # attention
 # ---------------------------------------------------------------------------
@@ -963,6 +1028,7 @@ def _p_attention_masks(t: Target, run: Run) -> None:
     inputs = {"q": q, "k": k, "v": v, "mask": blocks, "is_causal": False}
     _attention_compare(run, inputs, "masked, key padding over whole blocks of keys", source=source)
     _attention_schedules(run, inputs, "masked, key padding", source)
+    _attention_other_mode(run, inputs, "masked, key padding", source)
     if t.takes_scale:  # a masked path must take scale= too
         for scale in (2.0, -0.5):
             _attention_compare(run, {**inputs, "scale": scale},
@@ -1158,6 +1224,7 @@ def _p_attention_causal(t: Target, run: Run) -> None:
     source = {"q": q_src, "k": k_src, "v": v_src}
     _attention_compare(run, inputs, "causal, 130 queries and keys", source=source)
     _attention_schedules(run, inputs, "causal, 130 queries and keys", source)
+    _attention_other_mode(run, inputs, "causal, 130 queries and keys", source)
     # one query over 5 keys (a decoding step): top-left aligned, the query sees key 0
     # only; a single-query path that skips the causal mask attends all 5
     ops, source = _qkv(t, ((34, (2, 1, 4)), (35, (2, 5, 4)), (36, (2, 5, 3))))
@@ -1331,6 +1398,7 @@ def _p_attention_batch(t: Target, run: Run) -> None:
         cut = f"[:, :{keys}]"
         source = {"q": q_src, "k": f"({k_src}){cut}", "v": f"({v_src}){cut}"}
         _attention_compare(run, kv, f"batched (3 heads, {keys} keys)", source=source)
+    _attention_other_mode(run, kv, f"batched (3 heads, {keys} keys)", source)
     for i in range(2):
         one = {"q": q[i : i + 1, :1], "k": k[i : i + 1], "v": v[i : i + 1], **base}
         cut = f"[{i}:{i + 1}]"

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "STOPPED",
     "array_literal",
+    "entropy_mode_hint",
     "fmt_ulp",
     "is_torch",
     "mismatch_text",
@@ -116,6 +117,15 @@ def precision_hint(dtype: str, rep: ErrorReport) -> str:
     return ""
 
 
+def entropy_mode_hint(run_eps: float, eps: float) -> str:
+    """Say that an input which passed at the run's entropy mode `run_eps` fails at `eps`."""
+    return (
+        f"\nhint: the same input passed at entropy_eps={run_eps!r}; at entropy_eps={eps!r} the "
+        f"spec's entropy is -sum p log(p + {eps!r}), which a kernel misses when it drops "
+        "entropy_eps= or applies it otherwise (a clamp, log(max(p, eps)))"
+    )
+
+
 def with_hint(text: str, hint: str) -> str:
     """Put `hint` before the repro snippet of `text`, which stays runnable as it is."""
     head, sep, tail = text.partition("\nrepro:\n")
@@ -127,10 +137,14 @@ def mismatch_text(exc: KernelMismatch, dtype: str) -> str:
 
     The exception's notes (``exc.add_note``: what was being checked, such as
     ``"shift by 3.0"``) come first, one a line, then its message, with the
-    :func:`precision_hint` put before the repro snippet.
+    :func:`precision_hint` put before the repro snippet, or, for a failure at the
+    spec's other entropy mode (the exception's ``entropy_modes``, the run's mode and
+    that one), the :func:`entropy_mode_hint`.
     """
     text = "\n".join([*getattr(exc, "__notes__", ()), str(exc)])
-    return with_hint(text, precision_hint(dtype, exc.report))
+    modes = getattr(exc, "entropy_modes", None)
+    hint = precision_hint(dtype, exc.report) if modes is None else entropy_mode_hint(*modes)
+    return with_hint(text, hint)
 
 
 def with_schedule(repro: str, schedule: Schedule | None) -> str:

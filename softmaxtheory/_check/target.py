@@ -298,7 +298,8 @@ class Target:
     ``torch.nn.functional.scaled_dot_product_attention``) or only a ``**kwargs``
     could take the keyword, the kernel is probed by calling it on a tiny input
     (a dropped keyword is not taken). ``entropy_eps`` is passed whenever the kernel takes it
-    (not to the softmax kind), ``0.0`` included.
+    (not to the softmax kind), ``0.0`` included; a kernel whose signature names it
+    (:attr:`names_eps`) is checked at the spec's other entropy mode as well.
     """
 
     kernel: Callable[..., Any]
@@ -396,6 +397,16 @@ class Target:
     def takes_eps(self) -> bool:
         """The kernel takes ``entropy_eps=``."""
         return self.takes("entropy_eps")
+
+    @property
+    def names_eps(self) -> bool:
+        """The kernel's signature names ``entropy_eps=`` (a ``**kwargs`` alone does not).
+
+        Such a kernel is checked in both of the spec's entropy modes; one that takes
+        the keyword through ``**kwargs`` only, or cannot be inspected, may drop it, and
+        is checked in the run's mode alone.
+        """
+        return _accepts(self.kernel, "entropy_eps") is True
 
     @functools.cached_property
     def mask_keyword(self) -> str | None:

@@ -1242,6 +1242,28 @@ def softmax_second_template_half_sum(x):
         return (e / np.sum(e[..., :32768], axis=-1, keepdims=True)).astype(x.dtype)
 
 
+def adaptive_ignoring_entropy_eps(x, *, schedule=None, entropy_eps=0.0):
+    """Defect: takes entropy_eps= and drops it (always the exact entropy): right at the
+    default entropy_eps=0, wrong for a user of the paper's 1e-9 guard."""
+    return adaptive_softmax(x, schedule=schedule)
+
+
+def entropy_guard_as_clamp(x, *, entropy_eps=0.0):
+    """Defect: the guard written as a clamp, -p log(max(p, eps)) (0 log 0 = 0 kept), not
+    the spec's -p log(p + eps): exact for every p >= eps, so the guard is lost."""
+    x = np.asarray(x)
+    p = _softmax(_work(x))
+    t = p.dtype.type
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0, -p * np.log(np.maximum(p, t(entropy_eps))), p * 0)
+    return np.sum(terms, axis=-1).astype(x.dtype)
+
+
+def attention_ignoring_entropy_eps(q, k, v, mask=None, is_causal=False, entropy_eps=0.0):
+    """Defect: an adaptive attention that takes entropy_eps= and drops it."""
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
 # -- the catalogue ------------------------------------------------------------------
 
 _A = {"kind": "adaptive_softmax"}
@@ -1415,6 +1437,12 @@ CATALOGUE = {
     "user polynomial without max(P, 1)": (adaptive_polynomial_without_clamp, _A, "schedules"),
     "rows of 32769 to 65536 items normalised by half their sum": (
         softmax_second_template_half_sum, {"dtype": "float32"}, "long_rows"),
+    # round five: the spec's other entropy mode, entropy_eps= taken but not honoured
+    "entropy_eps taken and dropped": (adaptive_ignoring_entropy_eps, _A, "branch_points"),
+    "entropy guard written as a clamp": (
+        entropy_guard_as_clamp, {"kind": "entropy"}, "branch_points"),
+    "attention taking entropy_eps and dropping it": (
+        attention_ignoring_entropy_eps, {"kind": "attention"}, "attention_batch"),
     # kernels whose values are right but which change the process around them
     "flush-to-zero switched on and left on": (
         torch_flush_to_zero, {"framework": "torch", "dtype": "float32"}, "values"),
