@@ -107,6 +107,23 @@ def test_plain_attention_passes_as_plain_attention():
     assert conf.run_property("attention_values", target).status == "pass"
 
 
+def test_a_kernel_that_refuses_broadcasting_passes_with_a_note():
+    """Equal leading dimensions only is a kernel's choice (FlashAttention's): k and v that
+    broadcast over q's heads are noted when refused, and checked when taken."""
+
+    def same_shapes_only(q, k, v, mask=None, is_causal=False):
+        if np.shape(q)[:-2] != np.shape(k)[:-2]:
+            raise ValueError("q, k and v must have the same leading dimensions")
+        return bk.attention(q, k, v, mask=mask, is_causal=is_causal)
+
+    target = conf.Target(same_shapes_only, kind="attention")
+    res = conf.run_property("attention_layouts", target)
+    assert res.status == "pass", res.message
+    assert res.notes == ["leading dimensions that broadcast refused with ValueError"]
+    taken = conf.run_property("attention_layouts", conf.Target(bk.attention, kind="attention"))
+    assert taken.status == "pass" and taken.checks == res.checks + 1 and not taken.notes
+
+
 def test_a_kernel_that_refuses_float_masks_passes_with_a_note():
     """Boolean masks only is a kernel's choice: the additive cases are noted, not failed."""
 
@@ -123,11 +140,13 @@ def test_a_kernel_that_refuses_float_masks_passes_with_a_note():
         return bk.attention(q, k, v, mask=mask, is_causal=is_causal)
 
     full = conf.run_property("attention_masks", conf.Target(both, kind="attention"))
-    # the additive cases: a (5, 7) bias, key padding, the far keys and the masked queries
-    assert full.status == "pass" and full.checks == res.checks + 4 and not full.notes
-    # a kernel that takes schedule= is also called with the suite's other schedules
+    # the additive cases: a (5, 7) bias, key padding, a bias over 300 keys, the far keys
+    # and the masked queries
+    assert full.status == "pass" and full.checks == res.checks + 5 and not full.notes
+    # a kernel that takes schedule= is also called with the suite's other schedules, on
+    # the boolean key padding and the (5, 7) bias
     sched = conf.run_property("attention_masks", conf.Target(bk.attention, kind="attention"))
-    assert sched.status == "pass" and sched.checks == full.checks + 4 and not sched.notes
+    assert sched.status == "pass" and sched.checks == full.checks + 8 and not sched.notes
 
 
 def _promised(snippet):

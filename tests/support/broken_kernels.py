@@ -1264,6 +1264,131 @@ def attention_ignoring_entropy_eps(q, k, v, mask=None, is_causal=False, entropy_
     return attention(q, k, v, mask=mask, is_causal=is_causal)
 
 
+# round five: paths chosen by size or by call, and inputs the fixed cases lacked
+
+
+def attention_long_causal_bottom_right(q, k, v, mask=None, is_causal=False):
+    """Defect: long key sequences (more than 64 keys) go to a path whose causal mask is
+    aligned to the bottom right, as a wrapper sending them to FlashAttention does."""
+    if np.asarray(k).shape[-2] > 64:
+        return attention_causal_bottom_right(q, k, v, mask=mask, is_causal=is_causal)
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+def attention_loglength_boolean_keys(q, k, v, mask=None, is_causal=False, schedule=None):
+    """Defect: LogLength's n_eff counts the keys a boolean mask keeps, so the keys an
+    additive mask removes (-inf) are still counted."""
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    dt = q.dtype
+    q, k, v = _work(q), _work(k), _work(v)
+    logits = _apply_mask((q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1]), mask, is_causal)
+    kept = np.ones(logits.shape, bool)
+    if is_causal:
+        kept &= np.tril(np.ones(logits.shape[-2:], bool))
+    if mask is not None and np.asarray(mask).dtype == bool:
+        kept &= np.asarray(mask)
+    schedule = resolve_schedule(schedule)
+    beta = schedule.beta_float(_entropy(logits), kept.sum(-1)).astype(logits.dtype)
+    with np.errstate(invalid="ignore"):
+        z = logits - np.max(logits, axis=-1, keepdims=True, initial=-np.inf)
+        z = np.where(np.isneginf(z), -np.inf, beta[..., None] * z)
+    return (_softmax(z) @ v).astype(dt)
+
+
+def adaptive_long_rows_paper_schedule(x, *, schedule=None):
+    """Defect: rows of 4096 items or more take a path with the paper's schedule built in,
+    whatever schedule= says."""
+    long = np.asarray(x).shape[-1] >= 4096
+    return adaptive_softmax(x, schedule=None if long else schedule)
+
+
+def entropy_long_rows_drop_eps(x, *, entropy_eps=0.0):
+    """Defect: rows of 4096 items or more take a path that computes the exact entropy,
+    whatever entropy_eps= says."""
+    x = np.asarray(x)
+    eps = 0.0 if x.shape[-1] >= 4096 else entropy_eps
+    return _entropy(_work(x), eps).astype(x.dtype)
+
+
+def softmax_many_rows_no_max(x):
+    """Defect: batches of 512 rows or more take a path (a row per warp) that exponentiates
+    without subtracting the maximum."""
+    x = np.asarray(x)
+    if np.prod(x.shape[:-1]) < 512:
+        return softmax(x)
+    with np.errstate(all="ignore"):
+        e = np.exp(_work(x))
+        s = np.sum(e, axis=-1, keepdims=True)
+        return np.where(s == 0, 0, e / np.where(s == 0, 1, s)).astype(x.dtype)
+
+
+def softmax_many_rows_mask_as_minus_1e4(x):
+    """Defect: batches of 512 rows or more take a path that writes -inf as -1e4."""
+    x = np.asarray(x)
+    if np.prod(x.shape[:-1]) < 512:
+        return softmax(x)
+    return softmax(np.where(np.isneginf(x), x.dtype.type(-1e4), x))
+
+
+def _attention_no_max(q, k, v, mask=None, is_causal=False):
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    dt = q.dtype
+    q, k, v = _work(q), _work(k), _work(v)
+    logits = _apply_mask((q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1]), mask, is_causal)
+    beta = PaperPolynomial().beta_float(_entropy(logits), np.sum(logits > -np.inf, -1))
+    with np.errstate(all="ignore"):
+        e = np.exp(beta.astype(logits.dtype)[..., None] * logits)
+        s = np.sum(e, axis=-1, keepdims=True)
+        return (np.where(s == 0, 0, e / np.where(s == 0, 1, s)) @ v).astype(dt)
+
+
+def attention_many_slices_no_max(q, k, v, mask=None, is_causal=False):
+    """Defect: 64 (batch, head) slices or more take a path that exponentiates without
+    subtracting the maximum."""
+    if np.prod(np.broadcast_shapes(np.shape(q)[:-2], np.shape(k)[:-2])) < 64:
+        return attention(q, k, v, mask=mask, is_causal=is_causal)
+    return _attention_no_max(q, k, v, mask=mask, is_causal=is_causal)
+
+
+def attention_long_keys_mask_finiteness(q, k, v, mask=None, is_causal=False):
+    """Defect: with 256 keys or more, a float mask is read as where it is finite: its -inf
+    removes keys, but its real values are dropped."""
+    if mask is not None and np.asarray(k).shape[-2] >= 256:
+        mask = np.isfinite(np.asarray(mask))
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+_TUNED = set()
+
+
+def attention_autotuned_no_max(q, k, v, mask=None, is_causal=False):
+    """Defect: an autotuner runs the safe variant on a shape's first call and, on later
+    calls, the variant it chose, which exponentiates without subtracting the maximum."""
+    key = (np.shape(q), np.shape(k), np.shape(v), np.shape(mask), is_causal)
+    if key in _TUNED:
+        return _attention_no_max(q, k, v, mask=mask, is_causal=is_causal)
+    _TUNED.add(key)
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+def attention_broadcast_modulo(q, k, v, mask=None, is_causal=False):
+    """Defect: the (batch, head) slices are flattened and k and v read at slice i % (their
+    number of slices), which pairs heads wrongly when k and v broadcast over heads."""
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    qf = np.broadcast_to(q, (*lead, *q.shape[-2:])).reshape(-1, *q.shape[-2:])
+    kf, vf = k.reshape(-1, *k.shape[-2:]), v.reshape(-1, *v.shape[-2:])
+    if mask is not None:
+        full = (*lead, q.shape[-2], k.shape[-2])
+        mask = np.broadcast_to(np.asarray(mask), full).reshape(-1, *full[-2:])
+    out = [
+        attention(qf[i], kf[i % len(kf)], vf[i % len(vf)],
+                  mask=None if mask is None else mask[i], is_causal=is_causal)
+        for i in range(len(qf))
+    ]  # fmt: skip
+    return np.stack(out).reshape(*lead, q.shape[-2], v.shape[-1])
+
+
 # -- the catalogue ------------------------------------------------------------------
 
 _A = {"kind": "adaptive_softmax"}
@@ -1443,6 +1568,26 @@ CATALOGUE = {
         entropy_guard_as_clamp, {"kind": "entropy"}, "branch_points"),
     "attention taking entropy_eps and dropping it": (
         attention_ignoring_entropy_eps, {"kind": "attention"}, "attention_batch"),
+    # round five: a path chosen by size or by call, and inputs the fixed cases lacked
+    "causal mask aligned bottom right on a long-key path": (
+        attention_long_causal_bottom_right, {"kind": "attention"}, "attention_causal"),
+    "LogLength counting the keys of boolean masks alone": (
+        attention_loglength_boolean_keys, {"kind": "attention"}, "attention_masks"),
+    "long rows with the paper's schedule built in": (
+        adaptive_long_rows_paper_schedule, _A, "schedules"),
+    "long rows dropping entropy_eps": (
+        entropy_long_rows_drop_eps, {"kind": "entropy"}, "branch_points"),
+    "no max subtraction for large batches": (
+        softmax_many_rows_no_max, {"dtype": "float32"}, "many_rows"),
+    "-inf as -1e4 for large batches": (softmax_many_rows_mask_as_minus_1e4, {}, "many_rows"),
+    "no max subtraction for many slices": (
+        attention_many_slices_no_max, {"kind": "attention"}, "attention_batch"),
+    "a float mask's values dropped on long keys": (
+        attention_long_keys_mask_finiteness, {"kind": "attention"}, "attention_masks"),
+    "an autotuned variant without the max, from a shape's second call": (
+        attention_autotuned_no_max, {"kind": "attention"}, "attention_batch"),
+    "k and v read at slice i % n when they broadcast": (
+        attention_broadcast_modulo, {"kind": "attention"}, "attention_layouts"),
     # kernels whose values are right but which change the process around them
     "flush-to-zero switched on and left on": (
         torch_flush_to_zero, {"framework": "torch", "dtype": "float32"}, "values"),
