@@ -298,13 +298,17 @@ def _p_branch_points(t: Target, run: Run) -> None:
     entropy mode too (:func:`_in_other_entropy_mode`).
     """
     long, long_src = _padded_array(52, ODD_TAIL, 0.1, "i >= 250", t.dtype, fill="-18.0")
-    cases = (
+    cases = [
         (*_branch_rows(t.dtype), "branch-point rows"),
         (*_far_block_rows(t.dtype), "rows with a far block, H near H_off"),
         (long, long_src, f"{ODD_TAIL} items, 250 near 0 and the rest 18 below (H near 5.5)"),
-    )
+    ]
     for rows, src, what in cases:
         run.compare(run.call(rows), rows, source=src, what=what)
+    # many rows and a row past 65536 items, for paths of their own (checked in both modes)
+    for rows, src, what in _large_inputs(t.dtype):
+        run.compare(run.call(rows), rows, source=src, what=what)
+        cases.append((rows, src, what))
 
     def other_mode(sub: Run) -> None:
         for rows, src, what in cases:
@@ -359,6 +363,31 @@ PLANTED_ROWS = (
     "np.where((r == 517) & (i == 16), 1000.0, 0.0)"
     " + np.where(r == 1029, np.where(i % 2 == 1, -np.inf, -20000.0), 0.0)"
 )
+
+
+#: The batch of :func:`_large_inputs` (numpy source): 1031 rows, seven distinct ones in
+#: turn (the reference certifies each once), at entropies near 2.5 where β exceeds 1.
+REPEATED_ROWS = "np.random.default_rng(64).normal(0.0, 1.5, (7, 17))[np.arange(1031) % 7]"
+
+#: The row past 65536 items of :func:`_large_inputs` (numpy source): 250 items near 0,
+#: the rest 18 below (an entropy near 5.5, in the adaptive window).
+SPLIT_ROW = (
+    "np.where(np.arange(69635) >= 250, -18.0, np.random.default_rng(63).normal(0.0, 0.1, 69635))"
+)
+
+
+def _large_inputs(dtype: str) -> list[tuple[np.ndarray, str, str]]:
+    """:data:`REPEATED_ROWS` and :data:`SPLIT_ROW`: (array, source, label) each.
+
+    Sent with the ``schedules`` property's first schedule and at the spec's other entropy
+    mode: a kernel's path for large batches or for rows split across programs must
+    honour both keywords.
+    """
+    made = []
+    for src, what in ((REPEATED_ROWS, "1031 rows of 17 items (7 repeated)"),
+                      (SPLIT_ROW, "a row of 69635 items")):  # fmt: skip
+        made.append((strat.cast(eval(src, {"np": np}), dtype), _src_cast(src, dtype), what))
+    return made
 
 
 def _p_many_rows(t: Target, run: Run) -> None:
@@ -798,6 +827,12 @@ def _p_schedules(t: Target, run: Run) -> None:
         for x, xs in cases:
             out = run.call(x, schedule=sched)
             run.compare(out, x, schedule=sched, source=xs, what=f"schedule={sched!r}")
+    # the first schedule on many rows and on a row past 65536 items: a path for large
+    # batches or for rows split across programs must be passed the schedule too
+    sched = OTHER_SCHEDULES[0]
+    for x, xs, what in _large_inputs(t.dtype):
+        out = run.call(x, schedule=sched)
+        run.compare(out, x, schedule=sched, source=xs, what=f"{what}, schedule={sched!r}")
 
 
 def _attention_schedules(
@@ -1067,6 +1102,15 @@ def _p_attention_masks(t: Target, run: Run) -> None:
     _per_head_masks(run)
     _masked_far_keys(run)
     _fully_masked_queries(run)
+    _fully_masked_queries(run, keys=1)
+    # 100 queries, each with a mask of its own: a kernel that tiles the queries and
+    # forgets the tile's row offset into the mask reads the first tile's rows for every
+    # tile (the masks above have a few queries)
+    ops, source = _qkv(t, ((53, (1, 100, 8)), (54, (1, 21, 8)), (55, (1, 21, 3))))
+    mask_src = "(np.random.default_rng(56).random((100, 21)) < 0.5) | (np.arange(21) == 0)"
+    inputs = {**ops, "mask": eval(mask_src, {"np": np}), "is_causal": False}
+    _attention_compare(run, inputs, "masked, 100 queries, a mask row each, shape (100, 21)",
+                       source={**source, "mask": mask_src})  # fmt: skip
 
 
 def _long_key_padding(run: Run) -> None:
@@ -1151,22 +1195,25 @@ def _zeros_expected(run: Run, values: np.ndarray, what: str, why: str) -> None:
     run.notes.append(f"{what}: NaN where the table gives zeros")
 
 
-def _fully_masked_queries(run: Run, additive: bool = False) -> None:
+def _fully_masked_queries(run: Run, additive: bool = False, keys: int = 6) -> None:
     """Queries whose every key is masked: their output is 0 (the special-value table).
 
     NaN there (SDPA's convention) is noted, and a failure under strict; a number that
     is not 0 (the mean of the values, from a finite mask) fails. The other queries are
-    checked against the reference.
+    checked against the reference. With ``keys=1``, the one key masked: a fast path for
+    one key that returns its value whatever the mask fails.
     """
     t = run.target
     (q, _), (k, _), (v, _) = (
         _rng_array(seed, shape, 1.0, t.dtype)
-        for seed, shape in ((21, (2, 4, 4)), (22, (2, 6, 4)), (23, (2, 6, 3)))
+        for seed, shape in ((21, (2, 4, 4)), (22, (2, keys, 4)), (23, (2, keys, 3)))
     )
-    mask = np.random.default_rng(24).random((2, 4, 6)) < 0.6
+    mask = np.random.default_rng(24).random((2, 4, keys)) < 0.6
     mask[:, :, 0] = True
     mask[:, 2, :] = False  # query 2 of each batch entry attends to nothing
     what = "masked, a query whose every key is masked"
+    if keys == 1:
+        what += ", one key"
     if additive:
         mask = strat.cast(np.where(mask, 0.0, -np.inf), t.dtype)
         what += ", additive mask"
@@ -1316,7 +1363,7 @@ def _p_attention_special_values(t: Target, run: Run) -> None:
     (``nan_to_num``) or drops the keys holding one passes every finite input.
     Masked keys holding NaN and infinite keys are left out: there conventions
     differ (SDPA adds the mask to a NaN logit, and weighs a masked NaN value by 0).
-    Then empty sequences (:func:`_empty_sequences`).
+    Then a NaN query over one key, and empty sequences (:func:`_empty_sequences`).
     """
     base = {
         name: _rng_array(seed, shape, 1.0, t.dtype)
@@ -1329,6 +1376,13 @@ def _p_attention_special_values(t: Target, run: Run) -> None:
         inputs = {**arrays, "mask": None, "is_causal": False}
         source = {name: src for name, (_, src) in base.items() if name != operand}
         _attention_compare(run, inputs, what, source=source)
+    # one key: a fast path that returns its value (softmax over one key is 1) must still
+    # give the NaN query NaN
+    arrays = {"q": base["q"][0].copy(), "k": base["k"][0][:, :1], "v": base["v"][0][:, :1]}
+    arrays["q"][0, 1, 2] = math.nan
+    _attention_compare(run, {**arrays, "mask": None, "is_causal": False},
+                       "NaN in a query, one key: its row is NaN",
+                       source={n: f"({base[n][1]})[:, :1]" for n in "kv"})  # fmt: skip
     _empty_sequences(run)
 
 
@@ -1486,6 +1540,15 @@ def _p_attention_batch(t: Target, run: Run) -> None:
         source = {"q": q_src, "k": f"({k_src}){cut}", "v": f"({v_src}){cut}"}
         _attention_compare(run, kv, f"batched (3 heads, {keys} keys)", source=source)
     _attention_other_mode(run, kv, f"batched (3 heads, {keys} keys)", source)
+    # the long unmasked input with a scale and the other schedules, where the kernel takes
+    # them: a path for long key sequences (a flash kernel, say) must be passed them too
+    if t.takes_scale:
+        _attention_compare(run, {**kv, "scale": 2.0}, f"batched (3 heads, {keys} keys), "
+                           "scale=2.0", source=source)  # fmt: skip
+    _attention_schedules(run, kv, f"batched (3 heads, {keys} keys)", source)
+    # head dims past the block a kernel may fix (64, 128): q and k of 192, v of 160
+    ops, wide = _qkv(t, ((57, (2, 5, 192)), (58, (2, 70, 192)), (59, (2, 70, 160))))
+    _attention_compare(run, {**ops, **base}, "head dim 192, value dim 160", source=wide)
     for i in range(2):
         one = {"q": q[i : i + 1, :1], "k": k[i : i + 1], "v": v[i : i + 1], **base}
         cut = f"[{i}:{i + 1}]"
@@ -1519,6 +1582,8 @@ def _p_attention_batch(t: Target, run: Run) -> None:
         ops = {n: strat.cast(eval(src, {"np": np}), t.dtype) for n, src in source.items()}
         source = {n: _src_cast(src, t.dtype) for n, src in source.items()}
         _attention_compare(run, {**ops, **base}, what, source=source)
+        if lead == (67,):
+            _many_slices_masked(run, ops, source, what)
     if t.takes_gqa:
         # grouped-query attention: 6 query heads over 2 key and value heads, query head h
         # reading key head h // 3 (a kernel pairing h with h % 2 is right when they are equal)
@@ -1532,6 +1597,11 @@ def _p_attention_batch(t: Target, run: Run) -> None:
         causal = {**grouped, "is_causal": True}
         if t.takes_causal:
             _attention_compare(run, causal, "enable_gqa=True and is_causal=True", source=source)
+        # 200 keys: a path for long key sequences pairs the heads too
+        ops, long_source = _qkv(t, ((60, (2, 6, 5, 8)), (61, (2, 2, 200, 8)), (62, (2, 2, 200, 3))))
+        _attention_compare(run, {**ops, **base, "enable_gqa": True},
+                           "enable_gqa=True, 6 query heads over 2, 200 keys",
+                           source=long_source)  # fmt: skip
         # the grouped path with a key-padding mask and a scale, where the kernel takes them
         extra, parts = {}, []
         if t.mask_keyword is not None:
@@ -1545,6 +1615,33 @@ def _p_attention_batch(t: Target, run: Run) -> None:
         if parts:
             what = f"enable_gqa=True with {' and '.join(parts)}"
             _attention_compare(run, {**grouped, **extra}, what, source=source)
+
+
+#: The key-padding mask of the 67 slices (numpy source): slice b keeps its first
+#: 1 + b % 21 keys, so that each slice has a mask of its own.
+MANY_SLICES_PADDING = "np.arange(21)[None, None, :] < (1 + np.arange(67) % 21)[:, None, None]"
+
+
+def _many_slices_masked(
+    run: Run, ops: dict[str, np.ndarray], source: dict[str, str], what: str
+) -> None:
+    """The 67 slices of ``attention_batch`` causal, and with a key-padding mask per slice.
+
+    Where the kernel takes them: a path for many slices that drops ``is_causal=``, or
+    reads the first slice's mask for every slice (no batch stride), is right on the
+    other properties' masks, which come with a few slices.
+    """
+    t = run.target
+    if t.takes_causal:
+        _attention_compare(run, {**ops, "mask": None, "is_causal": True}, f"{what}, causal",
+                           source=source)  # fmt: skip
+    if t.mask_keyword is not None:
+        mask = eval(MANY_SLICES_PADDING, {"np": np})
+        _attention_compare(
+            run, {**ops, "mask": mask, "is_causal": False},
+            f"{what}, a key-padding mask per slice, shape (67, 1, 21)",
+            source={**source, "mask": MANY_SLICES_PADDING},
+        )  # fmt: skip
 
 
 #: What the 67 (batch, head) slices of ``attention_batch`` hold besides normal numbers
@@ -1603,12 +1700,14 @@ FRESH_CALLS = 6
 
 #: The operand shapes of :func:`_p_fresh_results`, small then large: a caching allocator
 #: that keeps a workspace only for large results (4096 items or more, 64 keys or more)
-#: hands out fresh memory for small ones.
+#: hands out fresh memory for small ones; then one row, or one query (a decoding step,
+#: whose path may return a static buffer, as a replayed CUDA graph does).
 FRESH_SHAPES = {
-    "rows": ({"x": (2, 5)}, {"x": (2, 4099)}),
+    "rows": ({"x": (2, 5)}, {"x": (2, 4099)}, {"x": (1, 6)}),
     "attention": (
         {"q": (2, 3, 4), "k": (2, 5, 4), "v": (2, 5, 4)},
         {"q": (2, 3, 4), "k": (2, 261, 4), "v": (2, 261, 4)},
+        {"q": (2, 1, 4), "k": (2, 6, 4), "v": (2, 6, 4)},
     ),
 }
 
@@ -1616,7 +1715,8 @@ FRESH_SHAPES = {
 def _fresh_sources(t: Target, size: int = 0) -> list[list[tuple[str, str]]]:
     """The operands of :func:`_p_fresh_results`' calls: (name, numpy source text) each.
 
-    `size` 0 is the small shapes of :data:`FRESH_SHAPES`, 1 the large ones.
+    `size` 0 is the small shapes of :data:`FRESH_SHAPES`, 1 the large ones, 2 one row
+    or one query (a decoding step).
     """
     shapes = FRESH_SHAPES["attention" if t.kind == "attention" else "rows"][size]
     seed = 31 + 3 * FRESH_CALLS * size
@@ -1675,14 +1775,15 @@ def _fresh_raise_repro(t: Target, made: list[list[tuple[str, str]]]) -> str:
 def _p_fresh_results(t: Target, run: Run) -> None:
     """A result the caller keeps does not change when the kernel is called again.
 
-    :data:`FRESH_CALLS` calls on inputs of one shape and dtype, small then large
-    (:data:`FRESH_SHAPES`); every result must keep its bits through the later calls. A
-    kernel that returns a buffer it reuses (a workspace cached between calls, or a pool
-    of a few) passes every value check, yet a caller that keeps results holds a later
-    one twice. (Every property also checks every call for writes to the kernel's inputs.)
+    :data:`FRESH_CALLS` calls on inputs of one shape and dtype, small, large, then one
+    row or query (:data:`FRESH_SHAPES`); every result must keep its bits through the
+    later calls. A kernel that returns a buffer it reuses (a workspace cached between
+    calls, or a pool of a few) passes every value check, yet a caller that keeps results
+    holds a later one twice. (Every property also checks every call for writes to the
+    kernel's inputs.)
     """
     made: list[list[tuple[str, str]]] = []
-    for size in (0, 1):
+    for size in range(len(FRESH_SHAPES["rows"])):
         _fresh_calls(t, run, _fresh_sources(t, size), made)
 
 

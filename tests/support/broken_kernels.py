@@ -1389,6 +1389,133 @@ def attention_broadcast_modulo(q, k, v, mask=None, is_causal=False):
     return np.stack(out).reshape(*lead, q.shape[-2], v.shape[-1])
 
 
+# round six: more paths chosen by size, each dropping or misreading one argument
+
+
+def _slices(q, k):
+    return int(np.prod(np.broadcast_shapes(np.shape(q)[:-2], np.shape(k)[:-2])))
+
+
+def attention_many_slices_drop_causal(q, k, v, mask=None, is_causal=False):
+    """Defect: 64 (batch, head) slices or more take a batched path that drops is_causal."""
+    causal = is_causal and _slices(q, k) < 64
+    return attention(q, k, v, mask=mask, is_causal=causal)
+
+
+def attention_many_slices_first_mask(q, k, v, mask=None, is_causal=False):
+    """Defect: 64 slices or more take a path that reads the first slice's mask for every
+    slice (the mask's batch stride left out)."""
+    if mask is not None and _slices(q, k) >= 64:
+        mask = np.asarray(mask)
+        mask = mask.reshape(-1, *mask.shape[-2:])[0]
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+def attention_query_tiles_mask_offset(q, k, v, mask=None, is_causal=False):
+    """Defect: queries in tiles of 64, every tile reading the mask rows of the first (the
+    tile's row offset into the mask forgotten)."""
+    q = np.asarray(q)
+    if mask is None or np.ndim(mask) < 2 or np.shape(mask)[-2] == 1 or q.shape[-2] <= 64:
+        return attention(q, k, v, mask=mask, is_causal=is_causal)
+    mask = np.asarray(mask)
+    tiles = []
+    for start in range(0, q.shape[-2], 64):
+        rows = min(64, q.shape[-2] - start)
+        tile_mask = mask[..., :rows, :]  # should be start : start + rows
+        tiles.append(attention(q[..., start : start + rows, :], k, v, mask=tile_mask))
+    return np.concatenate(tiles, axis=-2)
+
+
+def attention_head_dim_block_64(q, k, v, mask=None, is_causal=False):
+    """Defect: a fixed block of 64 over the head dim, with no loop: q.k leaves out the
+    dims past 64 (the scale still 1/sqrt(d)), and the output's columns past 64 stay 0."""
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    if q.shape[-1] <= 64 and v.shape[-1] <= 64:
+        return attention(q, k, v, mask=mask, is_causal=is_causal)
+    d = q.shape[-1]
+    qs = q[..., :64] * np.sqrt(min(d, 64) / d).astype(q.dtype)
+    out = np.zeros((*np.broadcast_shapes(q.shape[:-2], v.shape[:-2]), q.shape[-2], v.shape[-1]),
+                   dtype=q.dtype)  # fmt: skip
+    out[..., :64] = attention(qs, k[..., :64], v[..., :64], mask=mask, is_causal=is_causal)
+    return out
+
+
+def attention_long_keys_drop_scale(q, k, v, mask=None, is_causal=False, scale=None):
+    """Defect: unmasked calls with 128 keys or more take a flash path never passed scale=."""
+    if mask is None and not is_causal and np.shape(k)[-2] >= 128:
+        scale = None
+    return _attention_with(q, k, v, mask, is_causal, scale)
+
+
+def attention_gqa_long_keys_modulo(q, k, v, mask=None, is_causal=False, enable_gqa=False):
+    """Defect: with 128 keys or more, query head h reads key head h % Hk, not h // (H/Hk)."""
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        heads = q.shape[-3]
+        if k.shape[-2] >= 128:
+            pick = np.arange(heads) % k.shape[-3]
+        else:
+            pick = np.arange(heads) // (heads // k.shape[-3])
+        k, v = k[..., pick, :, :], v[..., pick, :, :]
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+def attention_one_key_returns_value(q, k, v, mask=None, is_causal=False):
+    """Defect: with one key, a fast path returns its value (softmax over one item is 1),
+    whatever the mask and whatever NaN the query holds."""
+    q, v = np.asarray(q), np.asarray(v)
+    if np.shape(k)[-2] == 1:
+        shape = (*np.broadcast_shapes(q.shape[:-2], v.shape[:-2]), q.shape[-2], v.shape[-1])
+        return np.broadcast_to(v, shape).copy()
+    return attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+_DECODE_BUFFERS = {}
+
+
+def attention_decode_static_buffer(q, k, v, mask=None, is_causal=False):
+    """Defect: one query (a decoding step) is written into a buffer kept per shape, as a
+    replayed CUDA graph's static output is, and that buffer is returned."""
+    out = attention(q, k, v, mask=mask, is_causal=is_causal)
+    if np.shape(q)[-2] != 1:
+        return out
+    buf = _DECODE_BUFFERS.setdefault((out.shape, out.dtype.str), np.empty_like(out))
+    buf[...] = out
+    return buf
+
+
+def adaptive_many_rows_paper_schedule(x, *, schedule=None):
+    """Defect: batches of 512 rows or more take a path with the paper's schedule built in."""
+    many = np.prod(np.shape(x)[:-1]) >= 512
+    return adaptive_softmax(x, schedule=None if many else schedule)
+
+
+def adaptive_split_rows_paper_schedule(x, *, schedule=None):
+    """Defect: rows of 65536 items or more, split across programs, take the paper's schedule."""
+    split = np.shape(x)[-1] >= 65536
+    return adaptive_softmax(x, schedule=None if split else schedule)
+
+
+def attention_long_keys_paper_schedule(q, k, v, mask=None, is_causal=False, schedule=None):
+    """Defect: unmasked calls with 256 keys or more take a path with the paper's schedule."""
+    if mask is None and not is_causal and np.shape(k)[-2] >= 256:
+        schedule = None
+    return attention(q, k, v, mask=mask, is_causal=is_causal, schedule=schedule)
+
+
+def entropy_split_rows_drop_eps(x, *, entropy_eps=0.0):
+    """Defect: rows of 65536 items or more take a path that computes the exact entropy."""
+    x = np.asarray(x)
+    eps = 0.0 if x.shape[-1] >= 65536 else entropy_eps
+    return _entropy(_work(x), eps).astype(x.dtype)
+
+
+def adaptive_many_rows_drop_eps(x, *, schedule=None, entropy_eps=0.0):
+    """Defect: batches of 512 rows or more take a path that drops entropy_eps=."""
+    eps = 0.0 if np.prod(np.shape(x)[:-1]) >= 512 else entropy_eps
+    return adaptive_softmax(x, schedule=schedule, entropy_eps=eps)
+
+
 # -- the catalogue ------------------------------------------------------------------
 
 _A = {"kind": "adaptive_softmax"}
@@ -1588,6 +1715,32 @@ CATALOGUE = {
         attention_autotuned_no_max, {"kind": "attention"}, "attention_batch"),
     "k and v read at slice i % n when they broadcast": (
         attention_broadcast_modulo, {"kind": "attention"}, "attention_layouts"),
+    # round six: more paths chosen by size, each dropping or misreading one argument
+    "is_causal dropped for many slices": (
+        attention_many_slices_drop_causal, {"kind": "attention"}, "attention_batch"),
+    "the first slice's mask for many slices": (
+        attention_many_slices_first_mask, {"kind": "attention"}, "attention_batch"),
+    "query tiles reading the first tile's mask rows": (
+        attention_query_tiles_mask_offset, {"kind": "attention"}, "attention_masks"),
+    "a head-dim block of 64 with no loop": (
+        attention_head_dim_block_64, {"kind": "attention"}, "attention_batch"),
+    "scale= dropped on long unmasked keys": (
+        attention_long_keys_drop_scale, {"kind": "attention"}, "attention_batch"),
+    "grouped heads paired modulo on long keys": (
+        attention_gqa_long_keys_modulo, {"kind": "attention"}, "attention_batch"),
+    "one key returning its value": (
+        attention_one_key_returns_value, {"kind": "attention"}, "attention_masks"),
+    "a decoding step returning a static buffer": (
+        attention_decode_static_buffer, {"kind": "attention"}, "fresh_results"),
+    "the paper's schedule for large batches": (
+        adaptive_many_rows_paper_schedule, _A, "schedules"),
+    "the paper's schedule for rows split past 65536 items": (
+        adaptive_split_rows_paper_schedule, _A, "schedules"),
+    "the paper's schedule on long unmasked keys": (
+        attention_long_keys_paper_schedule, {"kind": "attention"}, "attention_batch"),
+    "entropy_eps dropped for rows split past 65536 items": (
+        entropy_split_rows_drop_eps, {"kind": "entropy"}, "branch_points"),
+    "entropy_eps dropped for large batches": (adaptive_many_rows_drop_eps, _A, "branch_points"),
     # kernels whose values are right but which change the process around them
     "flush-to-zero switched on and left on": (
         torch_flush_to_zero, {"framework": "torch", "dtype": "float32"}, "values"),
