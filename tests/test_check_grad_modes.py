@@ -271,3 +271,61 @@ def test_a_training_path_that_crashes_after_taking_grad_inputs_fails(kernel, kin
     res = conf.run_property(prop, target)
     assert res.status == "fail"
     assert res.message.startswith("inputs requiring grad") and "the kernel raised" in res.message
+
+
+def test_torch_settings_left_changed_fail_and_are_restored(capsys):
+    """A kernel that leaves torch's grad mode or default dtype changed passed every value
+    check while the caller's training stopped recording gradients; it fails now, with a
+    repro that prints the setting before and after, and the suite restores it."""
+    for case, expr, after in (
+        ("torch's grad mode switched off and left off", "torch.is_grad_enabled()", "False"),
+        ("torch's default dtype changed and left so", "torch.get_default_dtype()",
+         "torch.float64"),
+    ):  # fmt: skip
+        message = _caught(case)
+        assert torch.is_grad_enabled() and torch.get_default_dtype() == torch.float32
+        assert message.startswith("the kernel left torch's")
+        snippet = message.split("repro:\n", 1)[1]
+        assert f"print({expr})  # {after}: the kernel left it changed" in snippet
+        _exec(snippet)
+        assert capsys.readouterr().out.split()[-1] == after
+        torch.set_grad_enabled(True)
+        torch.set_default_dtype(torch.float32)
+
+
+def test_paths_of_their_own_in_each_mode_are_checked():
+    """Inference and training paths met only two tiny inputs: a blocked inference
+    softmax that never rescales, a finfo.min training mask (fully masked rows), a
+    KV-cache path aligning causal masks bottom right, one dropping scale= and a static
+    decoding buffer under inference_mode all passed. Each fails now, in its mode."""
+    assert _caught("an inference path without the running sum's rescaling").startswith(
+        "under torch.no_grad(), shape (200,)"
+    )
+    assert _caught("a training path masking with finfo.min").startswith(
+        "inputs requiring grad, a fully masked row of 5 items: got [0.2"
+    )
+    assert "under torch.no_grad(), causal, 2 queries over 7 keys" in _caught(
+        "a causal mask aligned bottom right at inference"
+    )
+    assert "under torch.no_grad(), scale=2.0" in _caught("scale= dropped at inference")
+    message = _caught("an inference path returning a static buffer")
+    assert "(under torch.inference_mode())" in message
+    assert "with torch.inference_mode():\n    first = kernel(x1)" in message
+
+
+def test_a_detached_output_is_noted_and_torch_softmax_passes_every_mode():
+    """A kernel whose output drops the gradient (decorated with torch.no_grad, say) gives
+    right values: it passes, with a note; torch.softmax passes with neither."""
+
+    @torch.no_grad()
+    def detached(x):
+        return torch.softmax(x, dim=-1)
+
+    res = conf.run_property("dtype_shape", conf.Target(detached, framework="torch",
+                                                       dtype="float32"))  # fmt: skip
+    assert res.status == "pass", res.message
+    assert res.notes == ["inputs requiring grad: the output does not require grad "
+                         "(no gradient reaches x)"]  # fmt: skip
+    plain = conf.Target(lambda x: torch.softmax(x, dim=-1), framework="torch", dtype="float32")
+    res = conf.run_property("dtype_shape", plain)
+    assert res.status == "pass" and not res.notes, res.message

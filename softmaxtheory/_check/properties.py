@@ -468,7 +468,11 @@ def _p_dtype_shape(t: Target, run: Run) -> None:
     _after_another_dtype(t, run)
     if t.framework == "torch":
         far = strat.cast(eval(MASKED_FAR_ROWS[1], {"np": np}), t.dtype)
-        _grad_modes(t, run, [(base, base_src), (far, _src_cast(MASKED_FAR_ROWS[1], t.dtype))])
+        # and 200 items, item 150 far above the rest: an inference path that works in
+        # blocks and never rescales its running sum is right on short rows only
+        spiked = _padded_array(57, 200, 3.0, "i == 150", t.dtype, fill="30.0")
+        _grad_modes(t, run, [(base, base_src), (far, _src_cast(MASKED_FAR_ROWS[1], t.dtype)),
+                             spiked])  # fmt: skip
 
 
 #: The dtype :func:`_after_another_dtype` calls the kernel in first, by the checked dtype:
@@ -524,7 +528,9 @@ def _grad_modes(t: Target, run: Run, cases: list[tuple[np.ndarray, str]]) -> Non
     memory): each must give the reference's values and leave its input as it found
     it. A kernel that refuses inputs requiring grad (it is not differentiable) is
     noted (a raise on the first call in that mode; a raise after the kernel took such
-    inputs fails); one that raises under ``no_grad`` or ``inference_mode`` fails.
+    inputs fails); one that raises under ``no_grad`` or ``inference_mode`` fails. An
+    output that does not require grad for inputs that do is noted (the kernel drops
+    the gradient). Each mode ends with a fully masked row (:func:`_fully_masked_in_mode`).
     """
     for mode in GRAD_MODES:
         for i, (x, src) in enumerate(cases):
@@ -544,6 +550,39 @@ def _grad_modes(t: Target, run: Run, cases: list[tuple[np.ndarray, str]]) -> Non
                     + "\n".join([*t.repro_lines(x), *grad_call_lines(mode, "kernel(x)  # raises")])
                 ) from exc
             run.compare(out, x, source=src, what=what, grad_mode=mode)
+            detached = f"{mode}: the output does not require grad (no gradient reaches x)"
+            if GRAD_MODES[mode][0] and not out.requires_grad and detached not in run.notes:
+                run.notes.append(detached)
+        else:
+            _fully_masked_in_mode(t, run, mode)
+
+
+def _fully_masked_in_mode(t: Target, run: Run, mode: str) -> None:
+    """A fully masked row in `mode`: zeros, as the special-value table says.
+
+    NaN everywhere is the softmax kind's tolerated convention (``special_values`` notes
+    it); a number is not: a training path that masks with ``finfo.min`` (an autograd
+    ``Function``, say) gives the fully masked row the uniform distribution.
+    """
+    x = strat.cast(np.full((1, 5), -np.inf), t.dtype)
+    what = f"{mode}, a fully masked row of 5 items"
+    try:
+        out = t.call(x, grad_mode=mode)
+    except Failed as exc:
+        raise Failed(f"{what}: {exc}") from exc
+    except Exception as exc:
+        raise Failed(
+            f"{what}: the kernel raised {type(exc).__name__}: {exc}\nrepro:\n"
+            + "\n".join([*t.repro_lines(x), *grad_call_lines(mode, "kernel(x)  # raises")])
+        ) from exc
+    got, _ = run.output(out, what)
+    if np.all(got == 0) or (np.all(np.isnan(got)) and t.kind == "softmax" and not t.strict):
+        return
+    raise Failed(
+        f"{what}: got {np.asarray(got, dtype=np.float64).ravel().tolist()}, where the "
+        "special-value table gives zeros\nrepro:\n"
+        + "\n".join([*t.repro_lines(x), *grad_call_lines(mode, "print(kernel(x))")])
+    )
 
 
 def _special_expected(t: Target) -> list[tuple[str, np.ndarray]]:
@@ -1490,17 +1529,25 @@ def _broadcast_heads(run: Run) -> None:
 
 
 def _attention_grad_modes(run: Run, base: dict[str, Any]) -> None:
-    """The operands `base` in each of :data:`GRAD_MODES`, masked too if the kernel takes masks.
+    """The operands `base` in each of :data:`GRAD_MODES`, and variants the kernel takes.
 
-    As :func:`_grad_modes` for the row kinds: each path must give the reference's
-    values and leave its operands alone; refusing q, k and v that require grad is
-    noted, raising under ``no_grad`` or ``inference_mode`` fails.
+    Masked, causal with fewer queries than keys, and with ``scale=2.0``. As
+    :func:`_grad_modes` for the row kinds: each path must give the reference's values
+    and leave its operands alone; refusing q, k and v that require grad is noted,
+    raising under ``no_grad`` or ``inference_mode`` fails.
     """
     t = run.target
     cases = [("", base)]
     if t.mask_keyword is not None:
         padding = np.tile(np.arange(base["k"].shape[-2]) < 5, (base["q"].shape[-2], 1))
         cases.append((", key padding", {**base, "mask": padding}))
+    # an inference path (a KV cache's) must align a causal mask to the top left when
+    # L < S, and take scale=
+    if t.takes_causal:
+        q, keys = base["q"][..., :2, :], base["k"].shape[-2]
+        cases.append((f", causal, 2 queries over {keys} keys", {**base, "q": q, "is_causal": True}))
+    if t.takes_scale:
+        cases.append((", scale=2.0", {**base, "scale": 2.0}))
     for mode in GRAD_MODES:
         for i, (label, inputs) in enumerate(cases):
             try:
@@ -1737,8 +1784,21 @@ def _fresh_lines(t: Target) -> tuple[list[str], Callable[[str], str]]:
     return ["import numpy as np", "import torch", head], make
 
 
-def _fresh_repro(t: Target, calls: list[list[tuple[str, str]]], first: int, last: int) -> str:
-    """A snippet: keep call `first`'s result, make the calls up to `last`, print if it changed."""
+def _in_mode(mode: str | None, calls: list[str]) -> list[str]:
+    """The repro lines `calls`, run in :data:`GRAD_MODES` `mode` (a context) or plainly."""
+    context = None if mode is None else GRAD_MODES[mode][1]
+    if context is None:
+        return calls
+    return [f"with torch.{context}():", *(f"    {line}" for line in calls)]
+
+
+def _fresh_repro(
+    t: Target, calls: list[list[tuple[str, str]]], first: int, last: int, mode: str | None
+) -> str:
+    """A snippet: keep call `first`'s result, make the calls up to `last`, print if it changed.
+
+    The calls are made in `mode` (see :func:`_in_mode`).
+    """
     lines, make = _fresh_lines(t)
     if t.framework == "numpy":
         copy, equal = "kept = first.copy()", "np.array_equal(first, kept, equal_nan=True)"
@@ -1747,27 +1807,34 @@ def _fresh_repro(t: Target, calls: list[list[tuple[str, str]]], first: int, last
     names = [name for name, _ in calls[0]]
     for i in range(first, last + 1):
         lines += [f"{name}{i + 1} = {make(src)}" for name, src in calls[i]]
-    lines += [f"first = kernel({', '.join(f'{n}{first + 1}' for n in names)})", copy]
-    lines += [
+    made = [f"first = kernel({', '.join(f'{n}{first + 1}' for n in names)})", copy]
+    made += [
         f"kernel({', '.join(f'{n}{i + 1}' for n in names)})" for i in range(first + 1, last + 1)
     ]
+    lines += _in_mode(mode, made)
     lines += ["# the later calls changed the first result:", f"print({equal})  # False"]
     return "\n".join(lines)
 
 
-def _fresh_raise_repro(t: Target, made: list[list[tuple[str, str]]]) -> str:
+#: One call of :func:`_p_fresh_results`: its operands (names and numpy sources) and the
+#: :data:`GRAD_MODES` label it was made in (None: plainly).
+FreshCall = tuple[list[tuple[str, str]], "str | None"]
+
+
+def _fresh_raise_repro(t: Target, made: list[FreshCall]) -> str:
     """A snippet that makes the calls `made` of :func:`_p_fresh_results` in turn.
 
-    `made` is every call of the property up to the one that raised (the operands' names
-    and numpy sources), so that a kernel whose failure depends on the calls before it
-    (a pool of buffers that runs out, a cache that fills) fails in the snippet too.
+    `made` is every call of the property up to the one that raised, so that a kernel
+    whose failure depends on the calls before it (a pool of buffers that runs out, a
+    cache that fills) fails in the snippet too.
     """
     lines, make = _fresh_lines(t)
-    for i, operands in enumerate(made):
+    for i, (operands, _) in enumerate(made):
         lines += [f"{name}{i + 1} = {make(src)}" for name, src in operands]
-    for i, operands in enumerate(made):
+    for i, (operands, mode) in enumerate(made):
         args = ", ".join(f"{name}{i + 1}" for name, _ in operands)
-        lines.append(f"kernel({args})" + ("  # raises" if i == len(made) - 1 else ""))
+        call = f"kernel({args})" + ("  # raises" if i == len(made) - 1 else "")
+        lines += _in_mode(mode, [call])
     return "\n".join(lines)
 
 
@@ -1779,23 +1846,32 @@ def _p_fresh_results(t: Target, run: Run) -> None:
     later calls. A kernel that returns a buffer it reuses (a workspace cached between
     calls, or a pool of a few) passes every value check, yet a caller that keeps results
     holds a later one twice. (Every property also checks every call for writes to the
-    kernel's inputs.)
+    kernel's inputs.) A torch kernel makes the one-row or one-query calls again under
+    ``torch.inference_mode()``, where a decoding path may hand out a static buffer.
     """
-    made: list[list[tuple[str, str]]] = []
-    for size in range(len(FRESH_SHAPES["rows"])):
-        _fresh_calls(t, run, _fresh_sources(t, size), made)
+    made: list[FreshCall] = []
+    sizes = len(FRESH_SHAPES["rows"])
+    modes: list[str | None] = [None] * sizes
+    if t.framework == "torch":
+        modes.append("under torch.inference_mode()")
+    for size, mode in enumerate(modes):
+        _fresh_calls(t, run, _fresh_sources(t, min(size, sizes - 1)), made, mode, len(modes))
 
 
 def _fresh_calls(
     t: Target,
     run: Run,
     calls: list[list[tuple[str, str]]],
-    made: list[list[tuple[str, str]]],
+    made: list[FreshCall],
+    mode: str | None = None,
+    groups: int = 3,
 ) -> None:
     """:func:`_p_fresh_results` on the operands `calls` (:func:`_fresh_sources`).
 
     `made` lists the calls the property made before, for the repro of a kernel that
-    raises; each call is appended to it.
+    raises; each call is appended to it. The calls are made in `mode`, a label of
+    :data:`GRAD_MODES` (None: plainly); `groups` is how many groups of calls the
+    property makes, for the failure's count.
     """
     arrays = [
         {name: strat.cast(eval(src, {"np": np}), t.dtype) for name, src in operands}
@@ -1804,13 +1880,15 @@ def _fresh_calls(
 
     def call(inputs: dict[str, np.ndarray]) -> Any:
         if t.kind == "attention":
-            return t.call_attention(inputs["q"], inputs["k"], inputs["v"], None, False)
-        return t.call(inputs["x"])
+            return t.call_attention(
+                inputs["q"], inputs["k"], inputs["v"], None, False, grad_mode=mode
+            )
+        return t.call(inputs["x"], grad_mode=mode)
 
     outs: list[Any] = []
     kept: list[Any] = []
     for i, inputs in enumerate(arrays):
-        made.append(calls[i])
+        made.append((calls[i], mode))
         try:
             outs.append(call(inputs))
         except Failed:
@@ -1818,9 +1896,10 @@ def _fresh_calls(
         except Exception as exc:
             raise Failed(
                 f"the kernel raised {type(exc).__name__}: {exc}\non the property's call "
-                f"{len(made)} of {2 * FRESH_CALLS} ({FRESH_CALLS} small, then {FRESH_CALLS} "
-                "large; new values)"
-                f"\nrepro:\n{_fresh_raise_repro(t, made)}"
+                f"{len(made)} of {groups * FRESH_CALLS} ({FRESH_CALLS} small, {FRESH_CALLS} "
+                f"large, then {FRESH_CALLS} of one row or query"
+                + (", then those under torch.inference_mode()" if groups > 3 else "")
+                + f"; new values)\nrepro:\n{_fresh_raise_repro(t, made)}"
             ) from exc
         kept.append(snapshot(outs[-1]))
         for j in range(i):
@@ -1830,14 +1909,17 @@ def _fresh_calls(
                     f"the result of call {j + 1} changed when the kernel was called again "
                     f"(by call {i + 1}): {change}. The kernel returns memory that a later call "
                     "overwrites (a reused buffer, or a pool of a few); a caller that keeps "
-                    f"results holds a later one twice.\nrepro:\n{_fresh_repro(t, calls, j, i)}"
+                    "results holds a later one twice"
+                    + ("" if mode is None else f" ({mode})")
+                    + f".\nrepro:\n{_fresh_repro(t, calls, j, i, mode)}"
                 )
+    what = "fresh results" + ("" if mode is None else f", {mode}")
     for out, inputs in zip(outs, arrays, strict=True):
         if t.kind == "attention":
-            _attention_check(run, out, {**inputs, "mask": None, "is_causal": False},
-                             "fresh results")  # fmt: skip
+            _attention_check(run, out, {**inputs, "mask": None, "is_causal": False}, what,
+                             grad_mode=mode)  # fmt: skip
         else:
-            run.compare(out, inputs["x"], what="fresh results")
+            run.compare(out, inputs["x"], what=what, grad_mode=mode)
 
 
 # ---------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from .report import array_literal, np_dtype_literal
 
 __all__ = [
     "GRAD_MODES",
+    "TORCH_STATE",
     "ConformanceUsageError",
     "Target",
     "check_options",
@@ -89,6 +90,34 @@ def grad_call_lines(
         return [*([f"{name}.requires_grad_()" for name in operands] if requires_grad else []),
                 call]  # fmt: skip
     return [f"with torch.{context}():", f"    {call}"]
+
+
+#: torch's process-wide settings a kernel must leave as it found them: name -> how the
+#: repro prints it (the state is read by evaluating it with ``torch`` imported) and what
+#: a caller meets when the kernel leaves it changed.
+TORCH_STATE = {
+    "grad mode": ("torch.is_grad_enabled()",
+                  "with it off, a model's training silently records no gradients"),
+    "inference mode": ("torch.is_inference_mode_enabled()",
+                       "tensors made there can never enter autograd"),
+    "default dtype": ("torch.get_default_dtype()",
+                      "every tensor made without a dtype takes the new one"),
+}  # fmt: skip
+
+
+def _torch_state() -> dict[str, Any]:
+    """The values of :data:`TORCH_STATE` now."""
+    import torch
+
+    return {name: eval(expr, {"torch": torch}) for name, (expr, _) in TORCH_STATE.items()}
+
+
+def _restore_torch_state(state: dict[str, Any]) -> None:
+    """Set torch's grad mode and default dtype back to `state` (inference mode is scoped)."""
+    import torch
+
+    torch.set_grad_enabled(state["grad mode"])
+    torch.set_default_dtype(state["default dtype"])
 
 
 def _float_operands(operands: dict[str, np.ndarray]) -> list[str]:
@@ -496,14 +525,19 @@ class Target:
         ------
         Failed
             If an element of one of `args` changed (bits compared: see
-            :mod:`~softmaxtheory._check.memory`), or the kernel left flush-to-zero on.
+            :mod:`~softmaxtheory._check.memory`), or the kernel left flush-to-zero on,
+            or (torch) left torch's grad mode, inference mode or default dtype changed
+            (:data:`TORCH_STATE`; restored before the failure is raised).
         """
         if self.framework == "numpy":
             before = {name: snapshot(originals[name], copy=False) for name in args}
         else:
             before = {name: snapshot(a) for name, a in args.items()}
         flushing = flushes_subnormals()
+        state = _torch_state() if self.framework == "torch" else None
         out = call()
+        if state is not None and (after := _torch_state()) != state:
+            self._state_changed(state, after, literal, grad_mode, call_text)
         if not flushing and flushes_subnormals():
             restored = restore_gradual_underflow()
             text = (
@@ -530,6 +564,38 @@ class Target:
                 text += f"\nrepro:\n{repro}"
             raise Failed(text)
         return out
+
+    def _state_changed(
+        self,
+        before: dict[str, Any],
+        after: dict[str, Any],
+        literal: dict[str, np.ndarray] | None,
+        grad_mode: str | None,
+        call_text: str,
+    ) -> None:
+        """Fail a call that left torch's global settings (:data:`TORCH_STATE`) changed.
+
+        Restores them first, so that the suite and the caller go on as before.
+        """
+        _restore_torch_state(before)
+        name = next(n for n in TORCH_STATE if before[n] != after[n])
+        expr, effect = TORCH_STATE[name]
+        text = (
+            f"the kernel left torch's {name} changed ({expr} was {before[name]} before the "
+            f"call, {after[name]} after it): every later torch operation of its thread, its "
+            f"caller's included, runs so ({effect}). A kernel must leave torch's global "
+            "settings as it found them (a context manager, not torch.set_grad_enabled or "
+            "torch.set_default_dtype)"
+        )
+        if literal is not None:
+            lines = [
+                *self.operand_lines(literal, call_text),
+                f"print({expr})  # {before[name]}",
+                *grad_call_lines(grad_mode, call_text, _float_operands(literal)),
+                f"print({expr})  # {after[name]}: the kernel left it changed",
+            ]
+            text += "\nrepro:\n" + "\n".join(lines)
+        raise Failed(text)
 
     def _flush_repro(
         self, operands: dict[str, np.ndarray], grad_mode: str | None, call_text: str

@@ -1516,6 +1516,99 @@ def adaptive_many_rows_drop_eps(x, *, schedule=None, entropy_eps=0.0):
     return adaptive_softmax(x, schedule=schedule, entropy_eps=eps)
 
 
+# round seven: torch kernels with a path of their own for inference or training, and
+# torch's global settings
+
+
+def torch_softmax_inference_no_rescale(x):
+    """Defect: under no_grad or inference_mode, an online softmax over blocks of 64 items
+    whose running sum is never rescaled when the maximum grows."""
+    import torch
+
+    if torch.is_grad_enabled():
+        return torch.softmax(x, dim=-1)
+    xf = x.float()
+    m = torch.full(xf.shape[:-1], -torch.inf)
+    total = torch.zeros(xf.shape[:-1])
+    for start in range(0, xf.shape[-1], 64):
+        block = xf[..., start : start + 64]
+        m = torch.maximum(m, block.amax(dim=-1))
+        total = total + torch.exp(block - m[..., None]).sum(dim=-1)  # no exp(m_old - m)
+    return (torch.exp(xf - m[..., None]) / total[..., None]).to(x.dtype)
+
+
+_STATIC = {}
+
+
+def torch_softmax_inference_static_buffer(x):
+    """Defect: under no_grad or inference_mode, the result is written into a buffer kept
+    per shape (a replayed CUDA graph's static output) and that buffer is returned."""
+    import torch
+
+    out = torch.softmax(x, dim=-1)
+    if torch.is_grad_enabled():
+        return out
+    key = (tuple(out.shape), out.dtype)
+    if key not in _STATIC:
+        with torch.inference_mode(False):
+            _STATIC[key] = torch.empty_like(out)
+    _STATIC[key].copy_(out)
+    return _STATIC[key]
+
+
+def torch_attention_inference_bottom_right(q, k, v, attn_mask=None, is_causal=False,
+                                           scale=None):  # fmt: skip
+    """Defect: the inference path (a KV cache's) aligns a causal mask to the bottom right
+    when L < S; with gradients on it is aligned to the top left, as the spec says."""
+    import torch
+
+    from softmaxtheory.accelerated.torch import adaptive_attention
+
+    if is_causal and not torch.is_grad_enabled():
+        L, S = q.shape[-2], k.shape[-2]
+        attn_mask = torch.ones(L, S, dtype=torch.bool).tril(S - L)
+        is_causal = False
+    return adaptive_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+
+
+def torch_attention_inference_drops_scale(q, k, v, attn_mask=None, is_causal=False,
+                                          scale=None):  # fmt: skip
+    """Defect: the inference path is never passed scale= (always 1/sqrt(d))."""
+    import torch
+
+    from softmaxtheory.accelerated.torch import adaptive_attention
+
+    if not torch.is_grad_enabled():
+        scale = None
+    return adaptive_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+
+
+def torch_softmax_training_finfo_min(x):
+    """Defect: when x requires grad, a training path masks with finfo.min instead of -inf,
+    so a fully masked row gets the uniform distribution."""
+    import torch
+
+    if not x.requires_grad:
+        return torch.softmax(x, dim=-1)
+    return torch.softmax(x.clamp_min(torch.finfo(x.dtype).min), dim=-1)
+
+
+def torch_softmax_leaves_grad_disabled(x):
+    """Defect: switches torch's grad mode off to save memory and never switches it back."""
+    import torch
+
+    torch.set_grad_enabled(False)
+    return torch.softmax(x, dim=-1)
+
+
+def torch_softmax_leaves_default_dtype(x):
+    """Defect: sets torch's default dtype to float64 for an accurate sum and leaves it so."""
+    import torch
+
+    torch.set_default_dtype(torch.float64)
+    return torch.softmax(x, dim=-1)
+
+
 # -- the catalogue ------------------------------------------------------------------
 
 _A = {"kind": "adaptive_softmax"}
@@ -1741,6 +1834,28 @@ CATALOGUE = {
     "entropy_eps dropped for rows split past 65536 items": (
         entropy_split_rows_drop_eps, {"kind": "entropy"}, "branch_points"),
     "entropy_eps dropped for large batches": (adaptive_many_rows_drop_eps, _A, "branch_points"),
+    # round seven: torch paths for inference or training, and torch's global settings
+    "an inference path without the running sum's rescaling": (
+        torch_softmax_inference_no_rescale, {"framework": "torch", "dtype": "float32"},
+        "dtype_shape"),
+    "an inference path returning a static buffer": (
+        torch_softmax_inference_static_buffer, {"framework": "torch", "dtype": "float32"},
+        "fresh_results"),
+    "a causal mask aligned bottom right at inference": (
+        torch_attention_inference_bottom_right,
+        {"kind": "attention", "framework": "torch", "dtype": "float32"}, "attention_layouts"),
+    "scale= dropped at inference": (
+        torch_attention_inference_drops_scale,
+        {"kind": "attention", "framework": "torch", "dtype": "float32"}, "attention_layouts"),
+    "a training path masking with finfo.min": (
+        torch_softmax_training_finfo_min, {"framework": "torch", "dtype": "float32"},
+        "dtype_shape"),
+    "torch's grad mode switched off and left off": (
+        torch_softmax_leaves_grad_disabled, {"framework": "torch", "dtype": "float32"},
+        "values"),
+    "torch's default dtype changed and left so": (
+        torch_softmax_leaves_default_dtype, {"framework": "torch", "dtype": "float32"},
+        "values"),
     # kernels whose values are right but which change the process around them
     "flush-to-zero switched on and left on": (
         torch_flush_to_zero, {"framework": "torch", "dtype": "float32"}, "values"),
