@@ -1305,15 +1305,8 @@ def _additive_masks(
               strat.cast(np.where(padding, 0.0, -np.inf), t.dtype))]  # fmt: skip
     (label, mask), rest = cases[0], cases[1:]
     first = {**base, "mask": mask}
-    try:
-        with np.errstate(all="ignore"):
-            out = t.call_attention(first["q"], first["k"], first["v"], mask, False)
-    except Failed as exc:
-        raise Failed(f"masked, {label}: {exc}") from exc
-    except Exception as exc:
-        run.notes.append(f"float (additive) masks refused with {type(exc).__name__}")
+    if not _refusable_case(run, first, f"masked, {label}", "float (additive) masks", source):
         return
-    _attention_check(run, out, first, f"masked, {label}", source=source)
     # LogLength counts the keys a float mask leaves (its -inf removes one): a kernel that
     # counts the keys of a boolean mask alone counts every key here
     _attention_schedules(run, first, f"masked, {label}", source)
@@ -1517,15 +1510,30 @@ def _broadcast_heads(run: Run) -> None:
     ops, source = _qkv(t, ((25, (2, 3, 5, 8)), (26, (2, 1, 6, 8)), (27, (2, 1, 6, 4))))
     inputs = {**ops, "mask": None, "is_causal": False}
     what = "k and v of shape (2, 1, 6, d) broadcast over q's 3 heads"
+    _refusable_case(run, inputs, what, "leading dimensions that broadcast", source)
+
+
+def _refusable_case(
+    run: Run, inputs: dict[str, Any], what: str, refused: str, source: dict[str, str]
+) -> bool:
+    """Check the attention call `inputs`, a case a kernel may refuse; whether it was taken.
+
+    A kernel that raises on it is noted (`refused`, then "refused with" and the error), not
+    failed; one that returns a result is checked against the reference.
+    """
+    t = run.target
     try:
         with np.errstate(all="ignore"):
-            out = t.call_attention(ops["q"], ops["k"], ops["v"], None, False)
+            out = t.call_attention(
+                inputs["q"], inputs["k"], inputs["v"], inputs["mask"], inputs["is_causal"]
+            )
     except Failed as exc:
         raise Failed(f"{what}: {exc}") from exc
     except Exception as exc:
-        run.notes.append(f"leading dimensions that broadcast refused with {type(exc).__name__}")
-        return
+        run.notes.append(f"{refused} refused with {type(exc).__name__}")
+        return False
     _attention_check(run, out, inputs, what, source=source)
+    return True
 
 
 def _attention_grad_modes(run: Run, base: dict[str, Any]) -> None:
