@@ -65,6 +65,14 @@ kernels therefore run under a lock until the first of them has returned and the
 layer is known; on ``workqueue`` they keep running under it, one call at a time
 (each call still uses every core), and elsewhere the lock is dropped.
 
+A call on fewer than :data:`GRAIN` logits (for attention, fewer in a batch entry, or
+one query) runs its kernels on the calling thread alone: a parallel region costs more
+than such a call's work, and where other processes keep the cores busy, GNU OpenMP's
+workers spin while the thread they wait for is descheduled (see :doc:`/performance`,
+"Threads on a busy machine"). A process that shares its cores with others (test
+workers, a pool of data loaders) runs large calls best with one thread each
+(:func:`set_num_threads`) or with ``OMP_WAIT_POLICY=PASSIVE`` set before it starts.
+
 Floating-point environment
 --------------------------
 Every function (and every method of :class:`StreamingSoftmax` that computes) runs
@@ -93,11 +101,14 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import numba
 import numpy as np
 
 from .._certify.environment import ieee_kernels
@@ -122,6 +133,7 @@ _ieee = ieee_kernels("the CPU backend's results")
 
 __all__ = [
     "CHUNK",
+    "GRAIN",
     "StreamingSoftmax",
     "adaptive_attention",
     "adaptive_softmax",
@@ -136,11 +148,64 @@ __all__ = [
 CHUNK: int = _k.CHUNK
 
 
+#: A call on fewer logits than this (for attention, a batch entry's :math:`L S`; a call
+#: with one query counts as none) runs its kernels on the calling thread alone, whatever
+#: :func:`set_num_threads` says: a parallel region costs more than its work (see
+#: :doc:`/performance`, "Threads on a busy machine").
+GRAIN: int = 1 << 12
+
+
 def set_num_threads(n: int) -> None:
-    """Set the number of threads the kernels use (``numba.set_num_threads``)."""
+    """Set the number of threads the kernels use (``numba.set_num_threads``).
+
+    Calls on fewer than :data:`GRAIN` items use one thread whatever this says.
+    """
     import numba
 
     numba.set_num_threads(int(n))
+
+
+def _chunk_threads(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a :class:`StreamingSoftmax` method under :func:`_threads_for` its chunk's size."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, chunk: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            items = chunk.size if isinstance(chunk, np.ndarray) else len(chunk)
+        except TypeError:  # no length: the method refuses it, or it is large
+            items = GRAIN
+        with _threads_for(items):
+            return method(self, chunk, *args, **kwargs)
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def _threads_for(items: int) -> Iterator[None]:
+    """Run the kernels of a call on `items` logits on the calling thread when they are few.
+
+    A parallel region costs more than a small call's work, and far more where the
+    machine's cores are busy with other processes (pytest-xdist's workers, a data
+    loader's): GNU OpenMP's workers spin at every barrier (``GOMP_SPINCOUNT``) while
+    the thread they wait for is descheduled (:doc:`/performance` has the figures).
+    On an idle machine two threads gained nothing below about 4096 items of an
+    adaptive softmax and 25 % at 8192. Below :data:`GRAIN` items the call sets
+    Numba's thread count to 1 for its own thread (the setting is thread-local) and
+    restores it after. The kernels split rows and chunks the same way for any thread
+    count, so the bits do not change.
+    """
+    if items >= GRAIN:
+        yield
+        return
+    before = numba.get_num_threads()
+    if before == 1:
+        yield
+        return
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 # ---------------------------------------------------------------------------
@@ -339,54 +404,58 @@ def _run(
     h = np.zeros(rows if want == "entropy" or n > CHUNK else 0)
     short_adaptive = want in ("adaptive_softmax", "beta") and 0 < n <= _k.SHORT_ROW
     beta = np.ones(0 if short_adaptive or (want == "softmax" and n <= CHUNK) else rows)
-    if rows == 0:
-        pass
-    elif n > CHUNK:
-        neff = np.zeros(rows, dtype=np.int64)
-        states = []
-        kinds = []
-        for i in range(rows):
-            state = long_row_state(x2[i])
-            kind, hi = _long_row_entropy(x2[i], state, eps)
-            states.append(state)
-            kinds.append(kind)
-            h[i] = hi
-            neff[i] = state[3]
-        kinds_a = np.array(kinds)
-        if want in ("adaptive_softmax", "beta"):
-            beta = schedule.beta_float(h, neff)
-        beta[kinds_a == ROW_INVALID] = np.nan
-        beta[kinds_a == ROW_MASKED] = 1.0
-        if vector:
+    # small calls run on this thread alone (see _threads_for)
+    with _threads_for(rows * n):
+        if rows == 0:
+            pass
+        elif n > CHUNK:
+            neff = np.zeros(rows, dtype=np.int64)
+            states = []
+            kinds = []
             for i in range(rows):
-                b = float(beta[i]) if want == "adaptive_softmax" else 1.0
-                _long_row_write(x2[i], values[i], kinds[i], states[i], b)
-    elif want == "softmax":
-        if n <= _k.SHORT_ROW:
-            _k.rows_softmax_short(x2, values)
-        else:
-            _k.rows_softmax(x2, values)
-    elif want == "entropy":
-        neff = np.empty(rows, dtype=np.int64)
-        _k.rows_entropy(x2, eps, h, neff)
-    else:
-        args = _schedule_args(schedule)
-        if args is not None:
-            sched, coeffs, threshold, const = args
-            h_cut = _beta_one_below(schedule)
+                state = long_row_state(x2[i])
+                kind, hi = _long_row_entropy(x2[i], state, eps)
+                states.append(state)
+                kinds.append(kind)
+                h[i] = hi
+                neff[i] = state[3]
+            kinds_a = np.array(kinds)
+            if want in ("adaptive_softmax", "beta"):
+                beta = schedule.beta_float(h, neff)
+            beta[kinds_a == ROW_INVALID] = np.nan
+            beta[kinds_a == ROW_MASKED] = 1.0
+            if vector:
+                for i in range(rows):
+                    b = float(beta[i]) if want == "adaptive_softmax" else 1.0
+                    _long_row_write(x2[i], values[i], kinds[i], states[i], b)
+        elif want == "softmax":
             if n <= _k.SHORT_ROW:
-                m_buf = np.empty(rows, dtype=x2.dtype)
-                beta = np.empty(rows)  # every entry written by the kernel
-                _k.rows_adaptive_short(
-                    x2, values, eps, sched, coeffs, threshold, const, h_cut, beta, m_buf
-                )
+                _k.rows_softmax_short(x2, values)
             else:
-                buf = np.empty((rows, 3))
-                _k.rows_adaptive(x2, values, eps, sched, coeffs, threshold, const, h_cut, beta, buf)
+                _k.rows_softmax(x2, values)
+        elif want == "entropy":
+            neff = np.empty(rows, dtype=np.int64)
+            _k.rows_entropy(x2, eps, h, neff)
         else:
-            tmp, kind, m, c, r, h, beta = _stats_and_beta(x2, eps, schedule)
-            values[...] = tmp
-            _k.rows_finish(x2, values, kind, m, c, r, beta)
+            args = _schedule_args(schedule)
+            if args is not None:
+                sched, coeffs, threshold, const = args
+                h_cut = _beta_one_below(schedule)
+                if n <= _k.SHORT_ROW:
+                    m_buf = np.empty(rows, dtype=x2.dtype)
+                    beta = np.empty(rows)  # every entry written by the kernel
+                    _k.rows_adaptive_short(
+                        x2, values, eps, sched, coeffs, threshold, const, h_cut, beta, m_buf
+                    )
+                else:
+                    buf = np.empty((rows, 3))
+                    _k.rows_adaptive(
+                        x2, values, eps, sched, coeffs, threshold, const, h_cut, beta, buf
+                    )
+            else:
+                tmp, kind, m, c, r, h, beta = _stats_and_beta(x2, eps, schedule)
+                values[...] = tmp
+                _k.rows_finish(x2, values, kind, m, c, r, beta)
     return values, h, beta, in_dtype, axis, moved_shape
 
 
@@ -694,40 +763,42 @@ def adaptive_attention(
         ki = np.ascontiguousarray(kb[idx], dtype=work)
         return qi, ki, ~np.isfinite(qi).all(axis=1), ~np.isfinite(ki).all(axis=1)
 
-    for idx in np.ndindex(*lead):
-        qi, ki, qbad, kbad = operands(idx)
-        ai, ke = adds[idx], keeps[idx]
-        kind, m, neff, h, g = kinds[idx], ms[idx], neffs[idx], hs[idx], gs[idx]
-        _k.attention_stats(qi, ki, ai, ke, causal, qbad, kbad, scale, eps, kind, m, neff, h)
-        wide = np.flatnonzero(kind == _k.KIND_WIDE)
-        if wide.size:
-            finite = np.abs(ki[np.isfinite(ki)]) if ki.size else ki
-            kexp = math.frexp(float(finite.max()))[1] if finite.size and finite.max() else -1074
-            kexps[idx], wides[idx] = kexp, wide
-            _k.attention_wide_stats(
-                qi, ki, ai, ke, causal, qbad, kbad, scale, kexp, eps, wide, kind, m, g, neff, h
-            )
-    betas = schedule.beta_float(hs, neffs)
-    betas[kinds == ROW_INVALID] = np.nan
-    betas[kinds == ROW_MASKED] = 1.0
-    for idx in np.ndindex(*lead):
-        qi, ki, qbad, kbad = operands(idx)
-        vi = np.ascontiguousarray(vb[idx], dtype=work)
-        ai, ke = adds[idx], keeps[idx]
-        kind, m, b, g = kinds[idx], ms[idx], betas[idx], gs[idx]
-        o = np.empty((L, dv))
-        wide = wides.get(idx, no_rows)
-        apply_kind = kind.copy()
-        apply_kind[wide] = _k.KIND_WIDE
-        _k.attention_apply(qi, ki, vi, ai, ke, causal, qbad, kbad, scale, apply_kind, m, b, o)
-        if wide.size:
-            _k.attention_wide_apply(
-                qi, ki, vi, ai, ke, causal, qbad, kbad, scale, kexps[idx], wide, kind, m, g, b, o
-            )
-        vbad = np.flatnonzero(~np.isfinite(vi).all(axis=1))
-        if vbad.size:
-            _non_finite_values(o, vi[vbad], vbad, ai, ke, causal, kind)
-        out[idx] = o
+    # the kernels split a batch entry's queries among the threads: one query, or few
+    # logits, run on this thread alone (see _threads_for)
+    with _threads_for(L * S if L > 1 else 0):
+        for idx in np.ndindex(*lead):
+            qi, ki, qbad, kbad = operands(idx)
+            ai, ke = adds[idx], keeps[idx]
+            kind, m, neff, h, g = kinds[idx], ms[idx], neffs[idx], hs[idx], gs[idx]
+            _k.attention_stats(qi, ki, ai, ke, causal, qbad, kbad, scale, eps, kind, m, neff, h)
+            wide = np.flatnonzero(kind == _k.KIND_WIDE)
+            if wide.size:
+                finite = np.abs(ki[np.isfinite(ki)]) if ki.size else ki
+                kexp = math.frexp(float(finite.max()))[1] if finite.size and finite.max() else -1074
+                kexps[idx], wides[idx] = kexp, wide
+                _k.attention_wide_stats(
+                    qi, ki, ai, ke, causal, qbad, kbad, scale, kexp, eps, wide, kind, m, g, neff, h
+                )
+        betas = schedule.beta_float(hs, neffs)
+        betas[kinds == ROW_INVALID] = np.nan
+        betas[kinds == ROW_MASKED] = 1.0
+        for idx in np.ndindex(*lead):
+            qi, ki, qbad, kbad = operands(idx)
+            vi = np.ascontiguousarray(vb[idx], dtype=work)
+            ai, ke = adds[idx], keeps[idx]
+            kind, m, b, g = kinds[idx], ms[idx], betas[idx], gs[idx]
+            o = np.empty((L, dv))
+            wide = wides.get(idx, no_rows)
+            apply_kind = kind.copy()
+            apply_kind[wide] = _k.KIND_WIDE
+            _k.attention_apply(qi, ki, vi, ai, ke, causal, qbad, kbad, scale, apply_kind, m, b, o)
+            if wide.size:
+                _k.attention_wide_apply(qi, ki, vi, ai, ke, causal, qbad, kbad, scale,
+                                        kexps[idx], wide, kind, m, g, b, o)  # fmt: skip
+            vbad = np.flatnonzero(~np.isfinite(vi).all(axis=1))
+            if vbad.size:
+                _non_finite_values(o, vi[vbad], vbad, ai, ke, causal, kind)
+            out[idx] = o
     return out.astype(work)
 
 
@@ -924,6 +995,7 @@ class StreamingSoftmax:
         return arr if arr.flags.writeable else arr.copy()
 
     @_ieee
+    @_chunk_threads
     def update(self, chunk: Any) -> StreamingSoftmax:
         """Fold a chunk of logits into the state (pass 1); returns self."""
         if self._in_pass2:
@@ -1111,6 +1183,7 @@ class StreamingSoftmax:
 
     # -- pass 2 ------------------------------------------------------------
     @_ieee
+    @_chunk_threads
     def update_tempered(self, chunk: Any) -> StreamingSoftmax:
         r"""Add :math:`\sum e^{\beta(x-m)}` of a chunk (pass 2); returns self.
 
@@ -1182,6 +1255,7 @@ class StreamingSoftmax:
 
     # -- pass 3 ------------------------------------------------------------
     @_ieee
+    @_chunk_threads
     def normalize(self, chunk: Any, out: np.ndarray | None = None) -> np.ndarray:
         """The (adaptive) softmax values of a chunk of the row, given the complete state.
 

@@ -185,6 +185,61 @@ def test_identical_bits_for_any_thread_count(threads) -> None:
         assert a.tobytes() == b.tobytes()
 
 
+def test_small_calls_run_their_kernels_on_the_calling_thread(monkeypatch) -> None:
+    """Every call opened a parallel region, whose cost outweighs a small call's work and,
+    where the cores are busy with other processes (pytest-xdist's workers), GNU OpenMP's
+    spinning workers multiply: the default check of ``adaptive_attention`` (many calls on
+    a few logits) took 28.8 and 31.8 s in two processes on two cores, and 14.2 and 18.5 s
+    with small calls on one thread. A call on fewer than ``GRAIN`` logits (a batch
+    entry's, for attention; one query counts as none) now runs on one thread, larger
+    calls on the process's count, and the caller's count is restored after the call, a
+    raising one included."""
+    import numba
+
+    threads = min(2, numba.config.NUMBA_NUM_THREADS)
+    seen: list[tuple[str, int]] = []
+
+    def spy(name: str) -> None:
+        kernel = getattr(cpu._k, name)
+
+        def wrapper(*args):
+            seen.append((name, numba.get_num_threads()))
+            if isinstance(args[0], np.ndarray) and args[0].size == 13:
+                raise RuntimeError("planted")
+            return kernel(*args)
+
+        monkeypatch.setattr(cpu._k, name, wrapper)
+
+    for name in ("rows_softmax_short", "rows_softmax", "attention_stats", "chunk_states"):
+        spy(name)
+    rng = np.random.default_rng(3)
+    previous = numba.get_num_threads()
+    try:
+        numba.set_num_threads(threads)
+        q1, k, v = rng.normal(size=(1, 8)), rng.normal(size=(5000, 8)), rng.normal(size=(5000, 8))
+        q64 = rng.normal(size=(64, 8))
+        calls = {
+            "few rows": (lambda: cpu.softmax(rng.normal(size=(3, 16))), 1),
+            "many rows": (lambda: cpu.softmax(rng.normal(size=(64, cpu.GRAIN // 16))), threads),
+            "one query over many keys": (lambda: cpu.adaptive_attention(q1, k, v), 1),
+            "few logits": (lambda: cpu.adaptive_attention(q64, k[:8], v[:8]), 1),
+            "many logits": (lambda: cpu.adaptive_attention(q64, k[:64], v[:64]), threads),
+            "a short chunk": (lambda: cpu.StreamingSoftmax().update(np.zeros(100)), 1),
+            "a long chunk": (lambda: cpu.StreamingSoftmax().update(np.zeros(2 * cpu.GRAIN)),
+                             threads),
+        }  # fmt: skip
+        for label, (call, want) in calls.items():
+            seen.clear()
+            call()
+            assert seen and all(n == want for _, n in seen), (label, seen)
+            assert numba.get_num_threads() == threads, label
+        with pytest.raises(RuntimeError, match="planted"):
+            cpu.StreamingSoftmax().update(np.zeros(13))
+        assert numba.get_num_threads() == threads
+    finally:
+        numba.set_num_threads(previous)
+
+
 def test_polynomial_beta_is_bitwise_beta_float() -> None:
     rng = np.random.default_rng(5)
     x = rng.normal(scale=rng.uniform(0.1, 6.0, size=(200, 1)), size=(200, 50))
