@@ -329,3 +329,21 @@ def test_a_detached_output_is_noted_and_torch_softmax_passes_every_mode():
     plain = conf.Target(lambda x: torch.softmax(x, dim=-1), framework="torch", dtype="float32")
     res = conf.run_property("dtype_shape", plain)
     assert res.status == "pass" and not res.notes, res.message
+
+
+@torch.no_grad()
+def _attention_detached(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    return SDPA(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+
+
+def test_a_detached_attention_output_is_noted_and_sdpa_passes_without_a_note():
+    """The note for an output that drops the gradient covered the row kinds alone: an
+    attention kernel under torch.no_grad passed with no word. It is noted now, once."""
+    opts = dict(kind="attention", framework="torch", dtype="float64", schedule=Constant(1))
+    target = conf.Target(_attention_detached, **opts)
+    res = conf.run_property("attention_layouts", target)
+    assert res.status == "pass", res.message
+    assert res.notes == ["inputs requiring grad: the output does not require grad "
+                         "(no gradient reaches q, k and v)"]  # fmt: skip
+    res = conf.run_property("attention_layouts", conf.Target(SDPA, **opts))
+    assert res.status == "pass" and not res.notes, (res.message, res.notes)

@@ -92,15 +92,15 @@ def grad_call_lines(
     return [f"with torch.{context}():", f"    {call}"]
 
 
-#: torch's process-wide settings a kernel must leave as it found them: name -> how the
-#: repro prints it (the state is read by evaluating it with ``torch`` imported) and what
-#: a caller meets when the kernel leaves it changed.
+#: torch's process-wide settings a kernel must leave as it found them: name -> the
+#: ``torch`` function that reads it (the repro prints its call) and what a caller meets
+#: when the kernel leaves it changed.
 TORCH_STATE = {
-    "grad mode": ("torch.is_grad_enabled()",
+    "grad mode": ("is_grad_enabled",
                   "with it off, a model's training silently records no gradients"),
-    "inference mode": ("torch.is_inference_mode_enabled()",
+    "inference mode": ("is_inference_mode_enabled",
                        "tensors made there can never enter autograd"),
-    "default dtype": ("torch.get_default_dtype()",
+    "default dtype": ("get_default_dtype",
                       "every tensor made without a dtype takes the new one"),
 }  # fmt: skip
 
@@ -109,7 +109,7 @@ def _torch_state() -> dict[str, Any]:
     """The values of :data:`TORCH_STATE` now."""
     import torch
 
-    return {name: eval(expr, {"torch": torch}) for name, (expr, _) in TORCH_STATE.items()}
+    return {name: getattr(torch, getter)() for name, (getter, _) in TORCH_STATE.items()}
 
 
 def _restore_torch_state(state: dict[str, Any]) -> None:
@@ -579,7 +579,8 @@ class Target:
         """
         _restore_torch_state(before)
         name = next(n for n in TORCH_STATE if before[n] != after[n])
-        expr, effect = TORCH_STATE[name]
+        getter, effect = TORCH_STATE[name]
+        expr = f"torch.{getter}()"
         text = (
             f"the kernel left torch's {name} changed ({expr} was {before[name]} before the "
             f"call, {after[name]} after it): every later torch operation of its thread, its "

@@ -835,6 +835,24 @@ def torch_entropy_rounded_bfloat16(x):
     return torch.where(torch.isneginf(xf).all(-1, keepdim=True), 0.0, out).to(x.dtype)
 
 
+def torch_masked_entropy_rounded_bfloat16(x):
+    """Defect: as :func:`torch_entropy_rounded_bfloat16`, on rows with a masked item alone
+    (a masked path of its own; right on every unmasked row)."""
+    import torch
+
+    xf = x.float()
+    p = torch.softmax(xf, dim=-1)
+    H = -(p * torch.log(p)).nan_to_num(nan=0.0).sum(dim=-1, keepdim=True)
+    masked = torch.isneginf(xf).any(-1, keepdim=True)
+    H = torch.where(masked, H.to(torch.bfloat16).float(), H)
+    P = torch.zeros_like(H)
+    for c in PAPER:
+        P = P * H + float(c)
+    beta = torch.where(H > 0.5, torch.clamp(P, min=1.0), torch.ones_like(H))
+    out = torch.softmax(beta * xf, dim=-1)
+    return torch.where(torch.isneginf(xf).all(-1, keepdim=True), 0.0, out).to(x.dtype)
+
+
 def torch_flush_to_zero(x):
     """Defect: a torch softmax that switches on flush-to-zero for speed and leaves it on
     (its values within the model: flushing moves a result by less than the least normal)."""
@@ -1636,6 +1654,9 @@ CATALOGUE = {
     "entropy rounded once to bfloat16": (
         torch_entropy_rounded_bfloat16, {**_A, "dtype": "bfloat16", "framework": "torch"},
         "branch_points"),
+    "entropy rounded once to bfloat16 on masked rows": (
+        torch_masked_entropy_rounded_bfloat16,
+        {**_A, "dtype": "bfloat16", "framework": "torch"}, "branch_points"),
     "-inf replaced by -1e4": (mask_as_minus_1e4, {"dtype": "float32"}, "values"),
     # classic mistakes
     "one entropy for the whole batch": (batch_global_entropy, _A, "batch_independence"),
