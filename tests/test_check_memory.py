@@ -209,7 +209,33 @@ def test_fresh_results_applies_to_every_kind(kind):
     kernel = {"softmax": bk.softmax, "entropy": bk.entropy,
               "adaptive_softmax": bk.adaptive_softmax, "attention": bk.attention}[kind]  # fmt: skip
     res = conf.run_property("fresh_results", conf.Target(kernel, kind=kind))
-    assert res.status == "pass" and res.checks == 3 * FRESH_CALLS  # small, large, one row
+    # small, large, one row; then the operands updated in place
+    assert res.status == "pass" and res.checks == 3 * FRESH_CALLS + 1
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["a softmax memoised by its logits' identity",
+     "a boolean mask's additive form cached by its address"],
+)  # fmt: skip
+def test_a_kernel_keeping_what_it_derived_by_identity_fails_with_a_repro(case, capsys):
+    """Every call handed the kernel fresh copies of its operands, so a kernel that keeps
+    what it derived from an operand by the object's identity (id, data_ptr) passed every
+    property, while a caller updating a buffer in place got stale results. The operands
+    are now updated in place between two calls, and the repro shows it."""
+    kernel, opts, prop = bk.CATALOGUE[case]
+    if opts.get("framework") == "torch":
+        pytest.importorskip("torch")
+    bk._BY_IDENTITY.clear()
+    target = conf.Target(kernel, f"tests.support.broken_kernels:{kernel.__name__}", **opts)
+    res = conf.run_property(prop, target)
+    assert res.status == "fail"
+    assert res.message.startswith("operands updated in place between two calls")
+    assert "by the object's identity" in res.message
+    snippet = res.message.split("repro:\n", 1)[1]
+    bk._BY_IDENTITY.clear()
+    exec(compile(snippet, "<repro>", "exec"), {})
+    assert capsys.readouterr().out.split() == ["False"]
 
 
 @pytest.mark.parametrize("copy", [True, False])

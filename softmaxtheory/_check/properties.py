@@ -1876,6 +1876,8 @@ def _p_fresh_results(t: Target, run: Run) -> None:
     holds a later one twice. (Every property also checks every call for writes to the
     kernel's inputs.) A torch kernel makes the one-row or one-query calls again under
     ``torch.inference_mode()``, where a decoding path may hand out a static buffer.
+    Last, the same operand objects twice, updated in place between the calls
+    (:func:`_updated_in_place`).
     """
     made: list[FreshCall] = []
     sizes = len(FRESH_SHAPES["rows"])
@@ -1884,6 +1886,7 @@ def _p_fresh_results(t: Target, run: Run) -> None:
         modes.append("under torch.inference_mode()")
     for size, mode in enumerate(modes):
         _fresh_calls(t, run, _fresh_sources(t, min(size, sizes - 1)), made, mode, len(modes))
+    _updated_in_place(t, run)
 
 
 def _fresh_calls(
@@ -1948,6 +1951,126 @@ def _fresh_calls(
                              grad_mode=mode)  # fmt: skip
         else:
             run.compare(out, inputs["x"], what=what, grad_mode=mode)
+
+
+#: The operands of :func:`_updated_in_place` (numpy sources): the first call's, then the
+#: values written into the same objects before the second call. The second logits mask
+#: other items, the second mask other keys.
+IN_PLACE = {
+    "rows": (
+        {"x": "np.random.default_rng(90).normal(0.0, 3.0, (2, 7))"},
+        {"x": "np.where(np.arange(7) % 3 == 0, -np.inf, "
+              "np.random.default_rng(91).normal(0.0, 3.0, (2, 7)))"},
+    ),
+    "attention": (
+        {"q": "np.random.default_rng(92).normal(0.0, 2.0, (2, 3, 4))",
+         "k": "np.random.default_rng(93).normal(0.0, 2.0, (2, 5, 4))",
+         "v": "np.random.default_rng(94).normal(0.0, 1.0, (2, 5, 4))",
+         "mask": "np.tile(np.arange(5) < 4, (3, 1))"},
+        {"q": "np.random.default_rng(95).normal(0.0, 2.0, (2, 3, 4))",
+         "k": "np.random.default_rng(96).normal(0.0, 2.0, (2, 5, 4))",
+         "v": "np.random.default_rng(97).normal(0.0, 1.0, (2, 5, 4))",
+         "mask": "np.tile(np.arange(5) % 2 == 0, (3, 1))"},
+    ),
+}  # fmt: skip
+
+
+def _in_place_sources(t: Target) -> tuple[dict[str, str], dict[str, str]]:
+    """:data:`IN_PLACE`'s two sets of operands for `t` (without a mask if it takes none)."""
+    first, second = IN_PLACE["attention" if t.kind == "attention" else "rows"]
+    if t.kind == "attention" and t.mask_keyword is None:
+        first, second = ({n: s for n, s in ops.items() if n != "mask"} for ops in (first, second))
+    return first, second
+
+
+def _updated_in_place(t: Target, run: Run) -> None:
+    """The same operand objects twice, their values updated in place between the calls.
+
+    A kernel that keeps what it derived from an operand (a converted mask, a transposed
+    key matrix) by the object's identity (``id``, ``data_ptr``) gives the second call
+    the first call's values: a caller that updates a buffer in place (a decoding loop's
+    preallocated mask, a CUDA graph's static inputs) gets stale results. Fresh copies,
+    which every other call hands the kernel, never show it.
+    """
+    sources = _in_place_sources(t)
+    arrays = [
+        {n: (a if (a := eval(src, {"np": np})).dtype == bool else strat.cast(a, t.dtype))
+         for n, src in ops.items()}
+        for ops in sources
+    ]  # fmt: skip
+    kept: dict[str, Any] = {}
+
+    def same(name: str) -> Callable[[Any], Any]:
+        def view(arg: Any) -> Any:
+            if name not in kept:
+                kept[name] = arg
+            elif t.framework == "torch":
+                kept[name].copy_(arg)
+            else:
+                np.copyto(kept[name], arg)
+            return kept[name]
+
+        return view
+
+    what = "operands updated in place between two calls"
+    for inputs in arrays:
+        try:
+            if t.kind == "attention":
+                out = t.call_attention(inputs["q"], inputs["k"], inputs["v"], inputs.get("mask"),
+                                       False, views={n: same(n) for n in inputs})  # fmt: skip
+            else:
+                out = t.call(inputs["x"], view=same("x"))
+        except Failed:
+            raise
+        except Exception as exc:
+            raise Failed(
+                f"{what}: the kernel raised {type(exc).__name__}: {exc}\nrepro:\n"
+                + _in_place_repro(t, sources, "  # raises")
+            ) from exc
+    try:
+        if t.kind == "attention":
+            _attention_check(run, out, {"mask": None, **arrays[1], "is_causal": False}, what)
+        else:
+            run.compare(out, arrays[1]["x"], what=what)
+    except (Failed, tst.KernelMismatch) as exc:
+        head = str(exc).partition("\nrepro:\n")[0]
+        if isinstance(exc, tst.KernelMismatch):  # `what` is a note of it
+            head = f"{what}\n{head}"
+        raise Failed(
+            f"{head}\nThe kernel gave the second call a result of the first call's values: "
+            "it keeps something it derived from an operand by the object's identity, and a "
+            "caller that updates its buffers in place (a decoding loop's mask, a CUDA "
+            f"graph's static inputs) gets stale results.\nrepro:\n{_in_place_repro(t, sources)}"
+        ) from exc
+
+
+def _in_place_repro(t: Target, sources: tuple[dict[str, str], ...], note: str = "") -> str:
+    """A snippet: call the kernel, update its operands in place, compare with fresh copies."""
+    lines, make = _fresh_lines(t)
+    first, second = sources
+    names = list(first)
+    bool_make = (lambda src: src) if t.framework == "numpy" else (
+        lambda src: f"torch.from_numpy({src}).to({t.device!r})")  # fmt: skip
+    build = {n: bool_make if n == "mask" else make for n in names}
+    lines += [f"{n} = {build[n](first[n])}" for n in names]
+    passed = names[:3] + ([f"{t.mask_keyword}=mask"] if "mask" in names else [])
+    args = ", ".join(passed)
+    lines.append(f"kernel({args})  # the first call")
+    update = "{n}[...] = {v}" if t.framework == "numpy" else "{n}.copy_({v})"
+    lines += [update.format(n=n, v=build[n](second[n])) for n in names]
+    if note:
+        lines.append(f"kernel({args}){note}")
+        return "\n".join(lines)
+    copy = ".copy()" if t.framework == "numpy" else ".clone()"
+    fresh = ", ".join(f"{a}{copy}" for a in args.split(", "))
+    equal = "np.array_equal({}, {}, equal_nan=True)" if t.framework == "numpy" else (
+        "torch.equal({}, {})")  # fmt: skip
+    lines += [
+        f"same, fresh = kernel({args}), kernel({fresh})",
+        "# the same objects, updated, against fresh copies of them:",
+        f"print({equal.format('same', 'fresh')})  # False",
+    ]
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------

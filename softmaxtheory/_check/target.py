@@ -702,8 +702,8 @@ class Target:
         """Call an attention kernel on numpy operands (converted to the framework).
 
         `scale` and `schedule` are passed only when given, ``enable_gqa=True`` only
-        when set; `views` maps ``"q"``, ``"k"`` or ``"v"`` to a function applied to
-        that operand once converted (a strided view, say); `grad_mode` (torch), a
+        when set; `views` maps ``"q"``, ``"k"``, ``"v"`` or ``"mask"`` to a function
+        applied to that operand once converted (a strided view, say); `grad_mode` (torch), a
         label of :data:`~softmaxtheory.conformance.GRAD_MODES`, makes q, k and v
         require grad or runs the call under ``no_grad`` or ``inference_mode``.
         """
@@ -716,7 +716,8 @@ class Target:
             for name, a in originals.items()
         }
         if mask is not None:
-            kw[self.mask_keyword or "mask"] = operands["mask"]
+            m = operands["mask"]
+            kw[self.mask_keyword or "mask"] = views["mask"](m) if views and "mask" in views else m
         if is_causal:
             kw["is_causal"] = True
         if scale is not None:

@@ -13,6 +13,9 @@ that the correct kernels, :data:`CORRECT`, raise no false alarm.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from softmaxtheory.spec import (
@@ -819,38 +822,34 @@ def attention_gqa_heads_modulo(q, k, v, mask=None, is_causal=False, enable_gqa=F
     return attention(q, k, v, mask=mask, is_causal=is_causal)
 
 
-def torch_entropy_rounded_bfloat16(x):
-    """Defect: the entropy computed in float32, then stored in bfloat16 before beta is formed."""
+def _torch_bfloat16_entropy_rounded(x, where: str):
+    """The paper's adaptive softmax in float32 whose entropy is rounded once to bfloat16
+    before β is formed: on every row (`where` ``"all"``) or on rows with a masked item."""
     import torch
 
     xf = x.float()
     p = torch.softmax(xf, dim=-1)
     H = -(p * torch.log(p)).nan_to_num(nan=0.0).sum(dim=-1, keepdim=True)
-    H = H.to(torch.bfloat16).float()  # the one rounding of a statistic
+    rounded = H.to(torch.bfloat16).float()  # the one rounding of a statistic
+    H = rounded if where == "all" else torch.where(torch.isneginf(xf).any(-1, keepdim=True),
+                                                   rounded, H)  # fmt: skip
     P = torch.zeros_like(H)
     for c in PAPER:
         P = P * H + float(c)
     beta = torch.where(H > 0.5, torch.clamp(P, min=1.0), torch.ones_like(H))
     out = torch.softmax(beta * xf, dim=-1)
     return torch.where(torch.isneginf(xf).all(-1, keepdim=True), 0.0, out).to(x.dtype)
+
+
+def torch_entropy_rounded_bfloat16(x):
+    """Defect: the entropy computed in float32, then stored in bfloat16 before beta is formed."""
+    return _torch_bfloat16_entropy_rounded(x, "all")
 
 
 def torch_masked_entropy_rounded_bfloat16(x):
     """Defect: as :func:`torch_entropy_rounded_bfloat16`, on rows with a masked item alone
     (a masked path of its own; right on every unmasked row)."""
-    import torch
-
-    xf = x.float()
-    p = torch.softmax(xf, dim=-1)
-    H = -(p * torch.log(p)).nan_to_num(nan=0.0).sum(dim=-1, keepdim=True)
-    masked = torch.isneginf(xf).any(-1, keepdim=True)
-    H = torch.where(masked, H.to(torch.bfloat16).float(), H)
-    P = torch.zeros_like(H)
-    for c in PAPER:
-        P = P * H + float(c)
-    beta = torch.where(H > 0.5, torch.clamp(P, min=1.0), torch.ones_like(H))
-    out = torch.softmax(beta * xf, dim=-1)
-    return torch.where(torch.isneginf(xf).all(-1, keepdim=True), 0.0, out).to(x.dtype)
+    return _torch_bfloat16_entropy_rounded(x, "masked rows")
 
 
 def torch_flush_to_zero(x):
@@ -1627,6 +1626,51 @@ def torch_softmax_leaves_default_dtype(x):
     return torch.softmax(x, dim=-1)
 
 
+# -- round eight: operands updated in place between two calls ------------------------
+
+#: what :func:`softmax_memoised_by_identity` and :func:`torch_attention_mask_cached_by_pointer`
+#: keep: the operand itself (so that its id or address cannot be reused while the entry
+#: stands) and what was derived from it; eight entries, the oldest dropped first
+_BY_IDENTITY: dict[tuple, tuple] = {}
+
+
+def _derived_by_identity(key: tuple, operand: Any, derive: Callable[[], Any]) -> Any:
+    if key not in _BY_IDENTITY:
+        if len(_BY_IDENTITY) >= 8:
+            del _BY_IDENTITY[next(iter(_BY_IDENTITY))]
+        _BY_IDENTITY[key] = (operand, derive())
+    return _BY_IDENTITY[key][1]
+
+
+def softmax_memoised_by_identity(x):
+    """Defect: memoises its result by the logits' object identity (for a caller that asks
+    twice), so logits updated in place get the old values."""
+    x = np.asarray(x)
+
+    def compute():
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    return _derived_by_identity(("softmax", id(x), x.shape, x.dtype.str), x, compute).copy()
+
+
+def torch_attention_mask_cached_by_pointer(q, k, v, attn_mask=None, is_causal=False):
+    """Defect: converts a boolean mask to an additive one once per mask buffer (its address),
+    so a decoding loop's mask updated in place keeps its first keys."""
+    import torch
+    import torch.nn.functional as nnf
+
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        mask = attn_mask
+        key = ("mask", mask.data_ptr(), tuple(mask.shape), q.dtype)
+
+        def bias():
+            return torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf"))
+
+        attn_mask = _derived_by_identity(key, mask, bias)
+    return nnf.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
 # -- the catalogue ------------------------------------------------------------------
 
 _A = {"kind": "adaptive_softmax"}
@@ -1880,6 +1924,13 @@ CATALOGUE = {
     # kernels whose values are right but which change the process around them
     "flush-to-zero switched on and left on": (
         torch_flush_to_zero, {"framework": "torch", "dtype": "float32"}, "values"),
+    # round eight: what a kernel derived from an operand, kept by the operand's identity
+    "a softmax memoised by its logits' identity": (
+        softmax_memoised_by_identity, {}, "fresh_results"),
+    "a boolean mask's additive form cached by its address": (
+        torch_attention_mask_cached_by_pointer,
+        {"kind": "attention", "framework": "torch", "dtype": "float32", "schedule": Constant(1)},
+        "fresh_results"),
 }  # fmt: skip
 
 
