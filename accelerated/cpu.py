@@ -65,8 +65,8 @@ kernels therefore run under a lock until the first of them has returned and the
 layer is known; on ``workqueue`` they keep running under it, one call at a time
 (each call still uses every core), and elsewhere the lock is dropped.
 
-A call on fewer than :data:`GRAIN` logits (for attention, fewer in a batch entry, or
-one query) runs its kernels on the calling thread alone: a parallel region costs more
+A call with less work than :data:`GRAIN` logits, or with one row, one chunk or one
+query to share out, runs its kernels on one thread: a parallel region costs more
 than such a call's work, and where other processes keep the cores busy, GNU OpenMP's
 workers spin while the thread they wait for is descheduled (see :doc:`/performance`,
 "Threads on a busy machine"). A process that shares its cores with others (test
@@ -101,11 +101,10 @@ True
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numba
@@ -148,20 +147,19 @@ __all__ = [
 CHUNK: int = _k.CHUNK
 
 
-#: A call on fewer logits than this (for attention, a batch entry's :math:`L S`; a call
-#: with one query counts as none) runs its kernels on the calling thread alone, whatever
-#: :func:`set_num_threads` says: a parallel region costs more than its work (see
-#: :doc:`/performance`, "Threads on a busy machine").
+#: A call whose kernels have less work than this, counted in logits, runs them on one
+#: thread, whatever :func:`set_num_threads` says; so does a call whose kernels have one
+#: row, one group of rows, one chunk or one query to share out. For attention a logit
+#: counts :math:`(d + d_v)/16` times (its two dot products). See
+#: :doc:`/performance`, "Threads on a busy machine".
 GRAIN: int = 1 << 12
 
 
 def set_num_threads(n: int) -> None:
     """Set the number of threads the kernels use (``numba.set_num_threads``).
 
-    Calls on fewer than :data:`GRAIN` items use one thread whatever this says.
+    Calls with less work than :data:`GRAIN` use one thread whatever this says.
     """
-    import numba
-
     numba.set_num_threads(int(n))
 
 
@@ -172,40 +170,66 @@ def _chunk_threads(method: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: Any, chunk: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             items = chunk.size if isinstance(chunk, np.ndarray) else len(chunk)
-        except TypeError:  # no length: the method refuses it, or it is large
-            items = GRAIN
-        with _threads_for(items):
+        except TypeError:  # no length: the method refuses it
+            items = 0
+        # the chunk kernels share out chunks of CHUNK items
+        with _threads_for(items, -(-items // CHUNK)):
             return method(self, chunk, *args, **kwargs)
 
     return wrapper
 
 
-@contextlib.contextmanager
-def _threads_for(items: int) -> Iterator[None]:
-    """Run the kernels of a call on `items` logits on the calling thread when they are few.
+@functools.cache
+def _thread_count() -> tuple[Callable[[], int], Callable[[int], None]]:
+    """Numba's getter and setter of the calling thread's thread count.
 
-    A parallel region costs more than a small call's work, and far more where the
-    machine's cores are busy with other processes (pytest-xdist's workers, a data
-    loader's): GNU OpenMP's workers spin at every barrier (``GOMP_SPINCOUNT``) while
-    the thread they wait for is descheduled (:doc:`/performance` has the figures).
-    On an idle machine two threads gained nothing below about 4096 items of an
-    adaptive softmax and 25 % at 8192. Below :data:`GRAIN` items the call sets
-    Numba's thread count to 1 for its own thread (the setting is thread-local) and
-    restores it after. The kernels split rows and chunks the same way for any thread
-    count, so the bits do not change.
+    The public pair checks and launches the threading layer at every call (6 µs for a
+    get and two sets, against 1.7 µs for the functions the layer's launch binds, which
+    it calls): after the launch, the bound ones, where this Numba has them.
     """
-    if items >= GRAIN:
-        yield
-        return
-    before = numba.get_num_threads()
-    if before == 1:
-        yield
-        return
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(before)
+    numba.get_num_threads()  # launches the threading layer, once
+    from numba.np.ufunc import parallel
+
+    get = getattr(parallel, "_get_num_threads", None)
+    put = getattr(parallel, "_set_num_threads", None)
+    if callable(get) and callable(put) and get() == numba.get_num_threads():
+        return get, put
+    return numba.get_num_threads, numba.set_num_threads
+
+
+class _threads_for:  # noqa: N801 (used as a function: ``with _threads_for(...)``)
+    """Run a call's kernels on one thread when their `work` is small or has one piece.
+
+    `work` is counted in logits (see :data:`GRAIN`); `pieces` is what the kernels share
+    out among the threads (rows, groups of rows, chunks, queries). A parallel region
+    costs more than a small call's work, and far more where the machine's cores are
+    busy with other processes (pytest-xdist's workers, a data loader's): GNU OpenMP's
+    workers spin at every barrier (``GOMP_SPINCOUNT``) while the thread they wait for
+    is descheduled (:doc:`/performance` has the figures). On an idle machine two
+    threads gained nothing below about 4096 items of an adaptive softmax and 25 % at
+    8192. Below that the call sets Numba's thread count to 1 for its own thread (the
+    setting is thread-local) and restores it after. The kernels split rows and chunks
+    the same way for any thread count, so the bits do not change. (A class, not a
+    generator context manager: it is entered on every call, small ones included.)
+    """
+
+    __slots__ = ("before",)
+
+    def __init__(self, work: int, pieces: int) -> None:
+        self.before = 0  # 0: nothing to restore
+        if work < GRAIN or pieces < 2:
+            get, put = _thread_count()
+            before = get()
+            if before > 1:
+                put(1)
+                self.before = before
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.before:
+            _thread_count()[1](self.before)
 
 
 # ---------------------------------------------------------------------------
@@ -404,8 +428,12 @@ def _run(
     h = np.zeros(rows if want == "entropy" or n > CHUNK else 0)
     short_adaptive = want in ("adaptive_softmax", "beta") and 0 < n <= _k.SHORT_ROW
     beta = np.ones(0 if short_adaptive or (want == "softmax" and n <= CHUNK) else rows)
-    # small calls run on this thread alone (see _threads_for)
-    with _threads_for(rows * n):
+    # small calls run on one thread (see _threads_for): the kernels share out rows, groups
+    # of rows (rows_adaptive) or a long row's chunks
+    grouped = want in ("adaptive_softmax", "beta") and _k.SHORT_ROW < n <= CHUNK
+    grouped = grouped and _schedule_args(schedule) is not None
+    pieces = 2 if n > CHUNK else -(-rows // _k.ROW_GROUP) if grouped else rows
+    with _threads_for(rows * n, pieces):
         if rows == 0:
             pass
         elif n > CHUNK:
@@ -763,9 +791,9 @@ def adaptive_attention(
         ki = np.ascontiguousarray(kb[idx], dtype=work)
         return qi, ki, ~np.isfinite(qi).all(axis=1), ~np.isfinite(ki).all(axis=1)
 
-    # the kernels split a batch entry's queries among the threads: one query, or few
-    # logits, run on this thread alone (see _threads_for)
-    with _threads_for(L * S if L > 1 else 0):
+    # the kernels share out a batch entry's queries: one query, or little work, runs on
+    # one thread (see _threads_for)
+    with _threads_for(L * S * (d + dv) // 16, L):
         for idx in np.ndindex(*lead):
             qi, ki, qbad, kbad = operands(idx)
             ai, ke = adds[idx], keeps[idx]

@@ -185,13 +185,14 @@ def test_identical_bits_for_any_thread_count(threads) -> None:
         assert a.tobytes() == b.tobytes()
 
 
-def test_small_calls_run_their_kernels_on_the_calling_thread(monkeypatch) -> None:
+def test_small_calls_run_their_kernels_on_one_thread(monkeypatch) -> None:
     """Every call opened a parallel region, whose cost outweighs a small call's work and,
     where the cores are busy with other processes (pytest-xdist's workers), GNU OpenMP's
     spinning workers multiply: the default check of ``adaptive_attention`` (many calls on
-    a few logits) took 28.8 and 31.8 s in two processes on two cores, and 14.2 and 18.5 s
-    with small calls on one thread. A call on fewer than ``GRAIN`` logits (a batch
-    entry's, for attention; one query counts as none) now runs on one thread, larger
+    a few logits) took 26.0 and 26.9 s in two processes on two cores, and 15.3 and 14.8 s
+    with small calls on one thread. A call with less work than ``GRAIN`` logits (for
+    attention weighted by the head dims), or with one piece for the threads to share
+    (one row, one group of 16 rows, one chunk, one query), now runs on one thread, larger
     calls on the process's count, and the caller's count is restored after the call, a
     raising one included."""
     import numba
@@ -210,23 +211,29 @@ def test_small_calls_run_their_kernels_on_the_calling_thread(monkeypatch) -> Non
 
         monkeypatch.setattr(cpu._k, name, wrapper)
 
-    for name in ("rows_softmax_short", "rows_softmax", "attention_stats", "chunk_states"):
+    for name in ("rows_softmax_short", "rows_softmax", "rows_adaptive", "attention_stats",
+                 "chunk_states", "chunks_write"):  # fmt: skip
         spy(name)
     rng = np.random.default_rng(3)
     previous = numba.get_num_threads()
     try:
         numba.set_num_threads(threads)
         q1, k, v = rng.normal(size=(1, 8)), rng.normal(size=(5000, 8)), rng.normal(size=(5000, 8))
-        q64 = rng.normal(size=(64, 8))
+        q64, wide = rng.normal(size=(64, 8)), rng.normal(size=(64, 64, 64))
+        many, row = rng.normal(size=(64, cpu.GRAIN // 16)), rng.normal(size=4 * cpu.GRAIN)
+        long_rows = rng.normal(size=(17, 2048))  # rows_adaptive's groups of 16 rows
         calls = {
             "few rows": (lambda: cpu.softmax(rng.normal(size=(3, 16))), 1),
-            "many rows": (lambda: cpu.softmax(rng.normal(size=(64, cpu.GRAIN // 16))), threads),
+            "many rows": (lambda: cpu.softmax(many), threads),
+            "one long row": (lambda: cpu.softmax(row), 1),
+            "one group of rows": (lambda: cpu.adaptive_softmax(long_rows[:16]), 1),
+            "two groups of rows": (lambda: cpu.adaptive_softmax(long_rows), threads),
             "one query over many keys": (lambda: cpu.adaptive_attention(q1, k, v), 1),
-            "few logits": (lambda: cpu.adaptive_attention(q64, k[:8], v[:8]), 1),
-            "many logits": (lambda: cpu.adaptive_attention(q64, k[:64], v[:64]), threads),
-            "a short chunk": (lambda: cpu.StreamingSoftmax().update(np.zeros(100)), 1),
-            "a long chunk": (lambda: cpu.StreamingSoftmax().update(np.zeros(2 * cpu.GRAIN)),
-                             threads),
+            "few logits, small heads": (lambda: cpu.adaptive_attention(q64, k[:32], v[:32]), 1),
+            "few logits, heads of 64": (lambda: cpu.adaptive_attention(*wide[:3]), threads),
+            "a chunk": (lambda: cpu.StreamingSoftmax().update(row), 1),
+            "two chunks": (lambda: cpu.StreamingSoftmax().update(np.zeros(cpu.CHUNK + 1)),
+                           threads),
         }  # fmt: skip
         for label, (call, want) in calls.items():
             seen.clear()
