@@ -372,8 +372,8 @@ def test_the_other_entropy_mode_passes_a_correct_kernel_and_skips_kwargs():
     assert named.names_eps and dropped.takes_eps and not dropped.names_eps
     both, one = (conf.run_property("branch_points", t) for t in (named, dropped))
     assert both.status == one.status == "pass"
-    assert both.checks == one.checks + 5  # the fixed rows again: 2048, far block, 4099,
-    # 1031 rows and 69635 items
+    assert both.checks == one.checks + 6  # the fixed rows again: 2048, far block (plain
+    # and masked), 4099, 1031 rows and 69635 items
     for eps in (0.0, 1e-9):  # the reference itself, in either mode, with the other
         t = conf.Target(reference.adaptive_attention, kind="attention", entropy_eps=eps)
         assert t.names_eps and conf.run_property("attention_batch", t).status == "pass"

@@ -372,6 +372,22 @@ PLANTED_ROWS = (
 )
 
 
+#: A batch whose counts divide evenly, ``(2, 4, 8, 64)`` (numpy source, before its planted
+#: rows): 64 rows of 64 items, as attention's scores of a batch of 2 with 4 heads and 8
+#: queries over 64 keys come. Fused kernels take their fast path on such shapes alone
+#: (Megatron's ``FusedScaleMaskSoftmax``: 16 < n <= 4096 and the row counts multiples of
+#: 4), where the odd batches of :data:`MANY_ROWS` send them to their fallback.
+EVEN_ROWS = "np.random.default_rng(47).normal(0.0, 2.0, (2, 4, 8, 64))"
+
+#: What :data:`EVEN_ROWS` holds besides normal rows (numpy source in ``r``, the row of the
+#: flattened batch, and ``i``, the item): as :data:`PLANTED_ROWS`, row 13's item 40
+#: stands 1000 above the rest, and row 50 lies 20000 below zero with its odd items masked.
+EVEN_PLANTED = (
+    "np.where((r == 13) & (i == 40), 1000.0, 0.0)"
+    " + np.where(r == 50, np.where(i % 2 == 1, -np.inf, -20000.0), 0.0)"
+)
+
+
 #: The batch of :func:`_large_inputs` (numpy source): 1031 rows, seven distinct ones in
 #: turn (the reference certifies each once), at entropies near 2.5 where β exceeds 1.
 REPEATED_ROWS = "np.random.default_rng(64).normal(0.0, 1.5, (7, 17))[np.arange(1031) % 7]"
@@ -404,7 +420,8 @@ def _p_many_rows(t: Target, run: Run) -> None:
     """Batches of 231 to 1045 rows (16411 more with --thorough), then 65537, against the reference.
 
     See :data:`MANY_ROWS`: every row is checked, the last ones included, and
-    :data:`PLANTED_ROWS`, the rows of other properties that large batches lack. Then
+    :data:`PLANTED_ROWS`, the rows of other properties that large batches lack. Then a
+    batch whose counts divide evenly (:data:`EVEN_ROWS`, planted too). Then
     :data:`GRID_ROWS` rows: past 65535, where a GPU kernel that puts its rows on the
     second or third axis of its launch grid (CUDA's end at 65535) never writes the
     last ones.
@@ -420,6 +437,13 @@ def _p_many_rows(t: Target, run: Run) -> None:
             what += ", a spiked row and a masked row far below zero among them"
         x = strat.cast(eval(src, {"np": np}), t.dtype)
         run.compare(run.call(x), x, source=_src_cast(src, t.dtype), what=what)
+    # counts that divide evenly, with the planted rows: a fused kernel's fast path
+    src = (f"{EVEN_ROWS} + (lambda r, i: {EVEN_PLANTED})(*np.ogrid[:64, :64])"
+           ".reshape(2, 4, 8, 64)")  # fmt: skip
+    x = strat.cast(eval(src, {"np": np}), t.dtype)
+    what = ("64 rows of 64 items, batch shape (2, 4, 8, 64) (counts that divide evenly), "
+            "a spiked row and a masked row far below zero among them")  # fmt: skip
+    run.compare(run.call(x), x, source=_src_cast(src, t.dtype), what=what)
     x = strat.cast(eval(GRID_ROWS, {"np": np}), t.dtype)
     what = "65537 rows of 4 items (7 rows repeated): past CUDA's grid limit of 65535"
     run.compare(run.call(x), x, source=_src_cast(GRID_ROWS, t.dtype), what=what)
@@ -1092,12 +1116,47 @@ def _attention_check(
     run.record(rep)
 
 
-def _p_attention_values(t: Target, run: Run) -> None:
-    """Random q, k, v (sharp and flat heads, batched) against the reference.
+#: The operand shapes of real models' attention, ``(q, k, v)`` with their seeds: head
+#: dims 64 and 128, where kernels keep their tuned instances (and take a generic path for
+#: others), with 4 queries, 4 (batch, head) slices and more than 16 keys, the counts a
+#: fused kernel's dispatch asks for (Megatron's ``FusedScaleMaskSoftmax`` takes its kernel
+#: when 16 < S, L and the slices are multiples of 4). The draws have head dims up to 8.
+MODEL_SHAPES = (
+    ((70, (2, 2, 4, 64)), (71, (2, 2, 20, 64)), (72, (2, 2, 20, 64))),
+    ((73, (1, 4, 4, 128)), (74, (1, 4, 20, 128)), (75, (1, 4, 20, 128))),
+)
 
-    A kernel that takes ``scale=`` also gets drawn scales, of either sign and 0
-    (:data:`~softmaxtheory.strategies.ATTENTION_SCALES`).
+
+def _model_shapes(t: Target, run: Run) -> None:
+    """:data:`MODEL_SHAPES`, plainly, with a key-padding mask, causal and ``scale=2.0``.
+
+    Each where the kernel takes it: a tuned path must honour every keyword.
     """
+    for shapes in MODEL_SHAPES:
+        ops, source = _qkv(t, shapes)
+        (_, (_, _, L, d)), (_, (_, _, S, _)) = shapes[0], shapes[1]
+        label = f"head dim {d}, {L} queries over {S} keys in 4 slices"
+        base = {**ops, "mask": None, "is_causal": False}
+        _attention_compare(run, base, label, source=source)
+        if t.mask_keyword is not None:
+            padding = np.tile(np.arange(S) < S - 7, (L, 1))
+            _attention_compare(run, {**base, "mask": padding},
+                               f"{label}, the last 7 keys masked", source=source)  # fmt: skip
+        if t.takes_causal:
+            _attention_compare(run, {**base, "is_causal": True}, f"{label}, causal",
+                               source=source)  # fmt: skip
+        if t.takes_scale:
+            _attention_compare(run, {**base, "scale": 2.0}, f"{label}, scale=2.0",
+                               source=source)  # fmt: skip
+
+
+def _p_attention_values(t: Target, run: Run) -> None:
+    """Real models' shapes, then random q, k, v (sharp, flat, batched), against the reference.
+
+    The shapes are :data:`MODEL_SHAPES`. A kernel that takes ``scale=`` also gets drawn
+    scales, of either sign and 0 (:data:`~softmaxtheory.strategies.ATTENTION_SCALES`).
+    """
+    _model_shapes(t, run)
     run_given(
         t,
         strat.attention_inputs(t.dtype, scales=t.takes_scale),

@@ -1671,6 +1671,50 @@ def torch_attention_mask_cached_by_pointer(q, k, v, attn_mask=None, is_causal=Fa
     return nnf.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
 
 
+# -- round eight: the shapes production kernels pick their fast paths on ---------------
+
+
+def _fused_dispatch(x) -> bool:
+    """Megatron's ``FusedScaleMaskSoftmax`` condition, for rows: 16 < n <= 4096 items and
+    the number of rows a multiple of 4 (the fused kernel's rows per block)."""
+    rows = int(np.prod(np.shape(x)[:-1]))
+    return 16 < np.shape(x)[-1] <= 4096 and rows > 0 and rows % 4 == 0
+
+
+def softmax_fused_without_max(x):
+    """Defect: on the shapes a fused kernel is dispatched for, it exponentiates the logits
+    without subtracting the row maximum (overflow past about 88 in float32)."""
+    x = np.asarray(x)
+    if not _fused_dispatch(x):
+        return softmax(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(x)
+        return (e / e.sum(axis=-1, keepdims=True)).astype(x.dtype)
+
+
+def adaptive_fused_without_temperature(x, *, schedule=None, entropy_eps=0.0):
+    """Defect: the adaptive temperature was added to the fallback path only; the fused
+    path, taken on evenly divided batches, is a plain softmax (β = 1)."""
+    if _fused_dispatch(x):
+        return softmax(x)
+    return adaptive_softmax(x, schedule=schedule, entropy_eps=entropy_eps)
+
+
+def attention_tuned_head_dims_plain(q, k, v, mask=None, is_causal=False, schedule=None):
+    """Defect: the tuned path for the head dims of real models (64, 128) is a plain
+    attention kernel (β = 1); other head dims take the adaptive one."""
+    if np.shape(q)[-1] in (64, 128):
+        return attention(q, k, v, mask=mask, is_causal=is_causal, schedule=Constant(1))
+    return attention(q, k, v, mask=mask, is_causal=is_causal, schedule=schedule)
+
+
+def attention_tuned_head_dims_drop_mask(q, k, v, mask=None, is_causal=False, schedule=None):
+    """Defect: the tuned path for head dims 64 and 128 never applies mask=."""
+    if np.shape(q)[-1] in (64, 128):
+        mask = None
+    return attention(q, k, v, mask=mask, is_causal=is_causal, schedule=schedule)
+
+
 # -- the catalogue ------------------------------------------------------------------
 
 _A = {"kind": "adaptive_softmax"}
@@ -1924,6 +1968,15 @@ CATALOGUE = {
     # kernels whose values are right but which change the process around them
     "flush-to-zero switched on and left on": (
         torch_flush_to_zero, {"framework": "torch", "dtype": "float32"}, "values"),
+    # round eight: the shapes production kernels pick their fast paths on
+    "a fused path without the maximum, for evenly divided batches": (
+        softmax_fused_without_max, {"dtype": "float32"}, "many_rows"),
+    "the temperature left out of the fused path for evenly divided batches": (
+        adaptive_fused_without_temperature, _A, "many_rows"),
+    "a plain tuned path for head dims 64 and 128": (
+        attention_tuned_head_dims_plain, {"kind": "attention"}, "attention_values"),
+    "a tuned path for head dims 64 and 128 dropping mask=": (
+        attention_tuned_head_dims_drop_mask, {"kind": "attention"}, "attention_values"),
     # round eight: what a kernel derived from an operand, kept by the operand's identity
     "a softmax memoised by its logits' identity": (
         softmax_memoised_by_identity, {}, "fresh_results"),
