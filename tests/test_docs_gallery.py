@@ -61,6 +61,21 @@ def test_a_defect_is_caught_with_its_property_and_first_lines(gallery):
     assert '"""' not in record["source"]
 
 
+def test_the_code_shown_includes_the_helpers_that_carry_the_defect(gallery):
+    """A kernel whose defect lives in a helper showed a one-line call; the helpers it calls
+    come first now, except those the correct building blocks call too (they compute the
+    spec)."""
+    bk = gallery._catalogue()
+    kernel = bk.CATALOGUE["entropy rounded once to bfloat16 on masked rows"][0]
+    code = gallery._kernel_code(kernel, bk)
+    assert code.startswith("def _torch_bfloat16_entropy_rounded(x, where: str):")
+    assert "H.to(torch.bfloat16)" in code and '"""' not in code
+    assert code.endswith('return _torch_bfloat16_entropy_rounded(x, "masked rows")')
+    plain = bk.CATALOGUE["float64 path returning float32"][0]
+    assert gallery._kernel_code(plain, bk) == gallery._code(plain)  # only correct helpers
+    assert "def _softmax" not in gallery._kernel_code(bk.CATALOGUE["no max subtraction"][0], bk)
+
+
 def test_online_softmax_without_rescaling_is_caught(gallery):
     record = gallery._run_defect(gallery._catalogue(), "online softmax without rescaling")
     assert record["status"] == "caught" and record["property"] == "values"

@@ -120,6 +120,27 @@ def _code(fn: Any) -> str:
     return "\n".join(lines).rstrip()
 
 
+#: The catalogue's correct building blocks: the private helpers they call are shown
+#: nowhere (they compute the spec), the others before the kernels that call them.
+CORRECT_BLOCKS = ("softmax", "entropy", "adaptive_softmax", "attention", "softmax_attention")
+
+
+def _helpers(fn: Any, bk: ModuleType) -> list[Any]:
+    """The private functions of `bk` that `fn` calls and no correct building block does."""
+
+    def called(f: Any) -> list[Any]:
+        found = (f.__globals__.get(n) for n in f.__code__.co_names if n.startswith("_"))
+        return [g for g in found if inspect.isfunction(g) and g.__module__ == bk.__name__]
+
+    correct = {g for block in CORRECT_BLOCKS for g in called(getattr(bk, block))}
+    return [g for g in dict.fromkeys(called(fn)) if g not in correct]
+
+
+def _kernel_code(fn: Any, bk: ModuleType) -> str:
+    """The kernel's source after that of the defect-carrying helpers it calls."""
+    return "\n\n\n".join(_code(g) for g in [*_helpers(fn, bk), fn])
+
+
 def _run_defect(bk: ModuleType, name: str) -> dict[str, Any]:
     from softmaxtheory import conformance as conf
     from softmaxtheory._check.properties import name_width
@@ -133,7 +154,7 @@ def _run_defect(bk: ModuleType, name: str) -> dict[str, Any]:
         "framework": opts.get("framework", "numpy"),
         "entropy_eps": opts.get("entropy_eps", 0.0),
         "doc": inspect.getdoc(kernel) or "",
-        "source": _code(kernel),
+        "source": _kernel_code(kernel, bk),
         "recorded": recorded,
     }
     if record["framework"] == "torch" and not _have("torch"):
