@@ -76,6 +76,14 @@ def test_the_code_shown_includes_the_helpers_that_carry_the_defect(gallery):
     assert "def _softmax" not in gallery._kernel_code(bk.CATALOGUE["no max subtraction"][0], bk)
 
 
+def test_a_docstring_keeps_its_literals_as_code(gallery):
+    """Double backquotes were turned into quotes, which the page showed as curly quotes."""
+    text = gallery._defect_text("Defect: drops ``scale=`` (see :func:`~m.f`), *not* `x`.")
+    assert text == r"Drops ``scale=`` (see ``m.f``), \*not\* 'x'."
+    unpaired = gallery._defect_text("Defect: an unpaired `` stays text")
+    assert unpaired == "An unpaired " + "'" * 2 + " stays text"
+
+
 def test_online_softmax_without_rescaling_is_caught(gallery):
     record = gallery._run_defect(gallery._catalogue(), "online softmax without rescaling")
     assert record["status"] == "caught" and record["property"] == "values"

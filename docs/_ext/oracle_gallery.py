@@ -28,6 +28,7 @@ import inspect
 import json
 import multiprocessing
 import os
+import re
 import resource
 import sys
 import textwrap
@@ -318,11 +319,22 @@ def _literal(text: str) -> str:
 
 
 def _defect_text(doc: str) -> str:
-    """A kernel's docstring as one paragraph of text (its literal bits as code)."""
+    """A kernel's docstring as one paragraph of text (its literal bits as code).
+
+    ````x```` and a role's target (``:func:`name```) become inline literals; the rest is
+    plain text (asterisks and stray backquotes escaped).
+    """
     text = " ".join(doc.split())
     text = text.removeprefix("Defect: ")
     text = text[0].upper() + text[1:] if text else text
-    return text.replace("*", "\\*").replace("`", "'")
+    text = re.sub(r":\w+:`~?([^`]+)`", r"``\1``", text)
+    parts = text.split("``")
+    if len(parts) % 2 == 0:  # an unpaired ``: all plain text
+        parts = [text]
+    return "".join(
+        _literal(part) if i % 2 else part.replace("*", "\\*").replace("`", "'")
+        for i, part in enumerate(parts)
+    )
 
 
 def _command(d: dict[str, Any]) -> str:

@@ -847,8 +847,9 @@ def torch_entropy_rounded_bfloat16(x):
 
 
 def torch_masked_entropy_rounded_bfloat16(x):
-    """Defect: as :func:`torch_entropy_rounded_bfloat16`, on rows with a masked item alone
-    (a masked path of its own; right on every unmasked row)."""
+    """Defect: the entropy computed in float32, then stored in bfloat16 before beta is
+    formed, on rows with a masked item alone (a masked path of its own; right on every
+    unmasked row)."""
     return _torch_bfloat16_entropy_rounded(x, "masked rows")
 
 
