@@ -27,6 +27,7 @@ import numpy as np
 from mpmath.libmp import (
     fnan,
     from_float,
+    from_man_exp,
     fzero,
     mpf_abs,
     mpf_add,
@@ -91,17 +92,41 @@ def _as_float_array(a: Any, name: str) -> np.ndarray:
     return arr.astype(np.float64)
 
 
+def _int_parts(row: list[float]) -> list[tuple[int, int]]:
+    """Each float of `row` as ``(m, e)`` with value ``m * 2**e``, ``m`` an integer."""
+    out = []
+    for v in row:
+        frac, e = math.frexp(v)  # |frac| in [0.5, 1) with at most 53 significant bits
+        out.append((int(frac * 9007199254740992.0), e - 53))
+    return out
+
+
+def _exact_dot(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> tuple:
+    """The exact dot product of two finite vectors of :func:`_int_parts`, as an mpf.
+
+    Each product is exact in integers, and so is their sum once the products share the
+    least exponent; ``from_man_exp`` at precision 0 normalises without rounding. An mpf
+    is canonical (odd mantissa), so this is the tuple that exact ``mpf_mul`` and
+    ``mpf_add`` give, in a fraction of their time.
+    """
+    terms = [(ma * mb, ea + eb) for (ma, ea), (mb, eb) in zip(a, b, strict=True) if ma and mb]
+    if not terms:
+        return fzero
+    least = min(e for _, e in terms)
+    return from_man_exp(sum(m << (e - least) for m, e in terms), least)
+
+
 def _logit_rows(
     q: np.ndarray, k: np.ndarray, scale: float, add_mask: np.ndarray, keep: np.ndarray
 ) -> list[list]:
     """Exact logits of one batch entry: a list (per query) of mpf tuples or None (masked)."""
     scale_m = from_float(scale)
-    kq = [[from_float(v) for v in row] for row in k.tolist()]
     k_bad = ~np.all(np.isfinite(k), axis=-1)
+    kq = [[] if bad else _int_parts(row) for row, bad in zip(k.tolist(), k_bad, strict=True)]
     rows = []
     for i, qrow in enumerate(q.tolist()):
-        qm = [from_float(v) for v in qrow]
         q_bad = not all(math.isfinite(v) for v in qrow)
+        qm = [] if q_bad else _int_parts(qrow)
         logits: list = []
         for j, krow in enumerate(kq):
             if not keep[i, j]:
@@ -114,10 +139,7 @@ def _logit_rows(
             if addend == -math.inf:
                 logits.append(None)
                 continue
-            dot = fzero
-            for a, b in zip(qm, krow, strict=True):
-                dot = mpf_add(dot, mpf_mul(a, b, 0), 0)
-            x = mpf_mul(dot, scale_m, 0)
+            x = mpf_mul(_exact_dot(qm, krow), scale_m, 0)
             if addend:
                 x = mpf_add(x, from_float(addend), 0)
             logits.append(x)

@@ -457,3 +457,31 @@ def test_an_integer_scale_of_numpy_is_taken():
     for bad in (True, np.bool_(True), "2"):
         with pytest.raises(TypeError, match="scale must be a float"):
             adaptive_attention(q, q, q, scale=bad)
+
+
+_FINITE = st.floats(allow_nan=False, allow_infinity=False, width=64)
+
+
+@given(
+    st.integers(1, 70).flatmap(
+        lambda d: st.tuples(
+            st.lists(_FINITE, min_size=d, max_size=d), st.lists(_FINITE, min_size=d, max_size=d)
+        )
+    )
+)
+@example(([1.7976931348623157e308, 5e-324, -0.0], [1.7976931348623157e308, -5e-324, 2.0]))
+@example(([1.0, -1.0], [3.0, 3.0]))  # exact cancellation to 0
+@settings(max_examples=200)
+def test_exact_dot_is_the_mpf_dot(vectors):
+    """The logits' dot products are summed as integers (three times faster than mpf_add
+    at d = 64): each must be the very mpf that exact mpf_mul and mpf_add give."""
+    from mpmath.libmp import from_float, fzero, mpf_add, mpf_mul
+
+    from softmaxtheory.reference import attention as ref_attention
+
+    a, b = vectors
+    want = fzero
+    for x, y in zip(a, b, strict=True):
+        want = mpf_add(want, mpf_mul(from_float(x), from_float(y), 0), 0)
+    got = ref_attention._exact_dot(ref_attention._int_parts(a), ref_attention._int_parts(b))
+    assert got == want
