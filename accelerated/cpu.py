@@ -213,19 +213,19 @@ class _threads_for:  # noqa: N801 (used as a function: ``with _threads_for(...)`
     generator context manager: it is entered on every call, small ones included.)
     """
 
-    __slots__ = ("before",)
+    __slots__ = ("before", "serial")
 
     def __init__(self, work: int, pieces: int) -> None:
-        self.before = 0  # 0: nothing to restore
-        if work < GRAIN or pieces < 2:
+        self.serial = work < GRAIN or pieces < 2
+        self.before = 0  # the caller's count to restore (0: none)
+
+    def __enter__(self) -> None:
+        if self.serial:
             get, put = _thread_count()
             before = get()
             if before > 1:
                 put(1)
                 self.before = before
-
-    def __enter__(self) -> None:
-        return None
 
     def __exit__(self, *exc: object) -> None:
         if self.before:

@@ -2112,8 +2112,8 @@ def _in_place_repro(t: Target, sources: tuple[dict[str, str], ...], note: str = 
         lambda src: f"torch.from_numpy({src}).to({t.device!r})")  # fmt: skip
     build = {n: bool_make if n == "mask" else make for n in names}
     lines += [f"{n} = {build[n](first[n])}" for n in names]
-    passed = names[:3] + ([f"{t.mask_keyword}=mask"] if "mask" in names else [])
-    args = ", ".join(passed)
+    passed = [n for n in names if n != "mask"]
+    args = ", ".join(passed + ([f"{t.mask_keyword}=mask"] if "mask" in names else []))
     lines.append(f"kernel({args})  # the first call")
     update = "{n}[...] = {v}" if t.framework == "numpy" else "{n}.copy_({v})"
     lines += [update.format(n=n, v=build[n](second[n])) for n in names]

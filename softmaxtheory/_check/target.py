@@ -702,8 +702,8 @@ class Target:
         """Call an attention kernel on numpy operands (converted to the framework).
 
         `scale` and `schedule` are passed only when given, ``enable_gqa=True`` only
-        when set; `views` maps ``"q"``, ``"k"``, ``"v"`` or ``"mask"`` to a function
-        applied to that operand once converted (a strided view, say); `grad_mode` (torch), a
+        when set; `views` maps an operand's name (``"q"``, ``"k"``, ``"v"``, ``"mask"``) to
+        a function applied to it once converted (a strided view, say); `grad_mode` (torch), a
         label of :data:`~softmaxtheory.conformance.GRAD_MODES`, makes q, k and v
         require grad or runs the call under ``no_grad`` or ``inference_mode``.
         """
@@ -715,16 +715,17 @@ class Target:
             name: self._to_framework(private_copy(a), _requires_grad(grad_mode) and name != "mask")
             for name, a in originals.items()
         }
+        views = views or {}
+        passed = {n: views[n](a) if n in views else a for n, a in operands.items()}
         if mask is not None:
-            m = operands["mask"]
-            kw[self.mask_keyword or "mask"] = views["mask"](m) if views and "mask" in views else m
+            kw[self.mask_keyword or "mask"] = passed["mask"]
         if is_causal:
             kw["is_causal"] = True
         if scale is not None:
             kw["scale"] = scale
         if enable_gqa:
             kw["enable_gqa"] = True
-        args = [views[n](operands[n]) if views and n in views else operands[n] for n in "qkv"]
+        args = [passed[n] for n in "qkv"]
 
         def call() -> Any:
             with _grad_context(grad_mode):
