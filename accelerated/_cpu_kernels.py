@@ -48,8 +48,13 @@ from numba.extending import intrinsic, overload
 
 from .._formats import ROW_EMPTY, ROW_INVALID, ROW_MASKED, ROW_REGULAR
 from ._numba_cache import njit  # numba.njit with a cache safe between processes
+from ._openmp import load_torch_openmp
 
 __all__: list[str] = []
+
+#: torch's own OpenMP runtime, loaded before any kernel can start Numba's threads (the
+#: path; None where that does not apply): see :mod:`._openmp`
+TORCH_OPENMP = load_torch_openmp()
 
 
 BLOCK = 1024

@@ -168,19 +168,26 @@ def _ieee_sum(values: np.ndarray) -> float:
 def _certify_row(
     row: eng.PreparedRow,
     vcols: np.ndarray,
+    vm: list[list[tuple]],
     fmt: BinaryFormat,
     schedule: Schedule,
     entropy_eps: float,
 ) -> list[float]:
-    """Certified outputs of one query row (regular row, finite values)."""
+    """Certified outputs of one query row (regular row, finite values).
+
+    `vcols` holds the values of the row's unmasked keys (finite columns only) and `vm`
+    the same as mpf tuples, converted once per slice by the caller.
+    """
     # group the unmasked keys by exact logit; sum their values exactly per group
     groups: dict = {}
     for pos, d in enumerate(row.z):
         groups.setdefault(d, []).append(pos)
     dv = vcols.shape[1]
-    vm = [[from_float(val) for val in vrow] for vrow in vcols.tolist()]
     group_sums: dict = {}
     for d, members in groups.items():
+        if len(members) == 1:  # no tie: the sums are the values themselves
+            group_sums[d] = vm[members[0]]
+            continue
         sums = []
         for c in range(dv):
             acc = fzero
@@ -282,6 +289,49 @@ def _common_means(groups: dict, group_sums: dict, dv: int, fmt: BinaryFormat) ->
     return fixed
 
 
+#: Widest span of binary exponents (bits) over which :func:`_weighted_sum` adds a
+#: column's products exactly in integers; wider spans (coefficients far below the
+#: working precision, kept alive when no cutoff may drop them) take the mpf sums.
+EXACT_SPAN = 1 << 14
+
+
+def _weighted_sum(alphas: list[tuple[int, int]], values: list[tuple], ps: int) -> tuple:
+    r"""A column's weighted sum and its mass, each exact in integers and rounded once.
+
+    Returns :math:`T = \sum_k \alpha_k v_k` to nearest at `ps` bits and
+    :math:`M = \sum_k |\alpha_k v_k|` rounded up at 60 bits, as mpf tuples.
+    `alphas` are the positive coefficients as ``(man, exp)``, `values` mpf tuples
+    (finite). Each product is an exact integer, and so is each sum once the products
+    share the least exponent, so :math:`T` and :math:`M` are rounded once each: their
+    errors are at most those of the term-by-term sums :func:`_combine` allows for
+    (products rounded to the working precision, then each addition to `ps` bits).
+    """
+    terms = [
+        (am * vm, ae + ve, vs)
+        for (am, ae), (vs, vm, ve, _) in zip(alphas, values, strict=True)
+        if vm
+    ]
+    if not terms:
+        return fzero, fzero
+    least = min(e for _, e, _ in terms)
+    top = max(e + m.bit_length() for m, e, _ in terms)
+    if top - least > EXACT_SPAN:
+        total, mass = fzero, fzero
+        for (am, ae), v in zip(alphas, values, strict=True):
+            if v[1]:
+                alpha = from_man_exp(am, ae)
+                total = mpf_add(total, mpf_mul(alpha, v, ps, RN), ps, RN)
+                mass = mpf_add(mass, mpf_mul(alpha, mpf_abs(v), 60, round_up), 60, round_up)
+        return total, mass
+    pos = neg = 0
+    for m, e, negative in terms:
+        if negative:
+            neg += m << (e - least)
+        else:
+            pos += m << (e - least)
+    return from_man_exp(pos - neg, least, ps, RN), from_man_exp(pos + neg, least, 60, round_up)
+
+
 def _combine(
     coeff: dict,
     group_sums: dict,
@@ -296,7 +346,10 @@ def _combine(
     ps = p + (len(coeff) + 1).bit_length() + 2
     live = [(coeff[d], sums) for d, sums in group_sums.items() if d in coeff]
     max_rel = max((r for (_, r), _ in live), default=0.0)
+    # the coefficients' own errors, the products' rounding to p bits and the sum's to
+    # ps bits (the exact integer sums of _weighted_sum stay within the last two)
     factor = (max_rel + 2 * u + (len(live) + 1) * math.ldexp(1.0, -ps)) * eng.SLACK
+    alphas = [(alpha[1], alpha[2]) for (alpha, _), _ in live]
     out = []
     for c in range(dv):
         if fixed and c in fixed:
@@ -305,15 +358,7 @@ def _combine(
         extra = None
         if dead_log2 is not None and col_max[c] > 0:
             extra = dead_log2 + math.frexp(col_max[c])[1] + 1
-        total = fzero
-        mass = fzero
-        for (alpha, _), sums in live:
-            vsum = sums[c]
-            if vsum == fzero:
-                continue
-            term = mpf_mul(alpha, vsum, p, RN)
-            total = mpf_add(total, term, ps, RN)
-            mass = mpf_add(mass, mpf_abs(term), 60, round_up)
+        total, mass = _weighted_sum(alphas, [sums[c] for _, sums in live], ps)
         if mass == fzero:
             rel = 0.0
         elif total == fzero:
@@ -441,6 +486,7 @@ def adaptive_attention(
                 continue
             done[key] = idx
         rows = _logit_rows(qb[idx], kb[idx], scale, add[idx], keep[idx])
+        v_mpf = None
         for i, logits in enumerate(rows):
             live = [x for x in logits if x is not None]
             if not live:
@@ -455,7 +501,11 @@ def adaptive_attention(
             bad_cols = ~np.all(finite, axis=0)
             good = np.flatnonzero(~bad_cols)
             if good.size:
-                result[good] = _certify_row(row, vrows[:, good], fmt, schedule, entropy_eps)
+                if v_mpf is None:  # the slice's values as mpf tuples, once for its rows
+                    v_mpf = [[from_float(x) for x in vrow] for vrow in vb[idx].tolist()]
+                cols = good.tolist()
+                vm = [[v_mpf[j][c] for c in cols] for j in row.index.tolist()]
+                result[good] = _certify_row(row, vrows[:, good], vm, fmt, schedule, entropy_eps)
             for c in np.flatnonzero(bad_cols).tolist():
                 result[c] = _ieee_sum(vrows[:, c])
             out[(*idx, i)] = result

@@ -485,3 +485,47 @@ def test_exact_dot_is_the_mpf_dot(vectors):
         want = mpf_add(want, mpf_mul(from_float(x), from_float(y), 0), 0)
     got = ref_attention._exact_dot(ref_attention._int_parts(a), ref_attention._int_parts(b))
     assert got == want
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 2**80),  # a coefficient's mantissa (positive)
+            st.one_of(st.integers(-400, 4), st.integers(-40000, -20000)),  # its exponent
+            _FINITE,  # the value it weighs
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.integers(54, 300),
+)
+@example([(1, 0, 1.0), (1, 0, -1.0)], 60)  # exact cancellation: T = 0
+@example([(3, -30000, 1.0), (1, 0, 2.0**-1074)], 60)  # a span past EXACT_SPAN: the mpf sums
+@example([(1, -20000, 1.0), (44901, 0, 401202612627.0)], 54)  # there, M stays an upper bound
+@example([(1, 0, 0.0), (5, -3, -0.0)], 54)  # no term: T = M = 0
+@settings(max_examples=200)
+def test_weighted_sum_meets_the_combine_allowance(terms, ps):
+    """The outputs' sums are exact integers rounded once (the mpf sums past EXACT_SPAN):
+    T is within a relative 2**-ps of the exact sum, M an upper bound on the exact mass
+    within a relative 2**-59, whichever path ran."""
+    from fractions import Fraction
+
+    from mpmath.libmp import from_float, fzero
+
+    from softmaxtheory._certify.interval import to_fraction
+    from softmaxtheory.reference import attention as ref_attention
+
+    alphas = [(m, e) for m, e, _ in terms]
+    values = [from_float(x) for _, _, x in terms]
+    total, mass = ref_attention._weighted_sum(alphas, values, ps)
+    exact = [Fraction(m) * Fraction(2) ** e * Fraction(x) for m, e, x in terms]
+    want_t, want_m = sum(exact), sum(abs(t) for t in exact)
+    if want_m == 0:
+        assert total == fzero and mass == fzero
+        return
+    got_t, got_m = to_fraction(total), to_fraction(mass)
+    assert abs(got_t - want_t) <= want_m * Fraction(2 * len(terms) + 1, 2**ps)
+    assert want_m <= got_m <= want_m * (1 + Fraction(2 * len(terms) + 1, 2**59))
+    spans = [e + m.bit_length() for m, e, _ in terms] + [e for _, e, _ in terms]
+    if max(spans) - min(spans) < ref_attention.EXACT_SPAN - 2200:  # surely the integer path
+        assert abs(got_t - want_t) <= abs(want_t) / 2**ps  # rounded once

@@ -974,3 +974,39 @@ def test_streaming_normalize_into_a_shifted_view_of_the_chunk(shift):
     out = buf[lo + shift : lo + shift + 10]
     assert state.normalize(buf[lo : lo + 10], out=out) is out
     np.testing.assert_array_equal(out, want)
+
+
+# ------------------------------------------------- 14. torch imported after Numba's threads
+
+_OPENMP_SCRIPT = textwrap.dedent(
+    """
+    import numpy as np
+    from softmaxtheory.accelerated import cpu
+    cpu.softmax(np.ones((64, 5000)))  # a parallel call: Numba's threads start
+    import torch
+    with open("/proc/self/maps") as f:
+        print(sorted({line.split()[-1] for line in f if "libgomp" in line}))
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="GNU OpenMP's loading, Linux")
+def test_torch_imported_after_the_kernels_runs_on_its_own_openmp():
+    """Numba's threads, started first, loaded the system's ``libgomp``; torch, imported
+    after, bound to it instead of its own copy, and its float16 attention on the CPU ran
+    about 500 times slower. The kernels load torch's copy first (``_openmp``)."""
+    import glob
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None:
+        pytest.skip("torch is not installed")
+    ours = [
+        os.path.realpath(p)
+        for root in spec.submodule_search_locations
+        for p in glob.glob(os.path.join(root, "lib", "libgomp*.so*"))
+    ]
+    if not ours:
+        pytest.skip("this torch ships no libgomp of its own")
+    loaded = {os.path.realpath(p) for p in eval(_python(_OPENMP_SCRIPT).stdout)}
+    assert loaded & set(ours), f"torch's {ours} not loaded; the process holds {loaded}"
