@@ -92,54 +92,62 @@ def _as_float_array(a: Any, name: str) -> np.ndarray:
     return arr.astype(np.float64)
 
 
-def _int_parts(row: list[float]) -> list[tuple[int, int]]:
-    """Each float of `row` as ``(m, e)`` with value ``m * 2**e``, ``m`` an integer."""
-    out = []
-    for v in row:
-        frac, e = math.frexp(v)  # |frac| in [0.5, 1) with at most 53 significant bits
-        out.append((int(frac * 9007199254740992.0), e - 53))
-    return out
+def _int_matrix(a: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(M, e)``: an object array `M` of Python ints and one exponent with ``a == M * 2**e``.
 
-
-def _exact_dot(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> tuple:
-    """The exact dot product of two finite vectors of :func:`_int_parts`, as an mpf.
-
-    Each product is exact in integers, and so is their sum once the products share the
-    least exponent; ``from_man_exp`` at precision 0 normalises without rounding. An mpf
-    is canonical (odd mantissa), so this is the tuple that exact ``mpf_mul`` and
-    ``mpf_add`` give, in a fraction of their time.
+    `a` is finite. Each float is an integer mantissa of at most 53 bits times a power of
+    two; shifted to the least exponent of the array, every entry is an exact integer.
     """
-    terms = [(ma * mb, ea + eb) for (ma, ea), (mb, eb) in zip(a, b, strict=True) if ma and mb]
-    if not terms:
-        return fzero
-    least = min(e for _, e in terms)
-    return from_man_exp(sum(m << (e - least) for m, e in terms), least)
+    frac, exp = np.frexp(a)
+    mant = (frac * 9007199254740992.0).astype(np.int64)  # |frac| < 1: 53-bit integers, exact
+    exp = exp.astype(np.int64) - 53
+    nonzero = mant != 0
+    if not nonzero.any():
+        return np.zeros(a.shape, dtype=object), 0
+    least = int(exp[nonzero].min())
+    shifts = np.where(nonzero, exp - least, 0)
+    return mant.astype(object) << shifts.astype(object), least
 
 
 def _logit_rows(
     q: np.ndarray, k: np.ndarray, scale: float, add_mask: np.ndarray, keep: np.ndarray
 ) -> list[list]:
-    """Exact logits of one batch entry: a list (per query) of mpf tuples or None (masked)."""
-    scale_m = from_float(scale)
+    """Exact logits of one batch entry: a list (per query) of mpf tuples or None (masked).
+
+    The dot products are those of integer matrices (:func:`_int_matrix`), exact, times
+    the scale's integer mantissa: each logit is an integer times one power of two,
+    which ``from_man_exp`` normalises without rounding, so it is the very mpf that exact
+    ``mpf_mul`` and ``mpf_add`` give, in a fraction of their time (a third or less at
+    d = 8 and beyond).
+    """
     k_bad = ~np.all(np.isfinite(k), axis=-1)
-    kq = [[] if bad else _int_parts(row) for row, bad in zip(k.tolist(), k_bad, strict=True)]
+    q_bad = ~np.all(np.isfinite(q), axis=-1)
+    qi, eq = _int_matrix(np.where(q_bad[:, None], 0.0, q))
+    ki, ek = _int_matrix(np.where(k_bad[:, None], 0.0, k))
+    frac, se = math.frexp(scale)
+    sm = int(frac * 9007199254740992.0)
+    if qi.shape[1]:
+        dots = ((qi @ ki.T) * sm).tolist()
+    else:  # no features: every dot product is 0
+        dots = [[0] * k.shape[0] for _ in range(q.shape[0])]
+    e0 = eq + ek + se - 53
+    keep_rows, add_rows, k_bad_l = keep.tolist(), add_mask.tolist(), k_bad.tolist()
     rows = []
-    for i, qrow in enumerate(q.tolist()):
-        q_bad = not all(math.isfinite(v) for v in qrow)
-        qm = [] if q_bad else _int_parts(qrow)
+    for i, q_bad_i in enumerate(q_bad.tolist()):
+        keep_i, add_i, dots_i = keep_rows[i], add_rows[i], dots[i]
         logits: list = []
-        for j, krow in enumerate(kq):
-            if not keep[i, j]:
+        for j, bad in enumerate(k_bad_l):
+            if not keep_i[j]:
                 logits.append(None)
                 continue
-            addend = float(add_mask[i, j])
-            if q_bad or k_bad[j] or math.isnan(addend) or addend == math.inf:
+            addend = add_i[j]
+            if q_bad_i or bad or math.isnan(addend) or addend == math.inf:
                 logits.append(fnan)
                 continue
             if addend == -math.inf:
                 logits.append(None)
                 continue
-            x = mpf_mul(_exact_dot(qm, krow), scale_m, 0)
+            x = from_man_exp(dots_i[j], e0)
             if addend:
                 x = mpf_add(x, from_float(addend), 0)
             logits.append(x)
