@@ -1248,19 +1248,32 @@ def _logits_block(q, k, addmask, keep, causal, qbad, kbad, i, j0, j1, scale, buf
 
 @njit(parallel=True, cache=True)
 def attention_stats(
-    q, k, addmask, keep, causal, qbad, kbad, scale, eps, kind_out, m_out, neff_out, h_out
-):
-    """Pass 1 of adaptive attention for one batch entry: q (L, d), k (S, d).
+    qs, ks, addmasks, keeps, slices, causal, qbads, kbads, scale, eps,
+    kind_out, m_out, neff_out, h_out,
+):  # fmt: skip
+    """Pass 1 of adaptive attention for every query row of every (batch, head) slice.
 
+    Slice ``n`` reads queries ``qs[slices[n, 0]]`` (L, d), keys ``ks[slices[n, 1]]``
+    (S, d), and the mask's ``addmasks[slices[n, 3]]`` and ``keeps[slices[n, 4]]``, (L,
+    S) views read in place (broadcast strides allowed); ``qbads`` and ``kbads`` flag
+    the non-finite queries and keys of each stack entry. The (slice, query) pairs are
+    shared out among the threads, so that many small slices make one parallel loop.
     The streaming state of each query's logits over key blocks (T7), then its
-    entropy; at most ``KEY_BLOCK`` logits are held at once, in the dtype of `q`.
-    `addmask` and `keep` are (L, S) views read in place (broadcast strides allowed);
-    `causal` keeps keys ``j <= i`` only. A row with a logit beyond the float range
-    gets kind :data:`KIND_WIDE`.
+    entropy, go to row ``(n, i)`` of the outputs; at most ``KEY_BLOCK`` logits are held
+    at once, in the dtype of `qs`. `causal` keeps keys ``j <= i`` only. A row with a
+    logit beyond the float range gets kind :data:`KIND_WIDE`.
     """
-    L = q.shape[0]
-    S = k.shape[0]
-    for i in prange(L):
+    L = qs.shape[1]
+    S = ks.shape[1]
+    for row in prange(slices.shape[0] * L):
+        n = row // L
+        i = row - n * L
+        q = qs[slices[n, 0]]
+        k = ks[slices[n, 1]]
+        addmask = addmasks[slices[n, 3]]
+        keep = keeps[slices[n, 4]]
+        qbad = qbads[slices[n, 0]]
+        kbad = kbads[slices[n, 1]]
         buf = np.empty(KEY_BLOCK, q.dtype)
         M = -np.inf
         C = 0
@@ -1282,58 +1295,70 @@ def attention_stats(
                 continue
             c, n_eff, r, t = pass_stats(buf, 0, j1 - j0, m, buf, False)
             M, C, N, R, T = merge_state(M, C, N, R, T, np.float64(m), c, n_eff, r, t)
-        m_out[i] = M
-        neff_out[i] = N
+        m_out[n, i] = M
+        neff_out[n, i] = N
         if wide:
-            kind_out[i] = KIND_WIDE
-            h_out[i] = np.nan
+            kind_out[n, i] = KIND_WIDE
+            h_out[n, i] = np.nan
         elif bad:
-            kind_out[i] = ROW_INVALID
-            h_out[i] = np.nan
+            kind_out[n, i] = ROW_INVALID
+            h_out[n, i] = np.nan
         elif M == -np.inf:
-            kind_out[i] = ROW_MASKED
-            h_out[i] = 0.0
+            kind_out[n, i] = ROW_MASKED
+            h_out[n, i] = 0.0
         elif eps > 0.0:
-            kind_out[i] = ROW_REGULAR
+            kind_out[n, i] = ROW_REGULAR
             inv_s = 1.0 / (C + R)
             h_acc = 0.0
             for j0 in range(0, S, KEY_BLOCK):
                 j1 = min(j0 + KEY_BLOCK, S)
                 _logits_block(q, k, addmask, keep, causal, qbad[i], kbad, i, j0, j1, scale, buf)
                 h_acc += pass_entropy_eps(buf, 0, j1 - j0, M, inv_s, eps)
-            h_out[i] = -h_acc
+            h_out[n, i] = -h_acc
         else:
-            kind_out[i] = ROW_REGULAR
-            h_out[i] = entropy_from_state(C, R, T)
+            kind_out[n, i] = ROW_REGULAR
+            h_out[n, i] = entropy_from_state(C, R, T)
 
 
 @njit(parallel=True, cache=True)
-def attention_apply(q, k, v, addmask, keep, causal, qbad, kbad, scale, kind, m, beta, out):
-    """Pass 2 of adaptive attention: tempered weights accumulated into `out` (L, dv).
+def attention_apply(
+    qs, ks, vs, addmasks, keeps, slices, causal, qbads, kbads, scale, kind, m, beta, out
+):
+    """Pass 2 of adaptive attention: tempered weights accumulated into `out` (N, L, dv).
 
-    Logits and exponentials in the dtype of `q`, the weighted sums in float64. Rows of
-    kind :data:`KIND_WIDE` are left alone.
+    The slices and stacks are those of :func:`attention_stats`, the values of slice
+    ``n`` ``vs[slices[n, 2]]`` (S, dv). Logits and exponentials in the dtype of `qs`,
+    the weighted sums in float64. Rows of kind :data:`KIND_WIDE` are left alone.
     """
-    L = q.shape[0]
-    S = k.shape[0]
-    dv = v.shape[1]
-    for i in prange(L):
-        if kind[i] == KIND_WIDE:
+    L = qs.shape[1]
+    S = ks.shape[1]
+    dv = vs.shape[2]
+    for row in prange(slices.shape[0] * L):
+        n = row // L
+        i = row - n * L
+        q = qs[slices[n, 0]]
+        k = ks[slices[n, 1]]
+        v = vs[slices[n, 2]]
+        addmask = addmasks[slices[n, 3]]
+        keep = keeps[slices[n, 4]]
+        qbad = qbads[slices[n, 0]]
+        kbad = kbads[slices[n, 1]]
+        if kind[n, i] == KIND_WIDE:
             continue
-        if kind[i] != ROW_REGULAR:
-            fill = np.nan if kind[i] == ROW_INVALID else 0.0
+        if kind[n, i] != ROW_REGULAR:
+            fill = np.nan if kind[n, i] == ROW_INVALID else 0.0
             for f in range(dv):
-                out[i, f] = fill
+                out[n, i, f] = fill
             continue
         buf = np.empty(KEY_BLOCK, q.dtype)
         acc = np.zeros(dv)
         total = 0.0
-        M = like_array(m[i], buf)
-        b = beta_like(beta[i], like_array(0.0, buf))
+        M = like_array(m[n, i], buf)
+        b = beta_like(beta[n, i], like_array(0.0, buf))
         low = lowest_like(buf)
         # a β that is 0 or nearly so: exponents in float64 from tempered_exponent, where
         # an overflowed shift keeps its weight (see small_beta_like)
-        b64 = min(beta[i], _F64_MAX)
+        b64 = min(beta[n, i], _F64_MAX)
         small = b64 < small_beta_like(buf)
         for j0 in range(0, S, KEY_BLOCK):
             j1 = min(j0 + KEY_BLOCK, S)
@@ -1354,7 +1379,7 @@ def attention_apply(q, k, v, addmask, keep, causal, qbad, kbad, scale, kind, m, 
                         acc[f] += w * np.float64(v[j0 + j, f])
         inv = 1.0 / total
         for f in range(dv):
-            out[i, f] = acc[f] * inv
+            out[n, i, f] = acc[f] * inv
 
 
 @njit(cache=True)

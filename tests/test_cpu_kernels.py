@@ -480,6 +480,48 @@ def test_attention_is_causal_matches_the_reference():
         cpu.adaptive_attention(q, k, v, is_causal=1)
 
 
+def _broadcast_operands(rng, pattern):
+    """q, k, v and a mask over (batch 2, heads 3) slices, broadcast as `pattern` says."""
+    views = {
+        "own": lambda a: a,
+        "shared over heads": lambda a: a[:, :1],  # (2, 1, ...)
+        "shared over batch": lambda a: a[:1],  # (1, 3, ...)
+        "one for all": lambda a: a[0, 0],  # no leading axes
+        "zero strides": lambda a: np.broadcast_to(a[:1, :1], a.shape),
+        "transposed": lambda a: np.ascontiguousarray(a.swapaxes(0, 1)).swapaxes(0, 1),
+    }
+    q = rng.normal(size=(2, 3, 5, 8))
+    k = rng.normal(size=(2, 3, 70, 8))
+    v = rng.normal(size=(2, 3, 70, 4))
+    mask = np.where(rng.random((2, 3, 5, 70)) < 0.8, rng.normal(size=(2, 3, 5, 70)), -np.inf)
+    return [views[p](a) for p, a in zip(pattern, (q, k, v, mask), strict=True)]
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        ("own", "own", "own", "own"),
+        ("own", "shared over heads", "shared over heads", "shared over batch"),
+        ("transposed", "one for all", "zero strides", "one for all"),
+        ("shared over batch", "transposed", "own", "zero strides"),
+        ("zero strides", "own", "shared over batch", "shared over heads"),
+    ],
+)
+def test_attention_slices_are_each_their_own_call(pattern):
+    """The kernels run every (batch, head) slice's queries in one parallel loop, each
+    operand a stack of its distinct slices: each slice's output must be, bit for bit,
+    that slice alone, however its operands broadcast (a shared key stack, a mask per
+    batch entry, a zero-stride view, a transposed array)."""
+    q, k, v, mask = _broadcast_operands(np.random.default_rng(11), pattern)
+    got = cpu.adaptive_attention(q, k, v, mask)
+    assert got.shape == (2, 3, 5, 4)
+    for b in range(2):
+        for h in range(3):
+            one = [np.broadcast_to(a, (2, 3, *a.shape[-2:]))[b, h] for a in (q, k, v, mask)]
+            alone = cpu.adaptive_attention(*one)
+            assert got[b, h].tobytes() == alone.tobytes(), (pattern, b, h)
+
+
 def test_beta_zero_keeps_masked_items_at_zero():
     """LogLength gives beta = s log 1 = 0 to a row with one unmasked item: 0 * -inf is NaN."""
     sched = LogLength("0.5")
