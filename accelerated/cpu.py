@@ -112,6 +112,7 @@ import numpy as np
 
 from .._certify.environment import ieee_kernels
 from .._formats import NUMPY_DTYPES, ROW_EMPTY, ROW_INVALID, ROW_MASKED, ROW_REGULAR, Quantity
+from .._slices import slice_stack
 from ..spec import (
     Constant,
     Polynomial,
@@ -775,11 +776,11 @@ def adaptive_attention(
     # each operand as a stack of its distinct (batch, head) slices, and each slice's entry
     # in every stack: the kernels run all the (slice, query) rows in one parallel loop (a
     # loop over slices here cost 34 µs a slice: 2.2 s for 65537 slices of one query)
-    qs, q_at = _stack(qa, lead, work)
-    ks, k_at = _stack(ka, lead, work)
-    vs, v_at = _stack(va, lead, work)
-    adds, a_at = _stack(add, lead)
-    keeps, p_at = _stack(keep, lead)
+    qs, q_at = slice_stack(qa, lead, work)
+    ks, k_at = slice_stack(ka, lead, work)
+    vs, v_at = slice_stack(va, lead, work)
+    adds, a_at = slice_stack(add, lead)
+    keeps, p_at = slice_stack(keep, lead)
     adds = np.broadcast_to(adds, (adds.shape[0], L, S))
     keeps = np.broadcast_to(keeps, (keeps.shape[0], L, S))
     slices = np.stack([q_at, k_at, v_at, a_at, p_at], axis=1)
@@ -830,27 +831,6 @@ def adaptive_attention(
             vbad = np.flatnonzero(vbads[slices[n, 2]])
             _non_finite_values(out[n], vs[slices[n, 2]][vbad], vbad, ai, ke, causal, kinds[n])
     return out.reshape(*lead, L, dv).astype(work)
-
-
-def _stack(
-    a: np.ndarray, lead: tuple[int, ...], dtype: Any = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """`a`, broadcastable to ``(*lead, r, c)``, as a stack of its distinct slices.
-
-    Returns ``(stack, at)``: `stack` of shape ``(K, r', c')`` holds `a`'s slices along
-    the leading axes where it varies (an axis of length 1 or stride 0 is one slice:
-    a broadcast view is not copied out), converted to `dtype` (C-contiguous) where one
-    is given; ``at[n]`` is the entry of the ``n``-th slice of ``lead`` in C order.
-    """
-    a = a.reshape((1,) * (len(lead) + 2 - a.ndim) + a.shape)
-    lead_axes = zip(a.shape[:-2], a.strides[:-2], strict=True)
-    own = tuple(1 if n == 1 or s == 0 else n for n, s in lead_axes)
-    a = a[tuple(slice(None) if n > 1 else slice(0, 1) for n in own)]
-    if dtype is not None:
-        a = np.ascontiguousarray(a, dtype=dtype)
-    stack = a.reshape(math.prod(own), *a.shape[-2:])  # (no -1: a slice may be empty)
-    at = np.broadcast_to(np.arange(stack.shape[0]).reshape(own), lead).reshape(-1)
-    return stack, at
 
 
 def _non_finite_values(

@@ -43,6 +43,7 @@ from softmaxtheory._certify.environment import certifying
 from softmaxtheory._certify.interval import to_fraction
 from softmaxtheory._certify.loop import certify
 from softmaxtheory._formats import NUMPY_DTYPES
+from softmaxtheory._slices import distinct_slices
 from softmaxtheory.spec import (
     Schedule,
     attention_layout,
@@ -56,7 +57,7 @@ from softmaxtheory.spec import (
 )
 
 from . import _engine as eng
-from ._api import PrecisionError, content_key
+from ._api import PrecisionError
 from ._attention_interval import FLOAT_BOUND_PRECISION, interval_outputs
 from ._rational import loglength_weights
 from ._rounding import BinaryFormat, format_for, round_ball, round_exact, round_fraction
@@ -483,16 +484,12 @@ def adaptive_attention(
     kb = np.broadcast_to(ka, (*lead, S, d))
     vb = np.broadcast_to(va, (*lead, S, dv))
     out = np.zeros((*lead, L, dv), dtype=fmt.dtype)
-    done: dict[bytes, tuple[int, ...]] = {}  # a slice's operands' bits -> where its output is
-    for idx in np.ndindex(*lead):
-        # a (batch, head) slice equal to an earlier one (q, k, v and mask, bit for bit)
-        # has its output: repeated slices are certified once
-        key = content_key(qb[idx], kb[idx], vb[idx], keep[idx], add[idx])
-        if key is not None:
-            if key in done:
-                out[idx] = out[done[key]]
-                continue
-            done[key] = idx
+    # a (batch, head) slice equal to an earlier one (q, k, v and mask, bit for bit) has
+    # its output: repeated slices are certified once
+    first = distinct_slices(lead, [qa, ka, va, keep, add])
+    flat = out.reshape(first.size, L, dv)  # (a view: out is new and contiguous)
+    for n in np.flatnonzero(first == np.arange(first.size)).tolist():
+        idx = np.unravel_index(n, lead) if lead else ()
         rows = _logit_rows(qb[idx], kb[idx], scale, add[idx], keep[idx])
         v_mpf = None
         for i, logits in enumerate(rows):
@@ -517,4 +514,6 @@ def adaptive_attention(
             for c in np.flatnonzero(bad_cols).tolist():
                 result[c] = _ieee_sum(vrows[:, c])
             out[(*idx, i)] = result
+    repeated = np.flatnonzero(first != np.arange(first.size))
+    flat[repeated] = flat[first[repeated]]
     return out

@@ -536,3 +536,34 @@ def test_weighted_sum_meets_the_combine_allowance(terms, ps):
     spans = [e + m.bit_length() for m, e, _ in terms] + [e for _, e, _ in terms]
     if max(spans) - min(spans) < ref_attention.EXACT_SPAN - 2200:  # surely the integer path
         assert abs(got_t - want_t) <= abs(want_t) / 2**ps  # rounded once
+
+
+def test_distinct_slices_groups_exactly_the_bitwise_equal_slices():
+    """The reference certifies each distinct (batch, head) slice once: the slices it
+    groups must be those whose operands are equal bit for bit, whatever their strides
+    (-0.0 is not 0.0, and NaNs differ by payload), and each group's representative the
+    first of them."""
+    from softmaxtheory._slices import distinct_slices
+
+    rng = np.random.default_rng(4)
+    lead = (3, 4)
+    base = rng.normal(size=(2, 5, 3)).round(0)  # two distinct slices, as small integers
+    q = base[rng.integers(0, 2, size=lead)]  # (3, 4, 5, 3): slices repeat
+    nan_a, nan_b = np.float64(np.nan), np.frombuffer(b"\x01\x00\x00\x00\x00\x00\xf8\x7f")[0]
+    # batch entries 0 and 2 share their keys and mask head by head: their queries decide
+    q[2] = q[0]
+    q[0, 0, 0, 0], q[2, 0, 0, 0] = 0.0, -0.0  # equal values, other bits: two slices
+    q[0, 1, 4, 2] = q[2, 1, 4, 2] = nan_a  # the same NaN: one slice
+    q[0, 2, 4, 2], q[2, 2, 4, 2] = nan_a, nan_b  # NaNs with other payloads: two slices
+    k = np.broadcast_to(rng.normal(size=(1, 4, 6, 3)).round(0), (3, 4, 6, 3))  # zero strides
+    v = rng.normal(size=(6, 2)).round(0)  # no leading axes
+    mask = np.where(rng.random((3, 1, 5, 6)) < 0.5, 0.0, -np.inf)  # one per batch entry
+    mask[2] = mask[0]
+    ops = [q, k, v, mask]
+    first = distinct_slices(lead, ops)
+    full = [np.broadcast_to(a, (*lead, *a.shape[-2:])).reshape(12, *a.shape[-2:]) for a in ops]
+    for n in range(12):
+        same = [m for m in range(12) if all(a[m].tobytes() == a[n].tobytes() for a in full)]
+        assert first[n] == same[0], (n, first[n], same)
+    assert len(set(first.tolist())) > 2  # the case is not degenerate
+    assert (first < np.arange(12)).any()  # and some slices repeat
