@@ -1246,6 +1246,13 @@ def _logits_block(q, k, addmask, keep, causal, qbad, kbad, i, j0, j1, scale, buf
     return overflow
 
 
+@njit(cache=True)
+def _slice_operands(qs, ks, addmasks, keeps, qbads, kbads, slices, n):
+    """Slice `n`'s queries, keys, mask terms and non-finite flags (views of the stacks)."""
+    at = slices[n]
+    return qs[at[0]], ks[at[1]], addmasks[at[3]], keeps[at[4]], qbads[at[0]], kbads[at[1]]
+
+
 @njit(parallel=True, cache=True)
 def attention_stats(
     qs, ks, addmasks, keeps, slices, causal, qbads, kbads, scale, eps,
@@ -1268,12 +1275,9 @@ def attention_stats(
     for row in prange(slices.shape[0] * L):
         n = row // L
         i = row - n * L
-        q = qs[slices[n, 0]]
-        k = ks[slices[n, 1]]
-        addmask = addmasks[slices[n, 3]]
-        keep = keeps[slices[n, 4]]
-        qbad = qbads[slices[n, 0]]
-        kbad = kbads[slices[n, 1]]
+        q, k, addmask, keep, qbad, kbad = _slice_operands(
+            qs, ks, addmasks, keeps, qbads, kbads, slices, n
+        )
         buf = np.empty(KEY_BLOCK, q.dtype)
         M = -np.inf
         C = 0
@@ -1336,13 +1340,10 @@ def attention_apply(
     for row in prange(slices.shape[0] * L):
         n = row // L
         i = row - n * L
-        q = qs[slices[n, 0]]
-        k = ks[slices[n, 1]]
+        q, k, addmask, keep, qbad, kbad = _slice_operands(
+            qs, ks, addmasks, keeps, qbads, kbads, slices, n
+        )
         v = vs[slices[n, 2]]
-        addmask = addmasks[slices[n, 3]]
-        keep = keeps[slices[n, 4]]
-        qbad = qbads[slices[n, 0]]
-        kbad = kbads[slices[n, 1]]
         if kind[n, i] == KIND_WIDE:
             continue
         if kind[n, i] != ROW_REGULAR:

@@ -488,7 +488,8 @@ def adaptive_attention(
     # its output: repeated slices are certified once
     first = distinct_slices(lead, [qa, ka, va, keep, add])
     flat = out.reshape(first.size, L, dv)  # (a view: out is new and contiguous)
-    for n in np.flatnonzero(first == np.arange(first.size)).tolist():
+    repeated = first != np.arange(first.size)
+    for n in np.flatnonzero(~repeated).tolist():
         idx = np.unravel_index(n, lead) if lead else ()
         rows = _logit_rows(qb[idx], kb[idx], scale, add[idx], keep[idx])
         v_mpf = None
@@ -514,6 +515,5 @@ def adaptive_attention(
             for c in np.flatnonzero(bad_cols).tolist():
                 result[c] = _ieee_sum(vrows[:, c])
             out[(*idx, i)] = result
-    repeated = np.flatnonzero(first != np.arange(first.size))
     flat[repeated] = flat[first[repeated]]
     return out
