@@ -22,7 +22,7 @@ from softmaxtheory.spec import (
 )
 
 from . import _engine as eng
-from . import _fast
+from . import _fast, _fast_batch
 from ._rational import rational_coefficients
 from ._rounding import BinaryFormat, format_for, round_ball
 
@@ -327,13 +327,15 @@ def _evaluate(
     out = np.zeros(arr.shape if vector else arr.shape[:-1], dtype=fmt.dtype)
     kinds = classify_rows(arr)
     done: dict[bytes, tuple[int, ...]] = {}  # a row's bits -> where its result is
+    repeats = []  # (row, the earlier row equal to it)
+    regular = []
     for idx in np.ndindex(arr.shape[:-1]):
         # a row equal (bit for bit) to an earlier one has its result: a batch of padded
         # or repeated rows is certified once per distinct row
         key = content_key(arr[idx])
         if key is not None:
             if key in done:
-                out[idx] = out[done[key]]
+                repeats.append((idx, done[key]))
                 continue
             done[key] = idx
         kind = kinds[idx]
@@ -343,12 +345,20 @@ def _evaluate(
             if not vector:
                 out[idx] = 1.0 if want == "beta" else 0.0
         else:
-            fast = _fast.evaluate(arr[idx], want, fmt, schedule, entropy_eps)
-            if fast is not None:  # certified by the double-double pass
-                out[idx] = fast
-                continue
-            row = eng.prepare_row(arr[idx])
-            out[idx] = certify_row(row, want, fmt, schedule, entropy_eps)
+            regular.append(idx)
+    # short rows in batches first, then each row left by the one-row pass, then by mpmath
+    batch: list = [None] * len(regular)
+    if len(regular) > 1 and arr.shape[-1] <= _fast_batch.BATCH_MAX_N:
+        rows = np.stack([arr[idx] for idx in regular])
+        batch = _fast_batch.evaluate_rows(rows, want, fmt, schedule, entropy_eps)
+    for idx, certified in zip(regular, batch, strict=True):
+        if certified is None:
+            certified = _fast.evaluate(arr[idx], want, fmt, schedule, entropy_eps)
+        if certified is None:
+            certified = certify_row(eng.prepare_row(arr[idx]), want, fmt, schedule, entropy_eps)
+        out[idx] = certified
+    for idx, first in repeats:
+        out[idx] = out[first]
     return out
 
 

@@ -103,7 +103,7 @@ between :math:`f` and its neighbours are exact float64 numbers, and the gaps
 for float64 the half-ulps around the normalised :math:`v_h` are exact. An element
 that fails goes to mpmath; ties are never decided here.
 
-**Guarded entropy** (``entropy_eps`` :math:`= \varepsilon > 0`, :func:`_guarded`).
+**Guarded entropy** (``entropy_eps`` :math:`= \varepsilon > 0`, :func:`guarded_entropy`).
 :math:`H_\varepsilon = H - G` with :math:`G = \sum_i p_i \log(1 + \varepsilon/p_i)`,
 as in the engine; each logarithm is :func:`log1p_dd`: :math:`y_0` = ``numpy.log1p``
 (an uncertified float, used exactly) and one Newton step
@@ -165,8 +165,10 @@ __all__ = [
     "enabled",
     "evaluate",
     "exp_dd",
+    "fast_two_sum",
     "guard_terms",
     "guarded_ball",
+    "guarded_entropy",
     "log1p_dd",
     "mpf_of",
     "pure_mpmath",
@@ -174,6 +176,7 @@ __all__ = [
     "round_vector",
     "scaled_exp",
     "sum_dd",
+    "two_prod",
     "two_sum",
     "weighted",
 ]
@@ -203,8 +206,16 @@ _TABLE_BITS = 13
 
 #: Counters of the last :func:`evaluate` calls (for the benchmark): elements certified
 #: by the fast pass, elements recomputed by mpmath one at a time, rows handed to the
-#: mpmath engine.
-STATS: dict[str, int] = {"fast": 0, "element_fallback": 0, "row_fallback": 0}
+#: mpmath engine; rows the batched pass of :mod:`._fast_batch` certified; and attention
+#: rows the pass of :mod:`._fast_attention` certified or handed to the mpmath path.
+STATS: dict[str, int] = {
+    "fast": 0,
+    "batch_rows": 0,
+    "element_fallback": 0,
+    "row_fallback": 0,
+    "attention_fast": 0,
+    "attention_fallback": 0,
+}
 
 _state = {"enabled": True}
 
@@ -236,7 +247,7 @@ def two_sum(a: Any, b: Any) -> tuple[Any, Any]:
     return s, (a - (s - bb)) + (b - bb)
 
 
-def _fast_two_sum(a: Any, b: Any) -> tuple[Any, Any]:
+def fast_two_sum(a: Any, b: Any) -> tuple[Any, Any]:
     """``|a| >= |b|`` (or a = 0): exact ``s + e = a + b``."""
     s = a + b
     return s, b - (s - a)
@@ -248,7 +259,7 @@ def _split(a: Any) -> tuple[Any, Any]:
     return h, a - h
 
 
-def _two_prod(a: Any, b: Any) -> tuple[Any, Any]:
+def two_prod(a: Any, b: Any) -> tuple[Any, Any]:
     p = a * b
     ah, al = _split(a)
     bh, bl = _split(b)
@@ -342,7 +353,7 @@ def exp_dd(yh: np.ndarray, yl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     pe = ((ah * eh_ - ph) + ah * el_ + al * eh_) + al * el_
     Rh, re = two_sum(th, ph)
     lo = (((re + tl) + pe) + th * El) + tl * Eh
-    Rh, lo = _fast_two_sum(Rh, lo)
+    Rh, lo = fast_two_sum(Rh, lo)
     ki = k.astype(np.int64)
     return np.ldexp(Rh, ki), np.ldexp(lo, ki)
 
@@ -376,11 +387,11 @@ def scaled_exp(zh: np.ndarray, zl: np.ndarray, bh: float, bl: float) -> tuple[An
         # Dekker's split of bh overflows ((2**27 + 1) bh): split bh / 2**64 instead and
         # scale the product back, exactly (a nonzero z is at least 2**-1074, so the
         # scaled product stays far above the subnormals; a larger one only overflows)
-        ph, pe = _two_prod(zh, bh * _SPLIT_SCALE_DOWN)
+        ph, pe = two_prod(zh, bh * _SPLIT_SCALE_DOWN)
         ph, pe = ph * _SPLIT_SCALE_UP, pe * _SPLIT_SCALE_UP
     else:
-        ph, pe = _two_prod(zh, bh)
-    return exp_dd(*_fast_two_sum(ph, pe + (zh * bl + zl * bh)))
+        ph, pe = two_prod(zh, bh)
+    return exp_dd(*fast_two_sum(ph, pe + (zh * bl + zl * bh)))
 
 
 #: Above this a float's Dekker split overflows (it multiplies by 2**27 + 1); β beyond it
@@ -391,14 +402,14 @@ _SPLIT_SCALE_DOWN, _SPLIT_SCALE_UP = 2.0**-64, 2.0**64
 
 def weighted(eh: np.ndarray, el: np.ndarray, zh: np.ndarray, zl: np.ndarray) -> tuple[Any, Any]:
     """:math:`e |z|` in double-double (``z <= 0``)."""
-    wh, we = _two_prod(eh, -zh)
-    return _fast_two_sum(wh, we + (eh * -zl + el * -zh))
+    wh, we = two_prod(eh, -zh)
+    return fast_two_sum(wh, we + (eh * -zl + el * -zh))
 
 
 def quotient(eh: np.ndarray, el: np.ndarray, sh: float, sl: float) -> tuple[Any, Any]:
     """:math:`(e_h + e_l) / (s_h + s_l)` as ``q1 + q2`` (within :data:`DIV_REL`)."""
     q1 = eh / sh
-    p, pe = _two_prod(q1, sh)
+    p, pe = two_prod(q1, sh)
     return q1, ((((eh - p) - pe) + el) - q1 * sl) / sh
 
 
@@ -476,7 +487,7 @@ def round_vector(
     vh: np.ndarray, vl: np.ndarray, rel: np.ndarray, fmt: BinaryFormat
 ) -> tuple[np.ndarray, np.ndarray]:
     """Correctly rounded values of positive ``vh + vl`` within ``rel``; and where decided."""
-    vh, vl = _fast_two_sum(vh, vl)
+    vh, vl = fast_two_sum(vh, vl)
     radius = (rel * vh) * (1.0 + 2.0**-50) + 2.0**-1074
     if fmt.precision == 53:
         up = np.nextafter(vh, np.inf) - vh
@@ -773,8 +784,8 @@ def log1p_dd(rh: np.ndarray, rl: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
         y0 = np.where(bad, 0.0, y0)
         Eh, El = exp_dd(-y0, np.zeros_like(y0))
         Ah, Ae = two_sum(np.ones_like(rh), rh)
-        Ah, Al = _fast_two_sum(Ah, Ae + rl)  # |Ae + rl| <= 2u(1 + r): one rounding, 2**-105
-        Ph, Pe = _two_prod(Ah, Eh)
+        Ah, Al = fast_two_sum(Ah, Ae + rl)  # |Ae + rl| <= 2u(1 + r): one rounding, 2**-105
+        Ph, Pe = two_prod(Ah, Eh)
         Ph, Pl = two_sum(Ph, Pe + (Ah * El + Al * Eh))
         dh, dl = two_sum(Ph - 1.0, Pl)
         bad |= ~(np.abs(dh) <= _D_MAX)
@@ -808,7 +819,7 @@ def _log1p_series(rh: np.ndarray, rl: np.ndarray) -> tuple[np.ndarray, np.ndarra
     2^{-100}r`. Altogether the result is within :data:`SERIES_REL` :math:`\cdot r_h`
     (:math:`2^{-98}r_h`) of :math:`\log(1 + r_h + r_l)`.
     """
-    s, se = _two_prod(rh, rh)
+    s, se = two_prod(rh, rh)
     sq_low = se + 2.0 * (rh * rl)
     h1, e1 = two_sum(rh, -0.5 * s)
     low = e1 + ((rl - 0.5 * sq_low) + (s * rh) * (1.0 / 3.0 - 0.25 * rh))
@@ -818,25 +829,25 @@ def _log1p_series(rh: np.ndarray, rl: np.ndarray) -> tuple[np.ndarray, np.ndarra
 def guard_terms(
     eh: np.ndarray, el: np.ndarray, rho: np.ndarray, sh: float, sl: float, eps: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The terms ``g = p log(1 + eps / p)`` of :func:`_guarded` and their error bounds.
+    """The terms ``g = p log(1 + eps / p)`` of :func:`guarded_entropy` and their error bounds.
 
     ``p = e / s`` with relative error ``rho``; the bound is ``inf`` where an
     intermediate leaves the range of the analysis.
     """
-    ph, pl = _fast_two_sum(*quotient(eh, el, sh, sl))
-    rh, rl = _fast_two_sum(*quotient(np.full(ph.shape, eps), np.zeros(ph.shape), ph, pl))
+    ph, pl = fast_two_sum(*quotient(eh, el, sh, sl))
+    rh, rl = fast_two_sum(*quotient(np.full(ph.shape, eps), np.zeros(ph.shape), ph, pl))
     lh, ll, dev = log1p_dd(np.where(rh < 2.0**900, rh, 1.0), np.where(rh < 2.0**900, rl, 0.0))
     rho_r = (rho + DIV_REL) * (1.0 + 2.0**-38) * _SLACK
     weight = np.minimum(1.0, rh * (1.0 + 2.0**-40))
     B = (rho_r * weight * (1.0 + 2.0**-39) + dev) * _SLACK
-    gh, ge = _two_prod(ph, lh)
-    gh, gl = _fast_two_sum(gh, ge + (ph * ll + pl * lh))
+    gh, ge = two_prod(ph, lh)
+    gh, gl = fast_two_sum(gh, ge + (ph * ll + pl * lh))
     err = (gh * (rho + PROD_REL) + ph * B) * (1.0 + 2.0**-38)
     ok = (ph >= 2.0**-900) & (rh < 2.0**900) & (gh >= 2.0**-900) & (err < np.inf)
     return gh, gl, np.where(ok, err, np.inf)
 
 
-def _guarded(row: _Row, ps: _Pass, H: eng.Ball, eps: float) -> eng.Ball | None:
+def guarded_entropy(row: _Row, ps: _Pass, H: eng.Ball, eps: float) -> eng.Ball | None:
     r"""The guarded entropy :math:`H - G`, :math:`G = \sum_i p_i \log(1 + \varepsilon / p_i)`.
 
     The same decomposition as the mpmath engine (:func:`._engine.entropy_ball`):
@@ -972,7 +983,7 @@ def _evaluate(
         if not H.rel < 2.0**-40:
             return None  # (a tiny t lost in the absolute underflow terms): mpmath decides
         if entropy_eps != 0.0:
-            guarded = _guarded(row, ps1, H, entropy_eps)
+            guarded = guarded_entropy(row, ps1, H, entropy_eps)
             if guarded is None or not guarded.rel < 2.0**-40:
                 return None
             H = guarded

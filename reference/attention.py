@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from functools import cmp_to_key
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpmath.libmp import (
@@ -57,6 +57,7 @@ from softmaxtheory.spec import (
 )
 
 from . import _engine as eng
+from . import _fast_attention
 from ._api import PrecisionError
 from ._attention_interval import FLOAT_BOUND_PRECISION, interval_outputs
 from ._rational import loglength_weights
@@ -156,11 +157,27 @@ def _logit_rows(
     return rows
 
 
-def _prepare(logits: list) -> eng.PreparedRow:
+class _Shifts(NamedTuple):
+    """A regular row's exact shifts (mpf) over its unmasked keys, at ``index`` of ``n``."""
+
+    z: list
+    n: int
+    index: np.ndarray
+
+    @property
+    def n_eff(self) -> int:
+        return len(self.z)
+
+    def prepared(self) -> eng.PreparedRow:
+        """The row as the mpmath engine takes it (its float bounds of the shifts)."""
+        return eng.PreparedRow.from_shifts(self.z, self.n, self.index)
+
+
+def _shifts(logits: list) -> _Shifts:
     index = np.array([j for j, x in enumerate(logits) if x is not None], dtype=np.intp)
     xs = [logits[j] for j in index.tolist()]
     m = max(xs, key=cmp_to_key(mpf_cmp))
-    return eng.PreparedRow.from_shifts([mpf_sub(x, m, 0) for x in xs], len(logits), index)
+    return _Shifts([mpf_sub(x, m, 0) for x in xs], len(logits), index)
 
 
 def _ieee_sum(values: np.ndarray) -> float:
@@ -493,6 +510,7 @@ def adaptive_attention(
         idx = np.unravel_index(n, lead) if lead else ()
         rows = _logit_rows(qb[idx], kb[idx], scale, add[idx], keep[idx])
         v_mpf = None
+        regular = []  # (query, its row, its values, the columns with a non-finite value)
         for i, logits in enumerate(rows):
             live = [x for x in logits if x is not None]
             if not live:
@@ -500,18 +518,27 @@ def adaptive_attention(
             if any(x == fnan for x in live):
                 out[(*idx, i)] = np.nan
                 continue
-            row = _prepare(logits)
+            row = _shifts(logits)
             vrows = vb[idx][row.index]
-            finite = np.isfinite(vrows)
+            regular.append((i, row, vrows, ~np.all(np.isfinite(vrows), axis=0)))
+        # the slice's rows in double-double first; what that leaves undecided, by mpmath
+        need = np.array([~bad for *_, bad in regular]).reshape(len(regular), dv)
+        fast_rows = _fast_attention.slice_outputs(
+            [row for _, row, _, _ in regular], vb[idx], need, fmt, schedule, entropy_eps
+        )
+        for (i, row, vrows, bad_cols), certified in zip(regular, fast_rows, strict=True):
             result = np.zeros(dv)
-            bad_cols = ~np.all(finite, axis=0)
             good = np.flatnonzero(~bad_cols)
-            if good.size:
+            if good.size and certified is not None:
+                result[good] = certified[good]
+            elif good.size:
                 if v_mpf is None:  # the slice's values as mpf tuples, once for its rows
                     v_mpf = [[from_float(x) for x in vrow] for vrow in vb[idx].tolist()]
                 cols = good.tolist()
                 vm = [[v_mpf[j][c] for c in cols] for j in row.index.tolist()]
-                result[good] = _certify_row(row, vrows[:, good], vm, fmt, schedule, entropy_eps)
+                result[good] = _certify_row(
+                    row.prepared(), vrows[:, good], vm, fmt, schedule, entropy_eps
+                )
             for c in np.flatnonzero(bad_cols).tolist():
                 result[c] = _ieee_sum(vrows[:, c])
             out[(*idx, i)] = result

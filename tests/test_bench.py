@@ -73,6 +73,15 @@ def test_table_and_reference_section(capsys) -> None:
     assert code == 0
     assert "cpu.adaptive_softmax" in out and "reference.adaptive_softmax" in out
     assert "measured bandwidth" in out
+    assert "certified adaptive_attention, fast pass vs pure mpmath" in out
+
+
+def test_reference_attention_times_both_paths_on_the_same_head() -> None:
+    (head,) = bench.run_reference_attention(shape=(3, 20, 4, 2), repeat=1, dtypes=("float32",))
+    assert head.shape == (3, 20, 4, 2) and head.dtype == "float32"
+    assert head.fast_seconds > 0 and head.mpmath_seconds > 0
+    assert head.speedup == head.mpmath_seconds / head.fast_seconds
+    assert head.undecided_fraction == 0.0  # Gaussian rows: every one certified by the fast pass
 
 
 @pytest.mark.parametrize("shape", [(64, 64), (8, 1024), (1, 1 << 17), (4096, 64), (64, 16384)])

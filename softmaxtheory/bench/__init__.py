@@ -29,6 +29,7 @@ import numpy as np
 from .._formats import WORKING_DTYPES
 
 __all__ = [
+    "AttentionReferenceSpeedup",
     "BenchResult",
     "KernelResult",
     "ReferenceSpeedup",
@@ -39,6 +40,7 @@ __all__ = [
     "reference_rows",
     "run_kernels",
     "run_reference",
+    "run_reference_attention",
     "run_reference_speedup",
     "save_json",
 ]
@@ -379,6 +381,64 @@ def run_reference_speedup(
                         row_fallback=bool(stats["row_fallback"]),
                     )
                 )
+    return results
+
+
+@dataclass(frozen=True)
+class AttentionReferenceSpeedup:
+    """The certified attention with its double-double pass against the pure mpmath path.
+
+    One head of ``shape`` ``(L, S, d, dv)``: Gaussian queries, keys and values
+    in `dtype` (the output format too), the paper's schedule. Both timings are
+    of the whole head; ``undecided_fraction`` is the fraction of its query rows
+    the double-double pass left to mpmath.
+    """
+
+    shape: tuple[int, int, int, int]
+    dtype: str
+    fast_seconds: float
+    mpmath_seconds: float
+    speedup: float
+    undecided_fraction: float
+
+
+def run_reference_attention(
+    shape: tuple[int, int, int, int] = (64, 256, 64, 64),
+    repeat: int = 3,
+    seed: int = 0,
+    dtypes: tuple[str, ...] = WORKING_DTYPES,
+) -> list[AttentionReferenceSpeedup]:
+    """Time the certified attention both ways (see :class:`AttentionReferenceSpeedup`)."""
+    from .. import reference
+    from ..reference import _fast
+
+    L, S, d, dv = shape
+    rng = np.random.default_rng(seed)
+    base = (rng.standard_normal((L, d)), rng.standard_normal((S, d)), rng.standard_normal((S, dv)))
+    results = []
+    for dtype in dtypes:
+        q, k, v = (a.astype(dtype) for a in base)
+
+        def call(q=q, k=k, v=v, dtype=dtype) -> Any:
+            return reference.adaptive_attention(q, k, v, dtype=dtype)
+
+        for key in _fast.STATS:
+            _fast.STATS[key] = 0
+        call()  # counts of one call (and the exp table built)
+        undecided = _fast.STATS["attention_fallback"] / L
+        fast = _best_time(call, repeat, 0.0)
+        with _fast.pure_mpmath():
+            slow = _best_time(call, 1, 0.0)
+        results.append(
+            AttentionReferenceSpeedup(
+                shape=shape,
+                dtype=dtype,
+                fast_seconds=fast,
+                mpmath_seconds=slow,
+                speedup=slow / fast,
+                undecided_fraction=undecided,
+            )
+        )
     return results
 
 

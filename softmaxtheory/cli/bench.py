@@ -129,6 +129,19 @@ def _reference_speedup(args: argparse.Namespace, doc: dict[str, Any], say: Any) 
             f"{r.function:<18} {r.row:<8} {r.dtype:<8} {r.fast_seconds:>8.3g} "
             f"{r.mpmath_seconds:>9.3g} {r.speedup:>8.0f}x {undecided:>10}"
         )
+    shape = (8, 64, 16, 16) if args.quick else (64, 256, 64, 64)
+    say(f"timing the certified attention of one head (L, S, d, dv) = {shape} ...")
+    heads = bench.run_reference_attention(shape=shape, repeat=repeat)
+    doc["reference_attention"] = bench.as_dicts(heads)
+    lines += [
+        f"certified adaptive_attention, fast pass vs pure mpmath, (L, S, d, dv) = {shape}",
+        f"{'dtype':<8} {'fast s':>8} {'mpmath s':>9} {'speed-up':>9} {'rows undecided':>15}",
+    ]
+    for h in heads:
+        lines.append(
+            f"{h.dtype:<8} {h.fast_seconds:>8.3g} {h.mpmath_seconds:>9.3g} "
+            f"{h.speedup:>8.1f}x {h.undecided_fraction:>15.2f}"
+        )
     return lines
 
 
