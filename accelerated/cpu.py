@@ -740,8 +740,10 @@ def adaptive_attention(
     Returns
     -------
     numpy.ndarray
-        ``(..., L, dv)``, float32 if every input is float32 (or float16),
-        else float64. A query whose keys are all masked gives zeros; a NaN or
+        ``(..., L, dv)`` in the inputs' common dtype (``numpy.result_type``):
+        float16 if every input is float16 (computed in float32, as the row
+        functions do), float32 if every input is float32 or float16, else
+        float64. A query whose keys are all masked gives zeros; a NaN or
         ``+inf`` logit, or a non-finite component of the query or of a key it
         attends to, gives NaN (as in the reference).
 
@@ -765,6 +767,7 @@ def adaptive_attention(
     dv = va.shape[-1]
     low = all(a.dtype in (np.float16, np.float32) for a in (qa, ka, va))
     work = np.float32 if low else np.float64
+    out_dtype = np.result_type(qa, ka, va)  # float16 only where every operand is
     keep, add = np.ones((1, 1), dtype=bool), np.zeros((1, 1), dtype=work)
     if mask is not None:
         keep_m, add_m, lead = _attn_mask(mask, lead, L, S)
@@ -772,7 +775,7 @@ def adaptive_attention(
         add = add if add_m is None else add_m
     N = math.prod(lead)
     if N == 0:
-        return np.zeros((*lead, L, dv), dtype=work)
+        return np.zeros((*lead, L, dv), dtype=out_dtype)
     # each operand as a stack of its distinct (batch, head) slices, and each slice's entry
     # in every stack: the kernels run all the (slice, query) rows in one parallel loop (a
     # loop over slices here cost 34 µs a slice: 2.2 s for 65537 slices of one query)
@@ -830,7 +833,8 @@ def adaptive_attention(
             _, _, ai, ke, _, _ = operands(n)
             vbad = np.flatnonzero(vbads[slices[n, 2]])
             _non_finite_values(out[n], vs[slices[n, 2]][vbad], vbad, ai, ke, causal, kinds[n])
-    return out.reshape(*lead, L, dv).astype(work)
+    # one rounding of the float64 sums to the output's format
+    return out.reshape(*lead, L, dv).astype(out_dtype)
 
 
 def _non_finite_values(

@@ -25,9 +25,11 @@ def test_numba_kernels_conform(func, kind, dtype):
     _conforms(f"softmaxtheory.accelerated.cpu:{func}", kind=kind, dtype=dtype)
 
 
-def test_numba_attention_conforms():
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+def test_numba_attention_conforms(dtype):
+    # float16 failed every property: the kernel returned float32 for float16 input
     pytest.importorskip("numba")
-    _conforms("softmaxtheory.accelerated.cpu:adaptive_attention", kind="attention")
+    _conforms("softmaxtheory.accelerated.cpu:adaptive_attention", kind="attention", dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])

@@ -520,6 +520,30 @@ def test_attention_float32_path_is_float32_accurate() -> None:
     assert_attention_close(got, (q, k, v), mask=add)
 
 
+@pytest.mark.parametrize(
+    ("dtypes", "want"),
+    [
+        ((np.float16,) * 3, np.float16),
+        ((np.float16, np.float32, np.float16), np.float32),
+        ((np.float32,) * 3, np.float32),
+        ((np.float16, np.float16, np.int64), np.float64),
+        ((np.float64, np.float16, np.float16), np.float64),
+    ],
+)
+def test_attention_returns_the_inputs_common_dtype(dtypes, want) -> None:
+    """float16 inputs gave float32 outputs (DESIGN: float16 returns float16, as the rows do)."""
+    rng = np.random.default_rng(3)
+    shapes = ((2, 5, 4), (2, 7, 4), (2, 7, 3))
+    q, k, v = (rng.normal(size=s).astype(dt) for s, dt in zip(shapes, dtypes, strict=True))
+    got = cpu.adaptive_attention(q, k, v)
+    assert got.dtype == want
+    assert cpu.adaptive_attention(q[:0], k[:0], v[:0]).dtype == want  # (no slice at all)
+    wide = cpu.adaptive_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+    if want != np.float64:  # the float64 kernel's result, rounded once more, within a rounding
+        assert_attention_close(got, (q, k, v))
+        np.testing.assert_allclose(got, wide, rtol=4 * np.finfo(want).eps, atol=1e-7)
+
+
 @pytest.mark.parametrize("dtype", [np.int64, np.int8, np.uint8])
 def test_integer_attention_mask_is_refused(dtype) -> None:
     """An integer mask is refused (as torch does), never taken as additive."""
