@@ -243,16 +243,24 @@ def _chunk(
         brel[i] = (b.rel + ZREL + b.rel * ZREL + 2.0**-104 + fast.PROD_REL) * _SLACK
     ps = BatchPass(zh, zl, ones, unmasked, C, (bh, bl, brel), want_t=False, zrel=ZREL)
     ok &= ps.ok
-    # the numerators: the maxima's values (e = 1) and the live keys' products e v
-    eh = np.where(ones, 1.0, ps.eh)
-    el = np.where(ones, 0.0, ps.el)
-    terms_h, pe = fast.two_prod(eh[:, :, None], v0[None, :, :])
-    terms_h, terms_l = fast.fast_two_sum(terms_h, pe + el[:, :, None] * v0[None, :, :])
-    # (R, S, dv) -> per output (R, dv): sums over the keys
-    th = np.moveaxis(terms_h, 1, 2)
-    tl = np.moveaxis(terms_l, 1, 2)
-    T, K, sums_ok = line_sums(th, tl)
-    mass = np.sum(np.abs(th), axis=2) * (1.0 + (S + 4) * 2.0**-52)
+    # the numerators: the maxima's values (e = 1) and the live keys' products e v, summed
+    # over the keys, by blocks of value columns (a (rows, keys, columns) array of at most
+    # about _CHUNK elements at a time)
+    eh = np.where(ones, 1.0, ps.eh)[:, None, :]
+    el = np.where(ones, 0.0, ps.el)[:, None, :]
+    dv = v0.shape[1]
+    T = np.empty((R, dv), dtype=object)
+    K = np.empty((R, dv), dtype=np.int64)
+    sums_ok = np.empty((R, dv), dtype=bool)
+    mass = np.empty((R, dv))
+    width = max(1, _CHUNK // max(1, R * S))
+    for c0 in range(0, dv, width):
+        vt = v0[:, c0 : c0 + width].T[None, :, :]  # (1, columns, keys)
+        th, pe = fast.two_prod(eh, vt)
+        th, tl = fast.fast_two_sum(th, pe + el * vt)
+        cols = slice(c0, c0 + width)
+        T[:, cols], K[:, cols], sums_ok[:, cols] = line_sums(th, tl)
+        mass[:, cols] = np.sum(np.abs(th), axis=2) * (1.0 + (S + 4) * 2.0**-52)
     Nh, Nl = to_dd(T, -130 - K)
     absN = np.abs(Nh)
     dead = np.zeros(R)
