@@ -24,9 +24,11 @@ Each is rounded to a double-double :math:`\tilde z = z_h + z_l`: its mantissa, c
 to 160 bits (relative error below :math:`2^{-159}`), is rounded to a float
 :math:`h` (Python's int to float conversion rounds to nearest), the integer
 remainder :math:`r` is exact and rounded to a float (an error of :math:`u|r|`,
-:math:`|r| \le \mathrm{ulp}(h)/2`), and both are scaled by the mpf's power of two,
-exactly while the results are normal: :math:`2^{-900} \le |z| < 2^{990}`. So
-:math:`|\tilde z - z| \le 2^{-105}|z|` (:data:`ZREL`). A shift beyond
+:math:`|r| \le \mathrm{ulp}(h)/2`), and both are scaled by the mpf's power of two:
+for :math:`2^{-900} \le |z| < 2^{990}` the high part exactly, the low part exactly
+or, below the normal range, within :math:`2^{-1075} \le 2^{-175}|z|`. So
+:math:`|\tilde z - z| \le (2^{-159} + 2^{-106} + 2^{-175})|z| \le 2^{-105}|z|`
+(:data:`ZREL`), and :math:`|z_l|` is at most half an ulp of :math:`z_h`. A shift beyond
 :math:`2^{990}` is dead (as an overflowed shift of a float row); a row with a
 nonzero shift below :math:`2^{-900}` goes to mpmath. The maxima are the exact
 zeros.
