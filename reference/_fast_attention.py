@@ -89,7 +89,7 @@ from . import _fast as fast
 from ._fast_batch import MAX_TERMS, BatchPass, line_sums, row_entropy, to_dd
 from ._rounding import BinaryFormat
 
-__all__ = ["ZREL", "slice_outputs"]
+__all__ = ["ZREL", "rows_outputs"]
 
 #: Relative error bound of the double-double shifts.
 ZREL = 2.0**-105
@@ -130,24 +130,27 @@ def _dd_shifts(z: list) -> tuple[np.ndarray, np.ndarray] | None:
     return zh, zl
 
 
-def slice_outputs(
-    rows: list[eng.PreparedRow],
+def rows_outputs(
+    rows: list[Any],
     values: np.ndarray,
+    which: np.ndarray,
     need: np.ndarray,
     fmt: BinaryFormat,
     schedule: Any,
     entropy_eps: float,
 ) -> list[np.ndarray | None]:
-    """Certified outputs of regular query rows of one slice (``None``: the mpmath path decides).
+    """Certified outputs of regular query rows (``None``: the mpmath path decides).
 
     Parameters
     ----------
-    rows : list of PreparedRow
-        The rows' exact shifts (each over its unmasked keys, ``row.index``); all of
-        the same length ``S`` (masked keys included).
+    rows : list
+        The rows' exact shifts (``z``, mpf, over the unmasked keys ``index``; and
+        ``n_eff``), all over the same ``S`` keys (masked ones included).
     values : numpy.ndarray
-        The slice's values, shape ``(S, dv)``, float64 (a non-finite entry is read
-        as 0: its outputs are the caller's, see `need`).
+        The values of the slices the rows belong to, shape ``(G, S, dv)``, float64
+        (a non-finite entry is read as 0: its outputs are the caller's, see `need`).
+    which : numpy.ndarray
+        Shape ``(len(rows),)``: each row's slice in `values`.
     need : numpy.ndarray
         Shape ``(len(rows), dv)``: the outputs to certify (a row's others are
         not looked at).
@@ -171,22 +174,27 @@ def slice_outputs(
     if entropy_eps != 0.0 and not fast.EPS_MIN <= entropy_eps <= fast.EPS_MAX:
         fast.STATS["attention_fallback"] += R
         return result
-    S, dv = values.shape
-    finite = np.isfinite(values)
-    v0 = np.where(finite, values, 0.0)
-    col_max = np.max(np.abs(v0), axis=0) if S else np.zeros(dv)
-    vmax = float(col_max.max()) if dv else 0.0
-    if not vmax < _V_MAX or S > MAX_TERMS:
+    G, S, dv = values.shape
+    if S > MAX_TERMS:
         fast.STATS["attention_fallback"] += R
         return result
-    C = eng.cutoff(S, max(fast.P_SCALAR, 2 * fmt.precision + 40), fmt.qmin) + math.log1p(vmax)
+    v0 = np.where(np.isfinite(values), values, 0.0)
+    col_max = np.max(np.abs(v0), axis=1) if S else np.zeros((G, dv))  # (G, dv)
+    vmax = np.max(col_max, axis=1) if dv else np.zeros(G)
+    # the cutoff of each slice: the rows' plus log(1 + max |v|) (values beyond 2**990: mpmath)
+    C = eng.cutoff(S, max(fast.P_SCALAR, 2 * fmt.precision + 40), fmt.qmin)
+    C = C + np.log1p(np.where(vmax < _V_MAX, vmax, 0.0))
+    small = vmax < _V_MAX
     step = max(1, _CHUNK // max(1, S * max(dv, 1)))
     with np.errstate(all="ignore"):  # a non-finite intermediate never certifies (below)
         for lo in range(0, R, step):
-            part = range(lo, min(R, lo + step))
+            part = [i for i in range(lo, min(R, lo + step)) if small[which[i]]]
+            if not part:
+                continue
+            g = which[part]
             try:
-                done = _chunk([rows[i] for i in part], v0, col_max, need[lo : lo + step],
-                              C, fmt, schedule, entropy_eps)  # fmt: skip
+                done = _chunk([rows[i] for i in part], v0[g], col_max[g], need[part], C[g],
+                              fmt, schedule, entropy_eps)  # fmt: skip
             except (eng.Undecided, ArithmeticError):
                 done = [None] * len(part)
             for i, out in zip(part, done, strict=True):
@@ -198,17 +206,18 @@ def slice_outputs(
 
 
 def _chunk(
-    rows: list[eng.PreparedRow],
+    rows: list[Any],
     v0: np.ndarray,
     col_max: np.ndarray,
     need: np.ndarray,
-    C: float,
+    C: np.ndarray,
     fmt: BinaryFormat,
     schedule: Any,
     entropy_eps: float,
 ) -> list[np.ndarray | None]:
+    """Rows with their own values ``v0`` (R, S, dv), columns' maxima (R, dv) and cutoffs."""
     R = len(rows)
-    S = v0.shape[0]
+    S = v0.shape[1]
     zh = np.full((R, S), -np.inf)
     zl = np.zeros((R, S))
     unmasked = np.zeros((R, S), dtype=bool)
@@ -250,14 +259,14 @@ def _chunk(
     # about _CHUNK elements at a time)
     eh = np.where(ones, 1.0, ps.eh)[:, None, :]
     el = np.where(ones, 0.0, ps.el)[:, None, :]
-    dv = v0.shape[1]
+    dv = v0.shape[2]
     T = np.empty((R, dv), dtype=object)
     K = np.empty((R, dv), dtype=np.int64)
     sums_ok = np.empty((R, dv), dtype=bool)
     mass = np.empty((R, dv))
     width = max(1, _CHUNK // max(1, R * S))
     for c0 in range(0, dv, width):
-        vt = v0[:, c0 : c0 + width].T[None, :, :]  # (1, columns, keys)
+        vt = np.swapaxes(v0[:, :, c0 : c0 + width], 1, 2)  # (rows, columns, keys)
         th, pe = fast.two_prod(eh, vt)
         th, tl = fast.fast_two_sum(th, pe + el * vt)
         cols = slice(c0, c0 + width)
@@ -281,7 +290,7 @@ def _chunk(
     E = (
         (ps.max_rel[:, None] + fast.PROD_REL) * mass
         + resid
-        + dead[:, None] * col_max[None, :]
+        + dead[:, None] * col_max
         + 2.0**-105 * absN
     ) * (1.0 + 2.0**-40)
     rN = E / (absN * (1.0 - 2.0**-50))

@@ -146,8 +146,8 @@ class BatchPass:
         float range; masked items anything).
     ones, unmasked : numpy.ndarray
         The maxima (``z = 0`` exactly) and the unmasked items.
-    C : float
-        The dead-item cutoff.
+    C : float or numpy.ndarray
+        The dead-item cutoff (one, or one per row).
     beta : tuple of numpy.ndarray or None
         ``None`` (β = 1) or per row ``(bh, bl, brel)``: β's double-double and the
         relative bound of :math:`\tilde y` (see the module docstring).
@@ -179,6 +179,7 @@ class BatchPass:
         zrel: float,
     ) -> None:
         R = zh.shape[0]
+        Cs = np.broadcast_to(np.asarray(C, dtype=np.float64), (R,))
         if beta is None:
             bh, bl = np.ones(R), np.zeros(R)
             brel = np.full(R, zrel * _SLACK)
@@ -194,7 +195,7 @@ class BatchPass:
         cand = unmasked & ~ones & ~overflow
         with np.errstate(over="ignore", invalid="ignore"):
             ay = (-np.where(cand, zh, 0.0) * bh_) * (1.0 + 2.0**-49)  # >= |y|
-        live = cand & (ay * (1.0 - brel_) * (1.0 - 2.0**-50) <= C)
+        live = cand & (ay * (1.0 - brel_) * (1.0 - 2.0**-50) <= Cs[:, None])
         fast_ = live & (ay < fast.Y_TINY)
         n_dead = np.count_nonzero(cand & ~live, axis=1) + np.count_nonzero(overflow, axis=1)
         n_tiny = np.count_nonzero(live & ~fast_, axis=1)
@@ -242,7 +243,9 @@ class BatchPass:
                 err = (m * math.ldexp(2.0**-129, -int(K[i])) + m * 2.0**-1060) * _SLACK
                 sigma_f = to_float(sigma)
                 sigma_rel = (mr * (1.0 + 2 * mr) + err / (sigma_f * (1 - 2.0**-40))) * _SLACK
-            dead_log2 = fast.dead_weight_log2(int(n_dead[i]), C, int(n_tiny[i]), fast.Y_TINY)
+            dead_log2 = fast.dead_weight_log2(
+                int(n_dead[i]), float(Cs[i]), int(n_tiny[i]), fast.Y_TINY
+            )
             s = mpf_add(from_int(int(c[i])), sigma, 0)
             s_f = to_float(s)
             dead_rel = math.ldexp(1.0, max(dead_log2, -1070)) if dead_log2 is not None else 0.0

@@ -407,6 +407,48 @@ def _combine(
     return out
 
 
+#: Shifts (mpf numbers) the reference holds before it certifies the rows that have them.
+_PENDING_ITEMS = 1 << 16
+
+
+def _certify_rows(
+    pending: list[tuple],
+    vb: np.ndarray,
+    out: np.ndarray,
+    fmt: BinaryFormat,
+    schedule: Schedule,
+    entropy_eps: float,
+) -> None:
+    """Certify the pending rows into `out`: the double-double pass first, then mpmath."""
+    if not pending:
+        return
+    dv = out.shape[-1]
+    groups: dict[tuple, int] = {}
+    which = np.array([groups.setdefault(idx, len(groups)) for idx, *_ in pending], dtype=np.intp)
+    values = np.stack([vb[idx] for idx in groups])
+    need = np.array([~bad for *_, bad in pending]).reshape(len(pending), dv)
+    certified_rows = _fast_attention.rows_outputs(
+        [row for _, _, row, _, _ in pending], values, which, need, fmt, schedule, entropy_eps
+    )
+    v_mpf: dict[tuple, list] = {}  # a slice's values as mpf tuples, once for its rows
+    for (idx, i, row, vrows, bad_cols), certified in zip(pending, certified_rows, strict=True):
+        result = np.zeros(dv)
+        good = np.flatnonzero(~bad_cols)
+        if good.size and certified is not None:
+            result[good] = certified[good]
+        elif good.size:
+            if idx not in v_mpf:
+                v_mpf[idx] = [[from_float(x) for x in vrow] for vrow in vb[idx].tolist()]
+            cols = good.tolist()
+            vm = [[v_mpf[idx][j][c] for c in cols] for j in row.index.tolist()]
+            result[good] = _certify_row(
+                row.prepared(), vrows[:, good], vm, fmt, schedule, entropy_eps
+            )
+        for c in np.flatnonzero(bad_cols).tolist():
+            result[c] = _ieee_sum(vrows[:, c])
+        out[(*idx, i)] = result
+
+
 @certifying("the reference")
 def adaptive_attention(
     q: Any,
@@ -506,11 +548,13 @@ def adaptive_attention(
     first = distinct_slices(lead, [qa, ka, va, keep, add])
     flat = out.reshape(first.size, L, dv)  # (a view: out is new and contiguous)
     repeated = first != np.arange(first.size)
+    # the regular rows of several slices at a time (up to about _PENDING_ITEMS shifts held)
+    # go to the double-double pass together; what it leaves undecided, to mpmath
+    pending: list[tuple] = []  # (slice, query, its shifts, its values, non-finite columns)
+    held = 0
     for n in np.flatnonzero(~repeated).tolist():
         idx = np.unravel_index(n, lead) if lead else ()
         rows = _logit_rows(qb[idx], kb[idx], scale, add[idx], keep[idx])
-        v_mpf = None
-        regular = []  # (query, its row, its values, the columns with a non-finite value)
         for i, logits in enumerate(rows):
             live = [x for x in logits if x is not None]
             if not live:
@@ -520,27 +564,11 @@ def adaptive_attention(
                 continue
             row = _shifts(logits)
             vrows = vb[idx][row.index]
-            regular.append((i, row, vrows, ~np.all(np.isfinite(vrows), axis=0)))
-        # the slice's rows in double-double first; what that leaves undecided, by mpmath
-        need = np.array([~bad for *_, bad in regular]).reshape(len(regular), dv)
-        fast_rows = _fast_attention.slice_outputs(
-            [row for _, row, _, _ in regular], vb[idx], need, fmt, schedule, entropy_eps
-        )
-        for (i, row, vrows, bad_cols), certified in zip(regular, fast_rows, strict=True):
-            result = np.zeros(dv)
-            good = np.flatnonzero(~bad_cols)
-            if good.size and certified is not None:
-                result[good] = certified[good]
-            elif good.size:
-                if v_mpf is None:  # the slice's values as mpf tuples, once for its rows
-                    v_mpf = [[from_float(x) for x in vrow] for vrow in vb[idx].tolist()]
-                cols = good.tolist()
-                vm = [[v_mpf[j][c] for c in cols] for j in row.index.tolist()]
-                result[good] = _certify_row(
-                    row.prepared(), vrows[:, good], vm, fmt, schedule, entropy_eps
-                )
-            for c in np.flatnonzero(bad_cols).tolist():
-                result[c] = _ieee_sum(vrows[:, c])
-            out[(*idx, i)] = result
+            pending.append((idx, i, row, vrows, ~np.all(np.isfinite(vrows), axis=0)))
+            held += row.n_eff * (1 + dv // 16)  # (its values are held too)
+        if held >= _PENDING_ITEMS:
+            _certify_rows(pending, vb, out, fmt, schedule, entropy_eps)
+            pending, held = [], 0
+    _certify_rows(pending, vb, out, fmt, schedule, entropy_eps)
     flat[repeated] = flat[first[repeated]]
     return out

@@ -15,6 +15,7 @@ from mpmath.libmp import from_man_exp, mpf_neg
 from softmaxtheory import reference
 from softmaxtheory import strategies as strat
 from softmaxtheory.reference import _fast, _fast_attention
+from softmaxtheory.reference import attention as attention_module
 from softmaxtheory.spec import Constant, LogLength, PaperPolynomial
 
 SCHEDULES = (PaperPolynomial(), Constant(1), Constant(2.5), LogLength(1.0))
@@ -126,6 +127,21 @@ def test_rows_chunked_one_at_a_time_give_the_same_bits(monkeypatch) -> None:
     one_by_one = reference.adaptive_attention(q, k, v)
     assert _fast.STATS["attention_fast"] == 7
     _assert_same_bits(one_by_one, whole)
+
+
+def test_slices_certified_together_keep_their_own_values_and_cutoffs(monkeypatch) -> None:
+    """Rows of several slices share one pass; each reads its own slice's values, and a
+    slice with a value beyond 2**990 sends only its own rows to mpmath."""
+    rng = np.random.default_rng(12)
+    q, k = rng.standard_normal((3, 4, 2)), rng.standard_normal((3, 6, 2))
+    v = rng.standard_normal((3, 6, 2)) * np.array([1.0, 1e-200, 1e200])[:, None, None]
+    v[2, 0, 0] = 2.0**1000
+    _reset()
+    fast, slow = _both(q, k, v)
+    assert _fast.STATS["attention_fast"] == 8 and _fast.STATS["attention_fallback"] == 4
+    _assert_same_bits(fast, slow)
+    monkeypatch.setattr(attention_module, "_PENDING_ITEMS", 1)  # one slice at a time
+    _assert_same_bits(reference.adaptive_attention(q, k, v), fast)
 
 
 def test_dead_keys_with_large_values_keep_their_row_off_the_fast_pass() -> None:
