@@ -1,8 +1,9 @@
 r"""The fast first attempt for attention: the query rows of a slice in double-double.
 
 The mpmath path of :mod:`.attention` certifies one query row at a time, with one
-``mpf_exp`` a key and pass. This pass takes the regular rows of one (batch, head)
-slice together, as arrays of shape (rows, keys), and computes their exponentials
+``mpf_exp`` a key and pass. This pass takes the regular rows of many (batch, head)
+slices together, as arrays of shape (rows, keys), each row with its own slice's
+values and cutoff, and computes their exponentials
 with the rows' vectorised double-double exponential (:func:`._fast.exp_dd`), their
 sums exactly, and the outputs :math:`o_{ic} = N_{ic} / s_i`,
 :math:`N_{ic} = \sum_j e_{ij} v_{jc}`, each with a rigorous bound. A row whose
