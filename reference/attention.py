@@ -111,6 +111,73 @@ def _int_matrix(a: np.ndarray) -> tuple[np.ndarray, int]:
     return mant.astype(object) << shifts.astype(object), least
 
 
+#: Bits of each piece :func:`_float_dots` splits the integers into: a product of two
+#: pieces is below 2**46, so a sum of :data:`_DOT_BLOCK` of them is an integer below 2**53.
+_PIECE_BITS = 23
+_DOT_BLOCK = 128
+#: Most blocks of features :func:`_float_dots` takes on (four pieces at most each).
+_MAX_BLOCKS = 1 << 8
+#: Fewer multiply-adds than this go to the integer matrix product (less overhead).
+_MIN_FLOAT_DOTS = 1 << 15
+
+
+def _pieces(a: np.ndarray) -> tuple[list[np.ndarray], int] | None:
+    """The integers of :func:`_int_matrix` as 23-bit signed pieces (float64), and `e`.
+
+    ``None`` where they need more than four pieces.
+    """
+    frac, exp = np.frexp(a)
+    nonzero = frac != 0.0
+    if not nonzero.any():
+        return [np.zeros(a.shape)], 0
+    least = int(exp[nonzero].min()) - 53
+    bits = int(exp[nonzero].max()) - 53 - least + 53
+    count = -(-bits // _PIECE_BITS)
+    if count > 4:
+        return None
+    mag, sign = np.abs(a), np.where(a < 0.0, -1.0, 1.0)
+    pieces = []
+    for j in range(count):
+        # |a| 2**(-least) is the integer; its bits from 23 j on, exactly (powers of two)
+        shifted = np.floor(np.ldexp(mag, -least - _PIECE_BITS * j))
+        pieces.append(np.fmod(shifted, float(1 << _PIECE_BITS)) * sign)
+    return pieces, least
+
+
+def _float_dots(q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+    r"""``(D, eq, ek)``: the integer dot products of :func:`_int_matrix` (``D`` object).
+
+    Each integer is a sum of signed pieces of 23 bits, :math:`a = \sum_j a_j 2^{23 j}`
+    (read off the floats by exact scalings by powers of two, ``floor`` and ``fmod``); a
+    piece matrix product is formed in float64 by blocks of :data:`_DOT_BLOCK` features,
+    where every product is an integer below :math:`2^{46}` and every partial sum one
+    below :math:`2^{53}`, so BLAS computes it exactly in any order (fused or not). The
+    blocks and the products of equal shift add in int64 (below :math:`2^{63}`: at most
+    :math:`2^{8}` blocks and four products), and the shifts combine as Python integers.
+    ``None`` (the caller takes the integer matrix product) for small products and for
+    integers of more than four pieces (floats that span over 39 binary orders).
+    """
+    L, d = q.shape
+    S = k.shape[0]
+    blocks = -(-d // _DOT_BLOCK)
+    if L * S * d < _MIN_FLOAT_DOTS or blocks > _MAX_BLOCKS:
+        return None
+    qp, kp = _pieces(q), _pieces(k)
+    if qp is None or kp is None:
+        return None
+    by_shift: dict[int, np.ndarray] = {}
+    for a, qa in enumerate(qp[0]):
+        for b, kb in enumerate(kp[0]):
+            acc = by_shift.setdefault(a + b, np.zeros((L, S), np.int64))
+            for lo in range(0, d, _DOT_BLOCK):
+                block = qa[:, lo : lo + _DOT_BLOCK] @ kb[:, lo : lo + _DOT_BLOCK].T
+                acc += block.astype(np.int64)
+    total = np.zeros((L, S), dtype=object)
+    for shift, acc in by_shift.items():
+        total = total + (acc.astype(object) << (_PIECE_BITS * shift))
+    return total, qp[1], kp[1]
+
+
 def _logit_rows(
     q: np.ndarray, k: np.ndarray, scale: float, add_mask: np.ndarray, keep: np.ndarray
 ) -> list[list]:
@@ -124,14 +191,21 @@ def _logit_rows(
     """
     k_bad = ~np.all(np.isfinite(k), axis=-1)
     q_bad = ~np.all(np.isfinite(q), axis=-1)
-    qi, eq = _int_matrix(np.where(q_bad[:, None], 0.0, q))
-    ki, ek = _int_matrix(np.where(k_bad[:, None], 0.0, k))
+    qz = np.where(q_bad[:, None], 0.0, q)
+    kz = np.where(k_bad[:, None], 0.0, k)
     frac, se = math.frexp(scale)
     sm = int(frac * 9007199254740992.0)
-    if qi.shape[1]:
-        dots = ((qi @ ki.T) * sm).tolist()
-    else:  # no features: every dot product is 0
-        dots = [[0] * k.shape[0] for _ in range(q.shape[0])]
+    in_floats = _float_dots(qz, kz)
+    if in_floats is not None:
+        D, eq, ek = in_floats
+        dots = (D * sm).tolist()
+    else:
+        qi, eq = _int_matrix(qz)
+        ki, ek = _int_matrix(kz)
+        if qi.shape[1]:
+            dots = ((qi @ ki.T) * sm).tolist()
+        else:  # no features: every dot product is 0
+            dots = [[0] * k.shape[0] for _ in range(q.shape[0])]
     e0 = eq + ek + se - 53
     keep_rows, add_rows, k_bad_l = keep.tolist(), add_mask.tolist(), k_bad.tolist()
     rows = []

@@ -567,3 +567,58 @@ def test_distinct_slices_groups_exactly_the_bitwise_equal_slices():
         assert first[n] == same[0], (n, first[n], same)
     assert len(set(first.tolist())) > 2  # the case is not degenerate
     assert (first < np.arange(12)).any()  # and some slices repeat
+
+
+_SPANS = st.integers(0, 45)
+
+
+@given(
+    st.integers(1, 5),
+    st.integers(1, 5),
+    st.integers(1, 300),
+    _SPANS,
+    st.integers(0, 2**32 - 1),
+    st.sampled_from(["float64", "float32", "float16"]),
+)
+@example(2, 3, 129, 0, 0, "float64")  # two blocks of features
+@example(1, 1, 1, 45, 1, "float64")  # one feature
+@settings(max_examples=80)
+def test_float_piece_dots_are_the_integer_matrix_products(L, S, d, span, seed, dtype):
+    """The dot products from 23-bit pieces in float64 BLAS (:func:`_float_dots`) are the
+    integer matrix products of :func:`_int_matrix`, bit for bit, with the same exponents."""
+    from softmaxtheory.reference import attention as ref_attention
+
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((L, d)) * 2.0 ** rng.integers(-span, span + 1, (L, d))
+    k = rng.standard_normal((S, d)) * 2.0 ** rng.integers(-span, span + 1, (S, d))
+    with np.errstate(over="ignore"):  # (float16 overflows beyond 65504: those become 0)
+        q, k = (a.astype(dtype).astype(np.float64) for a in (q, k))
+    q[(rng.random(q.shape) < 0.2) | ~np.isfinite(q)] = 0.0
+    k[~np.isfinite(k)] = 0.0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ref_attention, "_MIN_FLOAT_DOTS", 0)
+        got = ref_attention._float_dots(q, k)
+    (qi, eq), (ki, ek) = ref_attention._int_matrix(q), ref_attention._int_matrix(k)
+    if got is None:  # only for integers of more than four 23-bit pieces
+        widest = max(int(x).bit_length() for x in (*qi.flat, *ki.flat))
+        assert widest > 4 * 23
+        return
+    D, gq, gk = got
+    assert (gq, gk) == (eq, ek)
+    assert D.tolist() == (qi @ ki.T).tolist()
+
+
+def test_float_piece_dots_stay_exact_at_their_int64_limit():
+    """Every piece full (2**23 - 1) over the most blocks the path takes (256 of 128
+    features), all of one sign: the int64 sums come within a factor 2 of 2**63."""
+    from softmaxtheory.reference import attention as ref_attention
+
+    d = ref_attention._MAX_BLOCKS * ref_attention._DOT_BLOCK
+    big = float((1 << 53) - 1) * 2.0**-13  # beside 1.0 (the least exponent): 92 bits
+    q = np.full((1, d), big)
+    q[0, 0] = 1.0
+    D, _, _ = ref_attention._float_dots(q, q)
+    qi, _ = ref_attention._int_matrix(q)
+    assert max(int(x).bit_length() for x in qi.flat) == 92  # four pieces, the top ones full
+    assert D.tolist() == (qi @ qi.T).tolist()
+    assert ref_attention._float_dots(np.ones((1, d + 1)), np.ones((1, d + 1))) is None  # 257 blocks
