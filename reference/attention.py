@@ -183,8 +183,9 @@ def _logit_rows(
 ) -> list[list]:
     """Exact logits of one batch entry: a list (per query) of mpf tuples or None (masked).
 
-    The dot products are those of integer matrices (:func:`_int_matrix`), exact, times
-    the scale's integer mantissa: each logit is an integer times one power of two,
+    The dot products are those of integer matrices (:func:`_int_matrix`), exact (formed
+    from 23-bit pieces in float64 by :func:`_float_dots` where it can), times the
+    scale's integer mantissa: each logit is an integer times one power of two,
     which ``from_man_exp`` normalises without rounding, so it is the very mpf that exact
     ``mpf_mul`` and ``mpf_add`` give, in a fraction of their time (a third or less at
     d = 8 and beyond).
