@@ -670,6 +670,25 @@ def _positive_scale(q: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]
     return q * 0.0, 1.0
 
 
+def _cpu_flash_takes(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, add: torch.Tensor | None
+) -> bool:
+    """Whether torch's CPU flash kernel takes these operands (else it raises).
+
+    It wants four dimensions, one head size for `q`, `k` and `v`, and one dtype, the
+    additive mask's included. Eager code could catch its RuntimeError, but a graph
+    compiled by ``torch.compile`` raises it when the graph runs, past the caller's
+    ``try``: compiled ``adaptive_attention`` with values narrower than the keys
+    (``d_v != d``), or a float32 bias beside bfloat16 queries, stopped there.
+    """
+    return (
+        q.dim() == k.dim() == v.dim() == 4
+        and q.shape[-1] == k.shape[-1] == v.shape[-1]
+        and q.dtype == k.dtype == v.dtype
+        and (add is None or add.dtype == q.dtype)
+    )
+
+
 #: False once cuDNN's attention refused a call in this process (then flash is used).
 _CUDNN_OK = True
 
@@ -693,6 +712,8 @@ def _lse_primitive(
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     q, scale = _positive_scale(q, scale)
     if q.device.type == "cpu":
+        if not _cpu_flash_takes(q, k, v, add):
+            return q.new_zeros(()), None
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, is_causal, attn_mask=add, scale=scale
         )

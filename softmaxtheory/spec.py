@@ -432,7 +432,9 @@ def check_entropy_eps(entropy_eps: float) -> float:
     if isinstance(entropy_eps, bool) or not isinstance(entropy_eps, int | float | np.floating):
         raise TypeError(f"entropy_eps must be a float, got {entropy_eps!r}")
     eps = float(entropy_eps)
-    if not math.isfinite(eps) or eps < 0:
+    # (eps - eps == 0 is isfinite(eps); it also holds for the symbolic float that
+    # torch.compile(dynamic=True) passes, where math.isfinite stopped the trace)
+    if not eps - eps == 0.0 or eps < 0:
         raise ValueError(f"entropy_eps must be finite and >= 0, got {entropy_eps!r}")
     return eps
 

@@ -273,6 +273,43 @@ def test_attention_compiles_with_one_kind_of_graph_break(name):
     torch.testing.assert_close(got, fn(q, k, v), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("case", ["narrow values", "float32 bias, bfloat16 operands"])
+@pytest.mark.filterwarnings("ignore::UserWarning")  # (Dynamo's notes on the host reads)
+def test_attention_compiles_where_the_cpu_flash_kernel_refuses(case):
+    """torch's CPU flash kernel raises for values narrower than the keys (d_v != d) and for
+    a mask of another dtype; eager code caught that and took the chunked path, but the
+    compiled graph raised it when it ran (RuntimeError: "Q/K/V should have the same head
+    size", the narrow values). The kernel's conditions are now checked before the call.
+    (A float32 bias beside bfloat16 operands is routed past the kernel already.)"""
+    g = torch.Generator().manual_seed(4)
+    q, k = torch.randn(2, 3, 5, 8, generator=g), torch.randn(2, 3, 7, 8, generator=g)
+    if case == "narrow values":
+        v, mask = torch.randn(2, 3, 7, 3, generator=g), None
+    else:
+        q, k = q.bfloat16(), k.bfloat16()
+        v, mask = torch.randn(2, 3, 7, 8, generator=g).bfloat16(), torch.randn(5, 7, generator=g)
+    fn = lambda q, k, v: adaptive_attention(q, k, v, attn_mask=mask)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="eager")
+    torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("entropy_eps", [0.0, 1e-9])
+def test_softmax_compiles_with_dynamic_shapes_from_the_first_call(entropy_eps):
+    """torch.compile(dynamic=True) makes a float argument symbolic, on which the check of
+    entropy_eps called math.isfinite ("torch.* op returned non-Tensor"); the function and
+    the module now trace in one graph, for every length, with eager's values."""
+    torch._dynamo.reset()
+    fn = lambda t: adaptive_softmax(t, entropy_eps=entropy_eps)  # noqa: E731
+    module = AdaptiveSoftmax(entropy_eps=entropy_eps)
+    compiled_fn = torch.compile(fn, backend="eager", dynamic=True, fullgraph=True)
+    compiled_module = torch.compile(module, backend="aot_eager", dynamic=True, fullgraph=True)
+    for shape in [(3, 6), (2, 11), (5, 40)]:
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(shape[1])) * 3
+        torch.testing.assert_close(compiled_fn(x), fn(x), rtol=0, atol=0)
+        torch.testing.assert_close(compiled_module(x), module(x), rtol=0, atol=0)
+
+
 def _attention_call(name):
     """``(fn, (q, k, v))``: `name` as a function of three tensors, and its operands."""
     g = torch.Generator().manual_seed(3)
