@@ -159,6 +159,7 @@ __all__ = [
     "PROD_REL",
     "SERIES_REL",
     "STATS",
+    "add_t",
     "dd_of",
     "dead_weight_log2",
     "element_mp",
@@ -171,6 +172,7 @@ __all__ = [
     "guarded_entropy",
     "log1p_dd",
     "mpf_of",
+    "pass_from_sums",
     "pure_mpmath",
     "quotient",
     "round_vector",
@@ -613,39 +615,64 @@ class _Pass:
         self.eh, self.el = eh, el
         max_rel = float(self.rel_e.max()) if self.rel_e.size else 0.0
         sigma, err = sum_dd(eh, el)
-        sigma_f = to_float(sigma)
-        if sigma == fzero:
-            sigma_rel = 0.0 if not self.sel.size else math.inf
-        else:
-            sigma_rel = (max_rel * (1.0 + 2 * max_rel) + err / (sigma_f * (1 - 2.0**-40))) * _SLACK
         dead_log2 = dead_weight_log2(n_dead, C, self.n_tiny, row.y_tiny)
-        s = mpf_add(from_int(row.c), sigma, 0)
-        s_f = to_float(s)
-        dead_rel = math.ldexp(1.0, max(dead_log2, -1070)) if dead_log2 is not None else 0.0
-        s_rel = ((sigma_f / s_f) * sigma_rel + dead_rel) * _SLACK
-        self.ep = eng.ExpPass(
-            alive=self.sel,
-            e=[],
-            rel_e=self.rel_e,
-            c=row.c,
-            sigma=sigma,
-            sigma_rel=sigma_rel,
-            dead_log2=dead_log2,
-            s=s,
-            s_rel=s_rel,
-        )
+        self.ep = pass_from_sums(row.c, self.sel.size, sigma, err, max_rel, dead_log2)
+        self.ep.alive, self.ep.rel_e = self.sel, self.rel_e
         if want_t:
             # w = e |z| in double-double, then t = -sum(w)
             wh, wl = _chunked(weighted, 2, eh, el, zs, zls)
-            tsum, terr = sum_dd(wh, wl)
-            t_f = to_float(tsum)
-            if tsum == fzero:
-                t_rel = 0.0 if not self.sel.size else math.inf
-            else:
-                t_rel = (max_rel + PROD_REL + terr / (t_f * (1 - 2.0**-40))) * _SLACK
-            self.ep.t = mpmath.libmp.mpf_neg(tsum)
-            self.ep.t_rel = t_rel
-            self.ep.t_dead_log2 = dead_log2
+            add_t(self.ep, self.sel.size, *sum_dd(wh, wl), max_rel)
+
+
+def pass_from_sums(
+    c: int, n_items: int, sigma: tuple, sigma_err: float, max_rel: float, dead_log2: int | None
+) -> eng.ExpPass:
+    """A row's :class:`._engine.ExpPass` from the exact sum of its computed exponentials.
+
+    `sigma` is the exact sum of the `n_items` computed terms, within `sigma_err` of
+    the sum of their values; each term is within `max_rel` (relative to it) of its
+    exponential; the `c` maxima weigh 1 each, and the dead and tiny items at most
+    ``2**dead_log2`` together. ``alive`` and ``rel_e`` are left empty.
+    """
+    sigma_f = to_float(sigma)
+    if sigma == fzero:
+        sigma_rel = 0.0 if not n_items else math.inf
+    else:
+        sigma_rel = max_rel * (1.0 + 2 * max_rel) + sigma_err / (sigma_f * (1 - 2.0**-40))
+        sigma_rel *= _SLACK
+    s = mpf_add(from_int(c), sigma, 0)
+    s_f = to_float(s)
+    dead_rel = math.ldexp(1.0, max(dead_log2, -1070)) if dead_log2 is not None else 0.0
+    s_rel = ((sigma_f / s_f) * sigma_rel + dead_rel) * _SLACK
+    return eng.ExpPass(
+        alive=np.empty(0, dtype=np.intp),
+        e=[],
+        rel_e=np.empty(0),
+        c=c,
+        sigma=sigma,
+        sigma_rel=sigma_rel,
+        dead_log2=dead_log2,
+        s=s,
+        s_rel=s_rel,
+    )
+
+
+def add_t(
+    ep: eng.ExpPass, n_items: int, tsum: tuple, t_err: float, max_rel: float, zrel: float = 0.0
+) -> None:
+    r"""Attach :math:`t = -\sum e_i |z_i|` to `ep`, from the exact sum of its terms.
+
+    `tsum` is the exact sum of the `n_items` double-double products :math:`e_i|z_i|`,
+    within `t_err`; each is within `max_rel` (the exponential), ``PROD_REL`` (the
+    product) and `zrel` (the shift) of its value. The dead items' share is `ep`'s.
+    """
+    if tsum == fzero:
+        t_rel = 0.0 if not n_items else math.inf
+    else:
+        t_rel = (max_rel + PROD_REL + zrel + t_err / (to_float(tsum) * (1 - 2.0**-40))) * _SLACK
+    ep.t = mpmath.libmp.mpf_neg(tsum)
+    ep.t_rel = t_rel
+    ep.t_dead_log2 = ep.dead_log2
 
 
 def _coefficients(

@@ -59,7 +59,7 @@ from typing import Any
 
 import mpmath
 import numpy as np
-from mpmath.libmp import fone, from_int, from_man_exp, fzero, mpf_add, mpf_div, to_float
+from mpmath.libmp import fone, from_man_exp, mpf_div
 
 from softmaxtheory.spec import Schedule
 
@@ -134,6 +134,11 @@ def to_dd(T: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _as_mpf(T: Any, e: int) -> tuple:
     return from_man_exp(int(T), int(e))
+
+
+def _sum_err(m: int, K: int) -> float:
+    """The bound of a line sum of `m` terms scaled by ``2**K`` (:func:`line_sums`)."""
+    return (m * math.ldexp(2.0**-129, -K) + m * 2.0**-1060) * _SLACK
 
 
 class BatchPass:
@@ -235,43 +240,17 @@ class BatchPass:
                 self.eps.append(None)
                 continue
             m = int(n_fast[i])
-            sigma = _as_mpf(T[i], -130 - int(K[i]))
             mr = float(max_rel[i])
-            if sigma == fzero:
-                sigma_rel = 0.0
-            else:
-                err = (m * math.ldexp(2.0**-129, -int(K[i])) + m * 2.0**-1060) * _SLACK
-                sigma_f = to_float(sigma)
-                sigma_rel = (mr * (1.0 + 2 * mr) + err / (sigma_f * (1 - 2.0**-40))) * _SLACK
             dead_log2 = fast.dead_weight_log2(
                 int(n_dead[i]), float(Cs[i]), int(n_tiny[i]), fast.Y_TINY
             )
-            s = mpf_add(from_int(int(c[i])), sigma, 0)
-            s_f = to_float(s)
-            dead_rel = math.ldexp(1.0, max(dead_log2, -1070)) if dead_log2 is not None else 0.0
-            s_rel = ((to_float(sigma) / s_f) * sigma_rel + dead_rel) * _SLACK
-            ep = eng.ExpPass(
-                alive=np.empty(0, dtype=np.intp),
-                e=[],
-                rel_e=np.empty(0),
-                c=int(c[i]),
-                sigma=sigma,
-                sigma_rel=sigma_rel,
-                dead_log2=dead_log2,
-                s=s,
-                s_rel=s_rel,
-            )
+            ep = fast.pass_from_sums(
+                int(c[i]), m, _as_mpf(T[i], -130 - int(K[i])), _sum_err(m, int(K[i])), mr,
+                dead_log2,
+            )  # fmt: skip
             if want_t:
                 tsum = _as_mpf(Tt[i], -130 - int(Kt[i]))
-                if tsum == fzero:
-                    t_rel = 0.0
-                else:
-                    terr = (m * math.ldexp(2.0**-129, -int(Kt[i])) + m * 2.0**-1060) * _SLACK
-                    t_f = to_float(tsum)
-                    t_rel = (mr + fast.PROD_REL + zrel + terr / (t_f * (1 - 2.0**-40))) * _SLACK
-                ep.t = mpmath.libmp.mpf_neg(tsum)
-                ep.t_rel = t_rel
-                ep.t_dead_log2 = dead_log2
+                fast.add_t(ep, m, tsum, _sum_err(m, int(Kt[i])), mr, zrel)
             self.eps.append(ep)
 
 
