@@ -151,7 +151,9 @@ def _float_dots(q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, int, int] | N
     (read off the floats by exact scalings by powers of two, ``floor`` and ``fmod``); a
     piece matrix product is formed in float64 by blocks of :data:`_DOT_BLOCK` features,
     where every product is an integer below :math:`2^{46}` and every partial sum one
-    below :math:`2^{53}`, so BLAS computes it exactly in any order (fused or not). The
+    below :math:`2^{53}`, so it is exact in any order of summation, fused or not. It is
+    numpy's own sum of products (``einsum`` without ``optimize``), not BLAS, whose
+    algorithm is the library's choice (a Strassen-like one would form other sums). The
     blocks and the products of equal shift add in int64 (below :math:`2^{63}`: at most
     :math:`2^{8}` blocks and four products), and the shifts combine as Python integers.
     ``None`` (the caller takes the integer matrix product) for small products and for
@@ -170,7 +172,12 @@ def _float_dots(q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, int, int] | N
         for b, kb in enumerate(kp[0]):
             acc = by_shift.setdefault(a + b, np.zeros((L, S), np.int64))
             for lo in range(0, d, _DOT_BLOCK):
-                block = qa[:, lo : lo + _DOT_BLOCK] @ kb[:, lo : lo + _DOT_BLOCK].T
+                # numpy's own loops (optimize=False: no BLAS, whose algorithm is the
+                # library's to choose), exact since every partial sum is an integer < 2**53
+                block = np.einsum(
+                    "ik,jk->ij", qa[:, lo : lo + _DOT_BLOCK], kb[:, lo : lo + _DOT_BLOCK],
+                    optimize=False,
+                )  # fmt: skip
                 acc += block.astype(np.int64)
     total = np.zeros((L, S), dtype=object)
     for shift, acc in by_shift.items():
