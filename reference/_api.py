@@ -349,8 +349,12 @@ def _evaluate(
     # short rows in batches first, then each row left by the one-row pass, then by mpmath
     batch: list = [None] * len(regular)
     if len(regular) > 1 and arr.shape[-1] <= _fast_batch.BATCH_MAX_N:
-        rows = np.stack([arr[idx] for idx in regular])
-        batch = _fast_batch.evaluate_rows(rows, want, fmt, schedule, entropy_eps)
+        # (a few thousand rows at a time: no copy of the whole batch)
+        step = max(2, _fast_batch.CHUNK // max(arr.shape[-1], 1))
+        for lo in range(0, len(regular), step):
+            rows = np.stack([arr[idx] for idx in regular[lo : lo + step]])
+            part = _fast_batch.evaluate_rows(rows, want, fmt, schedule, entropy_eps)
+            batch[lo : lo + len(part)] = part
     for idx, certified in zip(regular, batch, strict=True):
         if certified is None:
             certified = _fast.evaluate(arr[idx], want, fmt, schedule, entropy_eps)

@@ -67,7 +67,15 @@ from . import _engine as eng
 from . import _fast as fast
 from ._rounding import BinaryFormat, round_ball
 
-__all__ = ["BATCH_MAX_N", "MAX_TERMS", "BatchPass", "evaluate_rows", "line_sums", "row_entropy"]
+__all__ = [
+    "BATCH_MAX_N",
+    "CHUNK",
+    "MAX_TERMS",
+    "BatchPass",
+    "evaluate_rows",
+    "line_sums",
+    "row_entropy",
+]
 
 _SLACK = eng.SLACK
 #: The level grids of :func:`line_sums`: high parts on 2**-26 ... 2**-130, low parts on
@@ -81,7 +89,7 @@ MAX_TERMS = 1 << 26
 #: per-call overhead this pass saves is small beside their own work.
 BATCH_MAX_N = 1 << 12
 #: Elements of the (rows, items) arrays of one chunk of rows.
-_CHUNK = 1 << 18
+CHUNK = 1 << 18
 
 
 def line_sums(hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -307,7 +315,7 @@ def evaluate_rows(
         return results
     if entropy_eps != 0.0 and not fast.EPS_MIN <= entropy_eps <= fast.EPS_MAX:
         return results
-    step = max(1, _CHUNK // max(n, 1))
+    step = max(1, CHUNK // max(n, 1))
     with np.errstate(all="ignore"):  # a non-finite intermediate never certifies (below)
         for lo in range(0, R, step):
             rows = np.asarray(x[lo : lo + step], dtype=np.float64)
