@@ -252,7 +252,7 @@ def _chunk(
             ok[i] = False
             continue
         bh[i], bl[i] = fast.dd_of(b.mid)
-        brel[i] = (b.rel + ZREL + b.rel * ZREL + 2.0**-104 + fast.PROD_REL) * _SLACK
+        brel[i] = b.rel
     ps = BatchPass(zh, zl, ones, unmasked, C, (bh, bl, brel), want_t=False, zrel=ZREL)
     ok &= ps.ok
     # the numerators: the maxima's values (e = 1) and the live keys' products e v, summed

@@ -162,8 +162,8 @@ class BatchPass:
     C : float or numpy.ndarray
         The dead-item cutoff (one, or one per row).
     beta : tuple of numpy.ndarray or None
-        ``None`` (β = 1) or per row ``(bh, bl, brel)``: β's double-double and the
-        relative bound of :math:`\tilde y` (see the module docstring).
+        ``None`` (β = 1) or per row ``(bh, bl, rel)``: β's double-double and its
+        ball's relative bound; the pass adds the split's, the product's and `zrel`.
     want_t : bool
         Also sum :math:`t`.
     zrel : float
@@ -197,7 +197,9 @@ class BatchPass:
             bh, bl = np.ones(R), np.zeros(R)
             brel = np.full(R, zrel * _SLACK)
         else:
-            bh, bl, brel = beta
+            bh, bl, rel = beta
+            # ỹ = β̃ z̃: β's ball, its double-double split, the shift and the product
+            brel = (rel + zrel + rel * zrel + 2.0**-104 + fast.PROD_REL) * _SLACK
         ok = (bh > 0.0) & (bh <= 2.0**995)
         bh_ = np.where(ok, bh, 1.0)[:, None]
         bl_ = np.where(ok, bl, 0.0)[:, None]
@@ -373,7 +375,7 @@ def _rows(
             ok[i] = False
             continue
         bh[i], bl[i] = fast.dd_of(b.mid)
-        brel[i] = (b.rel + 2.0**-104 + fast.PROD_REL) * _SLACK
+        brel[i] = b.rel
     if want in ("entropy", "beta"):
         return out
     ps2 = BatchPass(zh, zl, ones, unmasked, C, (bh, bl, brel), want_t=False, zrel=0.0)
