@@ -113,9 +113,24 @@ def _to4(t: torch.Tensor, lead: tuple[int, ...], heads: int | None = None) -> to
     return t.flatten(0, -4)
 
 
+def _unbroadcast(t: torch.Tensor) -> torch.Tensor:
+    """The smallest view of `t` that expands back to it.
+
+    Each leading dimension of stride 0 (a broadcast, as a mask of shape (L, S) has
+    beside a batch of heads) is taken at size 1; the last dimension is kept whole.
+    A mask's derived tensors (its additive form, its counts) are then computed once
+    per distinct slice, not once per head, and expanded.
+    """
+    shape, strides = t.shape, t.stride()
+    index = tuple(
+        slice(0, 1) if strides[i] == 0 and shape[i] > 1 else slice(None) for i in range(t.dim() - 1)
+    )
+    return t[index]
+
+
 def _abs_max(t: torch.Tensor) -> float:
     """Largest finite magnitude of `t` (0.0 if none; of every slice under ``vmap``)."""
-    t = unwrapped(t)
+    t = _unbroadcast(unwrapped(t))
     if t.numel() == 0:
         return 0.0
     with torch.no_grad():
@@ -344,14 +359,16 @@ def prepare(
             n_eff = torch.full((), S, dtype=torch.int64, device=q.device).expand(*q4.shape[:2], L)
     else:
         m4 = _to4(mask, lead)
+        base = _unbroadcast(m4)  # a mask of shape (L, S) is read once, not once per head
         if mask.dtype == torch.bool:
             keep = m4
         else:
             add = m4
-            finite = torch.isfinite(m4)
-            bias = bool(torch.any(unwrapped(finite & (m4 != 0))))
-            keep = m4 != -torch.inf
-        n_eff = keep.sum(-1).expand(*q4.shape[:2], L)
+            finite = torch.isfinite(base)
+            bias = bool(torch.any(unwrapped(finite & (base != 0))))
+            base = base != -torch.inf
+            keep = base.expand(m4.shape)
+        n_eff = base.sum(-1).expand(*q4.shape[:2], L)
     early_q, early_k, pass1 = q4, k4, None
     if early is not None:
         pass1 = early(Prepared(q4, k4, v4, lead, scale, is_causal, keep, add, bias, n_eff,
@@ -406,6 +423,7 @@ def _bad_rows(
     mask is read.
     """
     with torch.no_grad():
+        add = None if add is None else _unbroadcast(add)  # (L, S), not (B, H, L, S)
         mask_bad = add is not None and bool(unwrapped(torch.isnan(add) | (add == torch.inf)).any())
         if qk_finite and not mask_bad:
             return None
@@ -629,14 +647,31 @@ def scale_rows(q: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- fused primitives
 
 
+#: Elements the rows of an additive mask are padded to (16 bytes and more in every dtype).
+_BIAS_ALIGN = 16
+
+
 def _additive(p: Prepared) -> torch.Tensor | None:
-    """The mask as an additive (0 / -inf) tensor in the dtype of q (no bias)."""
+    """The mask as an additive tensor in the dtype of q (0 / -inf for a boolean mask).
+
+    Built at the mask's own size (:func:`_unbroadcast`) and expanded to (B, H, L, S),
+    so a mask of shape (L, S) costs L·S elements, not B·H·L·S. Its rows start at
+    multiples of :data:`_BIAS_ALIGN` elements, as SDPA pads a mask before its
+    memory-efficient kernel, which refuses (raises) a bias whose row stride is not a
+    multiple of its vector width: a key count such as 100 in float16.
+    """
     if p.keep is None:
         return None
+    src = _unbroadcast(p.keep if p.add is None else p.add)
+    S = src.shape[-1]
+    padded = -(-S // _BIAS_ALIGN) * _BIAS_ALIGN
+    buf = torch.empty((*src.shape[:-1], padded), dtype=p.q.dtype, device=p.q.device)
+    out = buf[..., :S]
     if p.add is not None:
-        return p.add.to(p.q.dtype)
-    zero = torch.zeros((), dtype=p.q.dtype, device=p.q.device)
-    return torch.where(p.keep, zero, torch.full_like(zero, -torch.inf))
+        out.copy_(src)
+    else:
+        out.fill_(0.0).masked_fill_(src.logical_not(), -torch.inf)
+    return out.expand(p.keep.shape)
 
 
 def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
@@ -689,6 +724,35 @@ def _cpu_flash_takes(
     )
 
 
+def _cuda_efficient_takes(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, add: torch.Tensor | None
+) -> bool:
+    """Whether torch's memory-efficient CUDA kernel takes these operands (else it raises).
+
+    It wants four dimensions, one head size for `q` and `k`, one dtype (the additive
+    mask's included, float64 excepted) and rows that start at multiples of its vector
+    width (8 elements covers every dtype): with a head size such as 12 the kernel it
+    picks for aligned heads refused the queries' row stride. A mask from
+    :func:`_additive` is padded to that width. As for :func:`_cpu_flash_takes`, the
+    test comes first because a graph compiled by ``torch.compile`` raises past the
+    caller's ``try``.
+    """
+    return (
+        q.dim() == k.dim() == v.dim() == 4
+        and q.shape[-1] == k.shape[-1]
+        and q.dtype == k.dtype == v.dtype != torch.float64
+        and q.shape[-1] % 8 == 0
+        and v.shape[-1] % 8 == 0
+        and (add is None or (add.dtype == q.dtype and _rows_aligned(add, 8)))
+    )
+
+
+def _rows_aligned(t: torch.Tensor, width: int) -> bool:
+    """Whether `t` has a unit last stride and every other stride a multiple of `width`."""
+    strides = t.stride()
+    return (t.shape[-1] <= 1 or strides[-1] == 1) and all(s % width == 0 for s in strides[:-1])
+
+
 #: False once cuDNN's attention refused a call in this process (then flash is used).
 _CUDNN_OK = True
 
@@ -718,7 +782,7 @@ def _lse_primitive(
             q, k, v, 0.0, is_causal, attn_mask=add, scale=scale
         )
         return out, lse
-    if q.device.type == "cuda" and q.dtype != torch.float64:
+    if q.device.type == "cuda" and _cuda_efficient_takes(q, k, v, add):
         L = q.shape[-2]
         d_ok = q.shape[-1] == v.shape[-1] and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
         # The flash kernel aligns a causal mask to the bottom-right corner when L != S
@@ -727,10 +791,13 @@ def _lse_primitive(
         top_left_ok = not is_causal or L == k.shape[-2]
         if add is None and q.dtype in HALF_DTYPES and d_ok and top_left_ok:
             lead = q.shape[:-1]
-            if _CUDNN_OK and hasattr(aten, "_scaled_dot_product_cudnn_attention"):
+            cudnn = _CUDNN_OK and hasattr(aten, "_scaled_dot_product_cudnn_attention")
+            if cudnn and not torch.compiler.is_compiling():
                 # cuDNN's fused attention is what SDPA itself picks on recent GPUs (on one
                 # H200 it ran about twice as fast as the flash kernel below); it returns the
-                # log-sum-exp on request
+                # log-sum-exp on request. Its refusals depend on the cuDNN version and are
+                # caught here; a compiled graph would raise them past this ``try``, so
+                # compiled code takes the flash kernel, whose limits d_ok states.
                 try:
                     res = aten._scaled_dot_product_cudnn_attention(
                         q, k, v, None, True, 0.0, is_causal, False, scale=scale
@@ -1289,7 +1356,7 @@ def _hybrid(
     if p.bias:
         # safe where: -inf entries stay -inf and never meet beta (d(-inf * beta)/dbeta is NaN)
         bcol = beta.unsqueeze(-1)
-        add = p.add.to(sd)
+        add = _unbroadcast(p.add).to(sd)  # expanded to (B, H, L, S) only by the product
         finite = torch.isfinite(add)
         scaled = torch.where(finite, add, torch.zeros_like(add)) * bcol
         mask = torch.where(finite, scaled, add).to(p.q.dtype)
@@ -1607,7 +1674,7 @@ def _nonfinite_columns(p: Prepared, v: torch.Tensor, out: torch.Tensor) -> torch
             ind = ind.repeat_interleave(p.group, dim=2)
         L, S = p.q.shape[-2], p.k.shape[-2]
         if p.keep is not None:
-            w = p.keep.to(torch.float32)  # (B, H, L, S): a mask's own footprint
+            w = _unbroadcast(p.keep).to(torch.float32)  # the mask's own footprint
         elif p.is_causal:
             w = torch.ones((L, S), dtype=torch.float32, device=v.device).tril()
         else:

@@ -334,6 +334,99 @@ def test_long_sequence_peak_memory_far_below_the_score_matrix():
     assert extra < 2**30 // 8, f"peak grew by {extra / 2**20:.1f} MiB"
 
 
+def test_mask_shared_by_every_head_is_not_copied_per_head():
+    """A (L, S) mask beside 64 heads: its additive form was built at (B, H, L, S), 512 MiB
+    for this float32 call (SDPA grew by 21 MiB); it is now built once and expanded."""
+    code = textwrap.dedent(
+        """
+        import torch
+        from softmaxtheory.accelerated.torch import adaptive_attention
+        def hwm():
+            for line in open("/proc/self/status"):
+                if line.startswith("VmHWM"):
+                    return int(line.split()[1]) * 1024
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(4, 16, 1024, 64, generator=g) for _ in range(3))
+        keep = torch.rand(1024, 1024, generator=g) > 0.2
+        keep[:, 0] = True
+        bias = torch.randn(1024, 1024, generator=g).masked_fill(~keep, -torch.inf)
+        adaptive_attention(q[:, :1, :64], k[:, :1, :64], v[:, :1, :64], attn_mask=keep[:64, :64])
+        base = hwm()
+        for mask in (keep, bias.masked_fill(keep, 0.0)):  # boolean, then additive 0 / -inf
+            assert torch.isfinite(adaptive_attention(q, k, v, attn_mask=mask)).all()
+        print(hwm() - base)
+        """
+    )
+    if not sys.platform.startswith("linux"):
+        pytest.fail("this check reads /proc/self/status (Linux)")
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    extra = int(res.stdout.strip().splitlines()[-1])
+    assert extra < 2**27, f"peak grew by {extra / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "shape", [(2, 1, 1, 7), (1, 2, 5, 1), (2, 1, 5, 7), (5, 7)], ids=lambda s: "x".join(map(str, s))
+)
+@pytest.mark.parametrize("kind", ["bool", "bias"])
+def test_masks_broadcast_along_any_axis(backend, shape, kind):
+    """Masks of every broadcast shape (key padding, one per query, one per batch), as the
+    reference reads them expanded to (B, H, L, S)."""
+    q, k, v = _qkv(torch.float64)
+    g = torch.Generator().manual_seed(5)
+    keep = torch.rand(shape, generator=g) > 0.3
+    mask = keep
+    if kind == "bias":
+        mask = torch.randn(shape, generator=g, dtype=torch.float64).masked_fill(~keep, -math.inf)
+    out = adaptive_attention(q, k, v, attn_mask=mask, backend=backend)
+    full = mask.expand(2, 2, 5, 7).numpy()
+    ref = R.adaptive_attention(q.numpy(), k.numpy(), v.numpy(), mask=full)
+    tol = attention_tolerance(
+        q.numpy(), k.numpy(), v.numpy(), ref, torch.float64,
+        keep=full if kind == "bool" else None, add=None if kind == "bool" else full,
+    )  # fmt: skip
+    assert np.all(np.abs(out.numpy() - ref) <= tol)
+
+
+def test_additive_form_of_a_mask_is_aligned_and_not_broadcast():
+    """The fused kernels' mask: built once per distinct slice, its rows at multiples of 16
+    elements (torch's memory-efficient CUDA kernel refuses others), the values unchanged."""
+    from softmaxtheory.accelerated import _torch_attention as ta
+
+    q, k, v = _qkv(torch.float16, L=5, S=100)
+    keep = torch.rand(5, 100, generator=torch.Generator().manual_seed(1)) > 0.5
+    for mask in (keep, torch.zeros(5, 100).masked_fill(~keep, -math.inf)):
+        p = ta.prepare(q, k, v, mask, False, None)
+        add = ta._additive(p)
+        assert add.shape == (2, 2, 5, 100) and add.dtype == torch.float16
+        assert add.stride()[:2] == (0, 0) and add.stride()[2] % 16 == 0 and add.stride(3) == 1
+        assert ta._rows_aligned(add, 16) and not ta._rows_aligned(keep, 8)
+        want = torch.zeros(5, 100, dtype=torch.float16).masked_fill(~keep, -math.inf)
+        assert torch.equal(add, want.expand(2, 2, 5, 100))
+
+
+def test_memory_efficient_kernel_conditions():
+    """What is sent to torch's memory-efficient CUDA kernel: only what it takes (a compiled
+    graph would raise its refusals past our ``try``)."""
+    from softmaxtheory.accelerated import _torch_attention as ta
+
+    q, k, v = _qkv(torch.float16, D=16, Dv=8)
+    takes = ta._cuda_efficient_takes
+    assert takes(q, k, v, None)
+    assert not takes(q.double(), k.double(), v.double(), None)  # no float64 kernel
+    assert not takes(q, k, v[..., :6], None)  # value rows of 6 elements
+    assert not takes(q[..., :12], k[..., :12], v, None)  # query rows of 12
+    assert not takes(q, k[..., :8], v, None)  # heads of two sizes
+    assert not takes(q, k, v.float(), None)
+    bias = torch.zeros(5, 7, dtype=torch.float16).expand(2, 2, 5, 7)
+    assert not takes(q, k, v, bias)  # rows of 7 elements
+    padded = torch.zeros(5, 16, dtype=torch.float16)[:, :7].expand(2, 2, 5, 7)
+    assert takes(q, k, v, padded) and not takes(q, k, v, padded.float())
+
+
 # ---------------------------------------------------------------- Numba cross-check
 
 

@@ -503,3 +503,50 @@ def test_cuda_tiny_beta_with_shifts_beyond_the_float32_range(sname, row, backend
     assert got.device.type == q.device.type
     assert_attention_close(got.cpu(), (q.cpu(), k.cpu(), v.cpu()), scale=1.0,
                            schedule=schedule, strict=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "case", ["narrow values", "values of 3", "head dim 12", "bool mask", "bias", "causal"]
+)
+@pytest.mark.filterwarnings("ignore::UserWarning")  # (Dynamo's notes on the host reads)
+def test_cuda_compiled_composition_takes_no_kernel_that_refuses(dtype, case):
+    """Compiled, the composition's fused calls cannot fall back on a refusal (the compiled
+    graph raises it past the ``try``): the memory-efficient kernel is sent only what it takes
+    (a mask padded to aligned rows: S = 37 here), cuDNN is skipped, and head sizes it would
+    refuse take the chunked path. The values lie within the derived bound of the reference."""
+    D, Dv, mask_name = 64, 64, "none"
+    if case == "narrow values":
+        Dv = 16
+    elif case == "values of 3":
+        Dv = 3
+    elif case == "head dim 12":
+        D = Dv = 12
+    elif case in ("bool mask", "bias", "causal"):
+        mask_name = {"bool mask": "bool", "bias": "bias", "causal": "causal"}[case]
+    q, k, v, mask = _inputs(dtype, D=D, mask_name=mask_name)
+    v = torch.randn(*v.shape[:-1], Dv, generator=torch.Generator().manual_seed(2)).to(dtype)
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.masked_fill(mask != -math.inf, 0.0)  # 0 / -inf: the composition takes it
+    q, k, v = (t.to(DEVICE) for t in (q, k, v))
+    mask = None if mask is None else mask.to(DEVICE)
+    causal = mask_name == "causal"
+
+    def fn(q, k, v):
+        return adaptive_attention(q, k, v, mask, is_causal=causal, backend="composition")
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(fn, backend="eager")(q, k, v).cpu().double().numpy()
+    qd, kd, vd = (t.cpu().double().numpy() for t in (q, k, v))
+    keep = add = None
+    if mask is not None and mask.dtype == torch.bool:
+        keep = mask.cpu().numpy()
+    elif mask is not None:
+        add = mask.cpu().double().numpy()
+    ref = R.adaptive_attention(qd, kd, vd, mask=add if keep is None else keep, is_causal=causal)
+    if causal:
+        keep = np.tril(np.ones(ref.shape[-2:-1] + k.shape[-2:-1], dtype=bool))
+    tol = attention_tolerance(qd, kd, vd, ref, dtype, keep=keep, add=add)
+    err = np.abs(out - ref)
+    assert np.all(err <= tol), f"max err/tol {np.max(err / tol)}"

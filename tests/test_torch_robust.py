@@ -294,6 +294,23 @@ def test_attention_compiles_where_the_cpu_flash_kernel_refuses(case):
     torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("compiler", ["eager", "aot_eager"])
+@pytest.mark.parametrize("kind", ["bool", "bias"])
+@pytest.mark.filterwarnings("ignore::UserWarning")  # (Dynamo's notes on the host reads)
+def test_attention_compiles_with_a_mask_shared_by_the_heads(compiler, kind):
+    """The fused kernels' mask is a padded buffer written through a slice and expanded to
+    every head (:func:`_additive`); traced and functionalized, it gives eager's values."""
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g) for n in (5, 7, 7))
+    keep = torch.rand(5, 7, generator=g) > 0.4
+    keep[:, 0] = True
+    mask = keep if kind == "bool" else torch.randn(5, 7, generator=g).masked_fill(~keep, -torch.inf)
+    fn = lambda q, k, v: adaptive_attention(q, k, v, attn_mask=mask)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=compiler)
+    torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("entropy_eps", [0.0, 1e-9])
 def test_softmax_compiles_with_dynamic_shapes_from_the_first_call(entropy_eps):
     """torch.compile(dynamic=True) makes a float argument symbolic, on which the check of
