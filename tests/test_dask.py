@@ -571,3 +571,26 @@ def test_stacked_arrays_of_different_chunks():
     )
     assert np.array_equal(dsm.entropy(b, certified=True).compute(), reference.entropy(x))
     testing.assert_adaptive_softmax_close(dsm.adaptive_softmax(b).compute(), x)
+
+
+@pytest.mark.parametrize(
+    ("func", "kind", "dtype"),
+    [
+        ("softmax", "softmax", "float64"),
+        ("entropy", "entropy", "float16"),
+        ("adaptive_softmax", "adaptive_softmax", "float32"),
+    ],
+)
+def test_the_backend_conforms_through_the_documented_wrapper(func, kind, dtype):
+    """docs/examples/dask_kernels.py: numpy in, dask blocks (three per row), numpy out.
+    Through it the conformance suite runs every property of the kind on the dask backend
+    (examples cut to 3 per property here; the guide reports the default run)."""
+    from softmaxtheory import conformance as conf
+    from tests.support.broken_kernels import example as load
+
+    kernel = load("dask_kernels", func)
+    target = conf.Target(kernel, f"dask_kernels:{func}", kind=kind, dtype=dtype, examples=3)
+    results = conf.run_conformance(target)
+    failed = [r for r in results if r.status == "fail"]
+    assert not failed, "\n\n".join(f"{r.name}: {r.message}" for r in failed)
+    assert sum(r.status == "pass" for r in results) >= 9
