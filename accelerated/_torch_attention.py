@@ -1289,9 +1289,15 @@ def _pieces(B: int, H: int, group: int, pieces: int) -> list[tuple[slice, slice]
 def _sdpa_pass2(
     p: Prepared, qb: torch.Tensor, mask: torch.Tensor | None, gqa: bool
 ) -> torch.Tensor:
-    """SDPA on the β-scaled queries; shared key heads passed as such when `gqa`."""
+    """SDPA on the β-scaled queries; shared key heads passed as such when `gqa`.
+
+    A mask shared by heads goes in at its own size (:func:`_unbroadcast`): SDPA turns a
+    boolean mask into an additive one of the shape it is given, (B, H, L, S) for the
+    expanded view.
+    """
     extra = {"enable_gqa": True} if gqa else {}
     qb, scale = _positive_scale(qb, p.scale)
+    mask = None if mask is None else _unbroadcast(mask)
     return F.scaled_dot_product_attention(
         qb, p.k, p.v, attn_mask=mask, is_causal=p.is_causal, scale=scale, **extra
     )

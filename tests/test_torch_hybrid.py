@@ -377,3 +377,25 @@ def test_backward_falls_back_to_the_torch_twin(monkeypatch):
     for a, b in zip(torch.autograd.grad(out.sum(), args), expected, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert refused == [1]
+
+
+@pytest.mark.parametrize("mask_shape", [(6, 7), (2, 1, 1, 7)], ids=["per query", "per key"])
+def test_pass2_gets_a_shared_mask_at_its_own_size(monkeypatch, mask_shape):
+    """SDPA turns a boolean mask into an additive one of the shape it is given: the expanded
+    (B, H, L, S) view cost B·H times the mask's memory; pass 2 now hands it the mask's own
+    shape, and the result is unchanged."""
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(2, 3, n, 4, generator=g) for n in (6, 7, 7))
+    keep = torch.rand(mask_shape, generator=g) > 0.3
+    seen = []
+    sdpa = A.F.scaled_dot_product_attention
+
+    def spy(*args, attn_mask=None, **kwargs):
+        seen.append(None if attn_mask is None else tuple(attn_mask.shape))
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    want = adaptive_attention(q, k, v, attn_mask=keep, backend="chunked")
+    monkeypatch.setattr(A.F, "scaled_dot_product_attention", spy)
+    got = adaptive_attention(q, k, v, attn_mask=keep, backend="hybrid")
+    assert seen == [(1, 1, 6, 7) if len(mask_shape) == 2 else (2, 1, 1, 7)]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
