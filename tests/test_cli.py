@@ -252,7 +252,7 @@ def test_options_are_not_abbreviated(capsys):
 
 @pytest.mark.parametrize("where", ["full disk", "closed stdout"])
 @pytest.mark.parametrize(
-    "command", [["reference", "0", "1", "2"], ["bounds", "--spread", "5", "--json"]]
+    "command", [["reference", "0", "1", "2"], ["bounds", "--spread", "1", "--json"]]
 )
 def test_output_that_cannot_be_written_is_one_line_and_status_1(where, command):
     """``softmaxtheory bounds --json > out.json`` on a full disk printed a traceback of the
