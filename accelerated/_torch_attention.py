@@ -743,14 +743,35 @@ def _cuda_efficient_takes(
         and q.dtype == k.dtype == v.dtype != torch.float64
         and q.shape[-1] % 8 == 0
         and v.shape[-1] % 8 == 0
+        and all(_rows_aligned(t, 8) for t in (q, k, v))
         and (add is None or (add.dtype == q.dtype and _rows_aligned(add, 8)))
     )
 
 
 def _rows_aligned(t: torch.Tensor, width: int) -> bool:
-    """Whether `t` has a unit last stride and every other stride a multiple of `width`."""
+    """Whether the rows of `t` are aligned to `width` elements.
+
+    That is: `t` starts a multiple of `width` elements into its allocation, its last stride
+    is 1 and every other stride is a multiple of `width`.
+    """
     strides = t.stride()
-    return (t.shape[-1] <= 1 or strides[-1] == 1) and all(s % width == 0 for s in strides[:-1])
+    return (
+        t.storage_offset() % width == 0
+        and (t.shape[-1] <= 1 or strides[-1] == 1)
+        and all(s % width == 0 for s in strides[:-1])
+    )
+
+
+def _aligned_rows(t: torch.Tensor) -> torch.Tensor:
+    """`t`, copied to contiguous memory unless :func:`_rows_aligned` (8 elements).
+
+    The fused CUDA kernels load rows in 16-byte vectors: a view such as ``x[..., :64]`` of
+    rows of 100 elements, or one that starts 4 elements into its buffer, is refused by the
+    memory-efficient kernel (or misread by a kernel that does not check). A copy of a head
+    size that is a multiple of 8 is aligned (a clone: ``contiguous`` keeps a contiguous
+    view that starts unaligned).
+    """
+    return t if _rows_aligned(t, 8) else t.clone(memory_format=torch.contiguous_format)
 
 
 #: False once cuDNN's attention refused a call in this process (then flash is used).
@@ -782,6 +803,8 @@ def _lse_primitive(
             q, k, v, 0.0, is_causal, attn_mask=add, scale=scale
         )
         return out, lse
+    if q.device.type == "cuda":
+        q, k, v = (_aligned_rows(t) for t in (q, k, v))
     if q.device.type == "cuda" and _cuda_efficient_takes(q, k, v, add):
         L = q.shape[-2]
         d_ok = q.shape[-1] == v.shape[-1] and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256

@@ -425,6 +425,15 @@ def test_memory_efficient_kernel_conditions():
     assert not takes(q, k, v, bias)  # rows of 7 elements
     padded = torch.zeros(5, 16, dtype=torch.float16)[:, :7].expand(2, 2, 5, 7)
     assert takes(q, k, v, padded) and not takes(q, k, v, padded.float())
+    # views the kernels' 16-byte loads cannot read in place: rows of 20 elements, a start
+    # 4 elements into the buffer; copied (a clone, as the second is contiguous already)
+    wide = torch.zeros(2, 2, 5, 20, dtype=torch.float16)
+    shifted = torch.zeros(2 * 2 * 5 * 16 + 4, dtype=torch.float16)[4:].view(2, 2, 5, 16)
+    for view_ in (wide[..., :16], shifted):
+        assert not takes(view_, k, v, None)
+        fixed = ta._aligned_rows(view_)
+        assert takes(fixed, k, v, None) and torch.equal(fixed, view_)
+    assert ta._aligned_rows(q) is q
 
 
 # ---------------------------------------------------------------- Numba cross-check

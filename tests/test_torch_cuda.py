@@ -507,7 +507,8 @@ def test_cuda_tiny_beta_with_shifts_beyond_the_float32_range(sname, row, backend
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
-    "case", ["narrow values", "values of 3", "head dim 12", "bool mask", "bias", "causal"]
+    "case",
+    ["narrow values", "values of 3", "head dim 12", "bool mask", "bias", "causal", "offset rows"],
 )
 @pytest.mark.filterwarnings("ignore::UserWarning")  # (Dynamo's notes on the host reads)
 def test_cuda_compiled_composition_takes_no_kernel_that_refuses(dtype, case):
@@ -529,6 +530,10 @@ def test_cuda_compiled_composition_takes_no_kernel_that_refuses(dtype, case):
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.masked_fill(mask != -math.inf, 0.0)  # 0 / -inf: the composition takes it
     q, k, v = (t.to(DEVICE) for t in (q, k, v))
+    if case == "offset rows":  # rows of 68 elements, starting 4 into the buffer
+        wide = torch.zeros(*q.shape[:-1], D + 4, dtype=dtype, device=DEVICE)
+        wide[..., 4:] = q
+        q = wide[..., 4:]
     mask = None if mask is None else mask.to(DEVICE)
     causal = mask_name == "causal"
 
