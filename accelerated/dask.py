@@ -107,7 +107,8 @@ def _prepare(x: Any, axis: Any) -> tuple[da.Array, np.dtype, np.dtype, int]:
     if not isinstance(x, da.Array):
         raise TypeError(
             f"x must be a dask.array.Array, got {type(x).__name__} "
-            "(wrap numpy input with dask.array.from_array, or use accelerated.cpu)"
+            "(wrap numpy input with dask.array.from_array, or use accelerated.cpu; to run "
+            "softmaxtheory check on this backend, see 'A dask kernel' in the testing guide)"
         )
     if isinstance(getattr(x, "_meta", None), np.ma.MaskedArray):
         # its mask cannot be seen without computing it, and the blocks' would be dropped
