@@ -731,8 +731,9 @@ def _cuda_efficient_takes(
 
     It wants four dimensions, one head size for `q` and `k`, one dtype (the additive
     mask's included, float64 excepted) and rows that start at multiples of its vector
-    width (8 elements covers every dtype): with a head size such as 12 the kernel it
-    picks for aligned heads refused the queries' row stride. A mask from
+    width (8 elements covers every dtype): by torch's source, with a head size such as
+    12 the kernel it picks for aligned heads would refuse the queries' row stride. A
+    mask from
     :func:`_additive` is padded to that width. As for :func:`_cpu_flash_takes`, the
     test comes first because a graph compiled by ``torch.compile`` raises past the
     caller's ``try``.
@@ -803,9 +804,11 @@ def _lse_primitive(
             q, k, v, 0.0, is_causal, attn_mask=add, scale=scale
         )
         return out, lse
-    if q.device.type == "cuda":
+    cuda = q.device.type == "cuda"
+    vector_rows = q.shape[-1] % 8 == 0 and v.shape[-1] % 8 == 0  # (else no copy can align)
+    if cuda and q.dtype != torch.float64 and vector_rows:
         q, k, v = (_aligned_rows(t) for t in (q, k, v))
-    if q.device.type == "cuda" and _cuda_efficient_takes(q, k, v, add):
+    if cuda and _cuda_efficient_takes(q, k, v, add):
         L = q.shape[-2]
         d_ok = q.shape[-1] == v.shape[-1] and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
         # The flash kernel aligns a causal mask to the bottom-right corner when L != S
