@@ -303,16 +303,33 @@ def test_gradient_matches_reference_finite_difference():
 # ---------------------------------------------------------------- memory
 
 
+#: The prelude of the peak-memory children: ``hwm()``, the process's peak resident bytes.
+_HWM = """
+import torch
+from softmaxtheory.accelerated.torch import adaptive_attention
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM"):
+            return int(line.split()[1]) * 1024
+"""
+
+
+def _peak_growth(body: str) -> int:
+    """Bytes the peak grew by in a fresh process running `body` (which prints the growth)."""
+    if not sys.platform.startswith("linux"):
+        pytest.fail("this check reads /proc/self/status (Linux)")
+    code = _HWM + textwrap.dedent(body)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    return int(res.stdout.strip().splitlines()[-1])
+
+
 def test_long_sequence_peak_memory_far_below_the_score_matrix():
     """L = S = 16384, D = 64: an L x S float32 matrix needs 1 GiB; we stay far below."""
-    code = textwrap.dedent(
+    extra = _peak_growth(
         """
-        import torch
-        from softmaxtheory.accelerated.torch import adaptive_attention
-        def hwm():
-            for line in open("/proc/self/status"):
-                if line.startswith("VmHWM"):
-                    return int(line.split()[1]) * 1024
         L = 16384
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 1, L, 64, generator=g) for _ in range(3))
@@ -324,27 +341,14 @@ def test_long_sequence_peak_memory_far_below_the_score_matrix():
         print(hwm() - base)
         """
     )
-    if not sys.platform.startswith("linux"):
-        pytest.fail("this check reads /proc/self/status (Linux)")
-    res = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
-    )
-    assert res.returncode == 0, res.stderr
-    extra = int(res.stdout.strip().splitlines()[-1])
     assert extra < 2**30 // 8, f"peak grew by {extra / 2**20:.1f} MiB"
 
 
 def test_mask_shared_by_every_head_is_not_copied_per_head():
     """A (L, S) mask beside 64 heads: its additive form was built at (B, H, L, S), 512 MiB
     for this float32 call (SDPA grew by 21 MiB); it is now built once and expanded."""
-    code = textwrap.dedent(
+    extra = _peak_growth(
         """
-        import torch
-        from softmaxtheory.accelerated.torch import adaptive_attention
-        def hwm():
-            for line in open("/proc/self/status"):
-                if line.startswith("VmHWM"):
-                    return int(line.split()[1]) * 1024
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(4, 16, 1024, 64, generator=g) for _ in range(3))
         keep = torch.rand(1024, 1024, generator=g) > 0.2
@@ -357,13 +361,6 @@ def test_mask_shared_by_every_head_is_not_copied_per_head():
         print(hwm() - base)
         """
     )
-    if not sys.platform.startswith("linux"):
-        pytest.fail("this check reads /proc/self/status (Linux)")
-    res = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
-    )
-    assert res.returncode == 0, res.stderr
-    extra = int(res.stdout.strip().splitlines()[-1])
     assert extra < 2**27, f"peak grew by {extra / 2**20:.1f} MiB"
 
 
