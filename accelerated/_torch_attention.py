@@ -810,7 +810,7 @@ def _lse_primitive(
         q, k, v = (_aligned_rows(t) for t in (q, k, v))
     if cuda and _cuda_efficient_takes(q, k, v, add):
         L = q.shape[-2]
-        d_ok = q.shape[-1] == v.shape[-1] and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
+        d_ok = q.shape[-1] == v.shape[-1] <= 256  # (multiples of 8: _cuda_efficient_takes)
         # The flash kernel aligns a causal mask to the bottom-right corner when L != S
         # (SDPA's public entry point never sends it such a call); SDPA's is_causal is
         # top-left, which the memory-efficient kernel implements.
@@ -842,11 +842,15 @@ def _lse_primitive(
     return q.new_zeros(()), None
 
 
-def _composition_entropy(p: Prepared, detach_beta: bool) -> torch.Tensor | None:
-    """Pass 1 of T10: the entropy of every query row, or None if no primitive fits."""
+def _composition_entropy(
+    p: Prepared, detach_beta: bool, add: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Pass 1 of T10: the entropy of every query row, or None if no primitive fits.
+
+    `add` is :func:`_additive` of `p`, built once for both passes.
+    """
     q, k = p.q, p.k
     sd = stats_dtype(q.dtype)
-    add = _additive(p)
     grad = not detach_beta and _want_grad(q, k)
     if grad and not _fused_grad_ok(p, None, None):
         return None  # the primitive's backward would lose the weights: the chunked path
@@ -870,9 +874,10 @@ def _composition_entropy(p: Prepared, detach_beta: bool) -> torch.Tensor | None:
 
 def _composition(p: Prepared, schedule: Schedule, detach_beta: bool) -> torch.Tensor | None:
     sd = stats_dtype(p.q.dtype)
+    add = _additive(p)
     entropy = None
     if schedule.needs_entropy:
-        entropy = _composition_entropy(p, detach_beta)
+        entropy = _composition_entropy(p, detach_beta, add)
         if entropy is None:
             return None
     beta = beta_from_entropy(schedule, entropy, p.n_eff).to(sd)
@@ -886,7 +891,7 @@ def _composition(p: Prepared, schedule: Schedule, detach_beta: bool) -> torch.Te
     try:
         with torch.set_grad_enabled(grad):
             qb = scale_rows(p.q, beta)
-            out, lse = _lse_primitive(qb, p.k, p.v, _additive(p), p.is_causal, p.scale)
+            out, lse = _lse_primitive(qb, p.k, p.v, add, p.is_causal, p.scale)
     except (RuntimeError, NotImplementedError):
         return None
     return None if lse is None else out

@@ -143,7 +143,7 @@ def test_composition_entropy_identity():
 
     q, k, v = _qkv(torch.float64, L=6, S=9)
     p = A.prepare(q, k, v, None, False, None)
-    h = A._composition_entropy(p, detach_beta=True)
+    h = A._composition_entropy(p, detach_beta=True, add=A._additive(p))
     x = (p.scale * q @ k.transpose(-1, -2)).numpy()
     np.testing.assert_allclose(h.numpy(), R.entropy(x), rtol=1e-13, atol=1e-14)
 
