@@ -233,7 +233,7 @@ def test_gpu_plan_puts_the_first_shape_and_its_backward_first() -> None:
     """A GPU run stopped at a time limit keeps the cases measured so far (the JSON is
     rewritten after each), so the most wanted come first: the first shape forward, causal
     and not, then its forward + backward, then the larger shapes forward, then their
-    forward + backward."""
+    forward + backward; last the two masked cases, which no target reads."""
     from softmaxtheory.bench.torch import BACKWARD_SHAPES, SHAPES, plan_cases
 
     plan = plan_cases(SHAPES)
@@ -243,10 +243,27 @@ def test_gpu_plan_puts_the_first_shape_and_its_backward_first() -> None:
     forward = [item for item in plan if len(item) == 2]
     assert forward == [(s, c) for s in SHAPES for c in (False, True)]
     later = [(b, c, "backward") for b in BACKWARD_SHAPES[1:] for c in (False, True)]
-    assert plan[len(plan) - len(later) :] == later and plan[4:6] == [(SHAPES[1], False),
-                                                                     (SHAPES[1], True)]  # fmt: skip
-    assert len(plan) == 2 * len(SHAPES) + 2 * len(BACKWARD_SHAPES)
-    assert plan_cases(()) == [(b, c, "backward") for b in BACKWARD_SHAPES for c in (False, True)]
+    masked = [(first, False, "masked"), (BACKWARD_SHAPES[0], False, "masked backward")]
+    assert plan[-2:] == masked
+    assert plan[-2 - len(later) : -2] == later and plan[4:6] == [(SHAPES[1], False),
+                                                                 (SHAPES[1], True)]  # fmt: skip
+    assert len(plan) == 2 * len(SHAPES) + 2 * len(BACKWARD_SHAPES) + 2
+    assert plan_cases(()) == [(b, c, "backward") for b in BACKWARD_SHAPES for c in (False, True)
+                              ] + [(BACKWARD_SHAPES[0], False, "masked backward")]  # fmt: skip
+
+
+def test_key_padding_mask_keeps_a_prefix_of_every_sequence() -> None:
+    """The masked cases' mask: (B, 1, 1, S), sequence b keeps its first S - (b % 4 + 1)·S/8
+    keys, so every sequence has padding and the lengths differ across the batch."""
+    torch = pytest.importorskip("torch")
+    from softmaxtheory.bench.torch import key_padding_mask
+
+    mask = key_padding_mask(torch, 6, 16, "cpu")
+    assert mask.shape == (6, 1, 1, 16) and mask.dtype == torch.bool
+    assert mask.sum(-1).flatten().tolist() == [14, 12, 10, 8, 14, 12]
+    for b in range(6):  # a prefix: every kept key before every padded one
+        row = mask[b, 0, 0].tolist()
+        assert row == sorted(row, reverse=True)
 
 
 def test_save_json_replaces_the_file_whole(tmp_path) -> None:
@@ -402,7 +419,9 @@ def _stand_in_for_cuda(monkeypatch, torch) -> None:
 def test_device_run_records_every_case_and_each_failure_alone(monkeypatch, tmp_path) -> None:
     """The GPU benchmark's whole run, on CPU tensors with a stand-in for ``torch.cuda``'s
     timers: every forward case (``auto``, composition, ``attention_entropy`` against
-    SDPA) and every forward + backward case is timed at each shape, the JSON written to
+    SDPA) and every forward + backward case is timed at each shape, and again with the
+    key-padding mask at the first shape of each pass (apart from the unmasked rows, which
+    the targets read); the JSON written to
     `output` is the document returned, and a case that fails (here the Triton backend,
     which refuses CPU tensors outside the interpreter) is recorded with its error while
     the cases after it still run. The text report shows each ratio to SDPA and the error."""
@@ -422,22 +441,75 @@ def test_device_run_records_every_case_and_each_failure_alone(monkeypatch, tmp_p
         ([1, 2, 40, 24, 16], False), ([1, 2, 40, 24, 16], True)]  # fmt: skip
     assert [(r["shape"], r["causal"]) for r in doc["backward_rows"]] == [
         ([1, 2, 24, 40, 16], False), ([1, 2, 24, 40, 16], True)]  # fmt: skip
+    assert all("mask" not in r for r in doc["rows"] + doc["backward_rows"])
+    assert [(r["shape"], r["causal"], r["pass"], r["mask"]) for r in doc["masked_rows"]] == [
+        ([1, 2, 40, 24, 16], False, "forward", bench_torch.MASK_KIND),
+        ([1, 2, 24, 40, 16], False, "forward+backward", bench_torch.MASK_KIND)]  # fmt: skip
+    forward = doc["rows"] + doc["masked_rows"][:1]
     timed = ("seconds", "peak_bytes", "best_seconds", "host_seconds")
-    for row in doc["rows"]:
+    for row in forward:
         for name in ("sdpa", "auto", "composition", "attention_entropy"):
             assert sorted(row[name]) == sorted(timed) and row[name]["seconds"] > 0, name
         assert "TRITON_INTERPRET" in row["triton"]["error"]  # recorded, and the row went on
         assert row["breakdown"]["auto"]["total_us"] > 0
-    for row in doc["backward_rows"]:
+    for row in doc["backward_rows"] + doc["masked_rows"][1:]:
         for name in ("sdpa_fwd_bwd", "auto_fwd_bwd", "auto_fwd_bwd_detached"):
             assert row[name]["seconds"] > 0, name
     lines = bench_torch.format_run(doc)
     assert lines[0].startswith("device: stand-in, torch ") and "median of 2" in lines[0]
     sdpa = [ln for ln in lines if " sdpa " in ln]
-    assert len(sdpa) == 2 and all(ln.split()[4] == "1.00" for ln in sdpa)  # SDPA against itself
-    assert sum("triton" in ln and "TRITON_INTERPRET" in ln for ln in lines) == 2
-    assert sum(" auto_fwd_bwd_detached " in ln for ln in lines) == 2
-    assert sum("auto kernels:" in ln for ln in lines) == 2
+    assert len(sdpa) == 3 and all(ln.split()[4] == "1.00" for ln in sdpa)  # SDPA against itself
+    assert [ln.split()[1] for ln in sdpa] == ["none", "causal", "padding"]
+    assert sum("triton" in ln and "TRITON_INTERPRET" in ln for ln in lines) == 3
+    assert sum(" auto_fwd_bwd_detached " in ln for ln in lines) == 3
+    assert sum("auto kernels:" in ln for ln in lines) == 3
+
+
+def test_tile_sweep_runs_after_the_unmasked_cases_and_before_the_masked(monkeypatch) -> None:
+    """A run stopped at its limit loses the cases after it: the tile sweep, for tuning the
+    kernels the targets time, comes before the masked cases, which no target reads."""
+    torch = pytest.importorskip("torch")
+    from softmaxtheory.bench import torch as bench_torch
+
+    _stand_in_for_cuda(monkeypatch, torch)
+    order = []
+
+    def row(torch, device, res, *rest):
+        order.append(("mask" in res, res["pass"]))
+
+    monkeypatch.setattr(bench_torch, "_measure_row", row)
+    monkeypatch.setattr(bench_torch, "_tile_sweep", lambda *a: order.append("sweep"))
+    bench_torch.measure(torch, "cpu", ((1, 1, 8, 8, 8),), ((1, 1, 8, 8, 8),), 1, tiles=True)
+    unmasked = [(False, "forward")] * 2 + [(False, "forward+backward")] * 2
+    assert order == [*unmasked, "sweep", (True, "forward"), (True, "forward+backward")]
+
+
+def test_masked_cases_pass_the_mask_to_every_call() -> None:
+    """Each masked case calls its function with the key-padding mask (SDPA too, so the
+    ratio compares like with like): its output is that of the call with the mask, and
+    differs from the unmasked one."""
+    torch = pytest.importorskip("torch")
+    from softmaxtheory.accelerated.torch import adaptive_attention, attention_entropy
+    from softmaxtheory.bench import torch as bench_torch
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, n, 8, generator=g) for n in (5, 16, 16))
+    mask = bench_torch.key_padding_mask(torch, 2, 16, "cpu")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    cases = bench_torch._forward_cases(torch, q, k, v, False, False, mask)
+    want = {
+        "sdpa": sdpa(q, k, v, attn_mask=mask),
+        "auto": adaptive_attention(q, k, v, attn_mask=mask),
+        "composition": adaptive_attention(q, k, v, attn_mask=mask, backend="composition"),
+        "attention_entropy": attention_entropy(q, k, attn_mask=mask)[0],
+    }
+    plain = bench_torch._forward_cases(torch, q, k, v, False, False)
+    assert sorted(cases) == sorted(want)
+    for name, expected in want.items():
+        got, unmasked = cases[name](), plain[name]()
+        got, unmasked = (x[0] if isinstance(x, tuple) else x for x in (got, unmasked))
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=name)
+        assert not torch.allclose(got, unmasked), name
 
 
 def test_device_run_keeps_a_row_whose_inputs_fail(monkeypatch) -> None:
@@ -460,8 +532,9 @@ def test_device_run_keeps_a_row_whose_inputs_fail(monkeypatch) -> None:
     assert all(r["error"] == "out of memory: no room for D = 8" for r in first)
     assert all("error" not in r and r["auto"]["seconds"] > 0 for r in second)
     lines = bench_torch.format_run(doc)
+    assert doc["masked_rows"][0]["error"] == "out of memory: no room for D = 8"
     assert sum(ln.startswith("1,1,24,8,8") and ln.endswith("no room for D = 8")
-               for ln in lines) == 2  # fmt: skip
+               for ln in lines) == 3  # fmt: skip
 
 
 def _gpu_report():
@@ -486,7 +559,8 @@ def test_docs_report_of_a_device_run(monkeypatch, tmp_path) -> None:
     the benchmark writes: here a whole run on CPU tensors with a stand-in for CUDA's
     timers. Its reST parses cleanly; the forward table has a row per measured row with
     the ratios to SDPA computed from the JSON; the failed Triton case is named; each
-    target gives the worst ratio of its cases and whether it is met."""
+    target gives the worst ratio of its cases and whether it is met; the masked rows
+    have tables of their own and count for no target."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("docutils")
     from softmaxtheory.bench import torch as bench_torch
@@ -503,6 +577,10 @@ def test_docs_report_of_a_device_run(monkeypatch, tmp_path) -> None:
         row["sdpa"]["peak_bytes"], row["auto"]["peak_bytes"] = 1000, 1200
     for row in doc["backward_rows"]:
         row["sdpa_fwd_bwd"]["peak_bytes"], row["auto_fwd_bwd"]["peak_bytes"] = 1000, 2000
+    masked, masked_bwd = doc["masked_rows"]  # far slower than any target allows
+    masked["auto"]["seconds"] = 37.0 * masked["sdpa"]["seconds"]
+    masked["sdpa"]["peak_bytes"], masked["auto"]["peak_bytes"] = 1000, 9000
+    masked_bwd["auto_fwd_bwd_detached"]["seconds"] = 41.0 * masked_bwd["sdpa_fwd_bwd"]["seconds"]
     path.write_text(json.dumps(doc))
     text = gpu_report.report(path)
     assert _rst_problems(text) == [], text
@@ -510,12 +588,20 @@ def test_docs_report_of_a_device_run(monkeypatch, tmp_path) -> None:
     for row in doc["rows"]:
         auto = row["auto"]["seconds"] / row["sdpa"]["seconds"]
         assert f"     - {auto:.2f}×\n" in text
-    assert text.count("``triton``: ``ValueError: backend='triton' needs a CUDA tensor") == 2
+    failed = "``triton``: ``ValueError: backend='triton' needs a CUDA tensor"
+    assert text.count(failed) == 3  # the masked row's too
     assert "     - 1.20×\n" in text and "     - 2.00×\n" in text  # the peak ratios
     worst = max(r["auto"]["seconds"] / r["sdpa"]["seconds"] for r in doc["rows"])
     verdict = "met" if worst <= 1.6 else "not met"
     assert f"at most 1.6× SDPA; worst {worst:.2f}× — {verdict}." in text
     assert "at most 1.5× SDPA; worst 2.00× — not met." in text  # memory: 1.2 and 2.0
+    assert "at most 1.4× SDPA; worst 41" not in text
+    masked_part = gpu_report.report(path, ("masked",))
+    assert masked_part.startswith("With a boolean key-padding mask of shape (B, 1, 1, S)")
+    assert "Forward with a key-padding mask" in masked_part and "     - 37.00×\n" in masked_part
+    assert "     - 9.00×\n" in masked_part  # the masked peak ratio
+    assert "Forward + backward with a key-padding mask" in masked_part
+    assert "     - 41.00×\n" in masked_part and masked_part in text
     assert gpu_report.measured(path).startswith("Speed on a GPU was measured on 20")
     assert gpu_report.measured(path).endswith(f"one stand-in (torch {torch.__version__}, "
                                               f"Triton {doc['triton']}).")  # fmt: skip

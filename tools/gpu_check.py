@@ -27,9 +27,11 @@ leaving half a minute of the 7 for start-up and installing the project):
     timed calls after a warm-up call, peak memory and host time of one call, and the
     kernels of one profiled call of ``auto``; then the tile sweep, every launch
     configuration of the pass-1 kernels and its backward timed once (median of 10), for
-    choosing their order from a measurement. First, because the table is what the
-    session is for; the JSON is rewritten after every case, so a stop at the limit keeps
-    the cases measured (the first shape and its backward come first, the sweep last).
+    choosing their order from a measurement; last, the first shape of each pass with a
+    boolean key-padding mask (SDPA given the same mask). First, because the table is
+    what the session is for; the JSON is rewritten after every case, so a stop at the
+    limit keeps the cases measured (the first shape and its backward come first, the
+    sweep and the masked cases last).
 ``tests``
     ``pytest -m cuda tests`` (the CUDA tests; collection works without the docs extra),
     in up to 14 processes with pytest-xdist, which compile the Triton kernels at once

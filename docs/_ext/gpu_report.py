@@ -33,7 +33,7 @@ TARGETS: tuple[tuple[str, str, float], ...] = (
 )
 
 #: The parts :func:`report` can give, in their order.
-PARTS = ("run", "forward", "backward", "targets", "tiles")
+PARTS = ("run", "forward", "backward", "masked", "targets", "tiles")
 
 _FORWARD = (("auto", "auto"), ("composition", "composition"), ("triton", "Triton"),
             ("attention_entropy", "entropy"))  # fmt: skip
@@ -125,6 +125,32 @@ def _backward(doc: dict[str, Any]) -> list[str]:
         return []
     caption = "Forward + backward, bfloat16: time against SDPA's"
     return _speed_table(caption, rows, "sdpa_fwd_bwd", _BACKWARD)
+
+
+def _masked(doc: dict[str, Any]) -> list[str]:
+    """The masked rows (``masked_rows``): a sentence on the mask, then a table per pass.
+
+    They are not among the targets' cases, which are the issue's shapes without a mask.
+    """
+    rows = doc.get("masked_rows", [])
+    if not rows:
+        return []
+    lines = [
+        "With a boolean key-padding mask of shape (B, 1, 1, S), SDPA given the same mask: "
+        "sequence :math:`b` of the batch attends to its first :math:`S - (b \\bmod 4 + 1)"
+        "\\lfloor S/8 \\rfloor` keys "
+        "(``softmaxtheory.bench.torch.key_padding_mask``).",
+        "",
+    ]
+    fwd = [r for r in rows if r["pass"] == "forward"]
+    bwd = [r for r in rows if r["pass"] != "forward"]
+    if fwd:
+        lines += _speed_table("Forward with a key-padding mask, bfloat16: time against "
+                              "SDPA's", fwd, "sdpa", _FORWARD)  # fmt: skip
+    if bwd:
+        lines += _speed_table("Forward + backward with a key-padding mask, bfloat16: time "
+                              "against SDPA's", bwd, "sdpa_fwd_bwd", _BACKWARD)  # fmt: skip
+    return lines
 
 
 def _worst(doc: dict[str, Any], key: str) -> tuple[float | None, int, int]:
@@ -230,5 +256,5 @@ def report(path: Path, parts: tuple[str, ...] = PARTS) -> str:
     for part in PARTS:
         if part in parts:
             out += {"run": _run, "forward": _forward, "backward": _backward,
-                    "targets": _targets, "tiles": _tiles}[part](doc)  # fmt: skip
+                    "masked": _masked, "targets": _targets, "tiles": _tiles}[part](doc)  # fmt: skip
     return "\n".join(out)

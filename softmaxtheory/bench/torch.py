@@ -5,17 +5,20 @@ hybrid of a Triton pass 1 and SDPA on β-scaled queries; the T10 composition;
 the all-Triton kernel) and :func:`~softmaxtheory.accelerated.torch.attention_entropy`
 against :func:`torch.nn.functional.scaled_dot_product_attention` at the same
 shape, causal and not, forward and forward + backward (β attached, and
-``detach_beta=True``). Each case: one warm-up call (compiles the kernels), one
-call for the peak memory (``torch.cuda.max_memory_allocated`` growth), then
-`repeat` timed calls (CUDA events); the median is ``seconds`` and the best
-``best_seconds``. ``host_seconds`` is the median host time until a call
-returns (queueing its kernels, and any wait for a value read back): where it
-exceeds the device time, the GPU idles. For the adaptive path (``auto``, and
-``auto_fwd_bwd``) one profiled call gives ``breakdown``, its kernels by
-device time. With ``--tiles``, :mod:`softmaxtheory.bench.tiles` then times every
-launch configuration of the pass-1 kernels (``tiles``). ``--quick`` runs every case
-at one small shape (``QUICK_SHAPES``), a smoke run of the whole benchmark in
-seconds. A case that fails is recorded with its error and the run goes on.
+``detach_beta=True``); then, at the first shape of each pass, with a boolean
+key-padding mask (:func:`key_padding_mask`, SDPA given the same mask). Each case:
+one warm-up call (compiles the kernels), one call for the peak memory
+(``torch.cuda.max_memory_allocated`` growth), then `repeat` timed calls (CUDA
+events); the median is ``seconds`` and the best ``best_seconds``. ``host_seconds``
+is the median host time until a call returns (queueing its kernels, and any wait
+for a value read back): where it exceeds the device time, the GPU idles. For the
+adaptive path (``auto``, and ``auto_fwd_bwd``) one profiled call gives
+``breakdown``, its kernels by device time. With ``--tiles``,
+:mod:`softmaxtheory.bench.tiles` times every launch configuration of the pass-1
+kernels (``tiles``) after the unmasked cases and before the masked ones.
+``--quick`` runs every case at one small shape (``QUICK_SHAPES``), a smoke run of
+the whole benchmark in seconds. A case that fails is recorded with its error and
+the run goes on.
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ from . import save_json
 
 __all__ = [
     "BACKWARD_SHAPES",
+    "MASK_KIND",
     "QUICK_SHAPES",
     "SHAPES",
     "breakdown",
     "format_run",
+    "key_padding_mask",
     "measure",
     "plan_cases",
     "run_device",
@@ -56,6 +61,9 @@ BACKWARD_SHAPES: tuple[tuple[int, int, int, int, int], ...] = (
 
 #: ``--quick``: every case, forward and forward + backward, at one small shape.
 QUICK_SHAPES: tuple[tuple[int, int, int, int, int], ...] = ((1, 2, 256, 256, 64),)
+
+#: The mask of the masked cases, as their rows name it (``mask``).
+MASK_KIND = "boolean key padding, (B, 1, 1, S)"
 
 #: Default number of timed calls per case on a device (``--quick``: 5).
 DEFAULT_REPEAT = 50
@@ -121,25 +129,40 @@ def breakdown(fn: Any, torch: Any, device_type: str = "cuda", top: int = 12) -> 
     return {"total_us": total, "entries": kept, "other_us": total - sum(r[1] for r in kept)}
 
 
-def _forward_cases(torch: Any, q: Any, k: Any, v: Any, causal: bool, have_triton: bool) -> dict:
+def key_padding_mask(torch: Any, B: int, S: int, device: Any) -> Any:
+    r"""The masked cases' boolean mask, of shape (B, 1, 1, S): True where a key is attended.
+
+    Sequence ``b`` of the batch keeps its first :math:`S - (b \bmod 4 + 1)\lfloor S/8
+    \rfloor` keys (7/8 of them, 6/8, 5/8, 4/8, again from the fifth): padded batches of
+    unequal lengths, every query row of a sequence with the same keys, as in an encoder.
+    """
+    kept = S - (torch.arange(B, device=device) % 4 + 1) * (S // 8)
+    return (torch.arange(S, device=device) < kept[:, None]).view(B, 1, 1, S)
+
+
+def _forward_cases(
+    torch: Any, q: Any, k: Any, v: Any, causal: bool, have_triton: bool, mask: Any = None
+) -> dict:
     from softmaxtheory.accelerated.torch import adaptive_attention, attention_entropy
 
     F = torch.nn.functional
+    opts = {"attn_mask": mask, "is_causal": causal}
     cases = {
-        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-        "auto": lambda: adaptive_attention(q, k, v, is_causal=causal),
-        "composition": lambda: adaptive_attention(q, k, v, is_causal=causal, backend="composition"),
-        "attention_entropy": lambda: attention_entropy(q, k, is_causal=causal),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, **opts),
+        "auto": lambda: adaptive_attention(q, k, v, **opts),
+        "composition": lambda: adaptive_attention(q, k, v, **opts, backend="composition"),
+        "attention_entropy": lambda: attention_entropy(q, k, **opts),
     }
     if have_triton:
-        cases["triton"] = lambda: adaptive_attention(q, k, v, is_causal=causal, backend="triton")
+        cases["triton"] = lambda: adaptive_attention(q, k, v, **opts, backend="triton")
     return cases
 
 
-def _backward_cases(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> dict:
+def _backward_cases(torch: Any, q: Any, k: Any, v: Any, causal: bool, mask: Any = None) -> dict:
     from softmaxtheory.accelerated.torch import adaptive_attention
 
     F = torch.nn.functional
+    opts = {"attn_mask": mask, "is_causal": causal}
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
     grad = torch.ones_like(q[..., : v.shape[-1]])
 
@@ -154,10 +177,10 @@ def _backward_cases(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> dict:
         return run
 
     return {
-        "sdpa_fwd_bwd": step(lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)),
-        "auto_fwd_bwd": step(lambda: adaptive_attention(qg, kg, vg, is_causal=causal)),
+        "sdpa_fwd_bwd": step(lambda: F.scaled_dot_product_attention(qg, kg, vg, **opts)),
+        "auto_fwd_bwd": step(lambda: adaptive_attention(qg, kg, vg, **opts)),
         "auto_fwd_bwd_detached": step(
-            lambda: adaptive_attention(qg, kg, vg, is_causal=causal, detach_beta=True)
+            lambda: adaptive_attention(qg, kg, vg, **opts, detach_beta=True)
         ),
     }
 
@@ -170,7 +193,9 @@ def plan_cases(
 
     Each shape forward, without and with the causal mask; forward + backward at the
     first of `backward_shapes` right after the first shape, at the others after every
-    forward case. Items are ``(shape, causal)`` or ``(shape, causal, "backward")``.
+    forward case; last, the first shape of each pass with :func:`key_padding_mask` (not
+    causal). Items are ``(shape, causal)``, ``(shape, causal, "backward")``,
+    ``(shape, False, "masked")`` or ``(shape, False, "masked backward")``.
     """
     back = [[(b, c, "backward") for c in (False, True)] for b in backward_shapes]
     plan: list[tuple] = []
@@ -179,7 +204,9 @@ def plan_cases(
         if i == 0 and back:
             plan += back[0]
     rest = back[1:] if shapes else back
-    return plan + [case for cases in rest for case in cases]
+    plan += [case for cases in rest for case in cases]
+    plan += [(shape, False, "masked") for shape in shapes[:1]]
+    return plan + [(shape, False, "masked backward") for shape in backward_shapes[:1]]
 
 
 def _version(name: str) -> str | None:
@@ -264,7 +291,8 @@ def measure(
     repeat : int
         Timed calls per case, after one warm-up call and one call for the peak memory.
     tiles : bool, optional
-        Then run the tile sweep at ``shapes[0]`` and ``backward_shapes[0]``.
+        Run the tile sweep at ``shapes[0]`` and ``backward_shapes[0]`` after the
+        unmasked cases, before the masked ones.
     output : str, optional
         A path the document is written to after every row (``complete`` false until
         the end), so that a run stopped early keeps what it measured.
@@ -274,8 +302,10 @@ def measure(
     dict
         The machine (``device``, ``torch``, ``triton``, ``cuda``), ``date``,
         ``repeat``, ``statistic``, ``complete``, ``rows`` (forward),
-        ``backward_rows`` and, with `tiles`, ``tiles``. Each row holds its
-        ``shape``, ``dtype``, ``causal`` and ``pass`` and, per case, either
+        ``backward_rows``, ``masked_rows`` (both passes, with :func:`key_padding_mask`)
+        and, with `tiles`, ``tiles``. Each row holds its ``shape``, ``dtype``,
+        ``causal`` and ``pass`` (a masked row also its ``mask``,
+        :data:`MASK_KIND`) and, per case, either
         ``seconds``, ``peak_bytes``, ``best_seconds`` and ``host_seconds`` or an
         ``error``; a row whose inputs could not be made holds only an ``error``.
     """
@@ -289,17 +319,19 @@ def measure(
             "triton": _version("triton"), "cuda": torch.version.cuda,
             "softmaxtheory": _version("softmaxtheory"), "repeat": repeat,
             "statistic": "median", "date": _utc_now(), "complete": complete,
-            "rows": [r for r in rows if r["pass"] == "forward"],
-            "backward_rows": [r for r in rows if r["pass"] != "forward"],
+            "rows": [r for r in rows if r["pass"] == "forward" and "mask" not in r],
+            "backward_rows": [r for r in rows if r["pass"] != "forward" and "mask" not in r],
+            "masked_rows": [r for r in rows if "mask" in r],
             **({"tiles": sweep} if sweep else {}),
         }  # fmt: skip
 
-    for item in plan_cases(shapes, backward_shapes):
+    def run(item: tuple) -> None:
         (B, H, L, S, D), causal = item[0], item[1]
-        is_backward = len(item) == 3
+        kind = item[2] if len(item) == 3 else "forward"
         res: dict[str, Any] = {
             "shape": [B, H, L, S, D], "dtype": "bfloat16", "causal": causal,
-            "pass": "forward+backward" if is_backward else "forward",
+            "pass": "forward+backward" if kind.endswith("backward") else "forward",
+            **({"mask": MASK_KIND} if kind.startswith("masked") else {}),
         }  # fmt: skip
         try:
             _measure_row(torch, device, res, repeat, have_triton)
@@ -311,10 +343,17 @@ def measure(
         torch.cuda.empty_cache()
         if output:  # what is measured so far survives a run stopped at a time limit
             save_json(document(False), output)
-    if tiles:
+
+    plan = plan_cases(shapes, backward_shapes)
+    masked = [item for item in plan if item[2:] and item[2].startswith("masked")]
+    for item in plan[: len(plan) - len(masked)]:
+        run(item)
+    if tiles:  # before the masked cases: the sweep is for tuning what the targets read
         shape = (shapes or backward_shapes)[0]
         _tile_sweep(torch, device, have_triton, sweep, shape, backward_shapes[0],
                     lambda: output and save_json(document(False), output))  # fmt: skip
+    for item in masked:
+        run(item)
     doc = document(True)
     if output:
         save_json(doc, output)
@@ -329,15 +368,16 @@ def _measure_row(torch: Any, device: str, res: dict, repeat: int, have_triton: b
     q, k, v = (
         torch.randn(B, H, n, D, device=device, dtype=torch.bfloat16, generator=g) for n in (L, S, S)
     )
+    mask = key_padding_mask(torch, B, S, device) if "mask" in res else None
     if is_backward:
-        cases = _backward_cases(torch, q, k, v, causal)
+        cases = _backward_cases(torch, q, k, v, causal, mask)
         ctx = torch.enable_grad()
     else:
-        cases = _forward_cases(torch, q, k, v, causal, have_triton)
+        cases = _forward_cases(torch, q, k, v, causal, have_triton, mask)
         ctx = torch.no_grad()
     with ctx:
         for name, fn in cases.items():
-            print(f"timing {name} at {(B, H, L, S, D)} causal={causal} ...", file=sys.stderr)
+            print(f"timing {name} at {(B, H, L, S, D)} {_masking(res)} ...", file=sys.stderr)
             try:
                 res[name] = dict(
                     zip(("seconds", "peak_bytes", "best_seconds", "host_seconds"),
@@ -358,10 +398,16 @@ def _measure_row(torch: Any, device: str, res: dict, repeat: int, have_triton: b
                 res["breakdown"] = {name: {"error": f"{type(exc).__name__}: {exc}"}}
 
 
+def _masking(res: dict[str, Any]) -> str:
+    """A row's masking in one word: ``padding`` (:func:`key_padding_mask`), ``causal``, ``none``."""
+    return "padding" if "mask" in res else "causal" if res["causal"] else "none"
+
+
 def format_run(doc: dict[str, Any]) -> list[str]:
     """The lines of the text report of a run (:func:`measure`'s document).
 
-    Per row and case: device time (ms), the ratio to SDPA's time in the same row
+    Per row (its masking: ``none``, ``causal``, or ``padding`` for the masked rows) and
+    case: device time (ms), the ratio to SDPA's time in the same row
     (forward to ``sdpa``, forward + backward to ``sdpa_fwd_bwd``), peak memory (MiB)
     and host time (ms); a case that failed shows its error. Then the kernels of the
     profiled call and, with a sweep, its summary.
@@ -369,19 +415,19 @@ def format_run(doc: dict[str, Any]) -> list[str]:
     lines = [
         f"device: {doc['device']}, torch {doc['torch']}, Triton {doc['triton']}, "
         f"CUDA {doc['cuda']}, bfloat16, {doc['statistic']} of {doc['repeat']}",
-        f"{'B,H,L,S,D':<24} {'causal':<7} {'case':<22} {'ms':>9} {'x SDPA':>8} "
+        f"{'B,H,L,S,D':<24} {'masking':<7} {'case':<22} {'ms':>9} {'x SDPA':>8} "
         f"{'peak MiB':>10} {'host ms':>8}",
     ]
-    for res in doc["rows"] + doc["backward_rows"]:
+    for res in doc["rows"] + doc["backward_rows"] + doc.get("masked_rows", []):
         shape = ",".join(map(str, res["shape"]))
         if "error" in res:
-            lines.append(f"{shape:<24} {res['causal']!s:<7} {res['error']}")
+            lines.append(f"{shape:<24} {_masking(res):<7} {res['error']}")
             continue
         base = res["sdpa_fwd_bwd" if res["pass"] != "forward" else "sdpa"].get("seconds")
         for name, r in res.items():
             if not isinstance(r, dict) or name == "breakdown":
                 continue
-            head = f"{shape:<24} {res['causal']!s:<7} {name:<22}"
+            head = f"{shape:<24} {_masking(res):<7} {name:<22}"
             if "error" in r:
                 lines.append(f"{head} {r['error']}")
                 continue
