@@ -32,6 +32,8 @@ from typing import Any
 import numba
 from numba.core.caching import IndexDataCacheFile
 
+from ._numba_vectors import PIPELINE
+
 __all__ = ["KeyedIndexDataCacheFile", "NoDiskCacheWarning", "keyed_cache", "njit"]
 
 
@@ -112,7 +114,14 @@ def _cached(decorate: Any, func: Any, kwargs: dict[str, Any]) -> Any:
 
 
 def njit(*args: Any, **kwargs: Any) -> Any:
-    """``numba.njit`` whose dispatchers use :func:`keyed_cache` (both decorator forms)."""
-    if args and callable(args[0]) and not kwargs:
-        return _cached(numba.njit, args[0], {})
+    """``numba.njit`` with :func:`keyed_cache` and 512-bit vectors (both decorator forms).
+
+    The dispatchers use :func:`keyed_cache` and are compiled by
+    :data:`~softmaxtheory.accelerated._numba_vectors.PIPELINE` (512-bit vectors where the
+    processor has them), unless `kwargs` name another ``pipeline_class``.
+    """
+    if args and callable(args[0]):
+        func, args = args[0], args[1:]
+        return njit(*args, **kwargs)(func)
+    kwargs = {"pipeline_class": PIPELINE, **kwargs}
     return lambda func: _cached(numba.njit(*args, **kwargs), func, kwargs)
