@@ -30,11 +30,17 @@ import warnings
 from typing import Any
 
 import numba
-from numba.core.caching import IndexDataCacheFile
+from numba.core.caching import FunctionCache, IndexDataCacheFile
 
-from ._numba_vectors import PIPELINE
+from ._numba_vectors import PIPELINE, PIPELINE_KEY
 
-__all__ = ["KeyedIndexDataCacheFile", "NoDiskCacheWarning", "keyed_cache", "njit"]
+__all__ = [
+    "KeyedIndexDataCacheFile",
+    "NoDiskCacheWarning",
+    "PipelineKeyedCache",
+    "keyed_cache",
+    "njit",
+]
 
 
 class KeyedIndexDataCacheFile(IndexDataCacheFile):
@@ -62,15 +68,36 @@ class KeyedIndexDataCacheFile(IndexDataCacheFile):
             self._save_index(overloads)
 
 
+class PipelineKeyedCache(FunctionCache):
+    """Numba's function cache whose index key also names the kernels' pipeline.
+
+    Numba keys a cached signature by the machine, the bytecode and the closure, and
+    the whole index by its source file's time stamp, not by the compiler pipeline. A
+    checkout whose ``_cpu_kernels.py`` kept its stamp across the change to
+    :data:`~softmaxtheory.accelerated._numba_vectors.PIPELINE` would go on loading the
+    machine code compiled before it (256-bit vectors on Intel cores with AVX-512).
+    With :data:`~softmaxtheory.accelerated._numba_vectors.PIPELINE_KEY` in the key such
+    an entry is not found, and the kernel is compiled once more.
+    """
+
+    def _index_key(self, sig: Any, codegen: Any) -> tuple:
+        return (*super()._index_key(sig, codegen), PIPELINE_KEY)
+
+
 def keyed_cache(dispatcher: Any) -> Any:
     """Give a cached Numba `dispatcher` the keyed data files; return it.
 
+    A dispatcher compiled by the kernels' pipeline also gets :class:`PipelineKeyedCache`.
     A dispatcher without Numba's cache file (``cache=False``, or another Numba whose
     internals differ) is returned as it is.
     """
-    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    cache = getattr(dispatcher, "_cache", None)
+    cache_file = getattr(cache, "_cache_file", None)
     if type(cache_file) is IndexDataCacheFile:
         cache_file.__class__ = KeyedIndexDataCacheFile
+        pipeline = getattr(getattr(dispatcher, "_compiler", None), "pipeline_class", None)
+        if type(cache) is FunctionCache and pipeline is PIPELINE:
+            cache.__class__ = PipelineKeyedCache
     return dispatcher
 
 

@@ -31,10 +31,14 @@ from numba.core.compiler import CompilerBase, DefaultPassBuilder
 from numba.core.compiler_machinery import LoweringPass, PassManager, register_pass
 from numba.core.typed_passes import AnnotateTypes
 
-__all__ = ["ATTRIBUTE", "PIPELINE", "WideVectorsCompiler", "wide_context"]
+__all__ = ["ATTRIBUTE", "PIPELINE", "PIPELINE_KEY", "WideVectorsCompiler", "wide_context"]
 
 #: The LLVM function attribute each kernel function is compiled with.
 ATTRIBUTE = '"prefer-vector-width"="512"'
+
+#: What the kernels' cache index keys add to Numba's, so that machine code compiled
+#: without the pipeline (or with another attribute) is never loaded for them.
+PIPELINE_KEY = ("softmaxtheory.accelerated._numba_vectors", ATTRIBUTE)
 
 
 def _mark(module: Any) -> None:

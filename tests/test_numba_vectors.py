@@ -166,3 +166,56 @@ def test_the_tools_child_checks_the_build_it_timed(tmp_path, build, extra, ok) -
     assert (run.returncode == 0) == ok, run.stderr
     if not ok:
         assert "library build: the attribute in rows_adaptive's IR: [False]" in run.stderr
+
+
+def test_every_kernel_cache_keys_its_entries_by_the_pipeline() -> None:
+    from softmaxtheory.accelerated._numba_cache import PipelineKeyedCache
+    from softmaxtheory.accelerated._numba_vectors import PIPELINE_KEY
+
+    kernels = [*_dispatchers(_cpu_kernels).values(), *_dispatchers(_dask_blocks).values()]
+    kernels += list(_cpu_kernels.serial_twins().values())
+    cached = [d for d in kernels if getattr(d._cache, "_cache_file", None) is not None]
+    assert len(cached) > 60 and all(type(d._cache) is PipelineKeyedCache for d in cached)
+    sig = (numba.types.float64,)
+    key = cached[0]._cache._index_key(sig, _cpu_kernels.exp64.targetctx.codegen())
+    assert key[-1] == PIPELINE_KEY
+
+
+_MODULE = """
+def plus_one(x):
+    return x + 1
+"""
+
+_LOAD = """
+import sys
+import numba
+sys.path.insert(0, sys.argv[1])
+import mod
+if sys.argv[2] == "plain":
+    f = numba.njit(cache=True)(mod.plus_one)
+else:
+    from softmaxtheory.accelerated._numba_cache import njit
+    f = njit(cache=True)(mod.plus_one)
+assert f(1) == 2
+print(sum(f.stats.cache_hits.values()), sum(f.stats.cache_misses.values()))
+"""
+
+
+def test_machine_code_cached_without_the_pipeline_is_not_loaded(tmp_path) -> None:
+    """A cache entry that plain ``numba.njit`` wrote for a function (the same source
+    file, stamp and signature) is not loaded by the kernels' ``njit``, which compiles
+    and caches its own; then it loads its own. (Without the pipeline in the key, the
+    second step loaded the plain entry: machine code without the 512-bit preference.)"""
+    (tmp_path / "mod.py").write_text(_MODULE)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def load(kind: str) -> list[int]:
+        cmd = [sys.executable, "-c", _LOAD, str(tmp_path), kind]
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        return [int(v) for v in run.stdout.split()]
+
+    assert load("plain") == [0, 1]  # compiled and saved
+    assert load("plain") == [1, 0]  # plain Numba loads its own entry
+    assert load("ours") == [0, 1]  # not that entry: compiled with the pipeline
+    assert load("ours") == [1, 0]  # and its own entry is loaded
