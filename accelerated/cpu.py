@@ -787,8 +787,6 @@ def adaptive_attention(
     adds = np.broadcast_to(adds, (adds.shape[0], L, S))
     keeps = np.broadcast_to(keeps, (keeps.shape[0], L, S))
     slices = np.stack([q_at, k_at, v_at, a_at, p_at], axis=1)
-    qbads = ~np.isfinite(qs).all(axis=2)
-    kbads = ~np.isfinite(ks).all(axis=2)
     # per query row of every slice: its kind, maximum, unmasked count, entropy and wide
     # shift; β for all of them in one call; then the outputs
     kinds = np.empty((N, L), dtype=np.int64)
@@ -805,6 +803,7 @@ def adaptive_attention(
     # the kernels share out the (slice, query) rows: one row, or little work, runs on
     # one thread (see _threads_for)
     with _threads_for(N * L * S * (d + dv) // 16, N * L):
+        qbads, kbads = _nonfinite_rows(qs), _nonfinite_rows(ks)
         _k.attention_stats(qs, ks, adds, keeps, slices, causal, qbads, kbads, scale, eps,
                            kinds, ms, neffs, hs)  # fmt: skip
         wide = kinds == _k.KIND_WIDE
@@ -828,13 +827,20 @@ def adaptive_attention(
             _k.attention_wide_apply(qi, ki, vs[slices[n, 2]], ai, ke, causal, qbad, kbad, scale,
                                     kexp, np.flatnonzero(wide[n]), kinds[n], ms[n], gs[n],
                                     betas[n], out[n])  # fmt: skip
-        vbads = ~np.isfinite(vs).all(axis=2)
+        vbads = _nonfinite_rows(vs)
         for n in np.flatnonzero(vbads[slices[:, 2]].any(axis=1)).tolist():
             _, _, ai, ke, _, _ = operands(n)
             vbad = np.flatnonzero(vbads[slices[n, 2]])
             _non_finite_values(out[n], vs[slices[n, 2]][vbad], vbad, ai, ke, causal, kinds[n])
     # one rounding of the float64 sums to the output's format
     return out.reshape(*lead, L, dv).astype(out_dtype)
+
+
+def _nonfinite_rows(x: np.ndarray) -> np.ndarray:
+    """Whether each row ``x[i, j, :]`` of a 3-d stack holds a NaN or an infinity."""
+    out = np.empty(x.shape[:2], dtype=np.bool_)
+    _k.rows_nonfinite(x, out)
+    return out
 
 
 def _non_finite_values(

@@ -539,3 +539,28 @@ def test_beta_zero_keeps_masked_items_at_zero():
 
 
 CHUNK_PLUS = cpu.CHUNK + 3
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(3, 5, 64), (2, 1, 1), (4, 7, 0), (0, 3, 5), (1, 2, 1000)])
+def test_nonfinite_rows_agree_with_numpy(dtype, shape) -> None:
+    """The attention's check of its operands' rows (one pass, no temporary) says what
+    ``~isfinite(x).all(axis=2)`` says, for NaN, ±inf, the largest finite values (whose
+    product with 0 is still 0) and subnormals, wherever they sit in a row."""
+    from softmaxtheory.accelerated import _cpu_kernels as k
+
+    rng = np.random.default_rng(sum(shape))
+    specials = np.array([np.nan, np.inf, -np.inf], dtype=dtype)
+    finite = np.array(
+        [np.finfo(dtype).max, -np.finfo(dtype).max, np.finfo(dtype).smallest_subnormal, -0.0],
+        dtype=dtype,
+    )
+    for trial in range(20):
+        x = rng.normal(size=shape).astype(dtype)
+        if x.size:
+            flat = x.reshape(-1)
+            where = rng.integers(0, flat.size, size=rng.integers(0, 4))
+            flat[where] = rng.choice(specials if trial % 2 else finite, size=where.size)
+        got = np.empty(shape[:2], dtype=np.bool_)
+        k.rows_nonfinite(x, got)
+        np.testing.assert_array_equal(got, ~np.isfinite(x).all(axis=2), err_msg=str(trial))
