@@ -483,7 +483,8 @@ def rows_nonfinite(x, out):
     rows, cols = out.shape
     for p in prange(rows * cols):
         i = p // cols
-        out[i, p - i * cols] = _row_nonfinite(x, i, p - i * cols)
+        j = p - i * cols
+        out[i, j] = _row_nonfinite(x, i, j)
 
 
 @njit(cache=True)
