@@ -118,6 +118,8 @@ _LN2HI64 = 6.93147180369123816490e-01  # 0x3FE62E42FEE00000: 21 trailing zero bi
 _LN2LO64 = 1.90821492927058770002e-10
 _SHIFT_BITS64 = 0x4338000000000000
 _TWO_M64 = 5.421010862427522e-20  # 2**-64
+#: Lower end of exp64's domain: e^-746 is below half the least subnormal, exp64 gives 0 there.
+_LO64 = -746.0
 
 
 @njit(fastmath=_EXP_FLAGS, forceinline=True, cache=True)
@@ -129,8 +131,14 @@ def exp64(x: float) -> float:
     :math:`2^{-64}` (one rounding for subnormal results). Positive ``x`` is
     outside the domain and clamped to 0.
     """
-    y = -746.0 if x < -746.0 else x
+    y = _LO64 if x < _LO64 else x
     y = 0.0 if y > 0.0 else y
+    return exp64_core(y)
+
+
+@njit(fastmath=_EXP_FLAGS, forceinline=True, cache=True)
+def exp64_core(y: float) -> float:
+    """:func:`exp64` of ``y`` in ``[-746, 0]`` (or NaN), without clamping it there."""
     z = y * _LOG2E64 + _SHIFT64
     k = z - _SHIFT64
     r = (y - k * _LN2HI64) - k * _LN2LO64
@@ -169,6 +177,7 @@ _Q32 = (
     np.float32(0.00836875),
     np.float32(0.00138145),
 )
+#: Lower end of exp32's domain: e^-104 is below half the least subnormal, exp32 gives 0 there.
 _LO32 = np.float32(-104.0)
 _ZERO32 = np.float32(0.0)
 _ONE32 = np.float32(1.0)
@@ -184,6 +193,12 @@ def exp32(x: np.float32) -> np.float32:
     """
     y = _LO32 if x < _LO32 else x
     y = _ZERO32 if y > _ZERO32 else y
+    return exp32_core(y)
+
+
+@njit(fastmath=_EXP_FLAGS, forceinline=True, cache=True)
+def exp32_core(y: np.float32) -> np.float32:
+    """:func:`exp32` of ``y`` in ``[-104, 0]`` (or NaN), without clamping it there."""
     z = y * _LOG2E32 + _SHIFT32
     k = z - _SHIFT32
     r = (y - k * _LN2HI32) - k * _LN2LO32
@@ -211,6 +226,32 @@ def _ol_fexp(x):
     if x == types.float64:
         return lambda x: exp64(x)
     return None
+
+
+def fexp_core(y):  # pragma: no cover - replaced by the overload in jitted code
+    """:func:`fexp` of ``y`` known to lie in ``[exp_low_like(y), 0]`` or to be NaN (no clamps)."""
+    raise NotImplementedError
+
+
+@overload(fexp_core)
+def _ol_fexp_core(y):
+    if y == types.float32:
+        return lambda y: exp32_core(y)
+    if y == types.float64:
+        return lambda y: exp64_core(y)
+    return None
+
+
+def exp_low_like(v):  # pragma: no cover - replaced by the overload in jitted code
+    """The lower end of the exponential's domain in the type of `v` (its result is 0 there)."""
+    raise NotImplementedError
+
+
+@overload(exp_low_like)
+def _ol_exp_low_like(v):
+    if v == types.float32:
+        return lambda v: _LO32
+    return lambda v: _LO64
 
 
 def as_like(v, like):  # pragma: no cover - replaced by the overload in jitted code
@@ -507,6 +548,32 @@ def pass_max(x, lo, hi):
     return unkey(k, xs), nnan
 
 
+@njit(forceinline=True, cache=True)
+def row_max(xs):
+    """Return the maximum of `xs` (``-inf`` when empty), counting no NaNs.
+
+    :func:`pass_max` without its NaN count, which cost as much again as the
+    maximum on 64-item rows. A NaN with the sign bit clear is the maximum; one with
+    it set is below ``-inf`` and missed: a caller finds it in its sums (a NaN item
+    makes :math:`x - m`, its exponential and the sum NaN) or, for a row whose
+    maximum is ``-inf``, with :func:`any_nan`.
+    """
+    k = order_key(_neg_inf_like(xs))
+    for i in range(xs.size):
+        kv = order_key(xs[i])
+        k = kv if kv > k else k
+    return unkey(k, xs)
+
+
+@njit(forceinline=True, cache=True)
+def any_nan(xs):
+    """Whether `xs` holds a NaN (for the rare rows :func:`row_max` cannot settle)."""
+    found = False
+    for i in range(xs.size):
+        found = found or xs[i] != xs[i]
+    return found
+
+
 @njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _block_stats(x, lo, hi, m, out, store):
     # accumulate in the input's precision within a block (float32 keeps 16 lanes)
@@ -527,7 +594,7 @@ def _block_stats(x, lo, hi, m, out, store):
             d = xs[i] - m
             e = fexp(d)
             os[i] = e
-            r += e if d < zero else zero
+            r += zero if d == zero else e  # d <= 0; a NaN item makes r NaN
             t += e * (d if d > ninf else zero)
             c += one if d == zero else zero
             n_eff += one if xs[i] > ninf else zero
@@ -535,7 +602,7 @@ def _block_stats(x, lo, hi, m, out, store):
         for i in range(xs.size):
             d = xs[i] - m
             e = fexp(d)
-            r += e if d < zero else zero
+            r += zero if d == zero else e
             t += e * (d if d > ninf else zero)
             c += one if d == zero else zero
             n_eff += one if xs[i] > ninf else zero
@@ -548,7 +615,8 @@ def pass_stats(x, lo, hi, m, out, store):
 
     `c`: items equal to `m`; `n_eff`: items above ``-inf``; `r`: sum of e^(x-m) over
     items below `m`; `t`: sum of e^(x-m)(x-m). Blocks of :data:`BLOCK` are summed
-    vectorised; block sums are added with Neumaier's compensation.
+    vectorised; block sums are added with Neumaier's compensation. A NaN item makes
+    `r` NaN (the callers' test for a NaN that :func:`row_max` missed).
     """
     c = 0
     n_eff = 0
@@ -706,12 +774,14 @@ def row_entropy(x, lo, hi, out, store, eps):
     """
     if hi == lo:
         return ROW_EMPTY, -np.inf, 0, 0, 0.0, 0.0, 0.0
-    m, nnan = pass_max(x, lo, hi)
-    if nnan > 0 or m == np.inf:
-        return ROW_INVALID, np.nan, 0, 0, 0.0, 0.0, np.nan
-    if m == -np.inf:
+    m = row_max(x[lo:hi])
+    if m == -np.inf and not any_nan(x[lo:hi]):
         return ROW_MASKED, m, 0, 0, 0.0, 0.0, 0.0
+    if not (m > -np.inf and m < np.inf):  # a NaN maximum, +inf, or a NaN below -inf
+        return ROW_INVALID, np.nan, 0, 0, 0.0, 0.0, np.nan
     c, n_eff, r, t = pass_stats(x, lo, hi, m, out, store)
+    if r != r:  # a NaN item that row_max missed
+        return ROW_INVALID, np.nan, 0, 0, 0.0, 0.0, np.nan
     if eps > 0.0:
         h = -pass_entropy_eps(x, lo, hi, m, 1.0 / (c + r), eps)
     else:
@@ -813,17 +883,21 @@ def rows_adaptive(x, out, eps, kind_of_schedule, coeffs, threshold, const, h_cut
             kind = ROW_REGULAR
             s = 0.0
             beta = 1.0
-            m, nnan = pass_max(xf, lo, hi)
+            m = row_max(xf[lo:hi])
             if hi == lo:
                 kind = ROW_EMPTY
-            elif nnan > 0 or m == np.inf:
+            elif m == -np.inf and not any_nan(xf[lo:hi]):
+                kind = ROW_MASKED
+            elif not (m > -np.inf and m < np.inf):  # NaN, +inf, or a NaN below -inf
                 kind = ROW_INVALID
                 beta = np.nan
-            elif m == -np.inf:
-                kind = ROW_MASKED
             else:
                 s, t = pass_st(xf, lo, hi, m, of)
-                if kind_of_schedule == SCHED_CONST:
+                if s != s:  # a NaN item that row_max missed
+                    kind = ROW_INVALID
+                    beta = np.nan
+                    s = 0.0
+                elif kind_of_schedule == SCHED_CONST:
                     beta = const
                 elif eps > 0.0:
                     h = -pass_entropy_eps(xf, lo, hi, m, 1.0 / s, eps)
@@ -860,17 +934,19 @@ SHORT_ROW = BLOCK
 
 @njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _short_st(xs, m, os):
-    # e = exp(x - m) stored; s = sum e; t = sum e*(x - m), accumulated in the row's dtype. A
-    # masked item (-inf) is clamped to -1e30 first: its exponential is exactly 0 and its term
-    # 0 * -1e30 = 0.
+    # e = exp(x - m) stored; s = sum e; t = sum e*(x - m), accumulated in the row's dtype, for
+    # a row whose maximum m is finite (x - m <= 0). An item below the exponential's domain (a
+    # masked -inf among them) is clamped to its lower end first, where the exponential is
+    # exactly 0: its term is 0 * low = 0. The clamp keeps a NaN (NaN < low is false): a NaN
+    # item that row_max missed makes s NaN.
     zero = as_like(0.0, m)
-    low = as_like(-1e30, m)
+    low = exp_low_like(m)
     s = zero
     t = zero
     for i in range(xs.size):
         d = xs[i] - m
-        d = d if d > low else low
-        e = fexp(d)
+        d = low if d < low else d
+        e = fexp_core(d)
         os[i] = e
         s += e
         t += e * d
@@ -879,10 +955,13 @@ def _short_st(xs, m, os):
 
 @njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _short_s(xs, m, os):
+    # the sum of _short_st without t (NaN in, NaN sum)
     zero = as_like(0.0, m)
+    low = exp_low_like(m)
     s = zero
     for i in range(xs.size):
-        e = fexp(xs[i] - m)
+        d = xs[i] - m
+        e = fexp_core(low if d < low else d)
         os[i] = e
         s += e
     return np.float64(s)
@@ -890,10 +969,13 @@ def _short_s(xs, m, os):
 
 @njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _short_tempered(xs, m, beta, os):
+    # beta (x - m) <= 0 for a valid row and a beta of at least small_beta_like
     zero = as_like(0.0, m)
+    low = exp_low_like(m)
     s = zero
     for i in range(xs.size):
-        e = fexp(beta * (xs[i] - m))
+        d = beta * (xs[i] - m)
+        e = fexp_core(low if d < low else d)
         os[i] = e
         s += e
     return np.float64(s)
@@ -921,13 +1003,17 @@ def rows_softmax_short(x, out):
     for i in prange(nrow):
         xs = x[i]
         os = out[i]
-        m, nnan = pass_max(xs, 0, n)
-        if nnan > 0 or m == np.inf:
+        m = row_max(xs)
+        s = np.nan  # a NaN or +inf maximum: an invalid row
+        if m == -np.inf:  # every item masked, unless a NaN hides below -inf
+            s = np.nan if any_nan(xs) else 0.0
+        elif m == m and m != np.inf:
+            s = _short_s(xs, m, os)
+        if s != s:
             _short_fill(os, like_array(np.nan, xs))
-        elif m == -np.inf:
+        elif s == 0.0:
             _short_fill(os, like_array(0.0, xs))
         else:
-            s = _short_s(xs, m, os)
             _short_scale(os, like_array(1.0 / s, xs))
 
 
@@ -937,14 +1023,17 @@ def _short_row_first(x, out, i, eps, kind_of_schedule, coeffs, threshold, const,
     xs = x[i]
     os = out[i]
     n = xs.size
-    m, nnan = pass_max(xs, 0, n)
-    if nnan > 0 or m == np.inf:
-        _short_fill(os, like_array(np.nan, xs))
-        return np.nan, m, 0
-    if m == -np.inf:  # every item masked
+    m = row_max(xs)
+    if m == -np.inf and not any_nan(xs):  # every item masked
         _short_fill(os, like_array(0.0, xs))
         return 1.0, m, 0
-    s, t = _short_st(xs, m, os)
+    s = like_array(np.nan, xs)  # a NaN or +inf maximum, or a NaN below -inf
+    t = s
+    if m > -np.inf and m < np.inf:
+        s, t = _short_st(xs, m, os)
+    if s != s:  # a NaN item
+        _short_fill(os, like_array(np.nan, xs))
+        return np.nan, m, 0
     sd = np.float64(s)
     td = np.float64(t)
     beta = 1.0
@@ -1052,26 +1141,29 @@ def rows_finish(x, out, kind, m, c, r, beta):
 
 @njit(parallel=True, cache=True)
 def chunk_states(x, chunk, m_out, nnan_out, c_out, neff_out, r_out, t_out):
-    """Streaming state (m, c, n_eff, r, t) of every chunk of the 1-d `x`."""
+    """Streaming state (m, c, n_eff, r, t) of every chunk of the 1-d `x`.
+
+    ``nnan_out[k]`` is 1 where chunk ``k`` holds a NaN, else 0.
+    """
     n = x.size
     nchunk = m_out.size
     for k in prange(nchunk):
         lo = k * chunk
         hi = min(lo + chunk, n)
-        m, nnan = pass_max(x, lo, hi)
-        m_out[k] = m
-        nnan_out[k] = nnan
-        if nnan > 0 or m == np.inf or m == -np.inf:
-            c_out[k] = 0
-            neff_out[k] = 0
-            r_out[k] = 0.0
-            t_out[k] = 0.0
-        else:
+        m = row_max(x[lo:hi])
+        nan = m != m or (m == -np.inf and any_nan(x[lo:hi]))
+        c, n_eff, r, t = 0, 0, 0.0, 0.0
+        if not nan and m > -np.inf and m < np.inf:
             c, n_eff, r, t = pass_stats(x, lo, hi, m, x, False)
-            c_out[k] = c
-            neff_out[k] = n_eff
-            r_out[k] = r
-            t_out[k] = t
+            if r != r:  # a NaN item that row_max missed
+                nan = True
+                c, n_eff, r, t = 0, 0, 0.0, 0.0
+        m_out[k] = m
+        nnan_out[k] = 1 if nan else 0
+        c_out[k] = c
+        neff_out[k] = n_eff
+        r_out[k] = r
+        t_out[k] = t
 
 
 @njit(cache=True)
@@ -1321,13 +1413,16 @@ def attention_stats(
             if _logits_block(q, k, addmask, keep, causal, qbad[i], kbad, i, j0, j1, scale, buf):
                 wide = True
                 break
-            m, nnan = pass_max(buf, 0, j1 - j0)
-            if nnan > 0 or m == np.inf:
+            m = row_max(buf[: j1 - j0])
+            if m == -np.inf and not any_nan(buf[: j1 - j0]):
+                continue
+            if not (m > -np.inf and m < np.inf):  # NaN, +inf, or a NaN below -inf
                 bad = True
                 break
-            if m == -np.inf:
-                continue
             c, n_eff, r, t = pass_stats(buf, 0, j1 - j0, m, buf, False)
+            if r != r:  # a NaN logit that row_max missed
+                bad = True
+                break
             M, C, N, R, T = merge_state(M, C, N, R, T, np.float64(m), c, n_eff, r, t)
         m_out[n, i] = M
         neff_out[n, i] = N
@@ -1796,8 +1891,8 @@ kernels = KernelTable()
 def chunk_state_arrays(x: np.ndarray, chunk: int, nchunk: int) -> tuple[np.ndarray, ...]:
     """The T7 states of the `nchunk` consecutive chunks of `chunk` items of the flat `x`.
 
-    Returns the arrays ``(m, nnan, c, neff, r, t)``: per chunk its maximum, its
-    count of NaN and ``+inf``, the count at the maximum, the unmasked count and the
+    Returns the arrays ``(m, nnan, c, neff, r, t)``: per chunk its maximum, 1 where
+    it holds a NaN (else 0), the count at the maximum, the unmasked count and the
     shifted and weighted sums (:func:`chunk_states`).
     """
     m = np.empty(nchunk, dtype=x.dtype)

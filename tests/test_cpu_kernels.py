@@ -15,6 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from softmaxtheory import bounds, reference
+from softmaxtheory.accelerated import _cpu_kernels as cpu_kernels
 from softmaxtheory.accelerated import cpu
 from softmaxtheory.spec import Constant, LogLength, PaperPolynomial, Polynomial
 from tests.support.strategies_support import NEG_INF, logit_rows
@@ -290,6 +291,66 @@ def test_special_value_table(row, name, dtype, schedule) -> None:
     else:
         exact = reference.entropy(x, dtype=dtype)
         assert abs(float(h) - float(exact)) <= 4 * float(np.spacing(exact))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("n", [1, 3, 64, 2000, cpu.CHUNK + 1])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_nan_of_either_sign_makes_its_row_invalid(n, sign, dtype) -> None:
+    # the kernels take a row's maximum over integer order keys without counting NaNs: a
+    # NaN with the sign bit set orders below -inf and is found in the sums instead (or,
+    # in a row whose maximum is -inf, by a scan). Each row here holds one NaN of the
+    # given sign among finite, masked or only masked items; the row next to it is clean.
+    nan = math.copysign(math.nan, sign)
+    rng = np.random.default_rng(n)
+    finite = rng.normal(size=n)
+    places = sorted({0, n // 2, n - 1})
+    rows = []
+    for at in places:
+        for rest in ("finite", "masked", "peak"):
+            row = np.full(n, NEG_INF) if rest == "masked" else finite.copy()
+            if rest == "peak":
+                row[(at + 1) % n] += 40.0  # a beta = 1 row but for the NaN
+            row[at] = nan
+            rows.append(row)
+    clean = finite.copy()
+    x = np.stack([clean, *rows, clean]).astype(dtype)
+    assert (np.signbit(x[1:-1][np.isnan(x[1:-1])]) == (sign < 0)).all()
+    want_clean = {
+        "softmax": cpu.softmax(clean.astype(dtype)),
+        "adaptive_softmax": cpu.adaptive_softmax(clean.astype(dtype)),
+        "entropy": cpu.entropy(clean.astype(dtype)),
+        "beta": cpu.beta(clean.astype(dtype)),
+    }
+    for name, want in want_clean.items():
+        got = getattr(cpu, name)(x)
+        assert np.isnan(got[1:-1]).all(), (name, np.argwhere(~np.isnan(got[1:-1]))[:3])
+        for edge in (got[0], got[-1]):
+            assert np.asarray(edge).tobytes() == np.asarray(want).tobytes(), name
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_attention_nan_logit_of_either_sign(sign) -> None:
+    # the same search for NaNs in adaptive attention's pass 1, which takes the maximum of
+    # each block of logits: an additive mask entry NaN makes that query's logit NaN
+    rng = np.random.default_rng(3)
+    S = 2 * cpu_kernels.KEY_BLOCK + 5
+    q, k, v = (rng.normal(size=(1, m, 8)) for m in (6, S, S))
+    mask = np.zeros((6, S))
+    mask[3:] = NEG_INF  # queries 3..5 see the keys below 4 only
+    mask[3:, :4] = 0.0
+    nan = math.copysign(math.nan, sign)
+    hit = {0: 1, 1: cpu_kernels.KEY_BLOCK + 2, 3: 2, 4: S - 1}  # query: key
+    poisoned = mask.copy()
+    for i, j in hit.items():
+        poisoned[i, j] = nan
+    clean = cpu.adaptive_attention(q, k, v, mask)
+    got = cpu.adaptive_attention(q, k, v, poisoned)
+    for i in range(6):
+        if i in hit:
+            assert np.isnan(got[0, i]).all(), i
+        else:
+            assert got[0, i].tobytes() == clean[0, i].tobytes(), i
 
 
 def test_empty_rows() -> None:
