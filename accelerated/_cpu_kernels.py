@@ -22,6 +22,10 @@ Floating-point discipline
   copy inside the kernel's cached code, optimised again and with its reassociated sums
   ordered otherwise), and a program's first run gave other bits than its later runs
   (``tests/test_cpu_regressions.py::test_bits_do_not_depend_on_the_process_history``).
+* A row's maximum is taken without counting its NaNs (:func:`row_max`): a NaN reaches
+  the row's sums (the clamps before an exponential keep it) and makes them NaN, the
+  kernels' test for an invalid row; a row whose maximum is ``-inf`` is scanned with
+  :func:`any_nan`, since a NaN with its sign bit set orders below ``-inf``.
 * Sums are blocked: :data:`BLOCK` items are summed by the vectorised loop, and the
   block sums are added with Neumaier's compensated summation in a flag-free
   helper.
