@@ -163,23 +163,35 @@ def operands_log2_bound(q: torch.Tensor, k: torch.Tensor, scale: float) -> float
 def _scan(tensors: list[torch.Tensor]) -> torch.Tensor:
     r"""The largest magnitude :math:`\max |t|` of each tensor, on the device.
 
-    One fused reduction per tensor (``vector_norm`` of order :math:`\infty`:
-    each tensor is read once, no temporary of its size), stacked so that one
-    device-to-host copy (``.tolist()``) reads them all; the caller reads it
-    as late as it can, so that its own host work overlaps the reductions.
-    NaN where the tensor holds a NaN, ``inf`` where it holds an infinity and no
-    NaN, 0.0 for an empty tensor. Under ``vmap``, of all slices together
-    (:func:`~._torch_common.unwrapped`).
+    One fused reduction per tensor (each tensor is read once, no temporary of its
+    size; see :func:`_magnitude`), stacked so that one device-to-host copy
+    (``.tolist()``) reads them all; the caller reads it as late as it can, so
+    that its own host work overlaps the reductions. NaN where the tensor holds a
+    NaN, ``inf`` where it holds an infinity and no NaN, 0.0 for an empty tensor.
+    Under ``vmap``, of all slices together (:func:`~._torch_common.unwrapped`).
     """
     tensors = [unwrapped(t) for t in tensors]
     with torch.no_grad():  # the tensors share a dtype, in which each maximum is exact
         norms = [
-            torch.linalg.vector_norm(t, math.inf)
-            if t.numel()
-            else torch.zeros((), dtype=t.dtype, device=t.device)
+            _magnitude(t) if t.numel() else torch.zeros((), dtype=t.dtype, device=t.device)
             for t in tensors
         ]
         return torch.stack(norms)
+
+
+def _magnitude(t: torch.Tensor) -> torch.Tensor:
+    r""":math:`\max |t|` of the non-empty `t` as a 0-d tensor of its dtype (NaN propagates).
+
+    On CUDA ``vector_norm`` of order :math:`\infty`; on the CPU the larger of
+    ``-min`` and ``max`` from one ``aminmax``, which torch 2.13 runs vectorised
+    where its :math:`\infty`-norm is not: on 32 × 4096 × 64 float32 entries, two
+    threads, 0.9 ms against 11 ms (13 × and 6 × in float64 and bfloat16). The
+    maximum's magnitude is exact either way, and a NaN or infinity reaches it.
+    """
+    if t.device.type == "cpu":
+        low, high = torch.aminmax(t)
+        return torch.maximum(high, -low)
+    return torch.linalg.vector_norm(t, math.inf)
 
 
 def _start_read(t: torch.Tensor) -> Callable[[], list[float]]:

@@ -900,3 +900,32 @@ def test_small_values_beside_huge_ones_keep_their_bits(backend):
     out = adaptive_attention(q, k, v, enable_gqa=True, backend=backend)
     rep = (q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
     assert_attention_close(out, rep)
+
+
+# ---------------------------------------------------------------- the operands' scan
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=str
+)
+def test_operand_scan_is_the_largest_magnitude(dtype):
+    """The scan's max |t| (aminmax on the CPU): exact, NaN over inf, inf, empty gives 0."""
+    from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
+
+    g = torch.Generator().manual_seed(4)
+    base = torch.randn(3, 5, 7, generator=g).to(dtype)
+    cases = {"random": base, "negative peak": base - 100, "positive peak": base + 100}
+    for name, t in cases.items():
+        want = t.abs().amax()
+        assert A._scan([t]).tolist() == [want.item()], name
+    for spot, want in ((math.inf, math.inf), (-math.inf, math.inf), (math.nan, math.nan)):
+        for place in (0, 50, 104):
+            t = base.clone().reshape(-1)
+            t[place] = spot
+            got = A._scan([t.reshape(3, 5, 7)]).item()
+            assert got == want or (math.isnan(want) and math.isnan(got)), (spot, place)
+    t = base.clone().reshape(-1)
+    t[3], t[9] = math.inf, -math.nan
+    assert math.isnan(A._scan([t]).item())  # a NaN of either sign wins over an infinity
+    peak = base.abs().amax().item()
+    assert A._scan([base, torch.empty(0, 4, dtype=dtype), -base]).tolist() == [peak, 0.0, peak]

@@ -47,11 +47,11 @@ def host(calls: int, runs: int) -> dict[str, float]:
     torch.set_num_threads(1)
     q, k, v = (torch.randn(1, 1, 16, 16).half() for _ in range(3))
     marks: dict[str, float] = {}
-    norm, sdpa = torch.linalg.vector_norm, A.F.scaled_dot_product_attention
+    magnitude, sdpa = A._magnitude, A.F.scaled_dot_product_attention
 
-    def first_kernel(*args, **kwargs):
+    def first_kernel(t):
         marks.setdefault("first", time.perf_counter())
-        return norm(*args, **kwargs)
+        return magnitude(t)
 
     def pass1(q4, *args, **kwargs):
         marks["pass1"] = time.perf_counter()
@@ -66,7 +66,7 @@ def host(calls: int, runs: int) -> dict[str, float]:
     tri.triton_entropy = pass1
     # the β kernel's launch, stubbed like pass 1's (its host cost on a GPU is not seen here)
     TB.triton_polynomial_beta = lambda schedule, h, dtype: torch.ones(h.shape, dtype=dtype)
-    torch.linalg.vector_norm = first_kernel
+    A._magnitude = first_kernel
     A.F = type("F", (), {"scaled_dot_product_attention": staticmethod(pass2)})
     phases = ("call to first kernel", "first kernel to pass 1", "pass 1 to pass 2", "call")
     best = dict.fromkeys(phases, float("inf"))
