@@ -255,7 +255,7 @@ def shifted_logits(
     """
     m = torch.amax(x, dim=-1, keepdim=True)
     m_safe = torch.where(m == -torch.inf, torch.zeros_like(m), m)
-    d = torch.where(masked, torch.zeros_like(x), x - m_safe)
+    d = torch.where(masked, 0.0, x - m_safe)  # a scalar branch: no tensor of x's size
     if log2_unit:
         d = mul_pow2(d, log2_unit)
     d = torch.clamp(d, min=-torch.finfo(x.dtype).max)

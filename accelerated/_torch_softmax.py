@@ -49,7 +49,7 @@ def adaptive_softmax_lastdim(
     z, m = shifted_logits(x, masked, log2_unit)
     entropy = None
     if schedule.needs_entropy:
-        e = torch.where(masked, torch.zeros_like(z), torch.exp(z))
+        e = torch.where(masked, 0.0, torch.exp(z))  # a scalar branch: no tensor of x's size
         s = e.sum(-1)
         if entropy_eps == 0.0:
             entropy = entropy_from_stats(s, (e * z).sum(-1))
@@ -76,7 +76,7 @@ def adaptive_softmax_lastdim(
     if detach_beta:
         beta = beta.detach()
     zb = z.to(beta.dtype) if wide else z
-    y = torch.where(masked, torch.full_like(zb, -torch.inf), beta.unsqueeze(-1) * zb)
+    y = torch.where(masked, -torch.inf, beta.unsqueeze(-1) * zb)
     if _beta_may_be_tiny(schedule, x.dtype):
         y = _overflowed_shifts(x, z, m, masked, beta, log2_unit, y)
     e2 = torch.exp(y)
