@@ -963,7 +963,7 @@ def _tile_logits(
         add = p.add[..., i0:i1, :].to(x.dtype)
         if unit:
             add = mul_pow2(add, -unit)
-        x = torch.where(p.keep[..., i0:i1, :], x + add, torch.full_like(x, -torch.inf))
+        x = torch.where(p.keep[..., i0:i1, :], x + add, -torch.inf)
     elif p.keep is not None:
         x = x.masked_fill(~p.keep[..., i0:i1, :], -torch.inf)
     elif p.is_causal:
@@ -1123,7 +1123,7 @@ def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Te
     def stats(x: torch.Tensor, unit: int) -> tuple[torch.Tensor, torch.Tensor]:
         masked = x == -torch.inf
         z, m = shifted_logits(x, masked, unit)
-        e = torch.where(masked, torch.zeros_like(z), torch.exp(z))
+        e = torch.where(masked, 0.0, torch.exp(z))
         s = e.sum(-1)
         h = entropy_from_stats(s, (e * z).sum(-1))
         m = m.squeeze(-1)
@@ -1198,13 +1198,13 @@ def entropy_lse_backward(
         # here, so its maximum and sum are at hand; p does not depend on the shift (detached)
         m = torch.where(valid, x, -torch.inf).amax(-1, keepdim=True).detach()
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        z = torch.clamp(torch.where(valid, x - m, torch.zeros_like(x)), min=-big)
-        e = torch.where(valid, torch.exp(z), torch.zeros_like(z))
+        z = torch.clamp(torch.where(valid, x - m, 0.0), min=-big)
+        e = torch.where(valid, torch.exp(z), 0.0)
         s = e.sum(-1, keepdim=True)
         s = torch.where(s > 0, s, torch.ones_like(s))
         log_p = z - torch.log(s)
         dx = (e / s) * (d_lse[..., i0:i1, :] - d_ent[..., i0:i1, :] * (log_p + ent[..., i0:i1, :]))
-        dx = torch.where(valid, dx, torch.zeros_like(dx))
+        dx = torch.where(valid, dx, 0.0)
         qt = qs[..., i0:i1, :]
         if g > 1:
             dxg = dx.unflatten(1, (k.shape[1], g))  # (B, H/g, g, l, S)
@@ -1813,9 +1813,9 @@ def attention(
         out = _nonfinite_columns(p, v_orig, out)
     if p.keep is not None:
         # a query with no unmasked key gives zeros (causal rows always keep key 0)
-        out = torch.where((p.n_eff == 0).unsqueeze(-1), torch.zeros_like(out), out)
+        out = torch.where((p.n_eff == 0).unsqueeze(-1), 0.0, out)
     if p.bad is not None:
-        out = torch.where(p.bad.unsqueeze(-1), torch.full_like(out, torch.nan), out)
+        out = torch.where(p.bad.unsqueeze(-1), torch.nan, out)
     return out
 
 
