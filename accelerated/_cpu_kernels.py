@@ -22,10 +22,11 @@ Floating-point discipline
   copy inside the kernel's cached code, optimised again and with its reassociated sums
   ordered otherwise), and a program's first run gave other bits than its later runs
   (``tests/test_cpu_regressions.py::test_bits_do_not_depend_on_the_process_history``).
-* A row's maximum is taken without counting its NaNs (:func:`row_max`): a NaN reaches
-  the row's sums (the clamps before an exponential keep it) and makes them NaN, the
-  kernels' test for an invalid row; a row whose maximum is ``-inf`` is scanned with
-  :func:`any_nan`, since a NaN with its sign bit set orders below ``-inf``.
+* A row's maximum is taken without counting its NaNs (:func:`row_max`, classified by
+  :func:`max_kind`): a NaN reaches the row's sums (the clamps before an exponential
+  keep it) and makes them NaN, the kernels' test for an invalid row; a row whose
+  maximum is ``-inf`` is scanned with :func:`any_nan`, since a NaN with its sign bit
+  set orders below ``-inf``.
 * Sums are blocked: :data:`BLOCK` items are summed by the vectorised loop, and the
   block sums are added with Neumaier's compensated summation in a flag-free
   helper.
@@ -578,6 +579,20 @@ def any_nan(xs):
     return found
 
 
+@njit(forceinline=True, cache=True)
+def max_kind(m, xs):
+    """The row code of `xs` from its :func:`row_max` `m`, before its sums are formed.
+
+    ``ROW_MASKED`` for a maximum of ``-inf`` with no NaN below it (only these rows
+    are scanned, with :func:`any_nan`), ``ROW_INVALID`` for a NaN or ``+inf``
+    maximum or a NaN below ``-inf``, else ``ROW_REGULAR``: a NaN whose sign bit is
+    set may still be in that row, and the caller's sums find it.
+    """
+    if m == -np.inf:
+        return ROW_INVALID if any_nan(xs) else ROW_MASKED
+    return ROW_REGULAR if m == m and m != np.inf else ROW_INVALID
+
+
 @njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _block_stats(x, lo, hi, m, out, store):
     # accumulate in the input's precision within a block (float32 keeps 16 lanes)
@@ -779,9 +794,10 @@ def row_entropy(x, lo, hi, out, store, eps):
     if hi == lo:
         return ROW_EMPTY, -np.inf, 0, 0, 0.0, 0.0, 0.0
     m = row_max(x[lo:hi])
-    if m == -np.inf and not any_nan(x[lo:hi]):
+    kind = max_kind(m, x[lo:hi])
+    if kind == ROW_MASKED:
         return ROW_MASKED, m, 0, 0, 0.0, 0.0, 0.0
-    if not (m > -np.inf and m < np.inf):  # a NaN maximum, +inf, or a NaN below -inf
+    if kind == ROW_INVALID:
         return ROW_INVALID, np.nan, 0, 0, 0.0, 0.0, np.nan
     c, n_eff, r, t = pass_stats(x, lo, hi, m, out, store)
     if r != r:  # a NaN item that row_max missed
@@ -884,18 +900,13 @@ def rows_adaptive(x, out, eps, kind_of_schedule, coeffs, threshold, const, h_cut
             # code measured twice as slow on 64-item rows
             lo = i * n
             hi = lo + n
-            kind = ROW_REGULAR
             s = 0.0
             beta = 1.0
             m = row_max(xf[lo:hi])
-            if hi == lo:
-                kind = ROW_EMPTY
-            elif m == -np.inf and not any_nan(xf[lo:hi]):
-                kind = ROW_MASKED
-            elif not (m > -np.inf and m < np.inf):  # NaN, +inf, or a NaN below -inf
-                kind = ROW_INVALID
+            kind = ROW_EMPTY if hi == lo else max_kind(m, xf[lo:hi])
+            if kind == ROW_INVALID:
                 beta = np.nan
-            else:
+            elif kind == ROW_REGULAR:
                 s, t = pass_st(xf, lo, hi, m, of)
                 if s != s:  # a NaN item that row_max missed
                     kind = ROW_INVALID
@@ -1008,10 +1019,9 @@ def rows_softmax_short(x, out):
         xs = x[i]
         os = out[i]
         m = row_max(xs)
-        s = np.nan  # a NaN or +inf maximum: an invalid row
-        if m == -np.inf:  # every item masked, unless a NaN hides below -inf
-            s = np.nan if any_nan(xs) else 0.0
-        elif m == m and m != np.inf:
+        kind = max_kind(m, xs)
+        s = np.nan if kind == ROW_INVALID else 0.0
+        if kind == ROW_REGULAR:
             s = _short_s(xs, m, os)
         if s != s:
             _short_fill(os, like_array(np.nan, xs))
@@ -1028,12 +1038,13 @@ def _short_row_first(x, out, i, eps, kind_of_schedule, coeffs, threshold, const,
     os = out[i]
     n = xs.size
     m = row_max(xs)
-    if m == -np.inf and not any_nan(xs):  # every item masked
+    kind = max_kind(m, xs)
+    if kind == ROW_MASKED:  # every item masked
         _short_fill(os, like_array(0.0, xs))
         return 1.0, m, 0
-    s = like_array(np.nan, xs)  # a NaN or +inf maximum, or a NaN below -inf
+    s = like_array(np.nan, xs)
     t = s
-    if m > -np.inf and m < np.inf:
+    if kind == ROW_REGULAR:
         s, t = _short_st(xs, m, os)
     if s != s:  # a NaN item
         _short_fill(os, like_array(np.nan, xs))
@@ -1155,9 +1166,10 @@ def chunk_states(x, chunk, m_out, nnan_out, c_out, neff_out, r_out, t_out):
         lo = k * chunk
         hi = min(lo + chunk, n)
         m = row_max(x[lo:hi])
-        nan = m != m or (m == -np.inf and any_nan(x[lo:hi]))
+        kind = max_kind(m, x[lo:hi])
+        nan = kind == ROW_INVALID and m != np.inf
         c, n_eff, r, t = 0, 0, 0.0, 0.0
-        if not nan and m > -np.inf and m < np.inf:
+        if kind == ROW_REGULAR:
             c, n_eff, r, t = pass_stats(x, lo, hi, m, x, False)
             if r != r:  # a NaN item that row_max missed
                 nan = True
@@ -1418,9 +1430,10 @@ def attention_stats(
                 wide = True
                 break
             m = row_max(buf[: j1 - j0])
-            if m == -np.inf and not any_nan(buf[: j1 - j0]):
+            kind = max_kind(m, buf[: j1 - j0])
+            if kind == ROW_MASKED:
                 continue
-            if not (m > -np.inf and m < np.inf):  # NaN, +inf, or a NaN below -inf
+            if kind == ROW_INVALID:
                 bad = True
                 break
             c, n_eff, r, t = pass_stats(buf, 0, j1 - j0, m, buf, False)
