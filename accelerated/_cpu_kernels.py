@@ -1347,41 +1347,125 @@ def _ol_lowest_like(arr):
     return lambda arr: -_FLOAT64_MAX
 
 
+#: Queries whose logits are formed together: each key row is read once for all of them
+QUERY_BLOCK = 4
+
+
 @njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
-def _dot(q, k, i, j):
-    # q[i] . k[j] in the inputs' precision; the order of the sum is free (the documented
+def _dot1(q, i, kr):
+    # q[i] . kr in the inputs' precision; the order of the sum is free (the documented
     # logit error (d + 2) u sum |q_f k_f| holds for any order), so it vectorises
     acc = like_array(0.0, q)
-    for f in range(q.shape[1]):
-        acc += q[i, f] * k[j, f]
+    for f in range(kr.shape[0]):
+        acc += q[i, f] * kr[f]
     return acc
 
 
-@njit(cache=True)
-def _logits_block(q, k, addmask, keep, causal, qbad, kbad, i, j0, j1, scale, buf):
-    """Logits of query `i` against keys ``[j0, j1)`` into `buf` (dtype of `q`).
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
+def _dot4(q, i0, i1, i2, i3, kr):
+    # the dot products of four query rows with one key row, which is loaded once for the
+    # four: twice the throughput of four calls of _dot1 at d = 64 and 128
+    a0 = like_array(0.0, q)
+    a1 = a0
+    a2 = a0
+    a3 = a0
+    for f in range(kr.shape[0]):
+        x = kr[f]
+        a0 += q[i0, f] * x
+        a1 += q[i1, f] * x
+        a2 += q[i2, f] * x
+        a3 += q[i3, f] * x
+    return a0, a1, a2, a3
 
-    ``-inf`` for a masked key (boolean mask, causal mask or an additive ``-inf``, whatever
-    the dot product), NaN for a kept key when query `i` or the key has a non-finite
-    component (as in the reference). Returns True when a logit of finite inputs left the
-    float range (its row goes to the wide kernels).
+
+@njit(inline="always")
+def _logit(dot, addmask, keep, qbad, kb, i, j, scale, buf):
+    """The logit of query `i` and key `j` from their dot product, and whether it overflowed.
+
+    ``-inf`` for a key the boolean mask drops or an additive ``-inf`` masks (whatever the
+    dot product), NaN for a kept key when the query or the key has a non-finite
+    component (as in the reference); else ``scale * dot + mask`` in float64, rounded to
+    the dtype of `buf`. The flag is True when that logit of finite inputs left the float
+    range (its row goes to the wide kernels). The causal mask is the caller's.
     """
-    overflow = False
+    if not keep[i, j]:
+        return like_array(-np.inf, buf), False
+    if qbad or kb:
+        return like_array(np.nan, buf), False
+    a = np.float64(addmask[i, j])
+    if a == -np.inf:
+        return like_array(-np.inf, buf), False
+    xr = like_array(scale * np.float64(dot) + a, buf)
+    return xr, (math.isinf(xr) or math.isnan(xr)) and abs(a) <= _FLOAT64_MAX
+
+
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
+def _dots(q, k, i0, nq, j0, j1, buf):
+    # buf[a, j - j0] = q[i0 + a] . k[j]: one query, or four at a time (rows past the
+    # block repeat its last query; their dot products are not read)
+    if nq == 1:
+        for j in range(j0, j1):
+            buf[0, j - j0] = _dot1(q, i0, k[j])
+        return
+    r1 = min(i0 + 1, i0 + nq - 1)
+    r2 = min(i0 + 2, i0 + nq - 1)
+    r3 = min(i0 + 3, i0 + nq - 1)
     for j in range(j0, j1):
-        x = -np.inf
-        if (causal and j > i) or not keep[i, j]:
-            pass
-        elif qbad or kbad[j]:
-            x = np.nan
+        d0, d1, d2, d3 = _dot4(q, i0, r1, r2, r3, k[j])
+        buf[0, j - j0] = d0
+        buf[1, j - j0] = d1
+        buf[2, j - j0] = d2
+        buf[3, j - j0] = d3
+
+
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
+def _scale_row(row, scale):
+    # row <- scale * row, each product in float64 rounded once to the row's dtype; whether
+    # one of them is not finite (no reduction over NaN flags: max of 0/1 values)
+    out = 0
+    for c in range(row.size):
+        x = like_array(scale * np.float64(row[c]), row)
+        row[c] = x
+        out = max(out, 0 if abs(x) < np.inf else 1)
+    return out
+
+
+@njit(cache=True)
+def _logits_tile(q, k, addmask, keep, plain, causal, qbad, kbad, i0, nq, j0, j1, scale, buf):
+    """Logits of queries ``[i0, i0 + nq)`` against keys ``[j0, j1)`` into ``buf[a, j - j0]``.
+
+    Each logit as :func:`_logit` gives it, in the dtype of `q`, and ``-inf`` where
+    `causal` drops the key (``j > i``). `plain` says that the mask is neither boolean
+    nor additive (all kept, nothing added): then the logits are scaled row by row in one
+    vectorised loop. A block of more than one query is computed four rows at a time
+    (:func:`_dot4`), so that a query's logits come from the same operations in both
+    passes and in every call with the same query length. Returns a bit mask of the
+    block's rows with an overflowed logit.
+    """
+    _dots(q, k, i0, nq, j0, j1, buf)
+    wide = 0
+    for a in range(nq):
+        i = i0 + a
+        row = buf[a, : j1 - j0]
+        if plain:
+            if _scale_row(row, scale) or qbad[i]:
+                # a non-finite logit: from a non-finite query or key (NaN, as in the
+                # reference) or beyond the float range (a wide row)
+                for j in range(j0, j1):
+                    if qbad[i] or kbad[j]:
+                        row[j - j0] = np.nan
+                    elif not (math.isfinite(row[j - j0]) or (causal and j > i)):
+                        wide |= 1 << a
         else:
-            a = np.float64(addmask[i, j])
-            if a != -np.inf:
-                x = scale * np.float64(_dot(q, k, i, j)) + a
-                xr = like_array(x, buf)
-                if (math.isinf(xr) or math.isnan(xr)) and abs(a) <= _FLOAT64_MAX:
-                    overflow = True
-        buf[j - j0] = like_array(x, buf)
-    return overflow
+            for j in range(j0, j1):
+                x, o = _logit(row[j - j0], addmask, keep, qbad[i], kbad[j], i, j, scale, buf)
+                row[j - j0] = x
+                if o and not (causal and j > i):
+                    wide |= 1 << a
+        if causal:
+            for j in range(max(j0, i + 1), j1):
+                row[j - j0] = -np.inf
+    return wide
 
 
 @njit(cache=True)
@@ -1391,9 +1475,15 @@ def _slice_operands(qs, ks, addmasks, keeps, qbads, kbads, slices, n):
     return qs[at[0]], ks[at[1]], addmasks[at[3]], keeps[at[4]], qbads[at[0]], kbads[at[1]]
 
 
+@njit(cache=True)
+def _key_end(causal, S, i0, nq):
+    """The keys a block of queries ``[i0, i0 + nq)`` can attend to end here."""
+    return min(S, i0 + nq) if causal else S
+
+
 @njit(parallel=True, cache=True)
 def attention_stats(
-    qs, ks, addmasks, keeps, slices, causal, qbads, kbads, scale, eps,
+    qs, ks, addmasks, keeps, slices, plain, causal, qbads, kbads, scale, eps,
     kind_out, m_out, neff_out, h_out,
 ):  # fmt: skip
     """Pass 1 of adaptive attention for every query row of every (batch, head) slice.
@@ -1401,128 +1491,210 @@ def attention_stats(
     Slice ``n`` reads queries ``qs[slices[n, 0]]`` (L, d), keys ``ks[slices[n, 1]]``
     (S, d), and the mask's ``addmasks[slices[n, 3]]`` and ``keeps[slices[n, 4]]``, (L,
     S) views read in place (broadcast strides allowed); ``qbads`` and ``kbads`` flag
-    the non-finite queries and keys of each stack entry. The (slice, query) pairs are
-    shared out among the threads, so that many small slices make one parallel loop.
-    The streaming state of each query's logits over key blocks (T7), then its
-    entropy, go to row ``(n, i)`` of the outputs; at most ``KEY_BLOCK`` logits are held
-    at once, in the dtype of `qs`. `causal` keeps keys ``j <= i`` only. A row with a
-    logit beyond the float range gets kind :data:`KIND_WIDE`.
+    the non-finite queries and keys of each stack entry. The (slice, block of
+    :data:`QUERY_BLOCK` queries) pairs are shared out among the threads, so that many
+    small slices make one parallel loop. The streaming state of each query's logits
+    over key blocks (T7), then its entropy, go to row ``(n, i)`` of the outputs; at
+    most ``KEY_BLOCK`` logits per query are held at once, in the dtype of `qs`.
+    `causal` keeps keys ``j <= i`` only (later key blocks are not visited). A row with
+    a logit beyond the float range gets kind :data:`KIND_WIDE`.
     """
     L = qs.shape[1]
     S = ks.shape[1]
-    for row in prange(slices.shape[0] * L):
-        n = row // L
-        i = row - n * L
+    nb = (L + QUERY_BLOCK - 1) // QUERY_BLOCK
+    for job in prange(slices.shape[0] * nb):
+        n = job // nb
+        i0 = (job - n * nb) * QUERY_BLOCK
+        nq = min(QUERY_BLOCK, L - i0)
         q, k, addmask, keep, qbad, kbad = _slice_operands(
             qs, ks, addmasks, keeps, qbads, kbads, slices, n
         )
-        buf = np.empty(KEY_BLOCK, q.dtype)
-        M = -np.inf
-        C = 0
-        N = 0
-        R = 0.0
-        T = 0.0
-        bad = False
-        wide = False
-        for j0 in range(0, S, KEY_BLOCK):
-            j1 = min(j0 + KEY_BLOCK, S)
-            if _logits_block(q, k, addmask, keep, causal, qbad[i], kbad, i, j0, j1, scale, buf):
-                wide = True
+        buf = np.empty((QUERY_BLOCK, KEY_BLOCK), q.dtype)
+        # per row of the block: the state (m, c, n_eff, r, t) and whether it is done
+        # (an invalid or wide row: its later key blocks are not looked at)
+        Ms = np.full(QUERY_BLOCK, -np.inf)
+        Cs = np.zeros(QUERY_BLOCK, np.int64)
+        Ns = np.zeros(QUERY_BLOCK, np.int64)
+        Rs = np.zeros(QUERY_BLOCK)
+        Ts = np.zeros(QUERY_BLOCK)
+        codes = np.zeros(QUERY_BLOCK, np.int64)  # 0, ROW_INVALID or KIND_WIDE
+        S1 = _key_end(causal, S, i0, nq)
+        for j0 in range(0, S1, KEY_BLOCK):
+            j1 = min(j0 + KEY_BLOCK, S1)
+            wide = _logits_tile(
+                q, k, addmask, keep, plain, causal, qbad, kbad, i0, nq, j0, j1, scale, buf
+            )
+            live = 0
+            for a in range(nq):
+                if codes[a] != 0:
+                    continue
+                if wide & (1 << a):
+                    codes[a] = KIND_WIDE
+                    continue
+                row = buf[a, : j1 - j0]
+                m = row_max(row)
+                kind = max_kind(m, row)
+                if kind == ROW_INVALID:
+                    codes[a] = ROW_INVALID
+                    continue
+                live += 1
+                if kind == ROW_MASKED:
+                    continue
+                c, n_eff, r, t = pass_stats(row, 0, j1 - j0, m, row, False)
+                if r != r:  # a NaN logit that row_max missed
+                    codes[a] = ROW_INVALID
+                    continue
+                Ms[a], Cs[a], Ns[a], Rs[a], Ts[a] = merge_state(
+                    Ms[a], Cs[a], Ns[a], Rs[a], Ts[a], np.float64(m), c, n_eff, r, t
+                )
+            if live == 0:
                 break
-            m = row_max(buf[: j1 - j0])
-            kind = max_kind(m, buf[: j1 - j0])
-            if kind == ROW_MASKED:
-                continue
-            if kind == ROW_INVALID:
-                bad = True
-                break
-            c, n_eff, r, t = pass_stats(buf, 0, j1 - j0, m, buf, False)
-            if r != r:  # a NaN logit that row_max missed
-                bad = True
-                break
-            M, C, N, R, T = merge_state(M, C, N, R, T, np.float64(m), c, n_eff, r, t)
-        m_out[n, i] = M
-        neff_out[n, i] = N
-        if wide:
-            kind_out[n, i] = KIND_WIDE
-            h_out[n, i] = np.nan
-        elif bad:
-            kind_out[n, i] = ROW_INVALID
-            h_out[n, i] = np.nan
-        elif M == -np.inf:
-            kind_out[n, i] = ROW_MASKED
-            h_out[n, i] = 0.0
-        elif eps > 0.0:
-            kind_out[n, i] = ROW_REGULAR
-            inv_s = 1.0 / (C + R)
-            h_acc = 0.0
-            for j0 in range(0, S, KEY_BLOCK):
-                j1 = min(j0 + KEY_BLOCK, S)
-                _logits_block(q, k, addmask, keep, causal, qbad[i], kbad, i, j0, j1, scale, buf)
-                h_acc += pass_entropy_eps(buf, 0, j1 - j0, M, inv_s, eps)
-            h_out[n, i] = -h_acc
-        else:
-            kind_out[n, i] = ROW_REGULAR
-            h_out[n, i] = entropy_from_state(C, R, T)
+        regular_eps = False
+        for a in range(nq):
+            i = i0 + a
+            m_out[n, i] = Ms[a]
+            neff_out[n, i] = Ns[a]
+            if codes[a] != 0:
+                kind_out[n, i] = codes[a]
+                h_out[n, i] = np.nan
+            elif Ms[a] == -np.inf:
+                kind_out[n, i] = ROW_MASKED
+                h_out[n, i] = 0.0
+            else:
+                kind_out[n, i] = ROW_REGULAR
+                h_out[n, i] = entropy_from_state(Cs[a], Rs[a], Ts[a])
+                regular_eps = eps > 0.0
+        if regular_eps:
+            # the paper's entropy, -sum p log(p + eps), in a second sweep over the keys
+            hs = np.zeros(QUERY_BLOCK)
+            for j0 in range(0, S1, KEY_BLOCK):
+                j1 = min(j0 + KEY_BLOCK, S1)
+                _logits_tile(
+                    q, k, addmask, keep, plain, causal, qbad, kbad, i0, nq, j0, j1, scale, buf
+                )
+                for a in range(nq):
+                    if kind_out[n, i0 + a] == ROW_REGULAR:
+                        inv_s = 1.0 / (Cs[a] + Rs[a])
+                        hs[a] += pass_entropy_eps(buf[a], 0, j1 - j0, Ms[a], inv_s, eps)
+            for a in range(nq):
+                if kind_out[n, i0 + a] == ROW_REGULAR:
+                    h_out[n, i0 + a] = -hs[a]
+
+
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
+def _accumulate1(acc, w, vr):
+    # acc += w v_j in float64, w > 0
+    for f in range(vr.shape[0]):
+        acc[f] += w * np.float64(vr[f])
+
+
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
+def _accumulate4(acc, w0, w1, w2, w3, vr):
+    # four rows of acc += w v_j in float64, the value row loaded once for the four
+    for f in range(vr.shape[0]):
+        x = np.float64(vr[f])
+        acc[0, f] += w0 * x
+        acc[1, f] += w1 * x
+        acc[2, f] += w2 * x
+        acc[3, f] += w3 * x
+
+
+@njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
+def _weights(row, M, b, low, w):
+    # w = e^(b (x - M)) in float64 for b at least small_beta_like: a masked logit
+    # (-inf) and a finite one whose shift overflowed are clamped to `low`, and their
+    # weight underflows to 0 (see small_beta_like); returns the sum of the weights
+    total = 0.0
+    for j in range(row.size):
+        d = row[j] - M
+        d = d if d >= low else low
+        e = np.float64(fexp(b * d))
+        w[j] = e
+        total += e
+    return total
+
+
+@njit(cache=True)
+def _small_weights(row, M, b64, w):
+    # _weights for a β that is 0 or nearly so: each exponent in float64 from
+    # tempered_exponent, where an overflowed shift keeps its weight and a masked logit
+    # gets 0 for any β (0 * -inf would be NaN)
+    total = 0.0
+    for j in range(row.size):
+        e = exp64(tempered_exponent(np.float64(row[j]), M, b64))
+        w[j] = e
+        total += e
+    return total
 
 
 @njit(parallel=True, cache=True)
 def attention_apply(
-    qs, ks, vs, addmasks, keeps, slices, causal, qbads, kbads, scale, kind, m, beta, out
+    qs, ks, vs, addmasks, keeps, slices, plain, causal, qbads, kbads, scale, kind, m, beta, out
 ):
     """Pass 2 of adaptive attention: tempered weights accumulated into `out` (N, L, dv).
 
-    The slices and stacks are those of :func:`attention_stats`, the values of slice
-    ``n`` ``vs[slices[n, 2]]`` (S, dv). Logits and exponentials in the dtype of `qs`,
-    the weighted sums in float64. Rows of kind :data:`KIND_WIDE` are left alone.
+    The slices, stacks and query blocks are those of :func:`attention_stats`, the values
+    of slice ``n`` ``vs[slices[n, 2]]`` (S, dv). Logits and exponentials in the dtype of
+    `qs`, the weighted sums in float64 (a block's four rows read each value row once).
+    Rows of kind :data:`KIND_WIDE` are left alone.
     """
     L = qs.shape[1]
     S = ks.shape[1]
     dv = vs.shape[2]
-    for row in prange(slices.shape[0] * L):
-        n = row // L
-        i = row - n * L
+    nb = (L + QUERY_BLOCK - 1) // QUERY_BLOCK
+    for job in prange(slices.shape[0] * nb):
+        n = job // nb
+        i0 = (job - n * nb) * QUERY_BLOCK
+        nq = min(QUERY_BLOCK, L - i0)
         q, k, addmask, keep, qbad, kbad = _slice_operands(
             qs, ks, addmasks, keeps, qbads, kbads, slices, n
         )
         v = vs[slices[n, 2]]
-        if kind[n, i] == KIND_WIDE:
+        regular = 0
+        for a in range(nq):
+            ka = kind[n, i0 + a]
+            if ka == ROW_REGULAR:
+                regular += 1
+            elif ka != KIND_WIDE:
+                fill = np.nan if ka == ROW_INVALID else 0.0
+                for f in range(dv):
+                    out[n, i0 + a, f] = fill
+        if regular == 0:
             continue
-        if kind[n, i] != ROW_REGULAR:
-            fill = np.nan if kind[n, i] == ROW_INVALID else 0.0
-            for f in range(dv):
-                out[n, i, f] = fill
-            continue
-        buf = np.empty(KEY_BLOCK, q.dtype)
-        acc = np.zeros(dv)
-        total = 0.0
-        M = like_array(m[n, i], buf)
-        b = beta_like(beta[n, i], like_array(0.0, buf))
+        buf = np.empty((QUERY_BLOCK, KEY_BLOCK), q.dtype)
+        w = np.zeros((QUERY_BLOCK, KEY_BLOCK))  # rows not regular keep weight 0
+        acc = np.zeros((QUERY_BLOCK, dv))
+        totals = np.zeros(QUERY_BLOCK)
         low = lowest_like(buf)
-        # a β that is 0 or nearly so: exponents in float64 from tempered_exponent, where
-        # an overflowed shift keeps its weight (see small_beta_like)
-        b64 = min(beta[n, i], _F64_MAX)
-        small = b64 < small_beta_like(buf)
-        for j0 in range(0, S, KEY_BLOCK):
-            j1 = min(j0 + KEY_BLOCK, S)
-            _logits_block(q, k, addmask, keep, causal, qbad[i], kbad, i, j0, j1, scale, buf)
-            for j in range(j1 - j0):
-                if buf[j] == -np.inf:
-                    continue  # masked: weight 0 for any β (0 * -inf would be NaN)
-                if small:
-                    w = exp64(tempered_exponent(np.float64(buf[j]), np.float64(M), b64))
-                else:
-                    d = buf[j] - M
-                    # a finite logit whose shift overflowed: weight 0 for this β
-                    d = d if d >= low else low
-                    w = np.float64(fexp(b * d))
-                if w != 0.0:
-                    total += w
-                    for f in range(dv):
-                        acc[f] += w * np.float64(v[j0 + j, f])
-        inv = 1.0 / total
-        for f in range(dv):
-            out[n, i, f] = acc[f] * inv
+        S1 = _key_end(causal, S, i0, nq)
+        for j0 in range(0, S1, KEY_BLOCK):
+            j1 = min(j0 + KEY_BLOCK, S1)
+            nk = j1 - j0
+            _logits_tile(q, k, addmask, keep, plain, causal, qbad, kbad, i0, nq, j0, j1, scale, buf)
+            for a in range(nq):
+                if kind[n, i0 + a] == ROW_REGULAR:
+                    ba = beta[n, i0 + a]
+                    b64 = min(ba, _F64_MAX)
+                    if b64 < small_beta_like(buf):
+                        totals[a] += _small_weights(buf[a, :nk], m[n, i0 + a], b64, w[a])
+                    else:
+                        M = like_array(m[n, i0 + a], buf)
+                        b = beta_like(ba, like_array(0.0, buf))
+                        totals[a] += _weights(buf[a, :nk], M, b, low, w[a])
+            if nq == 1:
+                for j in range(nk):
+                    if w[0, j] != 0.0:
+                        _accumulate1(acc[0], w[0, j], v[j0 + j])
+            else:
+                for j in range(nk):
+                    w0, w1, w2, w3 = w[0, j], w[1, j], w[2, j], w[3, j]
+                    if w0 != 0.0 or w1 != 0.0 or w2 != 0.0 or w3 != 0.0:
+                        _accumulate4(acc, w0, w1, w2, w3, v[j0 + j])
+        for a in range(nq):
+            if kind[n, i0 + a] == ROW_REGULAR:
+                inv = 1.0 / totals[a]
+                for f in range(dv):
+                    out[n, i0 + a, f] = acc[a, f] * inv
 
 
 @njit(cache=True)

@@ -705,7 +705,9 @@ def adaptive_attention(
     Pass 1 folds each query's logits, one block of keys at a time, into the
     streaming state of theorem T7 (its entropy, hence β); pass 2 recomputes the
     logits block by block and accumulates the tempered weights times `v`.
-    The queries of every (batch, head) slice run in one parallel loop. Memory is
+    The queries of every (batch, head) slice run in one parallel loop, four at a
+    time (each key and value row is read once for the four; a causal block stops at
+    its last query's keys). Memory is
     the output, a few floats per query, and `q`, `k` and `v` in the working dtype,
     each at its own size (a key tensor shared by the heads is not repeated per
     head); the mask is read in place, by key block, through its broadcast strides
@@ -769,6 +771,7 @@ def adaptive_attention(
     work = np.float32 if low else np.float64
     out_dtype = np.result_type(qa, ka, va)  # float16 only where every operand is
     keep, add = np.ones((1, 1), dtype=bool), np.zeros((1, 1), dtype=work)
+    plain = mask is None  # the kernels then read neither mask term
     if mask is not None:
         keep_m, add_m, lead = _attn_mask(mask, lead, L, S)
         keep = keep if keep_m is None else keep_m
@@ -777,8 +780,9 @@ def adaptive_attention(
     if N == 0:
         return np.zeros((*lead, L, dv), dtype=out_dtype)
     # each operand as a stack of its distinct (batch, head) slices, and each slice's entry
-    # in every stack: the kernels run all the (slice, query) rows in one parallel loop (a
-    # loop over slices here cost 34 µs a slice: 2.2 s for 65537 slices of one query)
+    # in every stack: the kernels run all the (slice, block of queries) pairs in one
+    # parallel loop (a loop over slices here cost 34 µs a slice: 2.2 s for 65537 slices
+    # of one query)
     qs, q_at = slice_stack(qa, lead, work)
     ks, k_at = slice_stack(ka, lead, work)
     vs, v_at = slice_stack(va, lead, work)
@@ -800,11 +804,11 @@ def adaptive_attention(
         at = slices[n]
         return qs[at[0]], ks[at[1]], adds[at[3]], keeps[at[4]], qbads[at[0]], kbads[at[1]]
 
-    # the kernels share out the (slice, query) rows: one row, or little work, runs on
-    # one thread (see _threads_for)
-    with _threads_for(N * L * S * (d + dv) // 16, N * L):
+    # the kernels share out the (slice, block of queries) pairs: one pair, or little work,
+    # runs on one thread (see _threads_for)
+    with _threads_for(N * L * S * (d + dv) // 16, N * -(-L // _k.QUERY_BLOCK)):
         qbads, kbads = _nonfinite_rows(qs), _nonfinite_rows(ks)
-        _k.attention_stats(qs, ks, adds, keeps, slices, causal, qbads, kbads, scale, eps,
+        _k.attention_stats(qs, ks, adds, keeps, slices, plain, causal, qbads, kbads, scale, eps,
                            kinds, ms, neffs, hs)  # fmt: skip
         wide = kinds == _k.KIND_WIDE
         kexps: dict[int, int] = {}
@@ -820,7 +824,7 @@ def adaptive_attention(
         betas[kinds == ROW_INVALID] = np.nan
         betas[kinds == ROW_MASKED] = 1.0
         apply_kinds = np.where(wide, _k.KIND_WIDE, kinds)
-        _k.attention_apply(qs, ks, vs, adds, keeps, slices, causal, qbads, kbads, scale,
+        _k.attention_apply(qs, ks, vs, adds, keeps, slices, plain, causal, qbads, kbads, scale,
                            apply_kinds, ms, betas, out)  # fmt: skip
         for n, kexp in kexps.items():
             qi, ki, ai, ke, qbad, kbad = operands(n)

@@ -541,6 +541,55 @@ def test_attention_is_causal_matches_the_reference():
         cpu.adaptive_attention(q, k, v, is_causal=1)
 
 
+def _block_case(rng, L, S, dtype, kind):
+    """Operands whose special rows fall at every position of a block of queries."""
+    q = rng.normal(size=(L, 8))
+    k = rng.normal(size=(S, 8))
+    v = rng.normal(size=(S, 3))
+    if L > 2:
+        q[2, 5] = np.nan  # one query of the block invalid, the others not
+    if L > 4:  # the head of the second block: every logit -inf, yet the row is NaN
+        k[:, 0] = np.abs(k[:, 0]) + 0.5
+        q[4] = 0.0
+        q[4, 0] = -np.inf
+    if L > 1:
+        q[1] *= 1e200 if dtype == np.float64 else 1e30  # logits beyond the float range
+        k[: S // 2] *= 1e200 if dtype == np.float64 else 1e30
+    k[S - 1, 0] = np.inf  # the last key: masked by the triangle for early queries
+    mask = None
+    if kind == "bool":
+        mask = rng.random((L, S)) < 0.7
+        mask[0] = False  # a fully masked query at the head of a block
+    elif kind == "additive":
+        mask = np.where(rng.random((L, S)) < 0.7, rng.normal(size=(L, S)), -np.inf)
+        mask[L - 1] = -np.inf
+    return [a.astype(dtype) for a in (q, k, v)], mask
+
+
+@pytest.mark.parametrize("kind", ["none", "causal", "bool", "additive"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize(("L", "S"), [(1, 3), (2, 131), (3, 129), (5, 4), (6, 130), (9, 257)])
+def test_attention_query_blocks_match_the_reference(L, S, dtype, kind) -> None:
+    """The kernels form the logits of four queries at once (the last block repeats its
+    final query) and stop a causal block at its last query's keys: every row of every
+    block -- fully masked, invalid (a NaN component), with logits beyond the float range,
+    regular -- must still be the reference's, at every query count modulo four and key
+    counts on either side of a key block (128)."""
+    rng = np.random.default_rng(L * 1000 + S)
+    (q, k, v), mask = _block_case(rng, L, S, dtype, kind)
+    causal = kind == "causal"
+    got = cpu.adaptive_attention(q, k, v, mask=mask, is_causal=causal)
+    ref = reference.adaptive_attention(q, k, v, mask=mask, is_causal=causal, dtype=dtype)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_allclose(got, ref, rtol=3e-5 if dtype == np.float32 else 1e-12, atol=1e-30)
+    for i in range(L):  # each query alone: the same output, whatever its block
+        row_mask = None if mask is None else mask[i : i + 1]
+        if causal:
+            row_mask = np.arange(S)[None] <= i
+        one = cpu.adaptive_attention(q[i : i + 1], k, v, mask=row_mask)
+        np.testing.assert_allclose(one[0], got[i], rtol=3e-5 if dtype == np.float32 else 1e-12)
+
+
 def _broadcast_operands(rng, pattern):
     """q, k, v and a mask over (batch 2, heads 3) slices, broadcast as `pattern` says."""
     views = {

@@ -746,7 +746,7 @@ def test_fast_math_stays_where_it_is_declared() -> None:
         if isinstance(obj, Dispatcher)
     }
     flagged = {name for name, d in jitted.items() if d.targetoptions.get("fastmath")}
-    assert {"exp64", "exp32", "_block_stats", "_short_s", "_dot"} <= flagged
+    assert {"exp64", "exp32", "_block_stats", "_short_s", "_dot1", "_dot4", "_weights"} <= flagged
     for name in sorted(flagged):
         options = jitted[name].targetoptions
         assert options.get("forceinline") is True, name
