@@ -124,6 +124,9 @@ _LN2LO64 = 1.90821492927058770002e-10
 _SHIFT_BITS64 = 0x4338000000000000
 _TWO_M64 = 5.421010862427522e-20  # 2**-64
 #: Lower end of exp64's domain: e^-746 is below half the least subnormal, exp64 gives 0 there.
+#: Below it the exponentials select 0 rather than evaluate there: an evaluation whose last
+#: multiply underflows costs a microcode assist on x86 (flush-to-zero is off), and a row
+#: half of whose items were masked (``-inf``) took 5 to 13 times as long as a dense one.
 _LO64 = -746.0
 
 
@@ -134,11 +137,14 @@ def exp64(x: float) -> float:
     Cody-Waite reduction :math:`x = k \ln 2 + r`, :math:`|r| \le \ln 2 / 2`,
     degree-13 Taylor polynomial, scaling by :math:`2^{k+64}` then
     :math:`2^{-64}` (one rounding for subnormal results). Positive ``x`` is
-    outside the domain and clamped to 0.
+    outside the domain and clamped to 0. Below :data:`_LO64` (``-inf`` too) the
+    result is 0 by a select, the polynomial running on 0 there: no lane's scaling
+    underflows (see :data:`_LO64`).
     """
-    y = _LO64 if x < _LO64 else x
-    y = 0.0 if y > 0.0 else y
-    return exp64_core(y)
+    under = x < _LO64
+    y = 0.0 if under or x > 0.0 else x
+    e = exp64_core(y)
+    return 0.0 if under else e
 
 
 @njit(fastmath=_EXP_FLAGS, forceinline=True, cache=True)
@@ -196,9 +202,10 @@ def exp32(x: np.float32) -> np.float32:
     a degree-6 polynomial :math:`1 + r + r^2 q(r)` whose quartic :math:`q` was fitted
     for the least relative error (:data:`_Q32`).
     """
-    y = _LO32 if x < _LO32 else x
-    y = _ZERO32 if y > _ZERO32 else y
-    return exp32_core(y)
+    under = x < _LO32
+    y = _ZERO32 if under or x > _ZERO32 else x
+    e = exp32_core(y)
+    return _ZERO32 if under else e
 
 
 @njit(fastmath=_EXP_FLAGS, forceinline=True, cache=True)
@@ -960,8 +967,9 @@ def _short_st(xs, m, os):
     t = zero
     for i in range(xs.size):
         d = xs[i] - m
-        d = low if d < low else d
-        e = fexp_core(d)
+        under = d < low
+        d = low if under else d
+        e = zero if under else fexp_core(zero if under else d)
         os[i] = e
         s += e
         t += e * d
@@ -976,7 +984,7 @@ def _short_s(xs, m, os):
     s = zero
     for i in range(xs.size):
         d = xs[i] - m
-        e = fexp_core(low if d < low else d)
+        e = zero if d < low else fexp_core(zero if d < low else d)
         os[i] = e
         s += e
     return np.float64(s)
@@ -990,7 +998,7 @@ def _short_tempered(xs, m, beta, os):
     s = zero
     for i in range(xs.size):
         d = beta * (xs[i] - m)
-        e = fexp_core(low if d < low else d)
+        e = zero if d < low else fexp_core(zero if d < low else d)
         os[i] = e
         s += e
     return np.float64(s)
@@ -1378,27 +1386,6 @@ def _dot4(q, i0, i1, i2, i3, kr):
     return a0, a1, a2, a3
 
 
-@njit(inline="always")
-def _logit(dot, addmask, keep, qbad, kb, i, j, scale, buf):
-    """The logit of query `i` and key `j` from their dot product, and whether it overflowed.
-
-    ``-inf`` for a key the boolean mask drops or an additive ``-inf`` masks (whatever the
-    dot product), NaN for a kept key when the query or the key has a non-finite
-    component (as in the reference); else ``scale * dot + mask`` in float64, rounded to
-    the dtype of `buf`. The flag is True when that logit of finite inputs left the float
-    range (its row goes to the wide kernels). The causal mask is the caller's.
-    """
-    if not keep[i, j]:
-        return like_array(-np.inf, buf), False
-    if qbad or kb:
-        return like_array(np.nan, buf), False
-    a = np.float64(addmask[i, j])
-    if a == -np.inf:
-        return like_array(-np.inf, buf), False
-    xr = like_array(scale * np.float64(dot) + a, buf)
-    return xr, (math.isinf(xr) or math.isnan(xr)) and abs(a) <= _FLOAT64_MAX
-
-
 @njit(fastmath=_LOOP_FLAGS, forceinline=True, cache=True)
 def _dots(q, k, i0, nq, j0, j1, buf):
     # buf[a, j - j0] = q[i0 + a] . k[j]: one query, or four at a time (rows past the
@@ -1430,37 +1417,68 @@ def _scale_row(row, scale):
     return out
 
 
+@njit(forceinline=True, cache=True)
+def _mask_row(row, keeprow, addrow, scale):
+    # row <- scale * row + mask in float64, rounded once to the row's dtype (flag-free: no
+    # contraction into a fused multiply-add), -inf where the boolean mask drops the key or
+    # the additive term is -inf; whether another logit is not finite (a non-finite query
+    # or key, an additive NaN or +inf, or a logit beyond the float range). A non-finite
+    # query or key under an additive -inf is the caller's to find.
+    out = 0
+    ninf = like_array(-np.inf, row)
+    for c in range(row.size):
+        a = np.float64(addrow[c])
+        x = like_array(scale * np.float64(row[c]) + a, row)
+        dropped = not keeprow[c] or a == -np.inf
+        row[c] = ninf if dropped else x
+        out = max(out, 0 if dropped or abs(x) < np.inf else 1)
+    return out
+
+
 @njit(cache=True)
 def _logits_tile(q, k, addmask, keep, plain, causal, qbad, kbad, i0, nq, j0, j1, scale, buf):
     """Logits of queries ``[i0, i0 + nq)`` against keys ``[j0, j1)`` into ``buf[a, j - j0]``.
 
-    Each logit as :func:`_logit` gives it, in the dtype of `q`, and ``-inf`` where
-    `causal` drops the key (``j > i``). `plain` says that the mask is neither boolean
-    nor additive (all kept, nothing added): then the logits are scaled row by row in one
-    vectorised loop. A block of more than one query is computed four rows at a time
-    (:func:`_dot4`), so that a query's logits come from the same operations in both
-    passes and in every call with the same query length. Returns a bit mask of the
-    block's rows with an overflowed logit.
+    Each logit is ``scale * (q_i . k_j) + mask`` in float64 rounded once to the dtype of
+    `q`; ``-inf`` for a masked key (boolean mask, additive ``-inf``, or `causal` and
+    ``j > i``) whatever the dot product; NaN for a kept key when the query or the key
+    has a non-finite component (as in the reference). `plain` says that the mask is
+    neither boolean nor additive (all kept, nothing added), and the mask is not read.
+    Each row is finished in one vectorised loop; the rare rows with a kept non-finite
+    logit are then sorted out entry by entry. A block of more than one query is
+    computed four rows at a time (:func:`_dot4`), so that a query's logits come from
+    the same operations in both passes and in every call with the same query length.
+    Returns a bit mask of the block's rows with a logit of finite inputs beyond the
+    float range (they go to the wide kernels).
     """
     _dots(q, k, i0, nq, j0, j1, buf)
     wide = 0
+    bad_key = False
+    for j in range(j0, j1):
+        bad_key |= kbad[j]
     for a in range(nq):
         i = i0 + a
         row = buf[a, : j1 - j0]
         if plain:
-            if _scale_row(row, scale) or qbad[i]:
-                # a non-finite logit: from a non-finite query or key (NaN, as in the
-                # reference) or beyond the float range (a wide row)
-                for j in range(j0, j1):
-                    if qbad[i] or kbad[j]:
-                        row[j - j0] = np.nan
-                    elif not (math.isfinite(row[j - j0]) or (causal and j > i)):
-                        wide |= 1 << a
+            flag = _scale_row(row, scale)
         else:
+            flag = _mask_row(row, keep[i, j0:j1], addmask[i, j0:j1], scale)
+        if flag or qbad[i] or bad_key:
+            # a kept logit that is not finite, or a non-finite query or key: NaN for the
+            # latter (an additive -inf does not hide it: -inf + NaN is NaN, as in the
+            # reference), else a logit beyond the float range (a wide row) where the
+            # additive term is finite, else (an additive NaN or +inf) left as it is
             for j in range(j0, j1):
-                x, o = _logit(row[j - j0], addmask, keep, qbad[i], kbad[j], i, j, scale, buf)
-                row[j - j0] = x
-                if o and not (causal and j > i):
+                x = row[j - j0]
+                if not plain and not keep[i, j]:
+                    continue  # dropped by the boolean mask
+                if qbad[i] or kbad[j]:
+                    row[j - j0] = np.nan
+                elif (
+                    not math.isfinite(x)
+                    and not (causal and j > i)
+                    and (plain or abs(np.float64(addmask[i, j])) <= _FLOAT64_MAX)
+                ):
                     wide |= 1 << a
         if causal:
             for j in range(max(j0, i + 1), j1):

@@ -35,6 +35,23 @@ def test_special_inputs(dtype) -> None:
     assert got[4] == 1.0 and got[5] == 0.0
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_below_the_domain_the_result_is_plus_zero(dtype) -> None:
+    """Below the lower end of the domain (``-inf`` too) the exponential selects +0, the
+    value that the evaluation at the lower end gives; just above it, the rounded value."""
+    from softmaxtheory.accelerated import _cpu_kernels as k
+
+    lo = dtype(k._LO32 if dtype == np.float32 else k._LO64)
+    below = np.array([lo, np.nextafter(lo, dtype(-np.inf)), 2 * lo, -1e30, -np.inf], dtype)
+    got = _cpu_exp.exp(below)
+    assert got.tolist() == [0.0] * 5 and not np.signbit(got).any()
+    tiny = np.float32(1.4e-45) if dtype == np.float32 else 5e-324  # least subnormal
+    x = np.array([-103.9, -87.5] if dtype == np.float32 else [-744.4, -708.5], dtype)
+    got = _cpu_exp.exp(x)
+    exact = np.exp(x.astype(np.float64)).astype(dtype)
+    assert np.all(np.abs(got - exact) <= tiny) and np.all(got > 0)
+
+
 def test_subnormal_results_are_rounded_once() -> None:
     x = np.array([-740.0, -744.0, -745.1])
     got = _cpu_exp.exp(x)

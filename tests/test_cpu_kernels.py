@@ -555,7 +555,8 @@ def _block_case(rng, L, S, dtype, kind):
     if L > 1:
         q[1] *= 1e200 if dtype == np.float64 else 1e30  # logits beyond the float range
         k[: S // 2] *= 1e200 if dtype == np.float64 else 1e30
-    k[S - 1, 0] = np.inf  # the last key: masked by the triangle for early queries
+    if kind != "additive":  # (an additive -inf does not hide it: every row would be NaN)
+        k[S - 1, 0] = np.inf  # the last key: masked by the triangle for early queries
     mask = None
     if kind == "bool":
         mask = rng.random((L, S)) < 0.7
@@ -588,6 +589,29 @@ def test_attention_query_blocks_match_the_reference(L, S, dtype, kind) -> None:
             row_mask = np.arange(S)[None] <= i
         one = cpu.adaptive_attention(q[i : i + 1], k, v, mask=row_mask)
         np.testing.assert_allclose(one[0], got[i], rtol=3e-5 if dtype == np.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_attention_additive_minus_inf_does_not_hide_a_non_finite_key(dtype) -> None:
+    """-inf + NaN is NaN: a key with a NaN component makes every row NaN where the mask
+    is additive, -inf on that key included, and no row where a boolean mask drops it
+    (the reference's rule). The kernels finish masked rows in one vectorised loop and
+    must look for such keys apart."""
+    rng = np.random.default_rng(5)
+    q = rng.normal(size=(6, 4)).astype(dtype)
+    k = rng.normal(size=(140, 4)).astype(dtype)
+    v = rng.normal(size=(140, 3)).astype(dtype)
+    k[131, 2] = np.nan  # in the second key block
+    add = np.zeros((6, 140), dtype)
+    add[:, 131] = -np.inf
+    keep = np.ones((6, 140), bool)
+    keep[:, 131] = False
+    for mask in (add, keep):
+        got = cpu.adaptive_attention(q, k, v, mask=mask)
+        ref = reference.adaptive_attention(q, k, v, mask=mask, dtype=dtype)
+        assert np.isnan(ref).all() == (mask.dtype != bool)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+        np.testing.assert_allclose(got, ref, rtol=3e-5 if dtype == np.float32 else 1e-12)
 
 
 def _broadcast_operands(rng, pattern):
