@@ -124,10 +124,13 @@ _LN2LO64 = 1.90821492927058770002e-10
 _SHIFT_BITS64 = 0x4338000000000000
 _TWO_M64 = 5.421010862427522e-20  # 2**-64
 #: Lower end of exp64's domain: e^-746 is below half the least subnormal, exp64 gives 0 there.
-#: Below it the exponentials select 0 rather than evaluate there: an evaluation whose last
-#: multiply underflows costs a microcode assist on x86 (flush-to-zero is off), and a row
-#: half of whose items were masked (``-inf``) took 5 to 13 times as long as a dense one.
 _LO64 = -746.0
+#: What an argument below the domain is replaced by: -1087 ln 2, where the reduction's
+#: k is -1087 and the scale 2^(k + 1087) is built from all-zero bits, +0, so that the
+#: result is +0 with no product underflowing. Evaluated at _LO64 instead, the last multiply
+#: underflowed, which costs a microcode assist on x86 (flush-to-zero is off): rows half
+#: of whose items were masked (-inf) took 5 to 13 times as long as dense ones.
+_FLOOR64 = -1087 * 0.6931471805599453
 
 
 @njit(fastmath=_EXP_FLAGS, forceinline=True, cache=True)
@@ -137,14 +140,12 @@ def exp64(x: float) -> float:
     Cody-Waite reduction :math:`x = k \ln 2 + r`, :math:`|r| \le \ln 2 / 2`,
     degree-13 Taylor polynomial, scaling by :math:`2^{k+64}` then
     :math:`2^{-64}` (one rounding for subnormal results). Positive ``x`` is
-    outside the domain and clamped to 0. Below :data:`_LO64` (``-inf`` too) the
-    result is 0 by a select, the polynomial running on 0 there: no lane's scaling
-    underflows (see :data:`_LO64`).
+    outside the domain and clamped to 0; below it (``-inf`` too) ``x`` is replaced
+    by :data:`_FLOOR64`, where the result is 0 with no underflow.
     """
-    under = x < _LO64
-    y = 0.0 if under or x > 0.0 else x
-    e = exp64_core(y)
-    return 0.0 if under else e
+    y = _FLOOR64 if x < _LO64 else x
+    y = 0.0 if y > 0.0 else y
+    return exp64_core(y)
 
 
 @njit(fastmath=_EXP_FLAGS, forceinline=True, cache=True)
@@ -190,6 +191,8 @@ _Q32 = (
 )
 #: Lower end of exp32's domain: e^-104 is below half the least subnormal, exp32 gives 0 there.
 _LO32 = np.float32(-104.0)
+#: As :data:`_FLOOR64`: -159 ln 2, where the scale 2^(k + 159) is +0
+_FLOOR32 = np.float32(-159 * 0.6931471805599453)
 _ZERO32 = np.float32(0.0)
 _ONE32 = np.float32(1.0)
 
@@ -202,10 +205,9 @@ def exp32(x: np.float32) -> np.float32:
     a degree-6 polynomial :math:`1 + r + r^2 q(r)` whose quartic :math:`q` was fitted
     for the least relative error (:data:`_Q32`).
     """
-    under = x < _LO32
-    y = _ZERO32 if under or x > _ZERO32 else x
-    e = exp32_core(y)
-    return _ZERO32 if under else e
+    y = _FLOOR32 if x < _LO32 else x
+    y = _ZERO32 if y > _ZERO32 else y
+    return exp32_core(y)
 
 
 @njit(fastmath=_EXP_FLAGS, forceinline=True, cache=True)
@@ -264,6 +266,18 @@ def _ol_exp_low_like(v):
     if v == types.float32:
         return lambda v: _LO32
     return lambda v: _LO64
+
+
+def exp_floor_like(v):  # pragma: no cover - replaced by the overload in jitted code
+    """:data:`_FLOOR32` or :data:`_FLOOR64` in the type of `v` (the exponential is +0 there)."""
+    raise NotImplementedError
+
+
+@overload(exp_floor_like)
+def _ol_exp_floor_like(v):
+    if v == types.float32:
+        return lambda v: _FLOOR32
+    return lambda v: _FLOOR64
 
 
 def as_like(v, like):  # pragma: no cover - replaced by the overload in jitted code
@@ -958,18 +972,18 @@ SHORT_ROW = BLOCK
 def _short_st(xs, m, os):
     # e = exp(x - m) stored; s = sum e; t = sum e*(x - m), accumulated in the row's dtype, for
     # a row whose maximum m is finite (x - m <= 0). An item below the exponential's domain (a
-    # masked -inf among them) is clamped to its lower end first, where the exponential is
-    # exactly 0: its term is 0 * low = 0. The clamp keeps a NaN (NaN < low is false): a NaN
-    # item that row_max missed makes s NaN.
+    # masked -inf among them) is replaced by the exponential's floor, where it is exactly
+    # 0 with no underflow (see _FLOOR64): its term is 0 * floor = 0. The test keeps a NaN
+    # (NaN < low is false): a NaN item that row_max missed makes s NaN.
     zero = as_like(0.0, m)
     low = exp_low_like(m)
+    floor = exp_floor_like(m)
     s = zero
     t = zero
     for i in range(xs.size):
         d = xs[i] - m
-        under = d < low
-        d = low if under else d
-        e = zero if under else fexp_core(zero if under else d)
+        d = floor if d < low else d
+        e = fexp_core(d)
         os[i] = e
         s += e
         t += e * d
@@ -981,10 +995,11 @@ def _short_s(xs, m, os):
     # the sum of _short_st without t (NaN in, NaN sum)
     zero = as_like(0.0, m)
     low = exp_low_like(m)
+    floor = exp_floor_like(m)
     s = zero
     for i in range(xs.size):
         d = xs[i] - m
-        e = zero if d < low else fexp_core(zero if d < low else d)
+        e = fexp_core(floor if d < low else d)
         os[i] = e
         s += e
     return np.float64(s)
@@ -995,10 +1010,11 @@ def _short_tempered(xs, m, beta, os):
     # beta (x - m) <= 0 for a valid row and a beta of at least small_beta_like
     zero = as_like(0.0, m)
     low = exp_low_like(m)
+    floor = exp_floor_like(m)
     s = zero
     for i in range(xs.size):
         d = beta * (xs[i] - m)
-        e = zero if d < low else fexp_core(zero if d < low else d)
+        e = fexp_core(floor if d < low else d)
         os[i] = e
         s += e
     return np.float64(s)

@@ -26,6 +26,7 @@ def test_quick_json_reports_every_backend(capsys, tmp_path) -> None:
     backends = {c["backend"] for c in cases}
     assert {"cpu.adaptive_softmax", "cpu.softmax"} <= backends
     assert {tuple(c["shape"]) for c in cases} == {tuple(s) for s in bench.QUICK_SHAPES}
+    assert {c["rows"] for c in cases} == {"beta>1", "beta=1", "masked"}
     assert all(c["seconds"] > 0 and c["gb_per_second"] > 0 for c in cases)
     assert doc["kernel_run"]["bandwidth_gb_per_second"] > 0
     assert "timing" in out.err and "bandwidth" in out.err
@@ -92,6 +93,21 @@ def test_rows_have_the_beta_they_are_labelled_with(shape) -> None:
     flat = bench.kernel_rows(shape, "beta=1", np.float32)
     assert np.all(cpu.beta(sharp) > 1.0)
     assert np.all(cpu.beta(flat) == 1.0)
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (8, 1024), (1, 1 << 17), (4, 16384), (3, 1)])
+def test_masked_rows_are_the_beta_one_rows_with_their_second_half_masked(shape) -> None:
+    """A padding mask's rows: the last n // 2 items -inf, the others those of the β = 1
+    rows, and β still 1 at the benchmark's shapes (so that a masked case times the same
+    passes as its dense one)."""
+    n = shape[1]
+    masked = bench.kernel_rows(shape, "masked", np.float32)
+    flat = bench.kernel_rows(shape, "beta=1", np.float32)
+    assert np.array_equal(masked[:, : n - n // 2], flat[:, : n - n // 2])
+    assert np.all(masked[:, n - n // 2 :] == -np.inf)
+    assert np.all(cpu.beta(masked) == 1.0)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        bench.kernel_rows(shape, "beta<1", np.float32)
 
 
 def test_beta_one_rows_of_every_length_have_beta_one() -> None:

@@ -37,14 +37,19 @@ def test_special_inputs(dtype) -> None:
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_below_the_domain_the_result_is_plus_zero(dtype) -> None:
-    """Below the lower end of the domain (``-inf`` too) the exponential selects +0, the
-    value that the evaluation at the lower end gives; just above it, the rounded value."""
+    """Below the lower end of the domain (``-inf`` too) the argument is replaced by the
+    floor, where the reduction's scale is built from all-zero bits: +0, as the evaluation
+    at the lower end gave, with no product underflowing (an underflow costs x86 a
+    microcode assist). Just above the lower end: the rounded value."""
     from softmaxtheory.accelerated import _cpu_kernels as k
 
     lo = dtype(k._LO32 if dtype == np.float32 else k._LO64)
-    below = np.array([lo, np.nextafter(lo, dtype(-np.inf)), 2 * lo, -1e30, -np.inf], dtype)
+    floor = dtype(k._FLOOR32 if dtype == np.float32 else k._FLOOR64)
+    kmin = 127 + 32 if dtype == np.float32 else 1023 + 64  # the scale is 2^(k + kmin)
+    assert round(float(floor) / math.log(2)) == -kmin and floor < lo
+    below = np.array([lo, np.nextafter(lo, dtype(-np.inf)), floor, 2 * lo, -1e30, -np.inf], dtype)
     got = _cpu_exp.exp(below)
-    assert got.tolist() == [0.0] * 5 and not np.signbit(got).any()
+    assert got.tolist() == [0.0] * 6 and not np.signbit(got).any()
     tiny = np.float32(1.4e-45) if dtype == np.float32 else 5e-324  # least subnormal
     x = np.array([-103.9, -87.5] if dtype == np.float32 else [-744.4, -708.5], dtype)
     got = _cpu_exp.exp(x)
