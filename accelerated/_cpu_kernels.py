@@ -243,7 +243,7 @@ def _ol_fexp(x):
 
 
 def fexp_core(y):  # pragma: no cover - replaced by the overload in jitted code
-    """:func:`fexp` of ``y`` known to lie in ``[exp_low_like(y), 0]`` or to be NaN (no clamps)."""
+    """:func:`fexp` of ``y`` in ``[floor, 0]`` (:func:`exp_bounds_like`) or NaN (no clamps)."""
     raise NotImplementedError
 
 
@@ -256,28 +256,20 @@ def _ol_fexp_core(y):
     return None
 
 
-def exp_low_like(v):  # pragma: no cover - replaced by the overload in jitted code
-    """The lower end of the exponential's domain in the type of `v` (its result is 0 there)."""
+def exp_bounds_like(v):  # pragma: no cover - replaced by the overload in jitted code
+    """``(low, floor)`` of the exponential in the type of `v`.
+
+    `low` is the lower end of its domain (its result is 0 there), `floor` what an
+    argument below it is replaced by (:data:`_FLOOR64`).
+    """
     raise NotImplementedError
 
 
-@overload(exp_low_like)
-def _ol_exp_low_like(v):
+@overload(exp_bounds_like)
+def _ol_exp_bounds_like(v):
     if v == types.float32:
-        return lambda v: _LO32
-    return lambda v: _LO64
-
-
-def exp_floor_like(v):  # pragma: no cover - replaced by the overload in jitted code
-    """:data:`_FLOOR32` or :data:`_FLOOR64` in the type of `v` (the exponential is +0 there)."""
-    raise NotImplementedError
-
-
-@overload(exp_floor_like)
-def _ol_exp_floor_like(v):
-    if v == types.float32:
-        return lambda v: _FLOOR32
-    return lambda v: _FLOOR64
+        return lambda v: (_LO32, _FLOOR32)
+    return lambda v: (_LO64, _FLOOR64)
 
 
 def as_like(v, like):  # pragma: no cover - replaced by the overload in jitted code
@@ -976,8 +968,7 @@ def _short_st(xs, m, os):
     # 0 with no underflow (see _FLOOR64): its term is 0 * floor = 0. The test keeps a NaN
     # (NaN < low is false): a NaN item that row_max missed makes s NaN.
     zero = as_like(0.0, m)
-    low = exp_low_like(m)
-    floor = exp_floor_like(m)
+    low, floor = exp_bounds_like(m)
     s = zero
     t = zero
     for i in range(xs.size):
@@ -994,8 +985,7 @@ def _short_st(xs, m, os):
 def _short_s(xs, m, os):
     # the sum of _short_st without t (NaN in, NaN sum)
     zero = as_like(0.0, m)
-    low = exp_low_like(m)
-    floor = exp_floor_like(m)
+    low, floor = exp_bounds_like(m)
     s = zero
     for i in range(xs.size):
         d = xs[i] - m
@@ -1009,8 +999,7 @@ def _short_s(xs, m, os):
 def _short_tempered(xs, m, beta, os):
     # beta (x - m) <= 0 for a valid row and a beta of at least small_beta_like
     zero = as_like(0.0, m)
-    low = exp_low_like(m)
-    floor = exp_floor_like(m)
+    low, floor = exp_bounds_like(m)
     s = zero
     for i in range(xs.size):
         d = beta * (xs[i] - m)
