@@ -150,7 +150,7 @@ def exp64(x: float) -> float:
 
 @njit(fastmath=_EXP_FLAGS, forceinline=True, cache=True)
 def exp64_core(y: float) -> float:
-    """:func:`exp64` of ``y`` in ``[-746, 0]`` (or NaN), without clamping it there."""
+    """:func:`exp64` of ``y`` in ``[_FLOOR64, 0]`` (or NaN), without clamping it there."""
     z = y * _LOG2E64 + _SHIFT64
     k = z - _SHIFT64
     r = (y - k * _LN2HI64) - k * _LN2LO64
@@ -212,7 +212,7 @@ def exp32(x: np.float32) -> np.float32:
 
 @njit(fastmath=_EXP_FLAGS, forceinline=True, cache=True)
 def exp32_core(y: np.float32) -> np.float32:
-    """:func:`exp32` of ``y`` in ``[-104, 0]`` (or NaN), without clamping it there."""
+    """:func:`exp32` of ``y`` in ``[_FLOOR32, 0]`` (or NaN), without clamping it there."""
     z = y * _LOG2E32 + _SHIFT32
     k = z - _SHIFT32
     r = (y - k * _LN2HI32) - k * _LN2LO32
@@ -1499,6 +1499,21 @@ def _slice_operands(qs, ks, addmasks, keeps, qbads, kbads, slices, n):
 
 
 @njit(cache=True)
+def _query_blocks(L):
+    """The blocks of :data:`QUERY_BLOCK` queries of a slice of `L` queries."""
+    return (L + QUERY_BLOCK - 1) // QUERY_BLOCK
+
+
+@njit(cache=True)
+def _query_block(job, L):
+    """``(n, i0, nq)``: the attention kernels' job `job` is slice `n`'s queries [i0, i0 + nq)."""
+    nb = _query_blocks(L)
+    n = job // nb
+    i0 = (job - n * nb) * QUERY_BLOCK
+    return n, i0, min(QUERY_BLOCK, L - i0)
+
+
+@njit(cache=True)
 def _key_end(causal, S, i0, nq):
     """The keys a block of queries ``[i0, i0 + nq)`` can attend to end here."""
     return min(S, i0 + nq) if causal else S
@@ -1524,11 +1539,8 @@ def attention_stats(
     """
     L = qs.shape[1]
     S = ks.shape[1]
-    nb = (L + QUERY_BLOCK - 1) // QUERY_BLOCK
-    for job in prange(slices.shape[0] * nb):
-        n = job // nb
-        i0 = (job - n * nb) * QUERY_BLOCK
-        nq = min(QUERY_BLOCK, L - i0)
+    for job in prange(slices.shape[0] * _query_blocks(L)):
+        n, i0, nq = _query_block(job, L)
         q, k, addmask, keep, qbad, kbad = _slice_operands(
             qs, ks, addmasks, keeps, qbads, kbads, slices, n
         )
@@ -1637,19 +1649,6 @@ def _weights(row, M, b, low, w):
     return total
 
 
-@njit(cache=True)
-def _small_weights(row, M, b64, w):
-    # _weights for a β that is 0 or nearly so: each exponent in float64 from
-    # tempered_exponent, where an overflowed shift keeps its weight and a masked logit
-    # gets 0 for any β (0 * -inf would be NaN)
-    total = 0.0
-    for j in range(row.size):
-        e = exp64(tempered_exponent(np.float64(row[j]), M, b64))
-        w[j] = e
-        total += e
-    return total
-
-
 @njit(parallel=True, cache=True)
 def attention_apply(
     qs, ks, vs, addmasks, keeps, slices, plain, causal, qbads, kbads, scale, kind, m, beta, out
@@ -1664,11 +1663,8 @@ def attention_apply(
     L = qs.shape[1]
     S = ks.shape[1]
     dv = vs.shape[2]
-    nb = (L + QUERY_BLOCK - 1) // QUERY_BLOCK
-    for job in prange(slices.shape[0] * nb):
-        n = job // nb
-        i0 = (job - n * nb) * QUERY_BLOCK
-        nq = min(QUERY_BLOCK, L - i0)
+    for job in prange(slices.shape[0] * _query_blocks(L)):
+        n, i0, nq = _query_block(job, L)
         q, k, addmask, keep, qbad, kbad = _slice_operands(
             qs, ks, addmasks, keeps, qbads, kbads, slices, n
         )
@@ -1699,7 +1695,7 @@ def attention_apply(
                     ba = beta[n, i0 + a]
                     b64 = min(ba, _F64_MAX)
                     if b64 < small_beta_like(buf):
-                        totals[a] += _small_weights(buf[a, :nk], m[n, i0 + a], b64, w[a])
+                        totals[a] += tempered_small(buf[a], 0, nk, m[n, i0 + a], b64, w[a], True)
                     else:
                         M = like_array(m[n, i0 + a], buf)
                         b = beta_like(ba, like_array(0.0, buf))
