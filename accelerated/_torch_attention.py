@@ -1371,7 +1371,12 @@ def _rows_beta(
 
         beta = triton_polynomial_beta(schedule, entropy, dtype)
         return torch.broadcast_to(beta, broadcast_shapes(beta.shape, p.n_eff.shape))
-    beta = beta_from_entropy(schedule, entropy, p.n_eff).to(dtype)
+    beta = beta_from_entropy(schedule, entropy, p.n_eff)
+    if not p.transformed:
+        # a β shared by batch entries or heads (constant, log-length, a shared mask) stays
+        # shared: converted once, and an additive mask it scales keeps the mask's own shape
+        beta = _unbroadcast(beta).to(dtype).expand(beta.shape)
+    beta = beta.to(dtype)
     return beta.detach() if detach_beta else beta
 
 
@@ -1391,9 +1396,9 @@ def _hybrid(
     SDPA's own ``enable_gqa`` (torch 2.5 and later; SDPA's fused kernels take
     it only without a mask); otherwise each key and value head is repeated
     for its group. Without a gradient and above :data:`PASS2_SPLIT_BYTES`,
-    pass 2 runs in :data:`PASS2_PIECES` pieces along batch and heads into one
-    output, so the β-scaled queries never exist whole: the memory beside the
-    result is a piece of the queries and a piece of SDPA's output. Returns
+    pass 2 runs in pieces into one output (:func:`_pass2_pieces`), so neither
+    the β-scaled queries nor a β-scaled bias ever exist whole: the memory
+    beside the result is a piece of each and a piece of SDPA's output. Returns
     None when β times the logits could overflow (the caller then takes the
     overflow-safe chunked path).
     """
@@ -1401,34 +1406,79 @@ def _hybrid(
     beta = _rows_beta(p, schedule, entropy, detach_beta, sd)
     if not _beta_fits(p, schedule, beta):
         return None
-    mask = None
-    if p.bias:
-        # safe where: -inf entries stay -inf and never meet beta (d(-inf * beta)/dbeta is NaN)
-        bcol = beta.unsqueeze(-1)
-        add = _unbroadcast(p.add).to(sd)  # expanded to (B, H, L, S) only by the product
-        finite = torch.isfinite(add)
-        scaled = torch.where(finite, add, torch.zeros_like(add)) * bcol
-        mask = torch.where(finite, scaled, add).to(p.q.dtype)
-    elif p.keep is not None:
-        mask = p.keep
+    mask = None if p.bias else p.keep
     same_d = p.k.shape[-1] == p.v.shape[-1] <= 256
-    gqa = p.group > 1 and mask is None and _SDPA_GQA and same_d
+    gqa = p.group > 1 and mask is None and not p.bias and _SDPA_GQA and same_d
     if p.group > 1 and not gqa:
         p = _ungrouped(p)
-    B, H, L, D = p.q.shape
+    B, H, L = p.q.shape[:3]
     grad = torch.is_grad_enabled() and (beta.requires_grad or _want_grad(p.q, p.k, p.v))
     if grad and not _fused_grad_ok(p, schedule, beta):
         return None  # SDPA's backward would lose the weights: the chunked path
-    small = p.q.element_size() * B * H * L * D <= PASS2_SPLIT_BYTES
-    if grad or small or p.transformed:  # (a transform cannot write into the pieces' output)
+    pieces = None if grad or p.transformed else _pass2_pieces(p, beta)
+    if p.bias and (pieces is None or _bias_bytes(p, beta) <= PASS2_BIAS_BYTES):
+        mask = _beta_bias(p.add, beta, p.q.dtype).expand(p.add.shape)  # formed once
+    if pieces is None:  # (a transform cannot write into the pieces' output)
         return _sdpa_pass2(p, scale_rows(p.q, beta), mask, gqa)
     out = p.q.new_empty((B, H, L, p.v.shape[-1]))
-    for b, h in _pieces(B, H, p.group, PASS2_PIECES):
+    for b, h, r in pieces:
         kv = slice(h.start // p.group, h.stop // p.group)
-        part = replace(p, q=p.q[b, h], k=p.k[b, kv], v=p.v[b, kv])
-        m = None if mask is None else mask[b, h]
-        out[b, h] = _sdpa_pass2(part, scale_rows(part.q, beta[b, h]), m, gqa)
+        part = replace(p, q=p.q[b, h, r], k=p.k[b, kv], v=p.v[b, kv])
+        if p.bias and mask is None:  # a piece of a per-row β's scaled bias at a time
+            m = _beta_bias(p.add[b, h, r], beta[b, h, r], p.q.dtype)
+        else:
+            m = None if mask is None else mask[b, h, r]
+        out[b, h, r] = _sdpa_pass2(part, scale_rows(part.q, beta[b, h, r]), m, gqa)
     return out
+
+
+#: Bytes of the β-scaled additive mask (in the statistics dtype) one piece of pass 2 forms.
+PASS2_BIAS_BYTES = 128 << 20
+
+
+def _beta_bias(add: torch.Tensor, beta: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    r"""The additive mask scaled by each row's β, :math:`\beta_i b_{ij}`, in `dtype`.
+
+    Formed at the smallest shape that expands to `add` (:func:`_unbroadcast` of
+    both): a mask shared by batch entries and heads, scaled by a β that is shared
+    too (a constant or log-length schedule), stays one (L, S) slice. Non-finite
+    entries pass unscaled, and through safe ``where``\ s: a -inf never meets β,
+    whose derivative would be :math:`0 \cdot (-\infty)` there.
+    """
+    bcol = _unbroadcast(beta).unsqueeze(-1)
+    add = _unbroadcast(add).to(bcol.dtype)
+    finite = torch.isfinite(add)
+    scaled = torch.where(finite, add, torch.zeros_like(add)) * bcol
+    return torch.where(finite, scaled, add).to(dtype)
+
+
+def _bias_bytes(p: Prepared, beta: torch.Tensor) -> int:
+    """Bytes of :func:`_beta_bias` in β's dtype, at the shape it is formed."""
+    shape = broadcast_shapes(_unbroadcast(p.add).shape, (*_unbroadcast(beta).shape, 1))
+    return math.prod(shape) * beta.element_size()
+
+
+def _pass2_pieces(p: Prepared, beta: torch.Tensor) -> list[tuple[slice, slice, slice]] | None:
+    """(batch, query-head, query-row) slices pass 2 runs in; None for one call.
+
+    The work a piece holds beside the result is its share of the β-scaled
+    queries and, with a bias, of the β-scaled mask (:func:`_beta_bias`, per
+    row of a per-row β). Up to :data:`PASS2_SPLIT_BYTES` of that runs in one
+    call; beyond, about :data:`PASS2_PIECES` pieces along batch and heads, more
+    where the scaled mask would exceed :data:`PASS2_BIAS_BYTES` a piece, and then
+    blocks of query rows too (a bias never comes with ``is_causal``, so each
+    row's keys do not depend on where the block starts).
+    """
+    B, H, L, D = p.q.shape
+    work = p.q.element_size() * B * H * L * D
+    bias_bytes = _bias_bytes(p, beta) if p.bias else 0
+    if max(work, bias_bytes) <= PASS2_SPLIT_BYTES:
+        return None
+    wanted = max(PASS2_PIECES, -(-bias_bytes // PASS2_BIAS_BYTES))
+    heads = _pieces(B, H, p.group, wanted)
+    blocks = min(L, -(-wanted // len(heads))) if p.bias else 1
+    rows = [slice(i * L // blocks, (i + 1) * L // blocks) for i in range(blocks)]
+    return [(b, h, r) for b, h in heads for r in rows]
 
 
 # ---------------------------------------------------------------- Triton path
@@ -1811,12 +1861,21 @@ def attention(
     out = out.to(q.dtype) if v_up is None else _scaled_back(out, v_up, p.group, q.dtype)
     if v_bad is not None:
         out = _nonfinite_columns(p, v_orig, out)
+    # the result is this call's own tensor: without a graph or a transform to record, it is
+    # patched in place (no second tensor of the output's size)
+    own = not (out.requires_grad or p.transformed)
     if p.keep is not None:
         # a query with no unmasked key gives zeros (causal rows always keep key 0)
-        out = torch.where((p.n_eff == 0).unsqueeze(-1), 0.0, out)
+        out = _fill_rows(out, p.n_eff == 0, 0.0, own)
     if p.bad is not None:
-        out = torch.where(p.bad.unsqueeze(-1), torch.nan, out)
+        out = _fill_rows(out, p.bad, torch.nan, own)
     return out
+
+
+def _fill_rows(out: torch.Tensor, rows: torch.Tensor, value: float, own: bool) -> torch.Tensor:
+    """`out` with the rows where `rows` holds set to `value` (in place when `own`)."""
+    rows = rows.unsqueeze(-1)
+    return out.masked_fill_(rows, value) if own else torch.where(rows, value, out)
 
 
 def attention_entropy(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:

@@ -183,6 +183,56 @@ def test_forward_memory_is_within_one_and_a_half_sdpa(monkeypatch, schedule, cau
     assert whole.peak >= 1.9 * sdpa.peak
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=repr)
+def test_a_shared_bias_is_scaled_at_its_own_size(monkeypatch, schedule):
+    """An (L, S) bias under a β shared by the batch entries and heads (constant, log-length):
+    its β-scaled form is one (L, S) slice, formed once, and with pass 2 in pieces the peak
+    stays within 1.5x SDPA's with the same bias (9.8x when the scaled bias was formed at
+    (B, H, L, S) in float32 and the empty rows' fix-up copied the output)."""
+    q, k, v = _qkv()
+    bias = _mask("bias")
+    sdpa, _ = _ledger(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+    monkeypatch.setattr(A, "PASS2_SPLIT_BYTES", 0)
+    ledger, _ = _ledger(
+        lambda: adaptive_attention(q, k, v, bias, schedule=schedule, backend="hybrid")
+    )
+    assert ledger.largest(torch.float32) <= L * S
+    assert ledger.peak <= 1.5 * sdpa.peak, (ledger.peak, sdpa.peak)
+
+
+@pytest.mark.parametrize("batch", [8, 1])
+def test_a_per_row_beta_scales_the_bias_a_piece_at_a_time(monkeypatch, batch):
+    """Under the entropy schedule β differs from row to row, so the scaled bias has the full
+    (B, H, L, S) shape: above :data:`PASS2_BIAS_BYTES` it is formed one piece at a time (batch
+    entries, heads, then blocks of query rows), no piece above that size, and the result has
+    the bits of one call."""
+    q, k, v = (t[:batch] for t in _qkv())
+    bias = _mask("bias")
+
+    def run():
+        return adaptive_attention(q, k, v, bias, backend="hybrid")
+
+    shapes = []
+    real = A._beta_bias
+
+    def spy(add, beta, dtype):
+        out = real(add, beta, dtype)
+        shapes.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(A, "_beta_bias", spy)
+    whole = run()
+    assert shapes == [(batch, H, L, S)]
+    shapes.clear()
+    budget = batch * H * L * S  # float32 bytes of a quarter of the whole
+    monkeypatch.setattr(A, "PASS2_SPLIT_BYTES", 0)
+    monkeypatch.setattr(A, "PASS2_BIAS_BYTES", budget)
+    assert torch.equal(run(), whole)
+    assert len(shapes) >= 4
+    assert all(4 * math.prod(shape) <= budget for shape in shapes), shapes
+    assert batch > 1 or any(shape[2] < L for shape in shapes)  # rows split at batch 1
+
+
 def test_gqa_without_a_mask_repeats_no_key_head():
     """Grouped-query attention without a mask hands the shared key and value heads to SDPA's
     own ``enable_gqa``: no op forms a tensor of the repeated heads' shape. With a boolean mask
