@@ -1372,11 +1372,9 @@ def _rows_beta(
         beta = triton_polynomial_beta(schedule, entropy, dtype)
         return torch.broadcast_to(beta, broadcast_shapes(beta.shape, p.n_eff.shape))
     beta = beta_from_entropy(schedule, entropy, p.n_eff)
-    if not p.transformed:
-        # a β shared by batch entries or heads (constant, log-length, a shared mask) stays
-        # shared: converted once, and an additive mask it scales keeps the mask's own shape
-        beta = _unbroadcast(beta).to(dtype).expand(beta.shape)
-    beta = beta.to(dtype)
+    # a β shared by batch entries or heads (constant, log-length under a shared mask) stays
+    # shared: converted once, and an additive mask it scales keeps the mask's own shape
+    beta = beta.to(dtype) if p.transformed else _unbroadcast(beta).to(dtype).expand(beta.shape)
     return beta.detach() if detach_beta else beta
 
 
