@@ -45,7 +45,7 @@ def adaptive_softmax_lastdim(
         β in the dtype of `x` (``n = 0`` rows are handled by the caller).
     """
     masked = x == -torch.inf
-    n_eff = (~masked).sum(-1)
+    n_eff = x.shape[-1] - masked.sum(-1)  # (no pass over a negated mask)
     z, m = shifted_logits(x, masked, log2_unit)
     entropy = None
     if schedule.needs_entropy:

@@ -130,14 +130,15 @@ def test_round_ball_refuses_straddling_and_accepts_zero():
 def _nearest(value: Fraction, dtype) -> float:
     """The float of `dtype` nearest `value`, ties to even, by exact comparison."""
     t = np.dtype(dtype).type
+    inf = math.inf if value > 0 else -math.inf  # (copysign would take float(value) first)
     with np.errstate(over="ignore"):
-        c = t(float(value)) if abs(value) < 2**1000 else t(math.copysign(math.inf, value))
+        c = t(float(value)) if abs(value) < 2**1000 else t(inf)
     cands = [
         x for x in (np.nextafter(c, t(-np.inf)), c, np.nextafter(c, t(np.inf))) if np.isfinite(x)
     ]
     top = np.finfo(t).max
     if abs(value) >= Fraction(float(top)) + Fraction(float(top - np.nextafter(top, t(0)))) / 2:
-        return math.copysign(math.inf, value)
+        return inf
     bits = np.uint16 if t is np.float16 else np.uint32
     best = min(cands, key=lambda x: (abs(Fraction(float(x)) - value), int(x.view(bits)) & 1))
     return float(best) if best != 0 or value >= 0 else -0.0
@@ -150,6 +151,7 @@ def _nearest(value: Fraction, dtype) -> float:
 @example(-1, 1, -1080)  # below half the least subnormal: -0.0
 @example(3, 2, -150)  # float32: 1.5 least subnormals, to even
 @example(2**11 + 1, 1, 0)  # float16: an exact tie, to even
+@example(1, 1, 1024)  # 2**1024: past float64's range (the helper once overflowed in float())
 def test_round_fraction_matches_cpython_and_the_narrow_formats(num, den, shift):
     """round_fraction: a rational's one correct rounding (CPython's float() of a Fraction
     is correctly rounded; float32 and float16 by exact comparison with their neighbours)."""
