@@ -211,3 +211,44 @@ def test_masked_entries_get_zero_gradient():
     adaptive_softmax(x).pow(2).sum().backward()
     assert torch.isfinite(x.grad).all()
     assert x.grad[0, 1] == 0 and torch.equal(x.grad[1], torch.zeros(3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("schedule", "eps"),
+    [(None, 0.0), (None, 1e-9), (Constant("1.5"), 0.0), (LogLength("0.7"), 0.0),
+     (Constant("1e-310"), 0.0)],  # a β below 2**10 / max: the overflowed shifts' path
+    ids=["paper", "paper-eps", "constant", "log-length", "tiny-constant"],
+)  # fmt: skip
+def test_written_over_intermediates_give_the_same_bits(dtype, schedule, eps):
+    """Without a graph to record, the intermediates of the row's size are written over once
+    read (``_torch_common.may_reuse``): the same operations on the same operands, so the
+    bits of the recorded path, for every schedule, masked and fully masked rows, and a row
+    whose spread overflows."""
+    x = _rows(dtype, seed=3)
+    x[2] = -math.inf  # a fully masked row
+    big = torch.finfo(dtype).max / 1.5
+    x[3, :2] = torch.tensor([big, -big], dtype=torch.float64).to(dtype)  # x - max overflows
+    given = x.clone()
+    kwargs = {"schedule": schedule, "entropy_eps": eps}
+    recorded = adaptive_softmax(x.clone().requires_grad_(), **kwargs).detach()
+    with torch.no_grad():
+        reused = adaptive_softmax(x, **kwargs)
+    with torch.inference_mode():
+        inferred = adaptive_softmax(x, **kwargs)
+    assert torch.equal(reused, recorded) and torch.equal(inferred, recorded)
+    assert torch.equal(x, given)  # the input itself is never written
+
+
+@pytest.mark.parametrize(("dtype", "most"), [(torch.float32, 2.5), (torch.bfloat16, 5.0)])
+def test_peak_memory_without_a_graph(dtype, most):
+    """Counted op by op, without a graph the peak beside the input is at most 2.5x a float32
+    input (two tensors of its size and the mask; 5.3x when every operation formed its own
+    result) and 5x a bfloat16 one (its float32 copy is dropped after the shift; 12.5x)."""
+    from tests.support.live_bytes import OpLedger
+
+    x = torch.randn(64, 512, generator=torch.Generator().manual_seed(0)).to(dtype)
+    x[:, 300:] = -math.inf
+    with torch.no_grad(), OpLedger() as ledger:
+        adaptive_softmax(x)
+    assert ledger.peak <= most * x.numel() * x.element_size(), ledger.peak / x.nbytes
