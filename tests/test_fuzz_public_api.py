@@ -1027,6 +1027,9 @@ params = st.one_of(
     h=0.0,
     n_eff=0,
 )
+@example(  # a NaN entropy in a row with no unmasked item: the spec's beta is 1, not NaN
+    which="Polynomial", a="0.5", coeffs=["0.5"], threshold="0.5", h=math.nan, n_eff=0
+)
 def test_spec_schedules(which, a, coeffs, threshold, h, n_eff) -> None:
     """Schedule constructors: a schedule whose float β is sane, or a clear error."""
     CURRENT[0] = dict(locals())
@@ -1043,7 +1046,9 @@ def test_spec_schedules(which, a, coeffs, threshold, h, n_eff) -> None:
     def verify(s: Any) -> None:
         with np.errstate(all="ignore"):
             b = float(s.beta_float(h, n_eff))
-        if math.isnan(h) and s.needs_entropy:
+        if n_eff == 0:
+            assert b == 1.0, b  # no unmasked item: beta = 1, whatever the entropy (even NaN)
+        elif math.isnan(h) and s.needs_entropy:
             assert math.isnan(b)
             return
         # a finite schedule gives beta >= 1 (entropy schedules) or > 0, or overflows to inf
