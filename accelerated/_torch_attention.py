@@ -43,6 +43,9 @@ from ._torch_common import (
     broadcast_shapes,
     compact,
     entropy_from_stats,
+    fill_where,
+    into,
+    may_reuse,
     mul_pow2,
     shifted_logits,
     stats_dtype,
@@ -70,7 +73,7 @@ __all__ = [
 #: Accepted values of the ``backend`` argument.
 BACKENDS = ("auto", "hybrid", "composition", "triton", "chunked")
 
-#: Elements of one logit tile of the chunked path (float32: 8 MiB; about 8 live per tile).
+#: Elements of one logit tile of the chunked path (float32: 8 MiB; a few live per tile).
 CHUNK_ELEMENTS = 1 << 21
 
 
@@ -1121,11 +1124,12 @@ def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Te
     wd = t.wd
 
     def stats(x: torch.Tensor, unit: int) -> tuple[torch.Tensor, torch.Tensor]:
+        reuse = may_reuse(x)  # (without a graph, a tile's intermediates are written over)
         masked = x == -torch.inf
-        z, m = shifted_logits(x, masked, unit)
-        e = torch.where(masked, 0.0, torch.exp(z))
+        z, m = shifted_logits(x, masked, unit, reuse)
+        e = fill_where(torch.exp(z), masked, 0.0, reuse)
         s = e.sum(-1)
-        h = entropy_from_stats(s, (e * z).sum(-1))
+        h = entropy_from_stats(s, torch.mul(e, z, **into(reuse, e)).sum(-1))
         m = m.squeeze(-1)
         none = s == 0
         m_safe = torch.where(none, torch.zeros_like(m), m)
