@@ -49,6 +49,9 @@ def test_round_exact_float64_matches_cpython(man, exp, negative):
 @example(man=3, exp=-151)
 @example(man=2**25 - 1, exp=-25)  # float32: rounds up to the next binade
 @example(man=2**12 - 1, exp=5)  # float16: beyond max + half ulp, so inf
+@example(man=2**60 - 2**35, exp=68)  # float32: max + half ulp exactly, a tie: to inf
+@example(man=1_152_921_470_247_108_544, exp=68)  # float32: past max + half ulp, below 2**128
+@example(man=1_152_921_401_527_631_937, exp=68)  # float32: rounds to max (its neighbour is inf)
 def test_round_exact_narrow_formats_match_independent(fmt, man, exp):
     got = round_exact(0, man, exp, fmt)
     value = mp.make_mpf(from_man_exp(man, exp))

@@ -31,9 +31,15 @@ def round_to(value: mpmath.mpf, dtype) -> float:
     if np.dtype(dtype) == np.float64:
         return f64
     t = np.dtype(dtype).type
-    c = t(f64)
+    top = Fraction(float(np.finfo(t).max))
+    below = Fraction(float(np.nextafter(np.finfo(t).max, t(0))))
+    if abs(frac) >= top + (top - below) / 2:  # the tie too: the largest float's last bit is odd
+        return math.inf if frac > 0 else -math.inf
     best = None
-    for cand in (np.nextafter(c, t(-np.inf)), c, np.nextafter(c, t(np.inf))):
+    with np.errstate(over="ignore"):  # the largest float's upper neighbour is inf
+        c = t(f64)
+        cands = (np.nextafter(c, t(-np.inf)), c, np.nextafter(c, t(np.inf)))
+    for cand in cands:
         if not np.isfinite(cand):
             continue
         d = abs(Fraction(float(cand)) - frac)
