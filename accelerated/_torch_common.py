@@ -45,7 +45,10 @@ __all__ = [
     "constant_under_compile",
     "entropy_from_stats",
     "fill_where",
+    "horner",
     "into",
+    "is_compiling",
+    "may_reuse",
     "mul_pow2",
     "poly_floats",
     "shifted_logits",
@@ -61,7 +64,7 @@ _FLOAT_DTYPES = tuple(getattr(torch, n) for n in DTYPES)
 
 
 #: torch.compiler.is_compiling (torch 2.3 and later)
-_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
 def transformed(*tensors: torch.Tensor | None) -> bool:
@@ -75,7 +78,7 @@ def transformed(*tensors: torch.Tensor | None) -> bool:
     :func:`torch.compile` traces (Dynamo cannot call the wrapper test, and
     its graph holds no wrapped tensor).
     """
-    if _is_compiling():
+    if is_compiling():
         return False
     wrapped = torch._C._functorch.is_functorch_wrapped_tensor
     dual = forward_ad._current_level >= 0
@@ -92,7 +95,7 @@ def unwrapped(t: torch.Tensor) -> torch.Tensor:
     it bounds each slice's: the host reads that choose a path (magnitudes,
     "any NaN?") use it, since a mapped tensor has no single value to read.
     """
-    if _is_compiling():
+    if is_compiling():
         return t
     while torch._C._functorch.is_functorch_wrapped_tensor(t):
         t = torch._C._functorch.get_unwrapped(t)
@@ -251,7 +254,7 @@ def may_reuse(x: torch.Tensor) -> bool:
     ``torch.func`` transform or forward-mode AD (no ``out=`` kernels there), or while
     :func:`torch.compile` traces (the compiler plans the buffers itself).
     """
-    if _is_compiling() or (torch.is_grad_enabled() and x.requires_grad):
+    if is_compiling() or (torch.is_grad_enabled() and x.requires_grad):
         return False
     return not transformed(x)
 
@@ -464,7 +467,7 @@ def _float_down(value: Fraction) -> float:
     return math.nextafter(f, 0.0) if f > 0 and Fraction(f) > value else f
 
 
-def _horner(h: torch.Tensor, coeffs: tuple[float, ...]) -> torch.Tensor:
+def horner(h: torch.Tensor, coeffs: tuple[float, ...]) -> torch.Tensor:
     """P(h) by Horner's rule, as numpy.polyval (whose first step 0 * h + c0 is c0)."""
     p = h * coeffs[0] if len(coeffs) > 1 else torch.full_like(h, coeffs[0])
     for i, c in enumerate(coeffs[1:], 2):
@@ -504,9 +507,9 @@ def beta_from_entropy(
             # steps would form 0 * inf = NaN; its entropy enters detached (a where's backward
             # selects, it does not multiply)
             with torch.no_grad():
-                fits = torch.isfinite(_horner(h, coeffs))
+                fits = torch.isfinite(horner(h, coeffs))
             h = torch.where(fits, h, h.detach())
-        p = _horner(h, coeffs)
+        p = horner(h, coeffs)
         beta = torch.where(h > threshold, torch.clamp(p, min=1.0), 1.0)
         beta = torch.where(torch.isnan(h), h, beta)
         if h.shape == n_eff.shape:

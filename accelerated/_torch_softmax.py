@@ -16,23 +16,29 @@ same operations run on the same operands, so the bits are the same.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from ..spec import Schedule
+from ..spec import Constant, LogLength, Polynomial, Schedule
 from ._torch_common import (
     beta_bound,
     beta_floor,
     beta_from_entropy,
     entropy_from_stats,
     fill_where,
+    horner,
     into,
+    is_compiling,
     may_reuse,
     mul_pow2,
+    poly_floats,
     shifted_logits,
     stats_dtype,
+    transformed,
 )
 
-__all__ = ["adaptive_softmax_lastdim"]
+__all__ = ["adaptive_softmax_lastdim", "adaptive_softmax_rows"]
 
 
 def adaptive_softmax_lastdim(
@@ -109,6 +115,132 @@ def adaptive_softmax_lastdim(
     if entropy is None:
         entropy = torch.full_like(beta, torch.nan)
     return torch.div(e2, s2, **into(reuse, e2)).to(sd), entropy, beta
+
+
+def adaptive_softmax_rows(
+    x: torch.Tensor, schedule: Schedule, entropy_eps: float, detach_beta: bool
+) -> torch.Tensor:
+    """The probabilities of :func:`adaptive_softmax_lastdim`, with a lean backward.
+
+    Where autograd records a graph through `x` and the row's β is formed in the
+    statistics dtype (:func:`_lean_backward_applies`), the forward runs as
+    :class:`_AdaptiveSoftmax`, which keeps `x` and the result for the backward
+    instead of every intermediate; elsewhere autograd records the forward's own
+    operations.
+    """
+    if _lean_backward_applies(x, schedule, entropy_eps):
+        return _AdaptiveSoftmax.apply(x, schedule, detach_beta)
+    return adaptive_softmax_lastdim(x, schedule, entropy_eps, detach_beta)[0]
+
+
+def _lean_backward_applies(x: torch.Tensor, schedule: Schedule, entropy_eps: float) -> bool:
+    """Whether :class:`_AdaptiveSoftmax` takes the call (settled on the host).
+
+    A graph is recorded through `x`; no ``torch.func`` transform or compilation
+    (they record the operations themselves); the exact entropy (``entropy_eps ==
+    0``); a built-in schedule; and neither a β too large for the statistics dtype
+    (formed in float64 then) nor one small enough for the overflowed shifts' path.
+    """
+    if not (torch.is_grad_enabled() and x.requires_grad) or entropy_eps != 0.0:
+        return False
+    if is_compiling() or transformed(x):
+        return False
+    if not isinstance(schedule, Polynomial | Constant | LogLength):
+        return False
+    sd = stats_dtype(x.dtype)
+    bound = beta_bound(schedule, x.shape[-1])
+    if sd != torch.float64 and (bound is None or bound > torch.finfo(sd).max / 4):
+        return False
+    return not _beta_may_be_tiny(schedule, sd)
+
+
+class _AdaptiveSoftmax(torch.autograd.Function):
+    r"""The adaptive softmax of rows, keeping the logits and the result for the backward.
+
+    With :math:`u = \beta z`, :math:`q = \operatorname{softmax}(u)` and upstream
+    gradient :math:`g`: :math:`\bar u = q \odot (g - \langle g, q\rangle)`, so
+    :math:`\bar x = \beta\,\bar u + \bar\beta\,\beta'(H)\,\partial H/\partial x`
+    with :math:`\bar\beta = \langle \bar u, z\rangle` and, for the plain weights
+    :math:`p = \operatorname{softmax}(x)`,
+    :math:`\partial H / \partial x_j = -p_j(\log p_j + H)`. The backward recomputes
+    :math:`z`, :math:`p`, :math:`H` and β from the logits with the forward's operations
+    (one exponential of the row), so autograd keeps two tensors of its size (the
+    logits, which are the caller's, and the result) where the recorded forward kept
+    about seven; written in torch operations, it is itself differentiable (double
+    backward).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, schedule: Schedule, detach_beta: bool) -> torch.Tensor:
+        probs = adaptive_softmax_lastdim(x, schedule, 0.0, detach_beta)[0]
+        ctx.save_for_backward(x, probs)
+        ctx.schedule, ctx.detach_beta = schedule, detach_beta
+        return probs
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        x, q = ctx.saved_tensors
+        gx = _adaptive_softmax_backward(x, q, grad, ctx.schedule, ctx.detach_beta)
+        return gx.to(x.dtype), None, None
+
+
+def _adaptive_softmax_backward(
+    x: torch.Tensor, q: torch.Tensor, grad: torch.Tensor, schedule: Schedule, detach_beta: bool
+) -> torch.Tensor:
+    r""":math:`\bar x` of :class:`_AdaptiveSoftmax`, in the statistics dtype (see there).
+
+    Unless the backward is itself recorded (``create_graph=True``), its intermediates of
+    the row's size are written over once read (:func:`~._torch_common.into`): beside the
+    result, the shifted logits, the weights and one buffer.
+    """
+    reuse = not torch.is_grad_enabled()
+    sd = q.dtype
+    masked = x == -torch.inf
+    n_eff = x.shape[-1] - masked.sum(-1)
+    z, _ = shifted_logits(x.to(sd), masked, 0, reuse)  # 0 where masked
+    lean = schedule.needs_entropy and not detach_beta  # β moves with H
+    g = grad.to(sd)
+    buf = torch.mul(g, q)
+    entropy = e = s = None
+    if schedule.needs_entropy:
+        e = fill_where(torch.exp(z), masked, 0.0, reuse)
+        s = e.sum(-1)
+        entropy = entropy_from_stats(s, torch.mul(e, z, **into(reuse, buf)).sum(-1))
+        buf = torch.mul(g, q, **into(reuse, buf))
+    h_beta = entropy.detach() if detach_beta and entropy is not None else entropy  # (as forward)
+    beta = beta_from_entropy(schedule, h_beta, n_eff).to(sd).clamp(max=torch.finfo(sd).max)
+    # ū = q (g - <g, q>): 0 where masked (q = 0 there)
+    gu = torch.sub(g, buf.sum(-1, keepdim=True), **into(reuse, buf))
+    gu = torch.mul(gu, q, **into(reuse, gu))
+    if not lean:
+        return beta.unsqueeze(-1) * gu
+    gx = torch.mul(gu, z)  # <ū, z> first; the buffer then holds x̄
+    gh = gx.sum(-1) * _beta_slope(schedule, entropy)
+    gx = torch.mul(beta.unsqueeze(-1), gu, **into(reuse, gx))
+    s_safe = torch.where(s == 0, torch.ones_like(s), s).unsqueeze(-1)
+    p = torch.div(e, s_safe, **into(reuse, e))
+    # log p + H, with log p finite where masked (p = 0 there, and so the term)
+    dh = torch.sub(z, torch.log(s_safe), **into(reuse, z))
+    dh = torch.add(dh, entropy.unsqueeze(-1), **into(reuse, dh))
+    dh = torch.mul(dh, p, **into(reuse, dh))
+    dh = torch.mul(dh, gh.unsqueeze(-1), **into(reuse, dh))
+    return torch.sub(gx, dh, **into(reuse, gx))
+
+
+def _beta_slope(schedule: Polynomial, h: torch.Tensor) -> torch.Tensor:
+    r""":math:`d\beta/dH` of the polynomial schedule at the entropies `h`, in their dtype.
+
+    :math:`P'(H)` where β is :math:`P(H)` (above the threshold, :math:`P(H) \ge 1` and
+    finite, as ``clamp``'s derivative counts the bound), else 0; evaluated in float64
+    by Horner's rule on the derivative's coefficients.
+    """
+    coeffs, threshold = poly_floats(schedule)
+    hd = h.to(torch.float64)
+    p = horner(hd, coeffs)
+    d = len(coeffs) - 1
+    slope = horner(hd, tuple((d - k) * c for k, c in enumerate(coeffs[:-1]))) if d else hd * 0
+    live = (hd > threshold) & (p >= 1.0) & torch.isfinite(p)
+    return torch.where(live, slope, torch.zeros_like(slope)).to(h.dtype)
 
 
 def _beta_may_be_tiny(schedule: Schedule, dtype: torch.dtype) -> bool:

@@ -37,7 +37,7 @@ from torch import nn
 from ..spec import Schedule, check_entropy_eps, resolve_schedule
 from . import _torch_attention as _attn
 from ._torch_common import as_flag, as_float_tensor, as_index, autocast_dtype
-from ._torch_softmax import adaptive_softmax_lastdim
+from ._torch_softmax import adaptive_softmax_rows
 
 __all__ = ["AdaptiveSoftmax", "adaptive_attention", "adaptive_softmax", "attention_entropy"]
 
@@ -99,7 +99,7 @@ def adaptive_softmax(
     if x.shape[dim] == 0:
         return x.clone()
     xs = x.movedim(dim, -1)
-    probs, _, _ = adaptive_softmax_lastdim(xs, schedule, eps, detach_beta)
+    probs = adaptive_softmax_rows(xs, schedule, eps, detach_beta)
     return probs.to(x.dtype).movedim(-1, dim)
 
 
