@@ -252,9 +252,11 @@ def may_reuse(x: torch.Tensor) -> bool:
 
     Not while autograd records a graph through `x` (its backward reads them), under a
     ``torch.func`` transform or forward-mode AD (no ``out=`` kernels there), or while
-    :func:`torch.compile` traces (the compiler plans the buffers itself).
+    :func:`torch.compile` or ``torch.jit.trace`` traces (the compiler plans the buffers
+    itself; a trace must record the same operations whether or not `x` requires grad,
+    or its check of the graph fails).
     """
-    if is_compiling() or (torch.is_grad_enabled() and x.requires_grad):
+    if is_compiling() or torch.jit.is_tracing() or (torch.is_grad_enabled() and x.requires_grad):
         return False
     return not transformed(x)
 

@@ -136,15 +136,15 @@ def adaptive_softmax_rows(
 def _lean_backward_applies(x: torch.Tensor, schedule: Schedule, entropy_eps: float) -> bool:
     """Whether :class:`_AdaptiveSoftmax` takes the call (settled on the host).
 
-    A graph is recorded through `x`; no ``torch.func`` transform or compilation
-    (they record the operations themselves); the exact entropy (``entropy_eps ==
+    A graph is recorded through `x`; no ``torch.func`` transform, compilation or
+    ``torch.jit.trace`` (they record the operations themselves); the exact entropy (``entropy_eps ==
     0``); a built-in schedule; and neither a β too large for the statistics dtype
     (formed in float64 then) nor one small enough for the overflowed shifts' path.
     """
     if not (torch.is_grad_enabled() and x.requires_grad) or entropy_eps != 0.0:
         return False
-    if is_compiling() or transformed(x):
-        return False
+    if is_compiling() or torch.jit.is_tracing() or transformed(x):
+        return False  # (a trace must record the same operations with and without a graph)
     if not isinstance(schedule, Polynomial | Constant | LogLength):
         return False
     sd = stats_dtype(x.dtype)

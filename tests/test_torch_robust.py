@@ -393,6 +393,28 @@ def test_adaptive_softmax_traces_to_eagers_values():
     torch.testing.assert_close(traced(x), adaptive_softmax(x), rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace_method` is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # (the checks of the shape)
+def test_adaptive_softmax_traces_with_a_gradient():
+    """Traced from rows that require grad, the module records the same operations as
+    without a graph (the lean backward's autograd Function, or intermediates written over
+    without a graph, made the trace's check fail: "Graphs differed across invocations"),
+    and the trace's values and gradients are eager's."""
+    g = torch.Generator().manual_seed(5)
+    module = AdaptiveSoftmax()
+    traced = torch.jit.trace(module, (torch.randn(4, 7, generator=g).requires_grad_(),))
+    x = torch.randn(4, 7, generator=g)
+    x[0, :3] = -torch.inf
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = traced(xa), module(xb)
+    torch.testing.assert_close(ya, yb, rtol=0, atol=0)
+    weights = torch.randn(4, 7, generator=g)
+    (ya * weights).sum().backward()
+    (yb * weights).sum().backward()
+    torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-6, atol=1e-7)
+
+
 def test_constants_are_marked_as_torchs_decorator_marks_them():
     """The schedule's host-side helpers are marked for ``torch.compile`` without importing
     Dynamo; torch's own decorator must still mark a function by exactly that attribute
