@@ -42,9 +42,8 @@ from ._torch_common import (
     beta_from_entropy,
     broadcast_shapes,
     compact,
-    entropy_from_stats,
+    exact_entropy,
     fill_where,
-    into,
     may_reuse,
     mul_pow2,
     shifted_logits,
@@ -1127,9 +1126,7 @@ def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Te
         reuse = may_reuse(x)  # (without a graph, a tile's intermediates are written over)
         masked = x == -torch.inf
         z, m = shifted_logits(x, masked, unit, reuse)
-        e = fill_where(torch.exp(z), masked, 0.0, reuse)
-        s = e.sum(-1)
-        h = entropy_from_stats(s, torch.mul(e, z, **into(reuse, e)).sum(-1))
+        _, s, h = exact_entropy(z, masked, reuse)
         m = m.squeeze(-1)
         none = s == 0
         m_safe = torch.where(none, torch.zeros_like(m), m)
@@ -1868,16 +1865,10 @@ def attention(
     own = not (out.requires_grad or p.transformed)
     if p.keep is not None:
         # a query with no unmasked key gives zeros (causal rows always keep key 0)
-        out = _fill_rows(out, p.n_eff == 0, 0.0, own)
+        out = fill_where(out, (p.n_eff == 0).unsqueeze(-1), 0.0, own)
     if p.bad is not None:
-        out = _fill_rows(out, p.bad, torch.nan, own)
+        out = fill_where(out, p.bad.unsqueeze(-1), torch.nan, own)
     return out
-
-
-def _fill_rows(out: torch.Tensor, rows: torch.Tensor, value: float, own: bool) -> torch.Tensor:
-    """`out` with the rows where `rows` holds set to `value` (in place when `own`)."""
-    rows = rows.unsqueeze(-1)
-    return out.masked_fill_(rows, value) if own else torch.where(rows, value, out)
 
 
 def attention_entropy(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:

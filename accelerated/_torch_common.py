@@ -44,6 +44,7 @@ __all__ = [
     "compact",
     "constant_under_compile",
     "entropy_from_stats",
+    "exact_entropy",
     "fill_where",
     "horner",
     "into",
@@ -226,7 +227,7 @@ def compact(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided(shape, t.stride())
 
 
-def into(reuse: bool, t: torch.Tensor) -> dict[str, torch.Tensor]:
+def into(reuse: bool, t: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """``{"out": t}`` when `reuse` (the op then writes its result over `t`), else ``{}``.
 
     For intermediates of a call's own that are dead once the op has read them:
@@ -234,7 +235,7 @@ def into(reuse: bool, t: torch.Tensor) -> dict[str, torch.Tensor]:
     ``torch.func`` transform, no compilation; see :func:`may_reuse`). The op
     and its operands are the same either way, so are the bits.
     """
-    return {"out": t} if reuse else {}
+    return {"out": t} if reuse and t is not None else {}
 
 
 def fill_where(t: torch.Tensor, where: torch.Tensor, value: float, reuse: bool) -> torch.Tensor:
@@ -315,6 +316,21 @@ def entropy_from_stats(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     h = torch.log(s_safe) - t / s_safe
     h = torch.where(empty, torch.zeros_like(h), h)
     return torch.clamp(h, min=0.0)
+
+
+def exact_entropy(
+    z: torch.Tensor, masked: torch.Tensor, reuse: bool, scratch: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""The weights :math:`e = e^{z}` (0 where masked), :math:`s = \sum e` and the entropy.
+
+    :math:`H` from the T7 statistics (:func:`entropy_from_stats`), :math:`t = \sum e z`.
+    With `reuse` the product :math:`e z` is written over `scratch`, or over :math:`e`
+    itself when no scratch is given (the weights returned are then spent).
+    """
+    e = fill_where(torch.exp(z), masked, 0.0, reuse)  # a scalar branch: no tensor of z's size
+    s = e.sum(-1)
+    t = torch.mul(e, z, **into(reuse, e if scratch is None else scratch)).sum(-1)
+    return e, s, entropy_from_stats(s, t)
 
 
 def constant_under_compile(fn: Callable[..., Any]) -> Callable[..., Any]:

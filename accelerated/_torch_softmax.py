@@ -25,7 +25,7 @@ from ._torch_common import (
     beta_bound,
     beta_floor,
     beta_from_entropy,
-    entropy_from_stats,
+    exact_entropy,
     fill_where,
     horner,
     into,
@@ -70,18 +70,16 @@ def adaptive_softmax_lastdim(
     z, m = shifted_logits(x.to(sd), masked, log2_unit, reuse)  # (the copy lives for the shift)
     entropy = None
     spare = None  # with `reuse`, a dead tensor of x's size and dtype
-    if schedule.needs_entropy:
-        e = torch.exp(z)
-        e = fill_where(e, masked, 0.0, reuse)  # a scalar branch: no tensor of x's size
-        s = e.sum(-1)
-        if entropy_eps == 0.0:
-            entropy = entropy_from_stats(s, torch.mul(e, z, **into(reuse, e)).sum(-1))
-            spare = e if reuse else None
-        else:
-            s_safe = torch.where(s == 0, torch.ones_like(s), s)
-            p = e / s_safe.unsqueeze(-1)
-            entropy = -(p * torch.log(p + entropy_eps)).sum(-1)
-            entropy = torch.where(s == 0, torch.zeros_like(entropy), entropy)
+    if schedule.needs_entropy and entropy_eps == 0.0:
+        e, _, entropy = exact_entropy(z, masked, reuse)  # (with `reuse`, e is spent)
+        spare = e if reuse else None
+    elif schedule.needs_entropy:
+        e = fill_where(torch.exp(z), masked, 0.0, reuse)
+        s = e.sum(-1)  # the paper's listing: -sum p log(p + eps)
+        s_safe = torch.where(s == 0, torch.ones_like(s), s)
+        p = e / s_safe.unsqueeze(-1)
+        entropy = -(p * torch.log(p + entropy_eps)).sum(-1)
+        entropy = torch.where(s == 0, torch.zeros_like(entropy), entropy)
     h_beta = entropy.detach() if detach_beta and entropy is not None else entropy
     beta = beta_from_entropy(schedule, h_beta, n_eff)
     # β above the float maximum of x (a huge constant, say) would round to inf, and inf * 0
@@ -89,9 +87,7 @@ def adaptive_softmax_lastdim(
     # under torch.compile the bound over every row length, which holds for this one: the
     # length may be symbolic (a second shape), and a symbolic argument cannot be folded
     # into the graph ("assume_constant_result argument conversion failed")
-    compiling = getattr(torch.compiler, "is_compiling", lambda: False)()
-    bound = beta_bound(schedule, 2**63 if compiling else x.shape[-1])
-    wide = sd != torch.float64 and (bound is None or bound > torch.finfo(sd).max / 4)
+    wide = _beta_wide(schedule, sd, 2**63 if is_compiling() else x.shape[-1])
     beta = beta if wide else beta.to(sd)
     # a β that overflowed float64 (a schedule evaluated beyond the range) stands for a
     # finite exact β: at the maximum β z is 0, not inf * 0; clamped, it still underflows
@@ -148,10 +144,7 @@ def _lean_backward_applies(x: torch.Tensor, schedule: Schedule, entropy_eps: flo
     if not isinstance(schedule, Polynomial | Constant | LogLength):
         return False
     sd = stats_dtype(x.dtype)
-    bound = beta_bound(schedule, x.shape[-1])
-    if sd != torch.float64 and (bound is None or bound > torch.finfo(sd).max / 4):
-        return False
-    return not _beta_may_be_tiny(schedule, sd)
+    return not (_beta_wide(schedule, sd, x.shape[-1]) or _beta_may_be_tiny(schedule, sd))
 
 
 class _AdaptiveSoftmax(torch.autograd.Function):
@@ -200,13 +193,11 @@ def _adaptive_softmax_backward(
     z, _ = shifted_logits(x.to(sd), masked, 0, reuse)  # 0 where masked
     lean = schedule.needs_entropy and not detach_beta  # β moves with H
     g = grad.to(sd)
-    buf = torch.mul(g, q)
+    buf = torch.empty_like(z) if reuse else None  # e z, then g q, then ū
     entropy = e = s = None
     if schedule.needs_entropy:
-        e = fill_where(torch.exp(z), masked, 0.0, reuse)
-        s = e.sum(-1)
-        entropy = entropy_from_stats(s, torch.mul(e, z, **into(reuse, buf)).sum(-1))
-        buf = torch.mul(g, q, **into(reuse, buf))
+        e, s, entropy = exact_entropy(z, masked, reuse, buf)
+    buf = torch.mul(g, q, **into(reuse, buf))
     h_beta = entropy.detach() if detach_beta and entropy is not None else entropy  # (as forward)
     beta = beta_from_entropy(schedule, h_beta, n_eff).to(sd).clamp(max=torch.finfo(sd).max)
     # ū = q (g - <g, q>): 0 where masked (q = 0 there)
@@ -241,6 +232,18 @@ def _beta_slope(schedule: Polynomial, h: torch.Tensor) -> torch.Tensor:
     slope = horner(hd, tuple((d - k) * c for k, c in enumerate(coeffs[:-1]))) if d else hd * 0
     live = (hd > threshold) & (p >= 1.0) & torch.isfinite(p)
     return torch.where(live, slope, torch.zeros_like(slope)).to(h.dtype)
+
+
+def _beta_wide(schedule: Schedule, sd: torch.dtype, n: int) -> bool:
+    """Whether β z is formed in float64 (on the host).
+
+    So it is where β may exceed a quarter of `sd`'s maximum over rows of up to `n`
+    items (a huge constant, say): β rounded to inf would make inf * 0 NaN.
+    """
+    if sd == torch.float64:
+        return False
+    bound = beta_bound(schedule, n)
+    return bound is None or bound > torch.finfo(sd).max / 4
 
 
 def _beta_may_be_tiny(schedule: Schedule, dtype: torch.dtype) -> bool:
