@@ -28,7 +28,7 @@ import torch
 from torch.autograd import forward_ad
 
 from .._formats import DTYPES, FORMATS
-from ..spec import Constant, LogLength, Polynomial, Schedule
+from ..spec import Constant, LogLength, Polynomial, Schedule, refuse_dtype
 
 __all__ = [
     "HALF_DTYPES",
@@ -166,7 +166,7 @@ def as_float_tensor(x: object, name: str) -> torch.Tensor:
         return x
     if not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool:
         return x.to(torch.float64)
-    raise TypeError(f"{name} must be a real floating or integer tensor, got dtype {x.dtype}")
+    raise refuse_dtype(name, x.dtype, "tensor")
 
 
 def as_flag(value: object, name: str) -> bool:

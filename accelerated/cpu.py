@@ -121,6 +121,7 @@ from ..spec import (
     attention_layout,
     check_entropy_eps,
     numpy_array,
+    refuse_dtype,
     refuse_masked,
     resolve_schedule,
 )
@@ -643,7 +644,7 @@ def _attn_array(a: Any, name: str) -> np.ndarray:
     if arr.dtype.kind in "iu":
         arr = arr.astype(np.float64)
     elif arr.dtype.name not in NUMPY_DTYPES:
-        raise TypeError(f"{name} must be a real floating or integer array, got dtype {arr.dtype}")
+        raise refuse_dtype(name, arr.dtype)
     arr = _native(arr)
     if arr.ndim < 2:
         raise ValueError(f"{name} must have shape (..., length, features), got {arr.shape}")

@@ -51,6 +51,7 @@ from softmaxtheory.spec import (
     exact_float64,
     expand_kv_heads,
     numpy_array,
+    refuse_dtype,
     refuse_masked,
     resolve_schedule,
     split_mask,
@@ -88,7 +89,7 @@ def _as_float_array(a: Any, name: str) -> np.ndarray:
     if arr.dtype.kind in "iu":  # exact values, as the row functions' logits
         arr = exact_float64(arr, name)
     elif arr.dtype.name not in NUMPY_DTYPES:
-        raise TypeError(f"{name} must be a real floating or integer array, got dtype {arr.dtype}")
+        raise refuse_dtype(name, arr.dtype)
     if arr.ndim < 2:
         raise ValueError(f"{name} must have shape (..., length, features), got {arr.shape}")
     return arr.astype(np.float64)

@@ -74,6 +74,7 @@ __all__ = [
     "exact_value",
     "expand_kv_heads",
     "numpy_array",
+    "refuse_dtype",
     "refuse_masked",
     "resolve_schedule",
     "split_mask",
@@ -528,6 +529,39 @@ def numpy_array(x: Any, name: str) -> np.ndarray:
         ) from exc
 
 
+def refuse_dtype(name: str, dtype: Any, container: str = "array") -> TypeError:
+    """The :class:`TypeError` for an operand whose dtype has no format here.
+
+    It names the dtypes that are taken (float16, float32, float64 and integers,
+    and bfloat16 in a tensor), so that a floating dtype outside them (numpy's
+    ``longdouble``, torch's float8 formats) is not told that it is not floating,
+    and it says how such a float gets in: converted (``longdouble`` rounded to
+    float64; a float8 tensor's values are all float32 values).
+
+    Parameters
+    ----------
+    name : str
+        The argument's name, as the caller knows it.
+    dtype : numpy.dtype or torch.dtype
+        The refused dtype.
+    container : {"array", "tensor"}
+        A numpy array (`dtype` a numpy dtype) or a torch tensor (a torch dtype).
+
+    Returns
+    -------
+    TypeError
+        To be raised by the caller.
+    """
+    tensor = container == "tensor"
+    floats = "float16, bfloat16, float32, float64" if tensor else "float16, float32, float64"
+    msg = f"{name} must be a real floating ({floats}) or integer {container}, got dtype {dtype}"
+    if tensor and dtype.is_floating_point:
+        msg += f" (convert it: {name}.float())"
+    elif not tensor and np.dtype(dtype).kind == "f":
+        msg += f" (convert it: {name}.astype(numpy.float64) rounds it to float64)"
+    return TypeError(msg)
+
+
 def as_logits(x: Any, name: str = "x", *, exact: bool = False) -> np.ndarray:
     """Validate and convert logits to a floating array with a last axis.
 
@@ -568,7 +602,7 @@ def as_logits(x: Any, name: str = "x", *, exact: bool = False) -> np.ndarray:
     if arr.dtype.kind in "iu":
         arr = exact_float64(arr, name) if exact else arr.astype(np.float64)
     elif arr.dtype.type not in _FLOAT_KINDS:
-        raise TypeError(f"{name} must be a real floating or integer array, got dtype {arr.dtype}")
+        raise refuse_dtype(name, arr.dtype)
     if not arr.dtype.isnative:  # a big-endian file, say: the same values in native order
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if arr.ndim == 0:

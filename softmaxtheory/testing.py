@@ -69,6 +69,7 @@ from .spec import (
     check_mask_dtype,
     exact_float64,
     expand_kv_heads,
+    refuse_dtype,
     refuse_masked,
     resolve_schedule,
 )
@@ -190,13 +191,13 @@ def to_numpy(a: Any, name: str) -> tuple[np.ndarray, str]:
         if dname in _NUMPY_FLOATS:
             return t.numpy(), dname
         if t.is_floating_point() or t.is_complex() or dname == "bool":
-            raise TypeError(f"{name} must be float64/32/16 or bfloat16, got torch.{dname}")
+            raise refuse_dtype(name, t.dtype, "tensor")
         return exact_float64(t.numpy(), name), "float64"
     arr = np.asarray(a)
     if arr.dtype.kind in "iu":
         return exact_float64(arr, name), "float64"
     if arr.dtype.name not in _NUMPY_FLOATS:
-        raise TypeError(f"{name} must be a real floating array, got dtype {arr.dtype}")
+        raise refuse_dtype(name, arr.dtype)
     return arr, arr.dtype.name
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pytest
@@ -190,3 +192,56 @@ def test_a_guarded_entropy_jumps_only_above_minus_log_one_plus_eps():
     # numpy scalars, as check_entropy_eps accepts them
     assert Polynomial(("3",), threshold="-0.5").jumps_for(np.float32(1.0))
     assert not Polynomial(("3",), threshold="-0.8").jumps_for(np.float16(1.0))
+
+
+def _numpy_entry_points() -> dict[str, Any]:
+    from softmaxtheory import reference, testing
+
+    calls: dict[str, Any] = {
+        "reference.softmax": lambda a: reference.softmax(a),
+        "reference.adaptive_attention": lambda a: reference.adaptive_attention(a, a, a),
+        "testing.assert_softmax_close": lambda a: testing.assert_softmax_close(a, a),
+    }
+    try:
+        from softmaxtheory.accelerated import cpu
+    except ImportError:  # numba absent
+        return calls
+    calls["cpu.adaptive_softmax"] = lambda a: cpu.adaptive_softmax(a)
+    calls["cpu.adaptive_attention"] = lambda a: cpu.adaptive_attention(a, a, a)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "call", list(_numpy_entry_points().values()), ids=list(_numpy_entry_points())
+)
+def test_a_float_without_a_format_is_named_and_given_a_way_in(call) -> None:
+    # numpy's extended precision is floating: the refusal must not say otherwise, and it
+    # names the dtypes taken and the conversion
+    x = np.ones((2, 3), dtype=np.longdouble)
+    if np.finfo(np.longdouble).bits == 64:  # longdouble is float64 on this platform
+        pytest.skip("numpy's longdouble is float64 here")
+    want = re.escape(
+        "must be a real floating (float16, float32, float64) or integer array, got dtype "
+        f"{x.dtype} (convert it: "
+    )
+    with pytest.raises(TypeError, match=want):
+        call(x)
+
+
+def test_a_float8_tensor_is_named_and_given_a_way_in() -> None:
+    torch = pytest.importorskip("torch")
+    from softmaxtheory import testing
+    from softmaxtheory.accelerated import torch as sttorch
+
+    x = torch.ones(2, 3).to(torch.float8_e4m3fn)
+
+    def want(name: str) -> str:
+        return re.escape(
+            f"{name} must be a real floating (float16, bfloat16, float32, float64) or integer "
+            f"tensor, got dtype torch.float8_e4m3fn (convert it: {name}.float())"
+        )
+
+    with pytest.raises(TypeError, match=want("x")):
+        sttorch.adaptive_softmax(x)
+    with pytest.raises(TypeError, match=want("logits")):
+        testing.assert_softmax_close(torch.ones(2, 3), x)

@@ -156,12 +156,30 @@ def test_pass_one_gradient_of_large_tied_logits(e) -> None:
     double=False, shape=(6, 9, 16), same_dv=True, e=15, mask="none", beta=1.0,
     backend="composition", seed=0,
 )  # fmt: skip
+@example(  # under the scale 1/D: dq 2 % off if the fused backward ran past its bound
+    double=False, shape=(3, 5, 16), same_dv=True, e=12, mask="none", beta=1.0,
+    backend="composition", seed=0,
+)  # fmt: skip
+@example(  # the test's own premise: SDPA's backward from a float32 LSE at ties of 2304
+    double=False, shape=(3, 5, 16), same_dv=True, e=4, mask="none", beta=1.0,
+    backend="auto", seed=834,
+)  # fmt: skip
+@example(  # the test's own premise: a tie at logits 896 under SDPA's split sqrt(1/2)
+    double=False, shape=(3, 2, 4), same_dv=False, e=4, mask="none", beta=1.0,
+    backend="hybrid", seed=0,
+)  # fmt: skip
 def test_gradients_of_exactly_representable_logits(
     double, shape, same_dv, e, mask, beta, backend, seed
 ) -> None:
     """Integer queries and keys times 2**e: every logit (and β times it) is exact in float32, so
     every backend's forward and gradients must equal float64 autograd of the formula from the
-    same inputs at every magnitude, to a few ulps of each gradient's natural size."""
+    same inputs at every magnitude, to a few ulps of each gradient's natural size.
+
+    The scale is 1/D, not the default 1/sqrt(D): SDPA's math kernel (the hybrid's pass 2 on
+    the CPU when d_v != d) multiplies q and k by sqrt(scale) each, so that its logits are exact
+    only where sqrt(scale) is a power of two. At scale 1/2 a tie at 896 came out 0.5 +- 2**-16
+    (one logit half an ulp off): the rounding of each factor, beside the dot product's, and
+    not the exactness this test asks for (docs/torch.rst, the hybrid)."""
     dtype = torch.float64 if double else torch.float32
     L, S, D = shape
     Dv = D if same_dv else 3
@@ -177,7 +195,8 @@ def test_gradients_of_exactly_representable_logits(
         keep[:, 0] = True
 
     q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
-    x = beta * (q @ k.transpose(-1, -2)) / math.sqrt(D)
+    scale = 1.0 / D
+    x = beta * (q @ k.transpose(-1, -2)) * scale
     if causal:
         x = x.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), -math.inf)
     if keep is not None:
@@ -187,20 +206,37 @@ def test_gradients_of_exactly_representable_logits(
 
     qa, ka, va = (t.to(dtype).clone().requires_grad_() for t in (q0, k0, v0))
     out = storch.adaptive_attention(
-        qa, ka, va, attn_mask=keep, is_causal=causal, schedule=Constant(beta), backend=backend
+        qa,
+        ka,
+        va,
+        attn_mask=keep,
+        is_causal=causal,
+        scale=scale,
+        schedule=Constant(beta),
+        backend=backend,
     )
     (out * w.to(dtype)).sum().backward()
 
     wv = float(w.abs().max() * v0.abs().max())
     size = {
         "out": float(v0.abs().max()),
-        "dq": beta / math.sqrt(D) * float(k0.abs().max()) * wv,
-        "dk": beta / math.sqrt(D) * float(q0.abs().max()) * wv * L,
+        "dq": beta * scale * float(k0.abs().max()) * wv,
+        "dk": beta * scale * float(q0.abs().max()) * wv * L,
         "dv": float(w.abs().max()) * L,
     }
     tol = 1e-5 if dtype == torch.float32 else 1e-10
+    # A fused backward (SDPA's, torch's CPU flash kernel: every backend here but "chunked")
+    # forms each weight from the stored LSE, which moves it by about 2**-t (|β x| + log S):
+    # documented, and allowed while |β x| <= 2**FUSED_GRAD_LOG2_BOUND; beyond that bound the
+    # chunked backward must be as exact as the forward. (Ties at 2304 in float32: dq 1.6e-5
+    # of its size through SDPA's backward, 6.7e-8 through the chunked one.)
+    top = float(x.detach()[torch.isfinite(x)].abs().max())
+    documented = {torch.float32: 14, torch.float64: 26}[dtype]  # not the constant: fixed here
+    fused = backend != "chunked" and top <= 2.0**documented
+    lse_err = 4 * torch.finfo(dtype).eps / 2 * (top + math.log(S)) if fused else 0.0
     pairs = {"out": (out, want), "dq": (qa.grad, q.grad), "dk": (ka.grad, k.grad)}
     pairs["dv"] = (va.grad, v.grad)
     for name, (got, exact) in pairs.items():
         err = float((got.detach().double() - exact.detach()).abs().max())
-        assert err <= tol * max(size[name], 1e-300), (name, err, size[name])
+        allowed = tol + (lse_err if name != "out" else 0.0)
+        assert err <= allowed * max(size[name], 1e-300), (name, err, size[name])
