@@ -80,6 +80,7 @@ __all__ = [
     "dispersion_size",
     "empirical_spread",
     "entropy_lower_bound",
+    "least_entropy",
     "max_coefficient",
     "min_coefficient",
     "min_entropy_switch_off_size",
@@ -333,9 +334,8 @@ def entropy_lower_bound(n: Any, spread: Any, beta: Any = 1.0) -> Any:
 
     The floor is the least *min-entropy* :math:`-\log\max_k\alpha_k` (attained by
     T1's extremal row); the entropy itself stays above it: its least value over
-    admissible rows is at least :math:`\log n - C(\beta\delta)` (T6, see
-    :doc:`/theory/entropy_floor`), 5.35 against this floor's 2.70 at 4096 items and
-    spread 5.69.
+    admissible rows is :func:`least_entropy` (T6, see :doc:`/theory/entropy_floor`),
+    5.35 against this floor's 2.70 at 4096 items and spread 5.69.
 
     Parameters
     ----------
@@ -361,6 +361,66 @@ def entropy_lower_bound(n: Any, spread: Any, beta: Any = 1.0) -> Any:
     """
     return _elementwise(
         _entropy_lower_bound,
+        {"n": n, "spread": spread, "beta": beta},
+        {"n": _size, "spread": _spread, "beta": _positive},
+        dtype=np.float64,
+    )
+
+
+@lru_cache(maxsize=4096)
+def _least_entropy(n: int, spread: float, beta: float) -> float:
+    return ivl.certify(enc.least_entropy_enclosure(n, spread, beta), ivl.float_of)
+
+
+@certifying("a bound")
+def least_entropy(n: Any, spread: Any, beta: Any = 1.0) -> Any:
+    r"""The least entropy (nats) of a softmax over `n` items with logit spread `spread` (T6).
+
+    Over rows of :math:`n` logits in an interval of width :math:`\delta`, the entropy
+    of :math:`\operatorname{softmax}(\beta x)` is smallest on a two-level row, with
+    :math:`k` logits at the top and the rest at the bottom, so its least value is
+
+    .. math::
+
+        m(n) = \min_{0 \le k \le n} \Bigl[\log\bigl(k e^{\beta\delta} + n - k\bigr)
+        - \frac{k\,\beta\delta\,e^{\beta\delta}}{k e^{\beta\delta} + n - k}\Bigr],
+
+    attained (:doc:`/theory/no_escape`, part 3). It lies between the floor of
+    :func:`entropy_lower_bound` (a floor on the min-entropy, well below it) and
+    :math:`\log n`, and it is the entropy that decides the adaptive temperature:
+    :func:`adaptive_switch_off_size` is the least :math:`n` with
+    :math:`m(n) \ge H_{\mathrm{off}}`. At 4096 items and spread 5.69 it is 5.35 nats,
+    against the min-entropy floor's 2.70.
+
+    Parameters
+    ----------
+    n : int or array_like of int
+        Number of items, :math:`n \ge 1`.
+    spread : float or array_like
+        Logit spread :math:`\delta \ge 0`.
+    beta : float or array_like, default 1.0
+        Inverse temperature :math:`\beta > 0`.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        :math:`m(n)`, correctly rounded to float64 (the minimum is over the one or
+        two integer counts next to the real minimiser
+        :math:`k^\ast = n w (\beta\delta - 1 + w)/(1 - w)^2`, :math:`w =
+        e^{-\beta\delta}`, evaluated in interval arithmetic).
+
+    Examples
+    --------
+    >>> from softmaxtheory import bounds
+    >>> bounds.least_entropy(4096, 0.0)  # log 4096: every row is uniform
+    8.317766166719343
+    >>> bounds.least_entropy([16, 4096], 5.69)
+    array([0.323982  , 5.35058016])
+    >>> bounds.entropy_lower_bound([16, 4096], 5.69)  # T3's min-entropy floor
+    array([0.0494508 , 2.69728804])
+    """
+    return _elementwise(
+        _least_entropy,
         {"n": n, "spread": spread, "beta": beta},
         {"n": _size, "spread": _spread, "beta": _positive},
         dtype=np.float64,

@@ -373,6 +373,78 @@ def test_switch_off_size_is_the_least_n_with_two_level_minimum_above_h_off(sprea
         assert two_level_minimum(n - 1, spread)[0] < h_off
 
 
+@pytest.mark.theorem("T6")
+@given(n=st.integers(1, 120), spread=st.floats(0.0, 60.0), beta=st.sampled_from([1.0, 0.5, 3.0]))
+@example(n=1, spread=3.0, beta=1.0)
+@example(n=2, spread=0.0, beta=1.0)
+@example(n=120, spread=1e-300, beta=1.0)  # every row nearly uniform: log n
+@example(n=97, spread=5.69, beta=1.0)
+@example(n=2, spread=11.313397024131955, beta=3.0)  # the test's own β δ, rounded at 53 bits
+def test_least_entropy_is_the_two_level_minimum(n, spread, beta):
+    """least_entropy is min over every count k of the two-level entropy, correctly rounded
+    (mpmath over all n + 1 counts; the library tries the counts beside its real minimiser)."""
+    with mpmath.workprec(2400):  # (β δ exact: 53 bits held 11.313397024131955 * 3 rounded)
+        t = mpmath.mpf(spread) * mpmath.mpf(beta)
+        e = mpmath.exp(t)
+        want = min(mpmath.log(k * e + n - k) - k * t * e / (k * e + n - k) for k in range(n + 1))
+        assert bounds.least_entropy(n, spread, beta) == round_to(want, "f8")
+
+
+@pytest.mark.theorem("T6")
+@pytest.mark.parametrize(("n", "spread"), [(4096, 5.69), (20000, 2.0), (7419, 5.69), (300, 12.0)])
+def test_least_entropy_is_attained_by_a_reference_row(n, spread):
+    """The reference's certified entropy of the best two-level row is least_entropy, bit for bit,
+    and no count near it does better."""
+
+    def row_entropy(k):
+        return float(reference.entropy(np.r_[np.full(k, spread), np.zeros(n - k)]))
+
+    with mpmath.workprec(200):
+        w = mpmath.exp(-mpmath.mpf(spread))
+        k_star = int(mpmath.floor(n * w * (spread - 1 + w) / (1 - w) ** 2))
+    near = {k: row_entropy(k) for k in range(max(0, k_star - 2), min(n, k_star + 3) + 1)}
+    assert min(near.values()) == bounds.least_entropy(n, spread)
+    assert bounds.entropy_lower_bound(n, spread) < bounds.least_entropy(n, spread) < math.log(n)
+
+
+@pytest.mark.theorem("T6")
+@pytest.mark.parametrize("spread", [0.0, 0.5, 2.0, 5.0, 5.69, 12.0])
+def test_least_entropy_crosses_h_off_at_the_switch_off_size(spread):
+    """m(n_off - 1) < H_off <= m(n_off): the bounds table's column agrees with T6's size."""
+    n = bounds.adaptive_switch_off_size(spread)
+    h_off = independent_constants()[3]
+    below, above = bounds.least_entropy([n - 1, n], spread)
+    assert below < h_off <= above
+
+
+@pytest.mark.theorem("T6")
+@given(boxed_rows(max_size=60))
+@example((np.array([5.0, 0.0, 0.0]), 5.0))
+@example((np.array([2.0, 2.0, 0.0, 0.0, 0.0, 0.0]), 2.0))
+def test_no_row_has_less_than_the_least_entropy(case):
+    """The reference entropy of a random row (many on the ends of its box) is at least
+    least_entropy at its spread, which is at least T3's floor; and the same at beta = 2."""
+    x, spread = case
+    n = x.shape[0]
+    least = bounds.least_entropy(n, spread)
+    assert float(reference.entropy(x)) >= least >= bounds.entropy_lower_bound(n, spread)
+    if math.isfinite(2.0 * spread):
+        assert float(reference.entropy(2.0 * x)) >= bounds.least_entropy(n, spread, 2.0)
+
+
+def test_least_entropy_scales_with_beta_and_falls_with_the_spread():
+    """m depends on beta * spread alone, decreases in it, and increases in n."""
+    n = np.array([1, 2, 16, 297, 4096, 10**6])
+    assert np.array_equal(bounds.least_entropy(n, 1.5, 2.0), bounds.least_entropy(n, 3.0))
+    assert np.array_equal(bounds.least_entropy(n, 0.0), np.log(n.astype(float)))
+    m = bounds.least_entropy(n[1:, None], np.array([0.5, 2.0, 5.69, 40.0]))
+    assert np.all(np.diff(m, axis=1) < 0) and np.all(np.diff(m, axis=0) > 0)
+    assert np.all(bounds.least_entropy(n, 800.0) == 0.0)  # (n - 1) 801 e^-800 < 2**-1075
+    assert bounds.least_entropy(10**30, 1e7) == 0.0  # e^-1e7: every row is one-hot
+    with pytest.raises(ValueError, match="n must be"):
+        bounds.least_entropy(0, 1.0)
+
+
 def window_segments(schedule):
     """The segments (a, b) above the threshold where P > 1, from mpmath's roots of P - 1."""
     coeffs = [mpmath.mpf(c.numerator) / c.denominator for c in schedule.exact_coefficients]

@@ -17,7 +17,7 @@ from softmaxtheory._certify.adaptive import beta_sup
 from softmaxtheory.cli import main
 from softmaxtheory.spec import PaperPolynomial
 
-MAX = re.compile(r"^\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$")
+MAX = re.compile(r"^\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$")
 
 
 def run(capsys, *argv):
@@ -33,10 +33,17 @@ def exact_values(n: int, spread: float, beta: float) -> dict[str, mpmath.mpf]:
         closed = 1 / (1 + (n - 1) * mpmath.exp(-mpmath.mpf(adaptive) * s))
         # where beta can exceed 1 the column is the bracket's upper end (a float), if lower
         top = bounds.adaptive_max_coefficient_bracket(n, spread).upper if adaptive > 1 else 1.0
+        # the least entropy: two-level rows of k top logits, k beside the real minimiser
+        # (tests/test_bounds.py checks every k of short rows)
+        t, e = b * s, mpmath.exp(b * s)
+        w = 1 / e
+        k_star = int(n * w * (t - 1 + w) / (1 - w) ** 2) if t else 0
+        ks = range(max(0, k_star - 3), min(n, k_star + 4) + 1)
         return {
             "max": 1 / (1 + (n - 1) * mpmath.exp(-b * s)),
             "adaptive": min(closed, mpmath.mpf(top)),
             "min": 1 / (1 + (n - 1) * mpmath.exp(b * s)),
+            "least": min(mpmath.log(k * e + n - k) - k * t * e / (k * e + n - k) for k in ks),
             "entropy": mpmath.log1p((n - 1) * mpmath.exp(-b * s)),
         }
 
@@ -79,7 +86,8 @@ def test_table_values_are_correctly_rounded(capsys, spread, beta, digits):
     assert [int(m.group(1)) for m in rows] == [16 * 2**k for k in range(11)]
     for m in rows:
         exact = exact_values(int(m.group(1)), spread, beta)
-        for text, key in zip(m.groups()[1:], ("max", "adaptive", "min", "entropy"), strict=True):
+        keys = ("max", "adaptive", "min", "least", "entropy")
+        for text, key in zip(m.groups()[1:], keys, strict=True):
             if key == "adaptive":  # an upper bound: rounded up, so that it stays one
                 assert_rounded_up(text, exact[key], digits)
             else:
@@ -173,6 +181,7 @@ def test_json(capsys):
     assert row["max_coefficient"] == 1.0
     assert row["min_coefficient"] == bounds.min_coefficient(10**6, 800.0)
     assert row["entropy_lower_bound"] == bounds.entropy_lower_bound(10**6, 800.0)
+    assert row["least_entropy"] == bounds.least_entropy(10**6, 800.0) == 0.0
 
 
 def test_a_npy_of_empty_rows_is_refused(tmp_path, capsys):
@@ -351,7 +360,10 @@ def test_decimals_ignore_the_callers_decimal_context(capsys):
 
     # the branch and bound's upper end, rounded up to 9 digits
     adaptive = decimal_up(bounds.adaptive_max_coefficient_bracket(1000, 5.69).upper, 9)
-    row = f"    1000     0.228508053           {adaptive}  3.38296450e-06            1.47618382"
+    row = (
+        f"    1000     0.228508053           {adaptive}  3.38296450e-06      3.94055699    "
+        "1.47618382"
+    )
     assert row in got.splitlines()
     code, want, _ = run(capsys, *argv)
     assert code == 0 and got == want

@@ -1116,6 +1116,7 @@ BOUND_FUNCS = (
     "max_coefficient",
     "min_coefficient",
     "entropy_lower_bound",
+    "least_entropy",
     "dispersion_size",
     "adaptive_max_coefficient",
     "adaptive_dispersion_size",
@@ -1151,6 +1152,7 @@ def test_bounds(func, n, spread, beta, eps, logits) -> None:
         "max_coefficient": lambda: f(n, spread, beta),
         "min_coefficient": lambda: f(n, spread, beta),
         "entropy_lower_bound": lambda: f(n, spread, beta),
+        "least_entropy": lambda: f(n, spread, beta),
         "dispersion_size": lambda: f(eps, spread, beta),
         "adaptive_max_coefficient": lambda: f(n, spread),
         "adaptive_dispersion_size": lambda: f(eps, spread),
@@ -1179,6 +1181,9 @@ def test_bounds(func, n, spread, beta, eps, logits) -> None:
                 np.testing.assert_allclose(gf, want, rtol=1e-12, atol=1e-300)
         elif func == "entropy_lower_bound":
             assert np.all(g >= 0) and np.all(g <= np.log(np.asarray(n, float)) + 1e-12), got
+        elif func == "least_entropy":
+            assert np.all(g <= np.log(np.asarray(n, float)) + 1e-12), got
+            assert np.all(g >= bounds.entropy_lower_bound(n, spread, beta)), got
         elif func.endswith("size"):
             assert all(isinstance(v, int) and v >= 1 for v in g.ravel().tolist()), got
         elif func == "spread_from_norms":
@@ -1517,7 +1522,12 @@ def test_defects_found_by_the_fuzz_test_stay_fixed(check) -> None:
 
 @pytest.mark.parametrize(
     ("func", "n", "spread", "beta"),
-    [("min_coefficient", 16, 1.0, 1e300), ("entropy_lower_bound", 16, 1e300, 1e300)],
+    [
+        ("min_coefficient", 16, 1.0, 1e300),
+        ("entropy_lower_bound", 16, 1e300, 1e300),
+        ("least_entropy", 16, 1e300, 1e300),
+        ("least_entropy", 10**30, 2e6, 1.0),
+    ],
 )
 def test_bounds_beyond_max_exponent(func, n, spread, beta) -> None:
     """min_coefficient(16, 1, 1e300) raised OverflowError; now the correctly rounded 0.0.

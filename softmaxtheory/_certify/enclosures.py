@@ -1,9 +1,10 @@
-r"""Interval enclosures of the T1 and T3 quantities, and their certified decimals.
+r"""Interval enclosures of the T1, T3 and T6 quantities, and their certified decimals.
 
 For :math:`n` items with logit spread :math:`\delta` at inverse temperature
 :math:`\beta`, theorem T1 bounds every coefficient between
-:math:`1/(1 + (n-1)e^{\beta\delta})` and :math:`1/(1 + (n-1)e^{-\beta\delta})`, and
-T3 bounds the entropy below by :math:`\log(1 + (n-1)e^{-\beta\delta})`. Each
+:math:`1/(1 + (n-1)e^{\beta\delta})` and :math:`1/(1 + (n-1)e^{-\beta\delta})`,
+T3 bounds the entropy below by :math:`\log(1 + (n-1)e^{-\beta\delta})`, and T6's
+two-level minimum is the entropy's least value itself. Each
 function here returns ``enclose(prec)``, an interval containing the exact value
 whose width shrinks with ``prec``, for Ziv's loop (:func:`.interval.certify`).
 :mod:`softmaxtheory.bounds` rounds them to float64; the ``bounds`` command prints
@@ -12,6 +13,7 @@ whose width shrinks with ``prec``, for Ziv's loop (:func:`.interval.certify`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from decimal import MAX_EMAX, MIN_EMIN, ROUND_CEILING, Context, Decimal
 from fractions import Fraction
@@ -29,6 +31,7 @@ __all__ = [
     "decimal_up",
     "entropy_floor_enclosure",
     "exp_enclosure",
+    "least_entropy_enclosure",
     "max_coefficient_up",
 ]
 
@@ -151,16 +154,17 @@ def certified_text(n: int, spread: float, beta: float, kind: str, digits: int) -
         Number of items.
     spread, beta : float
         Logit spread :math:`\delta` and inverse temperature :math:`\beta`.
-    kind : {"max", "min", "entropy"}
+    kind : {"max", "min", "entropy", "least_entropy"}
         The largest coefficient's upper bound, the smallest coefficient's lower
-        bound (T1), or the entropy's lower bound (T3).
+        bound (T1), the entropy's lower bound (T3), or the entropy's least value
+        (T6's two-level minimum).
     digits : int
         Significant digits.
 
     Raises
     ------
     ValueError
-        If `kind` is not one of the three.
+        If `kind` is not one of the four.
     """
     if kind in ("max", "min") and (n == 1 or spread == 0):
         # every coefficient is 1/n, exactly: a decimal tie (1/5120 to six digits, 1/80 to
@@ -172,6 +176,83 @@ def certified_text(n: int, spread: float, beta: float, kind: str, digits: int) -
         enclose = coefficient_enclosure(n, spread, beta, +1)
     elif kind == "entropy":
         enclose = entropy_floor_enclosure(n, spread, beta)
+    elif kind == "least_entropy":
+        enclose = least_entropy_enclosure(n, spread, beta)
     else:
-        raise ValueError(f"kind must be 'max', 'min' or 'entropy', got {kind!r}")
+        raise ValueError(f"kind must be 'max', 'min', 'entropy' or 'least_entropy', got {kind!r}")
     return ivl.certify(enclose, lambda iv: ivl.decimal_of(iv, digits))
+
+
+#: The most integer counts :func:`least_entropy_enclosure` tries around the real
+#: minimiser; a wider enclosure of it waits for more precision.
+_LEAST_CANDIDATES = 64
+
+
+def least_entropy_enclosure(n: int, spread: float, beta: float) -> Callable[[int], Any]:
+    r"""Enclosures of T6's two-level minimum, the least entropy of a row, at a given precision.
+
+    With :math:`t = \beta\delta` and :math:`w = e^{-t}`, a row of :math:`k` logits at
+    the top of the interval and :math:`n - k` at the bottom has the entropy
+
+    .. math::
+
+        f(k) = \log k + \log(1 + r) + \frac{t\,r}{1 + r}, \qquad
+        r = \frac{(n - k)\,w}{k} \quad (0 < k < n),
+
+    and :math:`f(0) = f(n) = \log n`: the form of :math:`\log(k e^t + n - k) -
+    k t e^t / (k e^t + n - k)` whose terms are all non-negative. Its derivative in a
+    real :math:`k` has the sign of :math:`(1 - w)^2 k - n w (t - 1 + w)`, so
+    :math:`f` decreases up to
+
+    .. math::
+
+        k^\ast = \frac{n\,w\,(t - 1 + w)}{(1 - w)^2} \;\in\; [0, n/2]
+
+    and increases after it; the least value over integer counts is at
+    :math:`\lfloor k^\ast\rfloor` or :math:`\lceil k^\ast\rceil`. Every integer in
+    the enclosure of :math:`k^\ast`, widened to integers, is tried; where that
+    enclosure holds more than :data:`_LEAST_CANDIDATES` of them (too little
+    precision for :math:`t - 1 + w` at a tiny :math:`t`), the enclosure returned is
+    :math:`[0, \log n]`, which Ziv's loop refines at a higher precision.
+    """
+
+    def enclose(prec: int) -> ivl.Interval:
+        log_n = ivl.iv_log(ivl.iv_exact(n), prec) if n > 1 else ivl.iv_exact(0)
+        t = _exponent(spread, beta, prec)
+        if n == 1 or t[1] == libmp.fzero:
+            return log_n  # one item, or a spread of 0: every row is uniform
+        w = exp_enclosure(spread, beta, prec, -1)
+        one = ivl.iv_exact(1)
+        gap = ivl.iv_sub(one, w, prec)  # 1 - w
+        slack = ivl.iv_add(ivl.iv_sub(t, one, prec), w, prec)  # t - 1 + w >= 0
+        if not libmp.mpf_gt(gap[0], libmp.fzero):
+            return libmp.fzero, log_n[1]  # 1 - w not yet apart from 0
+        nw = count_times_exp(n, spread, beta, prec, -1)  # n w, in log space if it must be
+        k_star = ivl.iv_div(ivl.iv_mul(nw, slack, prec), ivl.iv_mul(gap, gap, prec), prec)
+        lo = max(0, math.floor(ivl.to_fraction(k_star[0])))
+        hi = min(n, math.ceil(ivl.to_fraction(k_star[1])))
+        if hi - lo > _LEAST_CANDIDATES:
+            return libmp.fzero, log_n[1]
+        best = None
+        for k in range(lo, hi + 1):
+            f = log_n if k in (0, n) else _two_level(k, n, spread, beta, t, prec)
+            best = f if best is None else _iv_min(best, f)
+        return best
+
+    return enclose
+
+
+def _two_level(k: int, n: int, spread: float, beta: float, t: ivl.Interval, prec: int) -> Any:
+    """The entropy of k logits at the top and n - k at the bottom (0 < k < n), enclosed."""
+    r = ivl.iv_div(count_times_exp(n - k, spread, beta, prec, -1), ivl.iv_exact(k), prec)
+    one_r = ivl.iv_add(ivl.iv_exact(1), r, prec)
+    out = ivl.iv_add(ivl.iv_log(ivl.iv_exact(k), prec), ivl.iv_log1p(r, prec), prec)
+    return ivl.iv_add(out, ivl.iv_div(ivl.iv_mul(t, r, prec), one_r, prec), prec)
+
+
+def _iv_min(a: ivl.Interval, b: ivl.Interval) -> ivl.Interval:
+    """An enclosure of ``min(x, y)`` for ``x`` in `a` and ``y`` in `b` (exact)."""
+    return (
+        a[0] if libmp.mpf_le(a[0], b[0]) else b[0],
+        a[1] if libmp.mpf_le(a[1], b[1]) else b[1],
+    )

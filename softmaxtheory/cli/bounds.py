@@ -47,10 +47,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="dispersion limits for a logit spread (T1, T2, T3, T6)",
         description=(
             "Print the dispersion limits of softmax for logits of a given spread: the size "
-            "from which every coefficient is below EPS, the largest and smallest coefficient "
-            "and a floor on the entropy at each length (T3: the least min-entropy, -log of the "
-            "largest coefficient; the entropy itself stays above it), with and without the "
-            "paper's adaptive temperature, and the length from which that temperature is 1. "
+            "from which every coefficient is below EPS, the largest and smallest coefficient, "
+            "the least entropy (T6: attained by a row with its logits at the two ends of the "
+            "spread; the adaptive temperature reads this entropy) and T3's min-entropy floor "
+            "(-log of the largest coefficient, below the entropy) at each length, with and "
+            "without the paper's adaptive temperature, and the length from which that "
+            "temperature is 1. "
             "Give the spread, or a .npy of logits to measure it (-inf entries are masks). "
             "Every decimal shown is correctly rounded to the digits shown, except where "
             "rounding in a direction keeps a statement true: sizes in scientific notation (a "
@@ -235,11 +237,13 @@ def compute(
                 "max_coefficient": bounds.max_coefficient(n, spread, beta),
                 "adaptive_max_coefficient": adaptive,
                 "min_coefficient": bounds.min_coefficient(n, spread, beta),
+                "least_entropy": bounds.least_entropy(n, spread, beta),
                 "entropy_lower_bound": bounds.entropy_lower_bound(n, spread, beta),
                 "text": {
                     "max_coefficient": certified_text(n, spread, beta, "max", digits),
                     "adaptive_max_coefficient": adaptive_text,
                     "min_coefficient": certified_text(n, spread, beta, "min", digits),
+                    "least_entropy": certified_text(n, spread, beta, "least_entropy", digits),
                     "entropy_lower_bound": certified_text(n, spread, beta, "entropy", digits),
                 },
             }
@@ -391,8 +395,8 @@ def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
             "   (adaptive dispersion size, closed forms: T2 at beta = 1, the switch-off "
             "size)\n\n"
         )
-    headers = ("n", "max coef", "adaptive, at most", "min coef", "entropy floor (nats)")
-    widths = [max([8, *(len(str(r["n"])) for r in doc["rows"])]), 14, 20, 14, 20]
+    headers = ("n", "max coef", "adaptive, at most", "min coef", "least entropy", "T3 floor")
+    widths = [max([8, *(len(str(r["n"])) for r in doc["rows"])]), 14, 20, 14, 14, 12]
     out.write("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)) + "\n")
     for r in doc["rows"]:
         t = r["text"]
@@ -401,9 +405,14 @@ def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
             t["max_coefficient"],
             t["adaptive_max_coefficient"],
             t["min_coefficient"],
+            t["least_entropy"],
             t["entropy_lower_bound"],
         )
         out.write("  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)) + "\n")
+    out.write(
+        "(least entropy: the smallest entropy, in nats, of a row of n logits of this spread, "
+        "the one beta is read from; T3 floor: -log max coef, the least min-entropy)\n"
+    )
     if beta != 1.0:
         out.write("(the adaptive column applies the schedule to the logits as given, beta = 1)\n")
 
