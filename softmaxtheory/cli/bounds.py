@@ -410,8 +410,8 @@ def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
         )
         out.write("  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)) + "\n")
     out.write(
-        "(least entropy: the smallest entropy, in nats, of a row of n logits of this spread, "
-        "the one beta is read from; T3 floor: -log max coef, the least min-entropy)\n"
+        "(least entropy: the smallest entropy, in nats, of a row of n logits of this spread,\n"
+        " the one beta is read from; T3 floor: -log max coef, the least min-entropy)\n"
     )
     if beta != 1.0:
         out.write("(the adaptive column applies the schedule to the logits as given, beta = 1)\n")
