@@ -211,9 +211,10 @@ def _numpy_entry_points() -> dict[str, Any]:
     return calls
 
 
-@pytest.mark.parametrize(
-    "call", list(_numpy_entry_points().values()), ids=list(_numpy_entry_points())
-)
+NUMPY_CALLS = _numpy_entry_points()
+
+
+@pytest.mark.parametrize("call", list(NUMPY_CALLS.values()), ids=list(NUMPY_CALLS))
 def test_a_float_without_a_format_is_named_and_given_a_way_in(call) -> None:
     # numpy's extended precision is floating: the refusal must not say otherwise, and it
     # names the dtypes taken and the conversion

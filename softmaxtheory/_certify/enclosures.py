@@ -236,7 +236,7 @@ def least_entropy_enclosure(n: int, spread: float, beta: float) -> Callable[[int
         best = None
         for k in range(lo, hi + 1):
             f = log_n if k in (0, n) else _two_level(k, n, spread, beta, t, prec)
-            best = f if best is None else _iv_min(best, f)
+            best = f if best is None else ivl.iv_min(best, f)
         return best
 
     return enclose
@@ -248,11 +248,3 @@ def _two_level(k: int, n: int, spread: float, beta: float, t: ivl.Interval, prec
     one_r = ivl.iv_add(ivl.iv_exact(1), r, prec)
     out = ivl.iv_add(ivl.iv_log(ivl.iv_exact(k), prec), ivl.iv_log1p(r, prec), prec)
     return ivl.iv_add(out, ivl.iv_div(ivl.iv_mul(t, r, prec), one_r, prec), prec)
-
-
-def _iv_min(a: ivl.Interval, b: ivl.Interval) -> ivl.Interval:
-    """An enclosure of ``min(x, y)`` for ``x`` in `a` and ``y`` in `b` (exact)."""
-    return (
-        a[0] if libmp.mpf_le(a[0], b[0]) else b[0],
-        a[1] if libmp.mpf_le(a[1], b[1]) else b[1],
-    )

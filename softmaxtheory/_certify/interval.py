@@ -49,6 +49,7 @@ __all__ = [
     "iv_log",
     "iv_log1p",
     "iv_max",
+    "iv_min",
     "iv_mul",
     "iv_neg",
     "iv_sub",
@@ -131,6 +132,14 @@ def iv_max(a: Interval, b: Interval) -> Interval:
     return (
         a[0] if libmp.mpf_ge(a[0], b[0]) else b[0],
         a[1] if libmp.mpf_ge(a[1], b[1]) else b[1],
+    )
+
+
+def iv_min(a: Interval, b: Interval) -> Interval:
+    """An enclosure of ``min(x, y)`` for ``x`` in `a` and ``y`` in `b` (exact)."""
+    return (
+        a[0] if libmp.mpf_le(a[0], b[0]) else b[0],
+        a[1] if libmp.mpf_le(a[1], b[1]) else b[1],
     )
 
 
