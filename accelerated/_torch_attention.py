@@ -44,6 +44,7 @@ from ._torch_common import (
     compact,
     exact_entropy,
     fill_where,
+    into,
     may_reuse,
     mul_pow2,
     shifted_logits,
@@ -946,21 +947,25 @@ def _tile_logits(
     unit: int,
     post: float | None = None,
 ) -> torch.Tensor:
-    r"""Logits of queries ``i0:i1`` against every key, masked entries ``-inf``.
+    r"""Logits of queries ``i0:i1`` against the keys they can see, masked entries ``-inf``.
 
     `qs` is the (scaled) query tensor and `kt` the transposed (scaled) keys
     (B, H // group, D, S), both in the working dtype; the logits carry the
     unit :math:`2^{\mathrm{unit}}`. Grouped heads multiply a (B, H/g, g, l, D)
-    view of the queries by the shared keys (no repeated K).
+    view of the queries by the shared keys (no repeated K). The tile has
+    :func:`_visible_keys` columns: under ``is_causal`` the keys after the block's
+    last query, masked for every row, are not formed.
     """
     qt = qs[..., i0:i1, :]
+    n = _visible_keys(p, i1)
+    if n < kt.shape[-1]:
+        kt = kt[..., :n]
     if p.group > 1:
         x = torch.matmul(qt.unflatten(1, (kt.shape[1], p.group)), kt.unsqueeze(2)).flatten(1, 2)
     else:
         x = torch.matmul(qt, kt)
     if post is not None:  # (the scale after the products: see _scaled_operands)
         x = x * post
-    S = kt.shape[-1]
     if p.add is not None:
         add = p.add[..., i0:i1, :].to(x.dtype)
         if unit:
@@ -968,11 +973,28 @@ def _tile_logits(
         x = torch.where(p.keep[..., i0:i1, :], x + add, -torch.inf)
     elif p.keep is not None:
         x = x.masked_fill(~p.keep[..., i0:i1, :], -torch.inf)
-    elif p.is_causal:
+    elif p.is_causal and i0 + 1 < n:  # (else no entry of the tile lies above the diagonal)
         rows = torch.arange(i0, i1, device=x.device).unsqueeze(-1)
-        cols = torch.arange(S, device=x.device)
-        x = x.masked_fill(cols > rows, -torch.inf)
+        cols = torch.arange(n, device=x.device)
+        # the product is this call's own tensor: masked in place unless a graph records it
+        x = fill_where(x, cols > rows, -torch.inf, may_reuse(x))
     return x
+
+
+def _visible_keys(p: Prepared, i1: int) -> int:
+    """How many leading keys the queries before `i1` see: every key, or ``min(S, i1)`` if causal."""
+    S = p.k.shape[-2]
+    return min(S, i1) if p.is_causal else S
+
+
+def _dense(p: Prepared, t: _Tiles) -> bool:
+    """Whether no logit tile holds ``-inf``: no mask, finite operands, no power-of-two unit.
+
+    Without a unit the logits fit the working dtype (:func:`_work`), so finite
+    operands give finite logits. Such tiles need no masked-entry bookkeeping (a
+    comparison and two fills per tile).
+    """
+    return p.keep is None and p.add is None and not p.is_causal and p.bad is None and t.unit == 0
 
 
 def _operands(
@@ -1097,15 +1119,17 @@ def _chunked(
 
     for i0 in range(0, p.q.shape[-2], t.block):
         i1 = min(p.q.shape[-2], i0 + t.block)
-        outs.append(torch.matmul(_by_rows(_tile_parts(p, t, i0, i1), probs), vs))
+        weights = _by_rows(_tile_parts(p, t, i0, i1), probs)
+        outs.append(torch.matmul(weights, vs[..., : weights.shape[-1], :]))
     return torch.cat(outs, dim=-2)
 
 
 def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Pass 1 in torch: each query's entropy and log-sum-exp, differentiable.
 
-    Blocks of queries against every key (memory :math:`O(\mathrm{block}\cdot S)`
-    forward; autograd keeps the tiles for the backward). Per row, with
+    Blocks of queries against every key they see (:func:`_tile_logits`; memory
+    :math:`O(\mathrm{block}\cdot S)` forward; autograd keeps the tiles for the backward).
+    Tiles without a masked entry (:func:`_dense`) skip the masks. Per row, with
     :math:`z_j = x_j - m` (overflow-safe, :func:`shifted_logits`),
     :math:`s = \sum e^{z_j}`, :math:`t = \sum e^{z_j} z_j`:
     :math:`H = \log s - t/s` clamped to :math:`[0, \log n]` and
@@ -1122,9 +1146,11 @@ def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Te
     t = _scaled_operands(p, safe)
     wd = t.wd
 
+    dense = _dense(p, t)
+
     def stats(x: torch.Tensor, unit: int) -> tuple[torch.Tensor, torch.Tensor]:
         reuse = may_reuse(x)  # (without a graph, a tile's intermediates are written over)
-        masked = x == -torch.inf
+        masked = None if dense else x == -torch.inf
         z, m = shifted_logits(x, masked, unit, reuse)
         _, s, h = exact_entropy(z, masked, reuse)
         m = m.squeeze(-1)
@@ -1157,7 +1183,7 @@ def entropy_lse_backward(
 
     The same formula as the Triton kernel
     (:func:`~._triton_attention.triton_entropy_backward`): blocks of queries
-    against every key recompute the logits and
+    against every key they see recompute the logits and
     :math:`p_{ij} = e^{x_{ij} - m_i} / \sum_j e^{x_{ij} - m_i}` from each row's maximum
     :math:`m_i` (the Triton kernel from the stored LSE, whose rounding far from 0 is as
     large as the gaps between logits; hence :data:`TRITON_GRAD_LOG2_BOUND`),
@@ -1182,38 +1208,60 @@ def entropy_lse_backward(
     rows = (entropy, lse, grad_entropy, grad_lse)
     ent, lse, d_ent, d_lse = (t.to(wd).unsqueeze(-1) for t in rows)
     lse = torch.where(lse == -torch.inf, torch.zeros_like(lse), lse)
+    dense = _dense(p, t)
     dqs = []
     dk = torch.zeros(k.shape, dtype=wd, device=k.device)
     g = p.group
     for i0 in range(0, p.q.shape[-2], block):
         i1 = min(p.q.shape[-2], i0 + block)
         x = _tile_logits(p, i0, i1, qs, kt, 0, post)
-        if differentiable:
-            live = torch.isfinite(ent[..., i0:i1, :]) & torch.isfinite(lse[..., i0:i1, :])
+        n = x.shape[-1]  # (the keys these queries see: the first n)
+        rows_h, rows_dh, rows_dl = ent[..., i0:i1, :], d_ent[..., i0:i1, :], d_lse[..., i0:i1, :]
+        if dense:
+            # every logit finite and every row finite: the general branch's masks would keep
+            # every entry, and its steps give these bits (each written over its spent operand
+            # where nothing records them)
+            reuse = may_reuse(x)
+            m = x.amax(-1, keepdim=True).detach()
+            z = torch.sub(x, m, **into(reuse, x))
+            e = torch.exp(z)
+            s = e.sum(-1, keepdim=True)
+            log_p = torch.sub(z, torch.log(s), **into(reuse, z))
+            w = torch.add(log_p, rows_h, **into(reuse, log_p))
+            w = torch.mul(rows_dh, w, **into(reuse, w))
+            w = torch.sub(rows_dl, w, **into(reuse, w))
+            dx = torch.mul(torch.div(e, s, **into(reuse, e)), w, **into(reuse, w))
         else:
-            live = (d_ent[..., i0:i1, :] != 0) | (d_lse[..., i0:i1, :] != 0)
-        valid = (x != -torch.inf) & live  # rows no loss reaches add nothing (not 0 * NaN)
-        # p from the tile's own row maximum, not from the stored LSE: the LSE's rounding is
-        # of the order of an ulp of the logits, which far from 0 is a gap between them (three
-        # tied logits of 2**20 in float32 gave a gradient 26 % off). A row holds every key
-        # here, so its maximum and sum are at hand; p does not depend on the shift (detached)
-        m = torch.where(valid, x, -torch.inf).amax(-1, keepdim=True).detach()
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        z = torch.clamp(torch.where(valid, x - m, 0.0), min=-big)
-        e = torch.where(valid, torch.exp(z), 0.0)
-        s = e.sum(-1, keepdim=True)
-        s = torch.where(s > 0, s, torch.ones_like(s))
-        log_p = z - torch.log(s)
-        dx = (e / s) * (d_lse[..., i0:i1, :] - d_ent[..., i0:i1, :] * (log_p + ent[..., i0:i1, :]))
-        dx = torch.where(valid, dx, 0.0)
+            if differentiable:
+                live = torch.isfinite(rows_h) & torch.isfinite(lse[..., i0:i1, :])
+            else:
+                live = (rows_dh != 0) | (rows_dl != 0)
+            valid = (x != -torch.inf) & live  # rows no loss reaches add nothing (not 0 * NaN)
+            # p from the tile's own row maximum, not from the stored LSE: the LSE's rounding
+            # is of the order of an ulp of the logits, which far from 0 is a gap between them
+            # (three tied logits of 2**20 in float32 gave a gradient 26 % off). A row holds
+            # every key here, so its maximum and sum are at hand; p does not depend on the
+            # shift (detached)
+            m = torch.where(valid, x, -torch.inf).amax(-1, keepdim=True).detach()
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            z = torch.clamp(torch.where(valid, x - m, 0.0), min=-big)
+            e = torch.where(valid, torch.exp(z), 0.0)
+            s = e.sum(-1, keepdim=True)
+            s = torch.where(s > 0, s, torch.ones_like(s))
+            log_p = z - torch.log(s)
+            dx = (e / s) * (rows_dl - rows_dh * (log_p + rows_h))
+            dx = torch.where(valid, dx, 0.0)
         qt = qs[..., i0:i1, :]
+        kn = k[..., :n, :]
         if g > 1:
-            dxg = dx.unflatten(1, (k.shape[1], g))  # (B, H/g, g, l, S)
-            dqs.append(torch.matmul(dxg, k.unsqueeze(2)).flatten(1, 2))
-            dk = dk + torch.matmul(dxg.transpose(-1, -2), qt.unflatten(1, (k.shape[1], g))).sum(2)
+            dxg = dx.unflatten(1, (k.shape[1], g))  # (B, H/g, g, l, n)
+            dqs.append(torch.matmul(dxg, kn.unsqueeze(2)).flatten(1, 2))
+            dkn = torch.matmul(dxg.transpose(-1, -2), qt.unflatten(1, (k.shape[1], g))).sum(2)
         else:
-            dqs.append(torch.matmul(dx, k))
-            dk = dk + torch.matmul(dx.transpose(-1, -2), qt)
+            dqs.append(torch.matmul(dx, kn))
+            dkn = torch.matmul(dx.transpose(-1, -2), qt)
+        # (padded, not added in place: under a torch.func transform dk is not batched)
+        dk = dk + (dkn if n == k.shape[-2] else F.pad(dkn, (0, 0, 0, k.shape[-2] - n)))
     dq = torch.cat(dqs, dim=-2) * p.scale
     return dq, (dk if post is None else dk * post)  # (q' holds the scale, or post does)
 

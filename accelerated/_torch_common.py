@@ -272,7 +272,7 @@ def mul_pow2(x: torch.Tensor, exponent: int) -> torch.Tensor:
 
 
 def shifted_logits(
-    x: torch.Tensor, masked: torch.Tensor, log2_unit: int = 0, reuse: bool = False
+    x: torch.Tensor, masked: torch.Tensor | None, log2_unit: int = 0, reuse: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Overflow-safe shifted logits :math:`z = x - \max x` of rows along the last axis.
 
@@ -285,7 +285,8 @@ def shifted_logits(
     format) and contributes exactly 0 to every sum. So does :math:`e^{\beta z_j}`
     for any β above :math:`2^{10}` over the float maximum; below it (a tiny
     constant schedule) the adaptive softmax forms that exponent as
-    :math:`\beta x_j - \beta m` instead. Masked entries give 0.
+    :math:`\beta x_j - \beta m` instead. Masked entries give 0 (`masked` None: the
+    caller knows that no entry is ``-inf``, and nothing is filled).
     Both ``where`` branches are finite, so no NaN reaches a gradient. With
     `reuse` (:func:`may_reuse`) one tensor of x's size is formed and written over.
 
@@ -298,7 +299,8 @@ def shifted_logits(
     m = torch.amax(x, dim=-1, keepdim=True)
     m_safe = torch.where(m == -torch.inf, torch.zeros_like(m), m)
     d = x - m_safe
-    d = fill_where(d, masked, 0.0, reuse)  # a scalar branch: no tensor of x's size
+    if masked is not None:
+        d = fill_where(d, masked, 0.0, reuse)  # a scalar branch: no tensor of x's size
     if log2_unit:
         d = mul_pow2(d, log2_unit)
     d = torch.clamp(d, min=-torch.finfo(x.dtype).max, **into(reuse, d))
@@ -319,7 +321,7 @@ def entropy_from_stats(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 
 def exact_entropy(
-    z: torch.Tensor, masked: torch.Tensor, reuse: bool, scratch: torch.Tensor | None = None
+    z: torch.Tensor, masked: torch.Tensor | None, reuse: bool, scratch: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""The weights :math:`e = e^{z}` (0 where masked), :math:`s = \sum e` and the entropy.
 
@@ -327,7 +329,9 @@ def exact_entropy(
     With `reuse` the product :math:`e z` is written over `scratch`, or over :math:`e`
     itself when no scratch is given (the weights returned are then spent).
     """
-    e = fill_where(torch.exp(z), masked, 0.0, reuse)  # a scalar branch: no tensor of z's size
+    e = torch.exp(z)
+    if masked is not None:  # (None: nothing is masked)
+        e = fill_where(e, masked, 0.0, reuse)  # a scalar branch: no tensor of z's size
     s = e.sum(-1)
     t = torch.mul(e, z, **into(reuse, e if scratch is None else scratch)).sum(-1)
     return e, s, entropy_from_stats(s, t)

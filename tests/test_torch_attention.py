@@ -603,3 +603,30 @@ def test_grouped_query_attention_errors():
         adaptive_attention(q, k, torch.cat([v, v[:, :2]], dim=1), enable_gqa=True)  # 6 and 4
     with pytest.raises(TypeError, match="enable_gqa must be a bool"):
         adaptive_attention(q, k, v, enable_gqa="yes")
+
+
+@pytest.mark.parametrize("backend", ["chunked", "hybrid"])
+@pytest.mark.parametrize("group", [1, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize(("L", "S"), [(23, 23), (23, 11), (11, 23)])
+def test_causal_blocks_of_queries_read_only_the_keys_they_see(monkeypatch, L, S, group, backend):
+    """Under ``is_causal`` the torch tiles of a block of queries stop at its last query's key
+    (the chunked path weights only those values): in blocks of 3 queries the outputs are the
+    reference's and the gradients pass gradcheck."""
+    from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
+
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 2, L, 4, generator=g, dtype=torch.float64) * 2
+    k = torch.randn(1, 2 // group, S, 4, generator=g, dtype=torch.float64) * 2
+    v = torch.randn(1, 2 // group, S, 3, generator=g, dtype=torch.float64)
+    monkeypatch.setattr(A, "CHUNK_ELEMENTS", 2 * S * 3)  # blocks of 3 queries
+    kw = {"is_causal": True, "enable_gqa": group > 1, "backend": backend}
+    out = adaptive_attention(q, k, v, **kw)
+    kr, vr = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    ref = R.adaptive_attention(q.numpy(), kr.numpy(), vr.numpy(), is_causal=True)
+    assert np.max(np.abs(out.numpy() - ref)) < 1e-12
+    lg, sg = (7 if L >= S else 4), (7 if S >= L else 4)  # (shorter, in the same proportion)
+    args = tuple(
+        t.clone().requires_grad_() for t in (q[..., :lg, :], k[..., :sg, :], v[..., :sg, :])
+    )
+    monkeypatch.setattr(A, "CHUNK_ELEMENTS", 2 * sg * 2)  # blocks of 2
+    assert torch.autograd.gradcheck(lambda a, b, c: adaptive_attention(a, b, c, **kw), args)

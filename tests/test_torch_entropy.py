@@ -253,3 +253,63 @@ def test_pass_one_tiles_are_written_over_without_a_graph():
     assert ledger.peak <= 3.5 * tile, ledger.peak / tile
     h_rec, lse_rec = attention_entropy(q.clone().requires_grad_(), k, attn_mask=mask)
     assert torch.equal(h, h_rec.detach()) and torch.equal(lse, lse_rec.detach())
+
+
+@pytest.mark.parametrize("group", [1, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize(("L", "S"), [(23, 23), (23, 11), (11, 23)])
+def test_causal_blocks_form_only_the_keys_they_see(monkeypatch, L, S, group):
+    """Under ``is_causal`` a block of queries forms its logits against the keys up to its last
+    query only (the later ones are masked for each of its rows): in blocks of 3 queries, the
+    entropies, the log-sum-exps and their gradients are those of the float64 logits."""
+    from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
+
+    q, k = _qk(torch.float64, H=2, Hkv=2 // group, L=L, S=S, D=4, seed=7)
+    monkeypatch.setattr(A, "CHUNK_ELEMENTS", 2 * 2 * S * 3)  # B * H * S per query: 3 a block
+    widths = []
+    tile_logits = A._tile_logits
+
+    def spy(p, i0, i1, *args):
+        x = tile_logits(p, i0, i1, *args)
+        widths.append((i0, i1, x.shape[-1]))
+        return x
+
+    monkeypatch.setattr(A, "_tile_logits", spy)
+    qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+    h, lse = attention_entropy(qg, kg, is_causal=True, enable_gqa=group > 1)
+    w_h, w_lse = torch.randn(2, 2, 2, L, generator=torch.Generator().manual_seed(8), dtype=q.dtype)
+    dq, dk = torch.autograd.grad((h * w_h + lse * w_lse).sum(), (qg, kg))  # pass 1's backward
+    forward, backward = widths[: len(widths) // 2], widths[len(widths) // 2 :]
+    assert [i0 for i0, _, _ in forward] == list(range(0, L, 3)) and backward == forward
+    assert all(n == min(S, i1) for _, i1, n in widths), widths
+
+    qr, kr = q.clone().requires_grad_(), k.clone().requires_grad_()
+    x = _logits(qr, kr, None, True)
+    lse_r = torch.logsumexp(x, -1)
+    p = torch.exp(x - lse_r.unsqueeze(-1))
+    h_r = lse_r - (p * torch.where(torch.isfinite(x), x, 0.0)).sum(-1)  # H = LSE - sum p x
+    torch.testing.assert_close(h, h_r, rtol=0, atol=1e-13)
+    torch.testing.assert_close(lse, lse_r, rtol=0, atol=1e-13)
+    dq_r, dk_r = torch.autograd.grad((h_r * w_h + lse_r * w_lse).sum(), (qr, kr))
+    torch.testing.assert_close(dq, dq_r, rtol=0, atol=1e-12)
+    torch.testing.assert_close(dk, dk_r, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_tiles_without_a_masked_entry_skip_the_masks_with_the_same_bits(dtype):
+    """Unmasked attention over finite operands holds no ``-inf`` logit: pass 1 and its backward
+    skip the masked-entry bookkeeping there and give the bits of the masked path (the same
+    queries with a mask that keeps every key)."""
+    q, k = _qk(dtype, L=29, S=31, D=8, seed=9)
+    every = torch.ones(29, 31, dtype=torch.bool)
+    w = torch.randn(2, 2, 2, 29, generator=torch.Generator().manual_seed(10), dtype=dtype)
+    results = []
+    for mask in (None, every):
+        qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+        with torch.no_grad():
+            h0, lse0 = attention_entropy(q, k, mask)  # (intermediates written over)
+        h, lse = attention_entropy(qg, kg, mask)
+        grads = torch.autograd.grad((h * w[0] + lse * w[1]).sum(), (qg, kg))
+        results.append((h0, lse0, h.detach(), lse.detach(), *grads))
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(results[0][0], results[0][2])
