@@ -27,6 +27,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ import torch.nn.functional as F  # noqa: N812
 from ..spec import Polynomial, Schedule
 from ._torch_common import (
     HALF_DTYPES,
+    TailMask,
     as_flag,
     as_float_tensor,
     as_real,
@@ -946,6 +948,7 @@ def _tile_logits(
     kt: torch.Tensor,
     unit: int,
     post: float | None = None,
+    scratch: _Scratch | None = None,
 ) -> torch.Tensor:
     r"""Logits of queries ``i0:i1`` against the keys they can see, masked entries ``-inf``.
 
@@ -954,18 +957,21 @@ def _tile_logits(
     unit :math:`2^{\mathrm{unit}}`. Grouped heads multiply a (B, H/g, g, l, D)
     view of the queries by the shared keys (no repeated K). The tile has
     :func:`_visible_keys` columns: under ``is_causal`` the keys after the block's
-    last query, masked for every row, are not formed.
+    last query, masked for every row, are not formed. With `scratch` (nothing records
+    the tile) the products are written into its ``"x"`` tensor.
     """
     qt = qs[..., i0:i1, :]
     n = _visible_keys(p, i1)
     if n < kt.shape[-1]:
         kt = kt[..., :n]
     if p.group > 1:
-        x = torch.matmul(qt.unflatten(1, (kt.shape[1], p.group)), kt.unsqueeze(2)).flatten(1, 2)
-    else:
-        x = torch.matmul(qt, kt)
+        qt, kt = qt.unflatten(1, (kt.shape[1], p.group)), kt.unsqueeze(2)
+    shape = (*qt.shape[:-1], n)
+    x = torch.matmul(qt, kt, **({} if scratch is None else {"out": scratch("x", shape)}))
+    if p.group > 1:
+        x = x.flatten(1, 2)
     if post is not None:  # (the scale after the products: see _scaled_operands)
-        x = x * post
+        x = torch.mul(x, post, **into(scratch is not None, x))
     if p.add is not None:
         add = p.add[..., i0:i1, :].to(x.dtype)
         if unit:
@@ -973,12 +979,52 @@ def _tile_logits(
         x = torch.where(p.keep[..., i0:i1, :], x + add, -torch.inf)
     elif p.keep is not None:
         x = x.masked_fill(~p.keep[..., i0:i1, :], -torch.inf)
-    elif p.is_causal and i0 + 1 < n:  # (else no entry of the tile lies above the diagonal)
-        rows = torch.arange(i0, i1, device=x.device).unsqueeze(-1)
-        cols = torch.arange(n, device=x.device)
+    elif p.is_causal and (tail := _causal_tail(i0, i1, n, x.device)) is not None:
         # the product is this call's own tensor: masked in place unless a graph records it
-        x = fill_where(x, cols > rows, -torch.inf, may_reuse(x))
+        x = fill_where(x, tail, -torch.inf, may_reuse(x))
     return x
+
+
+def _causal_tail(i0: int, i1: int, n: int, device: torch.device) -> TailMask | None:
+    """The causal mask of queries ``i0:i1`` against keys ``:n``: all in the columns after ``i0``.
+
+    None where no entry of the tile lies above the diagonal.
+    """
+    if i0 + 1 >= n:
+        return None
+    rows = torch.arange(i0, i1, device=device).unsqueeze(-1)
+    return TailMask(i0 + 1, torch.arange(i0 + 1, n, device=device) > rows)
+
+
+class _Scratch:
+    """Tile-sized tensors that every block of one call writes over, one per role.
+
+    Each block's tile used to be a fresh tensor, and so were its shifted logits and
+    weights: on the CPU, tensors of a few MiB come from the system and go back to it, and
+    faulting their pages in again for every block cost about as much as the operations
+    themselves. Only for tiles that nothing records (:func:`may_reuse`).
+    """
+
+    def __init__(self, elements: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.elements, self.dtype, self.device = elements, dtype, device
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def __call__(self, role: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A tensor of `shape` over the role's storage (formed at the first call)."""
+        flat = self.tensors.get(role)
+        if flat is None:
+            flat = torch.empty(self.elements, dtype=self.dtype, device=self.device)
+            self.tensors[role] = flat
+        return flat[: math.prod(shape)].view(shape)
+
+
+def _scratch(p: Prepared, t: _Tiles) -> _Scratch | None:
+    """A :class:`_Scratch` for the tiles of `t`, where nothing records them; else None."""
+    qs, kt, _ = t.scaled
+    if t.plain is not None or not (may_reuse(qs) and may_reuse(kt)):
+        return None  # (two parts of a tile live at once, or a graph or transform records)
+    B, H = p.q.shape[:2]
+    return _Scratch(B * H * t.block * p.k.shape[-2], t.wd, qs.device)
 
 
 def _visible_keys(p: Prepared, i1: int) -> int:
@@ -987,14 +1033,16 @@ def _visible_keys(p: Prepared, i1: int) -> int:
     return min(S, i1) if p.is_causal else S
 
 
-def _dense(p: Prepared, t: _Tiles) -> bool:
-    """Whether no logit tile holds ``-inf``: no mask, finite operands, no power-of-two unit.
+def _masks_known(p: Prepared, t: _Tiles) -> bool:
+    """Whether the ``-inf`` entries of every logit tile are known without reading the tile.
 
-    Without a unit the logits fit the working dtype (:func:`_work`), so finite
-    operands give finite logits. Such tiles need no masked-entry bookkeeping (a
-    comparison and two fills per tile).
+    With finite operands and no power-of-two unit (then the logits fit the working
+    dtype, :func:`_work`) the logits are finite, so they are those of the mask: none
+    without one, and under ``is_causal`` the entries above the diagonal
+    (:func:`_causal_tail`). The tiles' statistics then take no comparison with
+    ``-inf``, and fill only the causal mask's columns.
     """
-    return p.keep is None and p.add is None and not p.is_causal and p.bad is None and t.unit == 0
+    return p.keep is None and p.add is None and p.bad is None and t.unit == 0
 
 
 def _operands(
@@ -1052,7 +1100,7 @@ def _scaled_operands(p: Prepared, safe: bool) -> _Tiles:
 
 
 def _tile_parts(
-    p: Prepared, t: _Tiles, i0: int, i1: int
+    p: Prepared, t: _Tiles, i0: int, i1: int, scratch: _Scratch | None = None
 ) -> list[tuple[torch.Tensor | None, torch.Tensor, int]]:
     """The logits of queries ``i0:i1`` as ``[(rows, x, unit)]``: one part, or two by rows.
 
@@ -1067,7 +1115,7 @@ def _tile_parts(
     gradient.
     """
     qs, kt, post = t.scaled
-    x = _tile_logits(p, i0, i1, qs, kt, t.unit, post)
+    x = _tile_logits(p, i0, i1, qs, kt, t.unit, post, scratch if t.plain is None else None)
     if t.plain is None:
         return [(None, x, t.unit)]
     qs0, kt0, post0 = t.plain
@@ -1129,7 +1177,9 @@ def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Te
 
     Blocks of queries against every key they see (:func:`_tile_logits`; memory
     :math:`O(\mathrm{block}\cdot S)` forward; autograd keeps the tiles for the backward).
-    Tiles without a masked entry (:func:`_dense`) skip the masks. Per row, with
+    Tiles whose masks are known (:func:`_masks_known`) are not compared with ``-inf``;
+    where nothing records
+    them, every block writes over the same tensors (:class:`_Scratch`). Per row, with
     :math:`z_j = x_j - m` (overflow-safe, :func:`shifted_logits`),
     :math:`s = \sum e^{z_j}`, :math:`t = \sum e^{z_j} z_j`:
     :math:`H = \log s - t/s` clamped to :math:`[0, \log n]` and
@@ -1146,13 +1196,20 @@ def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Te
     t = _scaled_operands(p, safe)
     wd = t.wd
 
-    dense = _dense(p, t)
+    known = _masks_known(p, t)
+    scratch = _scratch(p, t)
 
-    def stats(x: torch.Tensor, unit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def stats(x: torch.Tensor, unit: int, i0: int, i1: int) -> tuple[torch.Tensor, torch.Tensor]:
         reuse = may_reuse(x)  # (without a graph, a tile's intermediates are written over)
-        masked = None if dense else x == -torch.inf
-        z, m = shifted_logits(x, masked, unit, reuse)
-        _, s, h = exact_entropy(z, masked, reuse)
+        if known:
+            masked = _causal_tail(i0, i1, x.shape[-1], x.device) if p.is_causal else None
+        else:
+            masked = x == -torch.inf
+        # x is this function's own tile: the shifted logits go over it, the weights into
+        # the scratch tensor of every block's weights
+        z, m = shifted_logits(x, masked, unit, reuse, own=True)
+        weights = None if scratch is None else scratch("e", tuple(z.shape))
+        _, s, h = exact_entropy(z, masked, reuse, out=weights)
         m = m.squeeze(-1)
         none = s == 0
         m_safe = torch.where(none, torch.zeros_like(m), m)
@@ -1163,7 +1220,7 @@ def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Te
     hs, lses = [], []
     for i0 in range(0, p.q.shape[-2], t.block):
         i1 = min(p.q.shape[-2], i0 + t.block)
-        h, lse = _by_rows(_tile_parts(p, t, i0, i1), stats)
+        h, lse = _by_rows(_tile_parts(p, t, i0, i1, scratch), partial(stats, i0=i0, i1=i1))
         hs.append(h)
         lses.append(lse)
     upper = torch.log(torch.clamp(compact(p.n_eff), min=1).to(wd))
@@ -1208,23 +1265,29 @@ def entropy_lse_backward(
     rows = (entropy, lse, grad_entropy, grad_lse)
     ent, lse, d_ent, d_lse = (t.to(wd).unsqueeze(-1) for t in rows)
     lse = torch.where(lse == -torch.inf, torch.zeros_like(lse), lse)
-    dense = _dense(p, t)
+    known = _masks_known(p, t)
+    scratch = _scratch(p, t)
     dqs = []
     dk = torch.zeros(k.shape, dtype=wd, device=k.device)
     g = p.group
     for i0 in range(0, p.q.shape[-2], block):
         i1 = min(p.q.shape[-2], i0 + block)
-        x = _tile_logits(p, i0, i1, qs, kt, 0, post)
+        x = _tile_logits(p, i0, i1, qs, kt, 0, post, scratch)
         n = x.shape[-1]  # (the keys these queries see: the first n)
         rows_h, rows_dh, rows_dl = ent[..., i0:i1, :], d_ent[..., i0:i1, :], d_lse[..., i0:i1, :]
-        if dense:
-            # every logit finite and every row finite: the general branch's masks would keep
-            # every entry, and its steps give these bits (each written over its spent operand
-            # where nothing records them)
+        if known:
+            # every row finite, and no -inf but the causal mask's: the general branch's steps
+            # give these bits, with its selects reduced to the fills of that mask (each step
+            # written over its spent operand where nothing records them)
             reuse = may_reuse(x)
+            tail = _causal_tail(i0, i1, n, x.device) if p.is_causal else None
             m = x.amax(-1, keepdim=True).detach()
             z = torch.sub(x, m, **into(reuse, x))
-            e = torch.exp(z)
+            if tail is not None:  # (masked: z = 0, so that log p is finite, then e = 0)
+                z = fill_where(z, tail, 0.0, reuse)
+            e = torch.exp(z, **into(reuse, None if scratch is None else scratch("e", x.shape)))
+            if tail is not None:
+                e = fill_where(e, tail, 0.0, reuse)
             s = e.sum(-1, keepdim=True)
             log_p = torch.sub(z, torch.log(s), **into(reuse, z))
             w = torch.add(log_p, rows_h, **into(reuse, log_p))

@@ -20,6 +20,7 @@ import math
 import numbers
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -32,6 +33,7 @@ from ..spec import Constant, LogLength, Polynomial, Schedule, refuse_dtype
 
 __all__ = [
     "HALF_DTYPES",
+    "TailMask",
     "as_flag",
     "as_float_tensor",
     "as_index",
@@ -238,13 +240,40 @@ def into(reuse: bool, t: torch.Tensor | None) -> dict[str, torch.Tensor]:
     return {"out": t} if reuse and t is not None else {}
 
 
-def fill_where(t: torch.Tensor, where: torch.Tensor, value: float, reuse: bool) -> torch.Tensor:
+@dataclass(frozen=True)
+class TailMask:
+    """A boolean mask whose True entries all lie in the columns from `start` on.
+
+    `tail` marks them among those columns (broadcastable to ``t[..., start:]``), as a
+    causal mask does in a tile of queries ``i0:i1``: only its columns after ``i0`` hold
+    masked entries. :func:`fill_where` then reads and writes those columns alone.
+    """
+
+    start: int
+    tail: torch.Tensor
+
+    def full(self, like: torch.Tensor) -> torch.Tensor:
+        """The whole mask, of `like`'s shape (a boolean tensor)."""
+        head = torch.zeros((), dtype=torch.bool, device=like.device)
+        head = head.expand(*like.shape[:-1], self.start)
+        return torch.cat((head, self.tail.expand(*like.shape[:-1], -1)), dim=-1)
+
+
+def fill_where(
+    t: torch.Tensor, where: torch.Tensor | TailMask, value: float, reuse: bool
+) -> torch.Tensor:
     """``torch.where(where, value, t)`` for a Python scalar `value`; over `t` when `reuse`.
 
     In place it is ``masked_fill_`` (``torch.where`` has no ``out=`` form with a
     scalar), which took 0.70 ms against 2.6 ms for the ``where`` on 4096 x 1024
-    float32 with nothing masked: no tensor to allocate and fault in.
+    float32 with nothing masked: no tensor to allocate and fault in. A
+    :class:`TailMask` is filled in place over its columns alone.
     """
+    if isinstance(where, TailMask):
+        if reuse:
+            t[..., where.start :].masked_fill_(where.tail, value)
+            return t
+        where = where.full(t)
     return t.masked_fill_(where, value) if reuse else torch.where(where, value, t)
 
 
@@ -272,7 +301,11 @@ def mul_pow2(x: torch.Tensor, exponent: int) -> torch.Tensor:
 
 
 def shifted_logits(
-    x: torch.Tensor, masked: torch.Tensor | None, log2_unit: int = 0, reuse: bool = False
+    x: torch.Tensor,
+    masked: torch.Tensor | TailMask | None,
+    log2_unit: int = 0,
+    reuse: bool = False,
+    own: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Overflow-safe shifted logits :math:`z = x - \max x` of rows along the last axis.
 
@@ -288,7 +321,8 @@ def shifted_logits(
     :math:`\beta x_j - \beta m` instead. Masked entries give 0 (`masked` None: the
     caller knows that no entry is ``-inf``, and nothing is filled).
     Both ``where`` branches are finite, so no NaN reaches a gradient. With
-    `reuse` (:func:`may_reuse`) one tensor of x's size is formed and written over.
+    `reuse` (:func:`may_reuse`) one tensor of x's size is formed and written over; `own`
+    (`x` is the caller's scratch, dead once shifted) writes the shifted logits over `x`.
 
     Returns
     -------
@@ -298,7 +332,7 @@ def shifted_logits(
     """
     m = torch.amax(x, dim=-1, keepdim=True)
     m_safe = torch.where(m == -torch.inf, torch.zeros_like(m), m)
-    d = x - m_safe
+    d = torch.sub(x, m_safe, **into(reuse and own, x))
     if masked is not None:
         d = fill_where(d, masked, 0.0, reuse)  # a scalar branch: no tensor of x's size
     if log2_unit:
@@ -321,15 +355,20 @@ def entropy_from_stats(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 
 def exact_entropy(
-    z: torch.Tensor, masked: torch.Tensor | None, reuse: bool, scratch: torch.Tensor | None = None
+    z: torch.Tensor,
+    masked: torch.Tensor | TailMask | None,
+    reuse: bool,
+    scratch: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""The weights :math:`e = e^{z}` (0 where masked), :math:`s = \sum e` and the entropy.
 
     :math:`H` from the T7 statistics (:func:`entropy_from_stats`), :math:`t = \sum e z`.
     With `reuse` the product :math:`e z` is written over `scratch`, or over :math:`e`
-    itself when no scratch is given (the weights returned are then spent).
+    itself when no scratch is given (the weights returned are then spent), and the
+    weights into `out` where one is given (a tensor of z's shape).
     """
-    e = torch.exp(z)
+    e = torch.exp(z, **into(reuse, out))
     if masked is not None:  # (None: nothing is masked)
         e = fill_where(e, masked, 0.0, reuse)  # a scalar branch: no tensor of z's size
     s = e.sum(-1)

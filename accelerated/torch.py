@@ -229,8 +229,9 @@ def adaptive_attention(
         flash or memory-efficient attention). ``"triton"``: both passes as
         Triton kernels (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``;
         forward only). ``"chunked"``: blocks of queries against all keys
-        (causal: those up to the block's last query), memory :math:`O(\mathrm{block}\cdot S)`. ``"auto"`` takes the hybrid
-        where the Triton pass 1 runs (CUDA, float16/bfloat16/float32), with or
+        (causal: those up to the block's last query), memory
+        :math:`O(\mathrm{block}\cdot S)`. ``"auto"`` takes the hybrid where the
+        Triton pass 1 runs (CUDA, float16/bfloat16/float32), with or
         without a gradient through β (with ``detach_beta=True`` the backward
         is SDPA's alone), else the composition, and the chunked path for
         ``entropy_eps > 0``, additive masks with finite non-zero entries off

@@ -294,22 +294,39 @@ def test_causal_blocks_form_only_the_keys_they_see(monkeypatch, L, S, group):
     torch.testing.assert_close(dk, dk_r, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["unmasked", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_tiles_without_a_masked_entry_skip_the_masks_with_the_same_bits(dtype):
-    """Unmasked attention over finite operands holds no ``-inf`` logit: pass 1 and its backward
-    skip the masked-entry bookkeeping there and give the bits of the masked path (the same
-    queries with a mask that keeps every key)."""
+def test_tiles_whose_masks_are_known_give_the_general_paths_bits(monkeypatch, dtype, causal):
+    """Over finite operands a tile's ``-inf`` entries are known (none, or the causal mask's):
+    pass 1 and its backward then skip the comparison with ``-inf`` and fill only the causal
+    mask's columns, and give the bits of the general path (which reads them from the tile),
+    with and without a graph, in blocks of 5 queries."""
+    from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
+
     q, k = _qk(dtype, L=29, S=31, D=8, seed=9)
-    every = torch.ones(29, 31, dtype=torch.bool)
+    monkeypatch.setattr(A, "CHUNK_ELEMENTS", 2 * 2 * 31 * 5)
     w = torch.randn(2, 2, 2, 29, generator=torch.Generator().manual_seed(10), dtype=dtype)
-    results = []
-    for mask in (None, every):
+    verdicts = []
+    masks_known = A._masks_known
+
+    def spy(p, t):
+        verdicts.append(masks_known(p, t))
+        return verdicts[-1]
+
+    monkeypatch.setattr(A, "_masks_known", spy)
+
+    def run():
         qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
         with torch.no_grad():
-            h0, lse0 = attention_entropy(q, k, mask)  # (intermediates written over)
-        h, lse = attention_entropy(qg, kg, mask)
+            h0, lse0 = attention_entropy(q, k, is_causal=causal)  # (tiles written over)
+        h, lse = attention_entropy(qg, kg, is_causal=causal)
         grads = torch.autograd.grad((h * w[0] + lse * w[1]).sum(), (qg, kg))
-        results.append((h0, lse0, h.detach(), lse.detach(), *grads))
-    for a, b in zip(*results, strict=True):
+        return h0, lse0, h.detach(), lse.detach(), *grads
+
+    known = run()
+    assert verdicts == [True] * 3  # (the forward without and with a graph, the backward)
+    monkeypatch.setattr(A, "_masks_known", lambda p, t: False)
+    general = run()
+    for a, b in zip(known, general, strict=True):
         assert torch.equal(a, b)
-    assert torch.equal(results[0][0], results[0][2])
+    assert torch.equal(known[0], known[2])
