@@ -972,16 +972,17 @@ def _tile_logits(
         x = x.flatten(1, 2)
     if post is not None:  # (the scale after the products: see _scaled_operands)
         x = torch.mul(x, post, **into(scratch is not None, x))
+    # the product is this call's own tensor: the masks go over it unless a graph records it
+    own = may_reuse(x)
     if p.add is not None:
         add = p.add[..., i0:i1, :].to(x.dtype)
         if unit:
             add = mul_pow2(add, -unit)
-        x = torch.where(p.keep[..., i0:i1, :], x + add, -torch.inf)
+        x = fill_where(torch.add(x, add, **into(own, x)), ~p.keep[..., i0:i1, :], -torch.inf, own)
     elif p.keep is not None:
-        x = x.masked_fill(~p.keep[..., i0:i1, :], -torch.inf)
+        x = fill_where(x, ~p.keep[..., i0:i1, :], -torch.inf, own)
     elif p.is_causal and (tail := _causal_tail(i0, i1, n, x.device)) is not None:
-        # the product is this call's own tensor: masked in place unless a graph records it
-        x = fill_where(x, tail, -torch.inf, may_reuse(x))
+        x = fill_where(x, tail, -torch.inf, own)
     return x
 
 

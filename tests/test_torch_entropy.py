@@ -238,20 +238,32 @@ def test_nan_mask_entry_does_not_poison_other_gradients():
     assert torch.isfinite(k.grad).all() and torch.all(q.grad[:, :, 2] == 0)
 
 
-def test_pass_one_tiles_are_written_over_without_a_graph():
-    """Without a graph, the torch pass 1 writes a tile's shifted logits and weights over once
-    read: beside the inputs its peak is the logit tile, its mask, the shifted logits and the
-    weights (3.25 tiles in float32; 4.3 when each operation formed its own result), and the
-    entropies and log-sum-exps are those of the recorded path, bit for bit."""
+@pytest.mark.parametrize(
+    ("kind", "tiles"), [("bool", 2.5), ("bias", 2.5), ("none", 2.25), ("causal", 2.25)]
+)
+def test_pass_one_tiles_are_written_over_without_a_graph(kind, tiles):
+    """Without a graph, the torch pass 1 writes every block's logits, shifted logits and
+    weights over two scratch tensors of a tile's size: beside the inputs its peak is those
+    two and, with a mask, the mask of the tile's masked entries (2.35 tiles in float32;
+    3.25 when each block formed its own tiles and the masks formed new logits, 4.3 when each
+    operation formed its own result), and the entropies and log-sum-exps are those of the
+    recorded path, bit for bit."""
     from tests.support.live_bytes import OpLedger
 
     q, k = _qk(torch.float32, L=64, S=256, D=16, seed=4)
-    mask = torch.rand(64, 256, generator=torch.Generator().manual_seed(5)) > 0.3
+    keep = torch.rand(64, 256, generator=torch.Generator().manual_seed(5)) > 0.3
+    bias = torch.randn(64, 256, generator=torch.Generator().manual_seed(6)).masked_fill(
+        ~keep, -math.inf
+    )
+    mask = {"bool": keep, "bias": bias}.get(kind)
+    causal = kind == "causal"
     with torch.no_grad(), OpLedger() as ledger:
-        h, lse = attention_entropy(q, k, attn_mask=mask)
+        h, lse = attention_entropy(q, k, attn_mask=mask, is_causal=causal)
     tile = 4 * math.prod(q.shape[:-1]) * k.shape[-2]  # float32 logits of every query (one tile)
-    assert ledger.peak <= 3.5 * tile, ledger.peak / tile
-    h_rec, lse_rec = attention_entropy(q.clone().requires_grad_(), k, attn_mask=mask)
+    assert ledger.peak <= tiles * tile, ledger.peak / tile
+    h_rec, lse_rec = attention_entropy(
+        q.clone().requires_grad_(), k, attn_mask=mask, is_causal=causal
+    )
     assert torch.equal(h, h_rec.detach()) and torch.equal(lse, lse_rec.detach())
 
 
