@@ -54,7 +54,7 @@ from ._torch_common import (
     transformed,
     unwrapped,
 )
-from ._torch_softmax import adaptive_softmax_lastdim
+from ._torch_softmax import READ, adaptive_softmax_lastdim
 
 __all__ = [
     "BACKENDS",
@@ -1162,13 +1162,20 @@ def _chunked(
     t = _scaled_operands(p, safe)
     vs = p.v.to(t.wd)
     outs = []
+    known = _masks_known(p, t)
+    scratch = _scratch(p, t)
 
-    def probs(x: torch.Tensor, unit: int) -> torch.Tensor:
-        return adaptive_softmax_lastdim(x, schedule, entropy_eps, detach_beta, unit)[0]
+    def probs(x: torch.Tensor, unit: int, i0: int, i1: int) -> torch.Tensor:
+        masks = READ
+        if known:
+            masks = _causal_tail(i0, i1, x.shape[-1], x.device) if p.is_causal else None
+        return adaptive_softmax_lastdim(
+            x, schedule, entropy_eps, detach_beta, unit, masks, scratch
+        )[0]
 
     for i0 in range(0, p.q.shape[-2], t.block):
         i1 = min(p.q.shape[-2], i0 + t.block)
-        weights = _by_rows(_tile_parts(p, t, i0, i1), probs)
+        weights = _by_rows(_tile_parts(p, t, i0, i1, scratch), partial(probs, i0=i0, i1=i1))
         outs.append(torch.matmul(weights, vs[..., : weights.shape[-1], :]))
     return torch.cat(outs, dim=-2)
 
@@ -1284,11 +1291,10 @@ def entropy_lse_backward(
             tail = _causal_tail(i0, i1, n, x.device) if p.is_causal else None
             m = x.amax(-1, keepdim=True).detach()
             z = torch.sub(x, m, **into(reuse, x))
-            if tail is not None:  # (masked: z = 0, so that log p is finite, then e = 0)
-                z = fill_where(z, tail, 0.0, reuse)
+            # (masked: z = 0, so that log p is finite, then e = 0)
+            z = fill_where(z, tail, 0.0, reuse)
             e = torch.exp(z, **into(reuse, None if scratch is None else scratch("e", x.shape)))
-            if tail is not None:
-                e = fill_where(e, tail, 0.0, reuse)
+            e = fill_where(e, tail, 0.0, reuse)
             s = e.sum(-1, keepdim=True)
             log_p = torch.sub(z, torch.log(s), **into(reuse, z))
             w = torch.add(log_p, rows_h, **into(reuse, log_p))

@@ -16,12 +16,14 @@ same operations run on the same operands, so the bits are the same.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..spec import Constant, LogLength, Polynomial, Schedule
 from ._torch_common import (
+    TailMask,
     beta_bound,
     beta_floor,
     beta_from_entropy,
@@ -41,12 +43,18 @@ from ._torch_common import (
 __all__ = ["adaptive_softmax_lastdim", "adaptive_softmax_rows"]
 
 
+#: The default of :func:`adaptive_softmax_lastdim`'s `masks`: read them from the logits.
+READ = object()
+
+
 def adaptive_softmax_lastdim(
     x: torch.Tensor,
     schedule: Schedule,
     entropy_eps: float,
     detach_beta: bool,
     log2_unit: int = 0,
+    masks: TailMask | object | None = READ,
+    scratch: Callable[[str, tuple[int, ...]], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Adaptive softmax of rows along the last axis, in the statistics dtype of `x`.
 
@@ -55,6 +63,13 @@ def adaptive_softmax_lastdim(
     ``x * 2**log2_unit`` (``log2_unit > 0`` for logits that would overflow the
     dtype, pre-scaled by the caller); the shifted logits are overflow-safe
     (:func:`shifted_logits`), so a finite row never gives NaN.
+
+    Callers that know which entries of `x` are ``-inf`` say so in `masks`: None (no
+    entry) or a :class:`TailMask` (exactly its entries); by default they are read from
+    `x`. A caller whose `x` is its own scratch, dead after this call, passes `scratch`
+    (``scratch(role, shape)`` gives a tensor to write over): where nothing records the
+    operations, the shifted logits then go over `x` and the weights into
+    ``scratch("e", ...)``, which holds the probabilities returned.
 
     Returns
     -------
@@ -65,13 +80,22 @@ def adaptive_softmax_lastdim(
     """
     reuse = may_reuse(x)
     sd = stats_dtype(x.dtype)
-    masked = x == -torch.inf
-    n_eff = x.shape[-1] - masked.sum(-1)  # (no pass over a negated mask)
-    z, m = shifted_logits(x.to(sd), masked, log2_unit, reuse)  # (the copy lives for the shift)
+    if masks is READ:
+        masked = x == -torch.inf
+        n_eff = x.shape[-1] - masked.sum(-1)  # (no pass over a negated mask)
+    else:
+        masked = masks
+        n_eff = torch.full(x.shape[:-1], x.shape[-1], dtype=torch.int64, device=x.device)
+        if masked is not None:
+            n_eff = n_eff - masked.tail.sum(-1)
+    tiny = _beta_may_be_tiny(schedule, sd)  # (then x and z are read again below)
+    own = scratch is not None and x.dtype == sd and not tiny  # (x.to(sd) is x itself)
+    z, m = shifted_logits(x.to(sd), masked, log2_unit, reuse, own)  # (a copy lives for the shift)
     entropy = None
     spare = None  # with `reuse`, a dead tensor of x's size and dtype
     if schedule.needs_entropy and entropy_eps == 0.0:
-        e, _, entropy = exact_entropy(z, masked, reuse)  # (with `reuse`, e is spent)
+        out = None if scratch is None else scratch("e", tuple(z.shape))
+        e, _, entropy = exact_entropy(z, masked, reuse, out=out)  # (with `reuse`, e is spent)
         spare = e if reuse else None
     elif schedule.needs_entropy:
         e = fill_where(torch.exp(z), masked, 0.0, reuse)
@@ -96,13 +120,14 @@ def adaptive_softmax_lastdim(
     if detach_beta:
         beta = beta.detach()
     zb = z.to(beta.dtype) if wide else z
-    tiny = _beta_may_be_tiny(schedule, sd)  # (z is read again below)
     if reuse and not wide and (spare is not None or not tiny):
         y = torch.mul(beta.unsqueeze(-1), zb, out=z if spare is None else spare)
     else:
         y = beta.unsqueeze(-1) * zb
     y = fill_where(y, masked, -torch.inf, reuse)
     if tiny:
+        if not isinstance(masked, torch.Tensor):  # (a mask the caller knew: the whole of it)
+            masked = x == -torch.inf if masked is None else masked.full(x)
         y = _overflowed_shifts(x, z, m, masked, beta, log2_unit, y)
     e2 = torch.exp(y, **into(reuse, y))
     s2 = e2.sum(-1, keepdim=True)

@@ -630,3 +630,49 @@ def test_causal_blocks_of_queries_read_only_the_keys_they_see(monkeypatch, L, S,
     )
     monkeypatch.setattr(A, "CHUNK_ELEMENTS", 2 * sg * 2)  # blocks of 2
     assert torch.autograd.gradcheck(lambda a, b, c: adaptive_attention(a, b, c, **kw), args)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "eps"),
+    [(None, 0.0), (None, 1e-9), (LogLength("0.6"), 0.0), (Constant("1e-30"), 0.0),
+     (Constant("1e300"), 0.0)],
+    ids=["paper", "paper-eps", "loglength", "tiny-beta", "huge-beta"],
+)  # fmt: skip
+@pytest.mark.parametrize("causal", [False, True], ids=["unmasked", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_chunked_tiles_whose_masks_are_known_give_the_general_paths_bits(
+    monkeypatch, dtype, causal, schedule, eps
+):
+    """Over finite operands the chunked path's tiles have known masks (none, or the causal
+    mask's) and, where nothing records them, are written over from block to block: its
+    outputs and gradients are those of the general path, which reads the masks from the
+    tiles, bit for bit, for every branch of the row softmax (the entropy mode, a β that
+    reads the length only, β tiny enough for the overflowed shifts, β beyond float32)."""
+    from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
+
+    q, k, v = _qkv(dtype, L=29, S=31, D=8, Dv=3, seed=12)
+    monkeypatch.setattr(A, "CHUNK_ELEMENTS", 2 * 2 * 31 * 5)  # blocks of 5 queries
+    kw = {"is_causal": causal, "schedule": schedule, "entropy_eps": eps, "backend": "chunked"}
+    g = torch.randn(2, 2, 29, 3, generator=torch.Generator().manual_seed(13), dtype=dtype)
+    verdicts = []
+    masks_known = A._masks_known
+
+    def spy(p, t):
+        verdicts.append(masks_known(p, t))
+        return verdicts[-1]
+
+    def run():
+        with torch.no_grad():
+            out0 = adaptive_attention(q, k, v, **kw)
+        args = tuple(t.clone().requires_grad_() for t in (q, k, v))
+        out = adaptive_attention(*args, **kw)
+        return out0, out.detach(), *torch.autograd.grad((out * g).sum(), args)
+
+    monkeypatch.setattr(A, "_masks_known", spy)
+    known = run()
+    assert verdicts and all(verdicts)
+    monkeypatch.setattr(A, "_masks_known", lambda p, t: False)
+    general = run()
+    for a, b in zip(known, general, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(known[0], known[1])
