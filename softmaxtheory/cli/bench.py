@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from typing import Any
@@ -12,7 +13,7 @@ from . import check_output_file
 
 __all__ = ["add_parser", "run"]
 
-SECTIONS = ("kernels", "reference")
+SECTIONS = ("kernels", "reference", "attention")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -28,7 +29,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
             "both lengths). A kernel or reference case reports its best time over at least "
             "--repeat runs lasting at least 0.1 s (kernel cases of 2**22 elements or more: "
             "at most 5 runs); the fast pass is the best of --repeat runs and the mpmath path "
-            "one run. Prints a table; progress goes to stderr."
+            "one run. --section attention times the torch attention paths on CPU tensors "
+            "(attention_entropy, adaptive_attention auto, hybrid and chunked) against "
+            "scaled_dot_product_attention, forward and forward + backward, causal and not, "
+            "each case's best over at least --repeat calls. Prints a table; progress goes to "
+            "stderr."
         ),
     )
     bench.add_argument(
@@ -166,24 +171,29 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if args.tiles:
         parser.error("--tiles times the Triton kernels: it needs --device cuda")
-    import numba
-
+    sections = args.section or (["reference"] if args.n is not None else ["kernels"])
     if args.n is not None and not 1 <= args.n <= MAX_N:
         parser.error(f"--n must be between 1 and {MAX_N:,} (one row in memory), got {args.n:,}")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
-    if args.threads is not None:
-        limit = int(numba.config.NUMBA_NUM_THREADS)
-        if args.threads > limit:
-            parser.error(
-                f"--threads must be between 1 and {limit} (numba's NUMBA_NUM_THREADS), "
-                f"got {args.threads}"
-            )
-    if numba.config.DISABLE_JIT:
-        msg = "the CPU benchmark times Numba's compiled kernels, and NUMBA_DISABLE_JIT is set"
-        print(f"softmaxtheory bench: error: {msg} in this process: unset it", file=sys.stderr)
+    if "kernels" in sections or "reference" in sections:  # (the attention section: torch only)
+        import numba
+
+        if args.threads is not None:
+            limit = int(numba.config.NUMBA_NUM_THREADS)
+            if args.threads > limit:
+                parser.error(
+                    f"--threads must be between 1 and {limit} (numba's NUMBA_NUM_THREADS), "
+                    f"got {args.threads}"
+                )
+        if numba.config.DISABLE_JIT:
+            msg = "the CPU benchmark times Numba's compiled kernels, and NUMBA_DISABLE_JIT is set"
+            print(f"softmaxtheory bench: error: {msg} in this process: unset it", file=sys.stderr)
+            return 2
+    if "attention" in sections and importlib.util.find_spec("torch") is None:
+        print("softmaxtheory bench: error: --section attention times the torch path and needs "
+              "torch (pip install 'softmaxtheory[torch]')", file=sys.stderr)  # fmt: skip
         return 2
-    sections = args.section or (["reference"] if args.n is not None else ["kernels"])
     if args.n is not None and "reference" not in sections:
         parser.error("--n sets the reference section's row length: add --section reference")
     doc: dict[str, Any] = {
@@ -225,6 +235,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             )
     if "reference" in sections:
         lines += _reference_speedup(args, doc, say)
+    if "attention" in sections:
+        from ..bench import attention
+
+        shapes = attention.QUICK_ATTENTION_SHAPES if args.quick else attention.ATTENTION_SHAPES
+        repeat = args.repeat or (2 if args.quick else 5)
+        doc["attention"] = attention.run_attention(shapes, repeat, args.threads, say)
+        doc["run"]["attention_repeat"] = repeat
+        lines += attention.format_attention(doc["attention"])
     if args.output:
         bench.save_json(doc, args.output)
     if args.json:
