@@ -649,17 +649,12 @@ def test_chunked_tiles_whose_masks_are_known_give_the_general_paths_bits(
     tiles, bit for bit, for every branch of the row softmax (the entropy mode, a β that
     reads the length only, β tiny enough for the overflowed shifts, β beyond float32)."""
     from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
+    from tests.support.spies import record_results
 
     q, k, v = _qkv(dtype, L=29, S=31, D=8, Dv=3, seed=12)
     monkeypatch.setattr(A, "CHUNK_ELEMENTS", 2 * 2 * 31 * 5)  # blocks of 5 queries
     kw = {"is_causal": causal, "schedule": schedule, "entropy_eps": eps, "backend": "chunked"}
     g = torch.randn(2, 2, 29, 3, generator=torch.Generator().manual_seed(13), dtype=dtype)
-    verdicts = []
-    masks_known = A._masks_known
-
-    def spy(p, t):
-        verdicts.append(masks_known(p, t))
-        return verdicts[-1]
 
     def run():
         with torch.no_grad():
@@ -668,7 +663,7 @@ def test_chunked_tiles_whose_masks_are_known_give_the_general_paths_bits(
         out = adaptive_attention(*args, **kw)
         return out0, out.detach(), *torch.autograd.grad((out * g).sum(), args)
 
-    monkeypatch.setattr(A, "_masks_known", spy)
+    verdicts = record_results(monkeypatch, A, "_masks_known")
     known = run()
     assert verdicts and all(verdicts)
     monkeypatch.setattr(A, "_masks_known", lambda p, t: False)

@@ -314,18 +314,13 @@ def test_tiles_whose_masks_are_known_give_the_general_paths_bits(monkeypatch, dt
     mask's columns, and give the bits of the general path (which reads them from the tile),
     with and without a graph, in blocks of 5 queries."""
     from softmaxtheory.accelerated import _torch_attention as A  # noqa: N812
+    from tests.support.spies import record_results
 
     q, k = _qk(dtype, L=29, S=31, D=8, seed=9)
     monkeypatch.setattr(A, "CHUNK_ELEMENTS", 2 * 2 * 31 * 5)
     w = torch.randn(2, 2, 2, 29, generator=torch.Generator().manual_seed(10), dtype=dtype)
-    verdicts = []
-    masks_known = A._masks_known
 
-    def spy(p, t):
-        verdicts.append(masks_known(p, t))
-        return verdicts[-1]
-
-    monkeypatch.setattr(A, "_masks_known", spy)
+    verdicts = record_results(monkeypatch, A, "_masks_known")
 
     def run():
         qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
