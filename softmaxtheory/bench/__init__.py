@@ -29,12 +29,14 @@ import numpy as np
 from .._formats import WORKING_DTYPES
 
 __all__ = [
+    "MIN_SECONDS",
     "ROW_KINDS",
     "AttentionReferenceSpeedup",
     "BenchResult",
     "KernelResult",
     "ReferenceSpeedup",
     "as_dicts",
+    "best_time",
     "kernel_rows",
     "machine",
     "measure_bandwidth",
@@ -141,7 +143,19 @@ def _gaussian_at_entropy(g: np.ndarray, target: float) -> np.ndarray:
 MIN_SECONDS = 0.1
 
 
-def _best_time(fn: Callable[[], Any], repeat: int, min_seconds: float = MIN_SECONDS) -> float:
+def best_time(fn: Callable[[], Any], repeat: int, min_seconds: float = MIN_SECONDS) -> float:
+    """The best wall time of `fn` (s) over at least `repeat` calls lasting `min_seconds` together.
+
+    Parameters
+    ----------
+    fn : callable
+        Called with no arguments.
+    repeat : int
+        The least number of calls.
+    min_seconds : float, optional
+        Calls go on until they have lasted this long together (:data:`MIN_SECONDS`), so
+        that a fast case is timed after the clocks have settled.
+    """
     best = float("inf")
     runs = 0
     begin = time.perf_counter()
@@ -167,7 +181,7 @@ def run_reference(n: int = 16384, repeat: int = 3, seed: int = 0) -> list[BenchR
                 def call(fn=fn, row=row, dtype=dtype):
                     return fn(row, dtype=dtype)
 
-                seconds = _best_time(call, repeat)
+                seconds = best_time(call, repeat)
                 results.append(
                     BenchResult(
                         case=f"reference.{fname} ({label})",
@@ -225,7 +239,7 @@ def measure_bandwidth(nbytes: int = 1 << 28, repeat: int = 5) -> float:
     src = np.ones(nbytes // 8)
     dst = np.empty_like(src)
     k.kernels.parallel_copy(src, dst)
-    return 2 * src.nbytes / _best_time(lambda: k.kernels.parallel_copy(src, dst), repeat)
+    return 2 * src.nbytes / best_time(lambda: k.kernels.parallel_copy(src, dst), repeat)
 
 
 def _torch_adaptive(torch: Any, x: Any) -> Any:
@@ -303,7 +317,7 @@ def run_kernels(
                 times = {}
                 for name, fn in cases.items():
                     fn()
-                    times[name] = _best_time(fn, reps)
+                    times[name] = best_time(fn, reps)
                 base = times.get("torch.softmax")
                 nbytes = 3 * x.nbytes  # 2 reads + 1 write
                 for name, sec in times.items():
@@ -374,11 +388,11 @@ def run_reference_speedup(
                     _fast.STATS[key] = 0
                 fn(row, dtype=dtype)  # counts of one call (and the exp table built)
                 stats = dict(_fast.STATS)
-                fast = _best_time(
+                fast = best_time(
                     lambda fn=fn, dtype=dtype, row=row: fn(row, dtype=dtype), repeat, 0.0
                 )
                 with _fast.pure_mpmath():
-                    small_time = _best_time(
+                    small_time = best_time(
                         lambda fn=fn, dtype=dtype, small=small: fn(small, dtype=dtype), 1, 0.0
                     )
                 slow = small_time * (n / mpmath_n)
@@ -444,9 +458,9 @@ def run_reference_attention(
             _fast.STATS[key] = 0
         call()  # counts of one call (and the exp table built)
         undecided = _fast.STATS["attention_fallback"] / L
-        fast = _best_time(call, repeat, 0.0)
+        fast = best_time(call, repeat, 0.0)
         with _fast.pure_mpmath():
-            slow = _best_time(call, 1, 0.0)
+            slow = best_time(call, 1, 0.0)
         results.append(
             AttentionReferenceSpeedup(
                 shape=shape,

@@ -16,6 +16,7 @@ from typing import Any
 
 __all__ = [
     "ATTENTION_SHAPES",
+    "FORWARD_CASES",
     "QUICK_ATTENTION_SHAPES",
     "attention_cases",
     "format_attention",
@@ -28,9 +29,9 @@ ATTENTION_SHAPES: tuple[tuple[int, int, int, int, int], ...] = ((1, 8, 2048, 204
 #: ``--quick``: one small shape.
 QUICK_ATTENTION_SHAPES: tuple[tuple[int, int, int, int, int], ...] = ((1, 2, 128, 128, 32),)
 
-#: The cases of each pass, in the order they are timed (SDPA first: the ratios' base).
+#: The cases of each row, forward or forward + backward, in the order they are timed (SDPA
+#: first: the base of the row's ratios).
 FORWARD_CASES = ("sdpa", "attention_entropy", "auto", "hybrid", "chunked")
-BACKWARD_CASES = FORWARD_CASES
 
 
 def attention_cases(torch: Any, q: Any, k: Any, v: Any, causal: bool, backward: bool) -> dict:
@@ -104,7 +105,7 @@ def run_attention(
     """
     import torch
 
-    from . import _best_time
+    from . import best_time
 
     before = torch.get_num_threads()
     if threads is not None:
@@ -128,7 +129,7 @@ def run_attention(
                             say(f"timing {name} ({row['pass']}) at {shape}"
                                 f"{' causal' if causal else ''} ...")  # fmt: skip
                             try:
-                                row["cases"][name] = {"seconds": _best_time(fn, repeat)}
+                                row["cases"][name] = {"seconds": best_time(fn, repeat)}
                             except Exception as exc:  # one case failing must not stop the run
                                 row["cases"][name] = {"error": f"{type(exc).__name__}: {exc}"}
                     base = row["cases"]["sdpa"].get("seconds")
