@@ -981,17 +981,17 @@ def _tile_logits(
         x = fill_where(torch.add(x, add, **into(own, x)), ~p.keep[..., i0:i1, :], -torch.inf, own)
     elif p.keep is not None:
         x = fill_where(x, ~p.keep[..., i0:i1, :], -torch.inf, own)
-    elif p.is_causal and (tail := _causal_tail(i0, i1, n, x.device)) is not None:
+    elif (tail := _causal_tail(p, i0, i1, n, x.device)) is not None:
         x = fill_where(x, tail, -torch.inf, own)
     return x
 
 
-def _causal_tail(i0: int, i1: int, n: int, device: torch.device) -> TailMask | None:
+def _causal_tail(p: Prepared, i0: int, i1: int, n: int, device: torch.device) -> TailMask | None:
     """The causal mask of queries ``i0:i1`` against keys ``:n``: all in the columns after ``i0``.
 
-    None where no entry of the tile lies above the diagonal.
+    None without ``is_causal``, or where no entry of the tile lies above the diagonal.
     """
-    if i0 + 1 >= n:
+    if not p.is_causal or i0 + 1 >= n:
         return None
     rows = torch.arange(i0, i1, device=device).unsqueeze(-1)
     return TailMask(i0 + 1, torch.arange(i0 + 1, n, device=device) > rows)
@@ -1166,9 +1166,7 @@ def _chunked(
     scratch = _scratch(p, t)
 
     def probs(x: torch.Tensor, unit: int, i0: int, i1: int) -> torch.Tensor:
-        masks = READ
-        if known:
-            masks = _causal_tail(i0, i1, x.shape[-1], x.device) if p.is_causal else None
+        masks = _causal_tail(p, i0, i1, x.shape[-1], x.device) if known else READ
         return adaptive_softmax_lastdim(
             x, schedule, entropy_eps, detach_beta, unit, masks, scratch
         )[0]
@@ -1186,8 +1184,8 @@ def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Te
     Blocks of queries against every key they see (:func:`_tile_logits`; memory
     :math:`O(\mathrm{block}\cdot S)` forward; autograd keeps the tiles for the backward).
     Tiles whose masks are known (:func:`_masks_known`) are not compared with ``-inf``;
-    where nothing records
-    them, every block writes over the same tensors (:class:`_Scratch`). Per row, with
+    where nothing records them, every block writes over the same tensors
+    (:class:`_Scratch`). Per row, with
     :math:`z_j = x_j - m` (overflow-safe, :func:`shifted_logits`),
     :math:`s = \sum e^{z_j}`, :math:`t = \sum e^{z_j} z_j`:
     :math:`H = \log s - t/s` clamped to :math:`[0, \log n]` and
@@ -1209,10 +1207,7 @@ def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Te
 
     def stats(x: torch.Tensor, unit: int, i0: int, i1: int) -> tuple[torch.Tensor, torch.Tensor]:
         reuse = may_reuse(x)  # (without a graph, a tile's intermediates are written over)
-        if known:
-            masked = _causal_tail(i0, i1, x.shape[-1], x.device) if p.is_causal else None
-        else:
-            masked = x == -torch.inf
+        masked = _causal_tail(p, i0, i1, x.shape[-1], x.device) if known else x == -torch.inf
         # x is this function's own tile: the shifted logits go over it, the weights into
         # the scratch tensor of every block's weights
         z, m = shifted_logits(x, masked, unit, reuse, own=True)
@@ -1288,7 +1283,7 @@ def entropy_lse_backward(
             # give these bits, with its selects reduced to the fills of that mask (each step
             # written over its spent operand where nothing records them)
             reuse = may_reuse(x)
-            tail = _causal_tail(i0, i1, n, x.device) if p.is_causal else None
+            tail = _causal_tail(p, i0, i1, n, x.device)
             m = x.amax(-1, keepdim=True).detach()
             z = torch.sub(x, m, **into(reuse, x))
             # (masked: z = 0, so that log p is finite, then e = 0)

@@ -51,6 +51,7 @@ def attention_cases(torch: Any, q: Any, k: Any, v: Any, causal: bool, backward: 
         "hybrid": lambda a, b, c: adaptive_attention(a, b, c, is_causal=causal, backend="hybrid"),
         "chunked": lambda a, b, c: adaptive_attention(a, b, c, is_causal=causal, backend="chunked"),
     }
+    calls = {name: calls[name] for name in FORWARD_CASES}  # (the documented order)
     if not backward:
         return {name: (lambda f=f: f(q, k, v)) for name, f in calls.items()}
     g = torch.Generator().manual_seed(1)
