@@ -104,6 +104,7 @@ class Prepared:
     pass1: tuple[torch.Tensor, torch.Tensor] | None = None
     # a torch.func transform or forward AD is active (see transformed): torch's own ops only
     transformed: bool = False
+    log2_kmax: float = -math.inf  # log2 of the largest finite |k|
 
 
 def _to4(t: torch.Tensor, lead: tuple[int, ...], heads: int | None = None) -> torch.Tensor:
@@ -418,7 +419,7 @@ def prepare(
     v_ok = all(map(math.isfinite, vmax))
     return Prepared(q4, k4, v4, lead, scale, is_causal, keep, add, bias, n_eff, bad,
                     group, False, lb, lq, v_ok, _log2(vmax[0]) if vmax and v_ok else math.nan,
-                    pass1, transformed(q, k, v, attn_mask))  # fmt: skip
+                    pass1, transformed(q, k, v, attn_mask), _log2(kmax))  # fmt: skip
 
 
 def _bad_rows(
@@ -470,32 +471,57 @@ def _bad_rows(
 
 
 def _fits(p: Prepared, beta_max: float = 1.0) -> bool:
-    r"""Whether logits times `beta_max` (and their spread) stay far from the float maximum.
+    r"""Whether the fused kernels and the tiles in the statistics dtype form these logits well.
 
     The fused kernels form :math:`x_{ij}` and :math:`\beta_i x_{ij}` in the
     statistics dtype and :math:`\beta_i q_i` in the input dtype; with
     :math:`|x_{ij}| \le 2^{\mathrm{log2\_bound}}` (``scale * max|q| * max|k| * D``
     plus the largest bias) they cannot overflow when this holds. Otherwise the
     overflow-safe chunked path runs (float64 logits, scaled by a power of two
-    where even float64 would overflow).
+    where even float64 would overflow). Each kernel applies the scale in its own
+    order, so every order must work, not only the logits' size:
+
+    * the raw products :math:`q_i \cdot k_j` (torch's CPU flash kernel, the Triton
+      pass 1) must fit however small the scale: queries and keys of :math:`10^{20}`
+      with scale :math:`10^{-40}` (logits near 1) gave 0 and NaN;
+    * a scaled operand (``scale * q``, or :math:`\sqrt{\mathrm{scale}}` on both) must
+      fit when the scale exceeds 1: queries of 1e308 against keys of 0 with scale 1e308
+      (logits 0) gave NaN (inf * 0), and the hybrid 0;
+    * the scale must be a normal number of the statistics dtype: a float32 kernel
+      rounded :math:`10^{-50}` to 0 (a causal row then lost its weights) and
+      :math:`3 \cdot 10^{-45}` to a subnormal 7 % off;
+    * a product that underflows loses up to half the smallest subnormal :math:`\tau`,
+      so each logit up to :math:`D\,\tau \max(|q|, |k|, 1) \max(\mathrm{scale}, 1)\,\beta`
+      in all: that must stay below an eighth of the unit roundoff :math:`u`.
+      Queries of :math:`10^{-35}` scaled by :math:`10^{-9}` (subnormal) against keys of
+      :math:`2.5\cdot 10^{37}` were 82 ulps off.
+
+    Only operands near the ends of the float range fail these (float32:
+    :math:`D \max(|q|,|k|) < 2^{121}` keeps the last one).
     """
     sd = stats_dtype(p.q.dtype)
+    fi = torch.finfo(sd)
     lb_beta = _log2(beta_max) if beta_max > 0 else 0.0
     if not math.isfinite(lb_beta) and beta_max > 0:
         return False
-    room = math.log2(torch.finfo(sd).max) - 3.0
+    room = math.log2(fi.max) - 3.0
     if p.log2_bound + lb_beta > room:
         return False
     q_room = math.log2(torch.finfo(p.q.dtype).max) - 2.0
     if not (p.log2_qmax + lb_beta <= q_room and (not p.bias or p.log2_bound + lb_beta <= q_room)):
         return False
-    # A kernel may scale an operand before the products (scale * q, or sqrt(scale) on q and
-    # k): with |scale| > 1 that must fit too, however small the logits. Queries of 1e308
-    # against keys of 0 with scale 1e308 (logits 0) gave NaN (inf * 0), and the hybrid 0.
-    up = _log2(abs(p.scale))
-    if up > 0.0:
-        return p.log2_qmax + lb_beta + up <= q_room and _log2(_abs_max(p.k)) + up <= q_room
-    return True
+    lq, lk, ld = p.log2_qmax, p.log2_kmax, _log2(p.q.shape[-1])
+    if lq + lk + ld + lb_beta > room:
+        return False  # the raw products overflow
+    s = abs(p.scale)
+    if s != 0.0 and not fi.tiny <= s <= fi.max:
+        return False  # the scale is not a normal number of the kernels' dtype
+    up = _log2(s) if s else 0.0
+    if up > 0.0 and not (lq + lb_beta + up <= q_room and lk + up <= q_room):
+        return False  # scale * q or scale * k overflows
+    tau = math.log2(fi.smallest_normal * fi.eps)
+    lost = ld + max(lq, lk, 0.0) + max(up, 0.0) + max(lb_beta, 0.0) + tau - 1.0
+    return lost <= math.log2(fi.eps / 2) - 3.0
 
 
 def _beta_max(beta: torch.Tensor) -> float:
@@ -868,6 +894,10 @@ def _composition_entropy(
     """
     q, k = p.q, p.k
     sd = stats_dtype(q.dtype)
+    if p.log2_kmax + _log2(k.shape[-2]) > math.log2(torch.finfo(sd).max) - 3.0:
+        # the kernel's unnormalised sum of the keys (the values here), up to S max|k|, could
+        # overflow (4096 keys of 2e36: inf, an entropy of 0 where it is 8.3)
+        return None
     grad = not detach_beta and _want_grad(q, k)
     if grad and not _fused_grad_ok(p, None, None):
         return None  # the primitive's backward would lose the weights: the chunked path

@@ -594,6 +594,13 @@ def beta_from_entropy(
             "gradient can flow through beta; pass detach_beta=True (or use Polynomial, "
             "Constant or LogLength)"
         )
+    if transformed(entropy, n_eff):
+        raise TypeError(
+            f"schedule {schedule!r} is evaluated through numpy (Schedule.beta_float), which "
+            "cannot run under a torch.func transform (vmap, grad, jacrev, jvp, ...) or "
+            "forward-mode AD; use Polynomial, Constant or LogLength there, or call it outside "
+            "the transform"
+        )
     if n_eff.device.type == "meta":
         # meta tensors (shape inference, a model built on the meta device) have no values
         # to copy to the host: β of the rows' shape, as the built-in schedules give there

@@ -76,7 +76,8 @@ def adaptive_softmax(
     Raises
     ------
     TypeError
-        For a non-tensor, a complex or boolean tensor, or a bad `schedule`.
+        For a non-tensor, a complex or boolean tensor, or a bad `schedule` (a user
+        :class:`~softmaxtheory.spec.Schedule` under a ``torch.func`` transform included).
     ValueError
         For a 0-d tensor, a `dim` out of range, or a bad `entropy_eps`.
 
@@ -249,14 +250,17 @@ def adaptive_attention(
     Returns
     -------
     torch.Tensor, shape (..., L, Dv)
-        Outputs in the input dtype (under ``torch.autocast``, float32 operands
-        are cast to its dtype first, as SDPA casts them). A query with every key masked gives
-        zeros; a NaN or infinite query, unmasked key or mask entry (NaN /
-        ``+inf``) gives a NaN row. Finite inputs never give NaN, however
-        large: values whose sum over the keys could overflow the fused
-        kernels' unnormalised accumulator (:math:`S \max|v|` near the float
-        maximum) are scaled by a power of two before them and the output
-        back after. Zero-size inputs give zero-size outputs; ``S = 0`` (no
+        Outputs in the input dtype (under ``torch.autocast``, floating operands
+        other than float64 are cast to its dtype first, as SDPA casts them). A
+        query with every key masked gives zeros; a NaN or infinite query,
+        unmasked key or mask entry (NaN / ``+inf``) gives a NaN row. Finite
+        inputs never give NaN, however large: values whose sum over the keys
+        could overflow the fused kernels' unnormalised accumulator
+        (:math:`S \max|v|` near the float maximum) are scaled by a power of two
+        before them and the output back after; operands whose products could
+        overflow or underflow in some order of the scale (raw products
+        :math:`q_i \cdot k_j` beyond the float range, a subnormal scale) take
+        the float64 path. Zero-size inputs give zero-size outputs; ``S = 0`` (no
         keys) gives zeros.
 
     Raises
@@ -281,7 +285,7 @@ def adaptive_attention(
     """
     _attn.refuse_tracing("adaptive_attention")
     low = autocast_dtype(q)
-    if low is not None:  # as SDPA under autocast: float32 operands in `low`, the rest as is
+    if low is not None:  # as SDPA under autocast: floating operands in `low`, float64 as is
         with torch.autocast(q.device.type, enabled=False):
             return adaptive_attention(
                 *_autocast_operands((q, k, v, attn_mask), low), is_causal, scale, enable_gqa,
@@ -293,6 +297,8 @@ def adaptive_attention(
     detach_beta = as_flag(detach_beta, "detach_beta")
     if backend not in _attn.BACKENDS:
         raise ValueError(f"backend must be one of {_attn.BACKENDS}, got {backend!r}")
+    if v is None:  # (prepare takes None for attention_entropy, which has no values)
+        raise TypeError("v must be a torch.Tensor, got NoneType")
     early = _attn.pass1_early(q, k, v, schedule, eps, detach_beta, backend)
     prepared = _attn.prepare(
         q, k, v, attn_mask, is_causal, scale, enable_gqa=enable_gqa, early=early
@@ -407,8 +413,14 @@ def attention_entropy(
 
 
 def _autocast_operands(tensors: tuple, low: torch.dtype) -> list:
-    """`tensors` with each float32 tensor cast to `low`, as autocast casts SDPA's operands."""
+    """`tensors` cast to `low` as autocast casts SDPA's operands: every floating one but float64.
+
+    (A bfloat16 key under float16 autocast is cast too: SDPA then runs in float16, where
+    casting float32 alone left mixed dtypes and a TypeError.)
+    """
     return [
-        t.to(low) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t
+        t.to(low)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+        else t
         for t in tensors
     ]

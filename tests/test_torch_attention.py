@@ -189,6 +189,8 @@ def test_broadcast_and_shapes():
     ("kwargs", "exc", "word"),
     [
         ({"q": [1.0]}, TypeError, "q"),
+        ({"k": None}, TypeError, "k must be a torch.Tensor"),
+        ({"v": None}, TypeError, "v must be a torch.Tensor"),  # (was an AttributeError)
         ({"k": torch.ones(2, 3, 5, dtype=torch.float64)}, ValueError, "feature"),
         ({"v": torch.ones(2, 3, 9, 3, dtype=torch.float64)}, ValueError, "key length"),
         ({"v": torch.ones(2, 2, 7, 3, dtype=torch.float32)}, TypeError, "dtype"),

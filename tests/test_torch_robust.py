@@ -18,7 +18,7 @@ from softmaxtheory.accelerated.torch import (  # noqa: E402
     adaptive_softmax,
     attention_entropy,
 )
-from softmaxtheory.spec import Constant, LogLength, Schedule  # noqa: E402
+from softmaxtheory.spec import Constant, LogLength, Polynomial, Schedule  # noqa: E402
 from softmaxtheory.testing import assert_attention_close  # noqa: E402
 
 BACKENDS = ["auto", "hybrid", "composition", "chunked"]
@@ -775,6 +775,23 @@ def test_autocast_computes_as_sdpa_does(backend, kind):
         assert adaptive_attention(*(t.double() for t in (q, k, v)), **kw).dtype == torch.float64
 
 
+def test_autocast_casts_every_floating_operand_but_float64_as_sdpa_does():
+    """SDPA under float16 autocast casts a bfloat16 key to float16 as it casts float32
+    ones; casting float32 alone left the dtypes mixed and raised a TypeError that listed
+    them after the cast."""
+    g = torch.Generator().manual_seed(9)
+    q, v = (torch.randn(1, 2, 5, 8, generator=g) for _ in range(2))
+    k = torch.randn(1, 2, 5, 8, generator=g).bfloat16()
+    with torch.autocast("cpu", dtype=torch.float16):
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        out = adaptive_attention(q, k, v, schedule=Constant(1.0))
+        h, _ = attention_entropy(q, k)
+    assert want.dtype == out.dtype == torch.float16
+    cast = [t.half() for t in (q, k, v)]
+    assert torch.equal(out, adaptive_attention(*cast, schedule=Constant(1.0)))
+    assert torch.equal(h, attention_entropy(*cast[:2])[0])
+
+
 @pytest.mark.parametrize("backend", ["auto", "chunked", "composition", "hybrid"])
 @pytest.mark.parametrize(
     ("q", "k", "scale", "dtype"),
@@ -799,6 +816,66 @@ def test_scaled_queries_beyond_the_float_range_with_small_logits(backend, q, k, 
     h, _ = attention_entropy(qt, kt, scale=scale)
     logits = scale * (qt.double().numpy() @ kt.double().numpy().T)
     np.testing.assert_allclose(h.double().numpy(), R.entropy(logits), rtol=1e-6, atol=1e-12)
+
+
+def _far_operands(case):
+    """``(q, k, v, kwargs)`` of the cases of the next test (float32 unless named)."""
+    g = torch.Generator().manual_seed(12)
+    if case == "raw products overflow":  # q . k = 1e40 > float32's maximum, logits ~1
+        q, k = torch.tensor([[1e20]]), torch.tensor([[1e20], [0.0], [-5e19]])
+        return q, k, torch.tensor([[1.0], [0.0], [2.0]]), {"scale": 1e-40}
+    if case == "raw products overflow, float64":
+        q = torch.tensor([[1e155]], dtype=torch.float64)
+        k = torch.tensor([[1e155], [0.0]], dtype=torch.float64)
+        return q, k, torch.tensor([[1.0], [0.0]], dtype=torch.float64), {"scale": 1e-310}
+    if case == "scale rounds to 0":  # 1e-50 is 0 in float32: causal rows lost their weights
+        q, k = torch.ones(2, 1), torch.ones(2, 1)
+        return q, k, torch.tensor([[1.0], [3.0]]), {"scale": 1e-50, "is_causal": True}
+    if case == "subnormal scale":  # 3e-45 is a float32 subnormal 7 % off
+        q, k = torch.tensor([[1e25]]), torch.tensor([[1e20], [-1e20], [0.0]])
+        return q, k, torch.tensor([[1.0], [0.0], [0.0]]), {"scale": 3e-45}
+    if case == "subnormal scaled queries":  # scale * q ~ 1e-44 against keys of 2.5e37
+        q = torch.full((2, 4096), 1e-35)
+        k = (torch.rand(5, 4096, generator=g) + 0.5) * 2.5e37
+        return q, k, torch.randn(5, 2, generator=g), {"scale": 1e-9}
+    # "keys summed as values": the composition's pass 1 sums e^(x - m) k over the keys, and a
+    # schedule that grows with the entropy (that of 4096 near-equal keys, 8.3) shows it
+    q, k = torch.tensor([[2e-36]]), torch.rand(4096, 1, generator=g) * 1e35 + 1.5e36
+    v = torch.randn(4096, 1, generator=g)
+    return q, k, v, {"scale": 1.0, "schedule": Polynomial((0.5, 1.0))}  # beta = 1 + H / 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "case",
+    [
+        "raw products overflow",
+        "raw products overflow, float64",
+        "scale rounds to 0",
+        "subnormal scale",
+        "subnormal scaled queries",
+        "keys summed as values",
+    ],
+)
+def test_every_order_of_the_scale_forms_the_logits(backend, case):
+    """The kernels apply the scale in their own order, so each order must work, not only
+    the logits' size: raw products beyond the float range with a tiny scale gave 0 (auto,
+    composition) and NaN (hybrid); a scale that float32 rounds to 0 gave causal rows of
+    0; a subnormal scale, or scaled queries in the subnormals, lost digits (7 %, 82 ulps);
+    4096 keys of 2e36 overflowed the composition's sum of the keys (an entropy of 0 for
+    8.3). The overflow guard now sends these to the safe path, and each is within the
+    oracle's bound; so is pass 1 on its own."""
+    q, k, v, kw = _far_operands(case)
+    out = adaptive_attention(q, k, v, backend=backend, **kw)
+    assert_attention_close(out, (q, k, v), **kw)
+    kw.pop("schedule", None)
+    h, lse = attention_entropy(q, k, **kw)
+    x = (kw["scale"] * q.double().numpy()) @ k.double().numpy().T  # (no overflow here)
+    if kw.get("is_causal"):
+        x = np.where(np.tri(*x.shape, dtype=bool), x, -np.inf)
+    np.testing.assert_allclose(h.double().numpy(), R.entropy(x), rtol=1e-5, atol=1e-6)
+    want_lse = np.logaddexp.reduce(x, axis=-1)
+    np.testing.assert_allclose(lse.double().numpy(), want_lse, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

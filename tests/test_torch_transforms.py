@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -30,7 +31,7 @@ from softmaxtheory.accelerated.torch import (  # noqa: E402
     adaptive_softmax,
     attention_entropy,
 )
-from softmaxtheory.spec import PaperPolynomial  # noqa: E402
+from softmaxtheory.spec import PaperPolynomial, Schedule  # noqa: E402
 
 #: torch's first forward-mode AD of a process scripts its jvp decompositions with
 #: torch.jit.script, which torch 2.13 itself reports as deprecated
@@ -304,6 +305,43 @@ def test_triton_backend_refuses_a_transform_by_name(monkeypatch):
         torch.func.vmap(f)(q, k, v)
     with torch.no_grad(), pytest.raises(ValueError, match="forward-mode AD"):
         torch.func.jvp(f, (q, k, v), _tangents(q, k, v))
+
+
+class _Halves(Schedule):
+    """A user's schedule, evaluated through numpy: beta = 1 + H / 2."""
+
+    needs_entropy = True
+
+    def beta_float(self, entropy, n_eff):
+        return 1.0 + 0.5 * np.asarray(entropy, dtype=np.float64) + 0.0 * np.asarray(n_eff)
+
+    def __repr__(self) -> str:
+        return "_Halves()"
+
+
+def test_a_user_schedule_under_a_transform_is_refused_by_name():
+    """A user's Schedule runs through numpy, which no transform can enter: the call stopped
+    at torch's "Cannot access data pointer of Tensor that doesn't have storage", detached
+    β included; it now names the schedule. Outside a transform it runs."""
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(2))
+    q, k, v, _ = _inputs()
+
+    def softmax(r):
+        return adaptive_softmax(r, schedule=_Halves(), detach_beta=True)
+
+    def attention(q, k, v):
+        return adaptive_attention(q, k, v, schedule=_Halves(), detach_beta=True)
+
+    for call in (
+        lambda: torch.func.vmap(softmax)(x),
+        lambda: torch.func.jacrev(softmax)(x[0]),
+        lambda: torch.func.jvp(softmax, (x,), (torch.ones_like(x),)),
+        lambda: torch.func.vmap(attention)(q, k, v),
+    ):
+        with pytest.raises(TypeError, match=r"schedule _Halves\(\) is evaluated through numpy"):
+            call()
+    want = torch.stack([softmax(r) for r in x])
+    torch.testing.assert_close(softmax(x), want, rtol=0, atol=0)
 
 
 @pytest.mark.filterwarnings("ignore:There is a performance drop")
