@@ -607,5 +607,5 @@ def beta_from_entropy(
         shape = n_eff.shape if entropy is None else broadcast_shapes(entropy.shape, n_eff.shape)
         return torch.empty(shape, dtype=torch.float64, device=n_eff.device)
     h_np = entropy.detach().to("cpu", torch.float64).numpy() if entropy is not None else math.nan
-    values = schedule.beta_float(h_np, n_eff.detach().cpu().numpy())
+    values = schedule.checked_beta(h_np, n_eff.detach().cpu().numpy())
     return torch.as_tensor(values, dtype=torch.float64, device=n_eff.device)

@@ -379,10 +379,38 @@ def _stats_and_beta(
     r = np.empty(rows)
     h = np.empty(rows)
     _k.rows_stats(x2, out, eps, kind, m, c, neff, r, h)
-    beta = schedule.beta_float(h, neff)
+    beta = schedule.checked_beta(h, neff)
     beta[kind == ROW_INVALID] = np.nan
     beta[(kind == ROW_EMPTY) | (kind == ROW_MASKED)] = 1.0
     return out, kind, m, c, r, h, beta
+
+
+#: Bytes after an input row within which an output row makes the kernels' loops run scalar.
+#: LLVM vectorises a loop that reads a row of `x` and writes a row of `out` behind a run-time
+#: check that `out` does not start less than a vector footprint after `x` (vector width x
+#: unroll x item size: 256 bytes with AVX-512); there the scalar copy of the loop runs, and
+#: its sums, reassociated in the vector loop, come out in another order. An output 64 bytes
+#: after its input gave an adaptive softmax 65 ulps from the usual bits (both within the
+#: error model), and ``out=None`` did so at random, wherever numpy's allocator put the
+#: result. 4096 leaves room for wider vectors and unrolling.
+_ALIAS_WINDOW = 4096
+
+
+def _apart(out: np.ndarray, x: np.ndarray) -> bool:
+    """Whether `out` starts before `x` or at least :data:`_ALIAS_WINDOW` bytes after it."""
+    gap = out.__array_interface__["data"][0] - x.__array_interface__["data"][0]
+    return gap <= 0 or gap >= _ALIAS_WINDOW
+
+
+def _output_for(x: np.ndarray) -> np.ndarray:
+    """An uninitialised C-contiguous array like `x`, :func:`_apart` from it (same bits always)."""
+    out = np.empty_like(x)
+    if _apart(out, x):
+        return out
+    pad = -(-_ALIAS_WINDOW // x.itemsize)
+    buf = np.empty(x.size + pad, dtype=x.dtype)
+    start = 0 if buf.__array_interface__["data"][0] < x.__array_interface__["data"][0] else pad
+    return buf[start : start + x.size].reshape(x.shape)
 
 
 def _run(
@@ -420,11 +448,12 @@ def _run(
             and out.flags.writeable
             and out.dtype == work.dtype
             and not np.may_share_memory(out, work)
+            and _apart(out, work)
         )
         if direct:
             values = out.reshape(rows, n)
     if vector and values is None:
-        values = np.empty_like(x2)
+        values = _output_for(x2)
     # the per-row statistics are allocated only where they are computed: at 4096 rows
     # two needless arrays cost microseconds, against a kernel of tens of microseconds
     h = np.zeros(rows if want == "entropy" or n > CHUNK else 0)
@@ -451,7 +480,7 @@ def _run(
                 neff[i] = state[3]
             kinds_a = np.array(kinds)
             if want in ("adaptive_softmax", "beta"):
-                beta = schedule.beta_float(h, neff)
+                beta = schedule.checked_beta(h, neff)
             beta[kinds_a == ROW_INVALID] = np.nan
             beta[kinds_a == ROW_MASKED] = 1.0
             if vector:
@@ -821,7 +850,7 @@ def adaptive_attention(
             _k.attention_wide_stats(qi, ki, ai, ke, causal, qbad, kbad, scale, kexp, eps,
                                     np.flatnonzero(wide[n]), kinds[n], ms[n], gs[n], neffs[n],
                                     hs[n])  # fmt: skip
-        betas = schedule.beta_float(hs, neffs)
+        betas = schedule.checked_beta(hs, neffs)
         betas[kinds == ROW_INVALID] = np.nan
         betas[kinds == ROW_MASKED] = 1.0
         apply_kinds = np.where(wide, _k.KIND_WIDE, kinds)
@@ -1118,7 +1147,9 @@ class StreamingSoftmax:
         if other.schedule != self.schedule or other.dtype != self.dtype:
             raise ValueError("cannot merge states with different schedules or dtypes")
         if self._in_pass2 or other._in_pass2:
-            if self._lineage is not None and self._pass1() == other._pass1():
+            # (a state fed no items has no lineage: any two are copies of the empty row)
+            copies = self._lineage is not None or self._count == 0
+            if copies and self._pass1() == other._pass1():
                 return self._merge_copies(other)
             raise self._tempered_merge_error(other)
         new = StreamingSoftmax(self.schedule, self.dtype)
@@ -1218,7 +1249,7 @@ class StreamingSoftmax:
             elif self._m == -math.inf:
                 self._beta = 1.0
             else:
-                self._beta = float(self.schedule.beta_float(self.entropy(), self._n))
+                self._beta = float(self.schedule.checked_beta(self.entropy(), self._n))
         return self._beta
 
     @property

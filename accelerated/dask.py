@@ -313,7 +313,7 @@ def _beta_info(info: np.ndarray, schedule: Schedule) -> np.ndarray:
     regular = flat["kind"] == ROW_REGULAR
     if regular.any():
         b = np.asarray(
-            schedule.beta_float(flat["h"][regular], flat["n"][regular]), dtype=np.float64
+            schedule.checked_beta(flat["h"][regular], flat["n"][regular]), dtype=np.float64
         )
         flat["beta"][regular] = b
     return out

@@ -48,6 +48,7 @@ True
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -741,15 +742,24 @@ def _root_interval(sf: pr.Poly, root: tuple[Fraction, Fraction], prec: int) -> i
         return out
     p_int = _integer_poly(sf)
     x = libmp.from_rational((a + b).numerator, (a + b).denominator * 2, 60)
-    cur = 60
-    while True:
-        cur = min(2 * cur, prec + 32)
-        for _ in range(2 if cur == prec + 32 else 1):
-            val, der = _raw_poly(sf, x, cur)
-            if der == libmp.fzero:
-                break
-            x = libmp.mpf_sub(x, libmp.mpf_div(val, der, cur), cur)
-        if cur == prec + 32:
+    # x is within 2**-24 of the root: each step at twice the precision about doubles the
+    # correct bits, and at the final precision the steps go on until one is below
+    # 2**-(prec + 8) of x. (Two fixed steps there, behind a precision that had started at
+    # 120 bits, left 1536 of the 1838 bits that prec = 1806 needed: the bisection
+    # fallback then took minutes.)
+    cur, final = 24, prec + 32
+    for _ in range(64):
+        cur = min(2 * cur, final)
+        val, der = _raw_poly(sf, x, cur)
+        if der == libmp.fzero:
+            break
+        step = libmp.mpf_div(val, der, cur)
+        x = libmp.mpf_sub(x, step, cur)
+        size = libmp.mpf_abs(x) if libmp.mpf_gt(libmp.mpf_abs(x), libmp.fone) else libmp.fone
+        if cur == final and (
+            step == libmp.fzero
+            or libmp.mpf_lt(libmp.mpf_abs(step), libmp.mpf_shift(size, -(prec + 8)))
+        ):
             break
     xf = ivl.to_fraction(x)
     step = Fraction(1, 1 << prec) * max(1, abs(math.floor(xf)) + 1)
@@ -759,7 +769,7 @@ def _root_interval(sf: pr.Poly, root: tuple[Fraction, Fraction], prec: int) -> i
         if s_lo * s_hi < 0:
             break
         step *= 256
-    else:  # Newton did not land inside: bisect (slow, never seen)
+    else:  # Newton did not land inside: bisect (slow; not seen since Newton runs to convergence)
         lo, hi = a, b
         while hi - lo > Fraction(1, 1 << prec):
             lo, hi = pr.refine(sf, lo, hi)
@@ -1575,6 +1585,23 @@ class LevelRow:
         ]
         return ", ".join(parts)
 
+    def __repr__(self) -> str:
+        counts = ", ".join(map(_int_repr, self.counts)) + ("," if len(self.counts) == 1 else "")
+        return f"LevelRow(levels={self.levels!r}, counts=({counts}))"
+
+
+def _int_repr(v: Any) -> str:
+    """``repr(v)``, but a size too long for Python's integer-to-text limit as its leading digits.
+
+    (Python refuses to write integers of more than ``sys.get_int_max_str_digits()``
+    digits, 4300 by default: the repr of a bracket at spread 10**4 raised a ValueError.)
+    """
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0 and v.bit_length() > 14000:
+        limit = sys.get_int_max_str_digits()
+        if limit and v.bit_length() * math.log10(2) >= limit - 1:
+            return f"<int about {size_text(v, 6)}>"
+    return repr(v)
+
 
 @dataclass(frozen=True)
 class Bracket:
@@ -1598,6 +1625,12 @@ class Bracket:
     def ratio(self) -> float:
         """``upper / lower``: how wide the bracket is."""
         return float(Fraction(self.upper) / Fraction(self.lower))
+
+    def __repr__(self) -> str:
+        return (
+            f"Bracket(lower={_int_repr(self.lower)}, upper={_int_repr(self.upper)}, "
+            f"witness={self.witness!r})"
+        )
 
 
 def _p_float(coeffs: np.ndarray, h: np.ndarray) -> np.ndarray:

@@ -187,6 +187,51 @@ class Schedule(abc.ABC):
             float64 values of β, broadcast over the inputs.
         """
 
+    def checked_beta(self, entropy: Any, n_eff: Any) -> np.ndarray:
+        r""":meth:`beta_float`, checked: what the float backends call.
+
+        A user's schedule is honoured whatever it computes, but not whatever it returns:
+        a negative β made every kernel's output silently uniform (where the softmax of
+        :math:`\beta x` is another row), and a list, a Python float or an integer array
+        failed deep inside a kernel. A scalar is broadcast over the rows. β = 0 is kept:
+        it is the float value of any β below the smallest subnormal (a
+        :class:`LogLength` of :math:`s = 10^{-400}`), whose softmax rounds to uniform.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64 β of the rows' shape (that of `entropy` and `n_eff` broadcast), a
+            fresh array.
+
+        Raises
+        ------
+        TypeError
+            If :meth:`beta_float` returns something other than real numbers.
+        ValueError
+            If it returns another shape, or a negative β (NaN is kept: the row is
+            invalid).
+        """
+        shape = np.broadcast(np.asarray(entropy), np.asarray(n_eff)).shape
+        raw = self.beta_float(entropy, n_eff)
+        where = f"{self!r}.beta_float"
+        try:
+            arr = np.asarray(raw)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{where} returned {type(raw).__name__}, not an array of β") from exc
+        if arr.dtype.kind not in "fiu":
+            raise TypeError(f"{where} returned values of dtype {arr.dtype}, not real numbers")
+        try:
+            beta = np.broadcast_to(arr.astype(np.float64), shape).copy()
+        except ValueError:
+            raise ValueError(
+                f"{where} returned shape {arr.shape} for rows of shape {shape}"
+            ) from None
+        bad = beta < 0
+        if np.any(bad):
+            value = float(beta[np.unravel_index(int(np.argmax(bad)), beta.shape)])
+            raise ValueError(f"{where} returned beta = {value!r}; beta must be positive")
+        return beta
+
 
 @dataclass(frozen=True)
 class Polynomial(Schedule):
@@ -388,7 +433,9 @@ class LogLength(Schedule):
     def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
         n = np.asarray(n_eff, dtype=np.float64)
         shape = np.broadcast(np.asarray(entropy), n).shape
-        with np.errstate(divide="ignore", over="ignore"):  # an overflow rounds to inf
+        # an overflow rounds to inf; n = 0 (log 0 = -inf, and 0 * -inf when s rounds to 0)
+        # is replaced by 1 below
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             beta = float(exact_value(self.s, "s")) * np.log(n)
         return np.broadcast_to(np.where(n == 0, 1.0, beta), shape).copy()
 

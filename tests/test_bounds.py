@@ -339,6 +339,27 @@ def test_min_entropy_switch_off_size_matches_the_formula(spread):
     assert bounds.adaptive_switch_off_size(spread) <= expected
 
 
+@pytest.mark.parametrize("prec", [1806, 3500, 7000, 14000])
+def test_switch_off_root_is_refined_by_newton_at_every_precision(prec, monkeypatch):
+    """At some precisions (1806 bits, as spread 9100 asks) Newton's two fixed steps, behind a
+    precision that had started too high, left a sixth of the bits wrong, and the bisection
+    fallback took minutes (``adaptive_switch_off_size(9100.0)``: 155 s). Bisection now only
+    isolates the root to 2**-24 (about 26 steps), Newton does the rest, and the enclosure
+    is as narrow as asked."""
+    sf, root = bounds._off_root(PaperPolynomial())
+    calls = []
+    refine = bounds.pr.refine
+    monkeypatch.setattr(bounds.pr, "refine", lambda *a: calls.append(1) or refine(*a))
+    monkeypatch.setattr(bounds, "_ROOT_CACHE", {})
+    lo, hi = bounds._root_interval(sf, root, prec)
+    assert len(calls) < 64
+    with mpmath.workprec(prec + 64):
+        a, b = mpmath.mpf(lo), mpmath.mpf(hi)
+        assert 0 < b - a <= mpmath.mpf(2) ** (5 - prec)  # (2**-prec relative, |H_off| < 8)
+        h_off = mpmath.findroot(lambda h: paper_poly(h) - 1, mpmath.mpf("5.9"))
+        assert a <= h_off <= b
+
+
 def two_level_entropy(k, n, spread):
     """Entropy of k logits at spread and n - k at 0 (mpmath, current precision)."""
     e = mpmath.exp(mpmath.mpf(spread))
@@ -651,6 +672,20 @@ def test_schedules_without_bound_have_no_dispersion_size(coefficients, threshold
     for func in (bounds.adaptive_dispersion_bracket, bounds.adaptive_dispersion_size):
         with pytest.raises(ValueError, match="grows without bound"):
             func(eps, spread, sched)
+
+
+def test_brackets_of_any_size_have_a_repr():
+    """At spread 10**4 the sizes have 4343 digits, past Python's limit for writing an
+    integer: ``repr`` of the bracket raised a ValueError. Such sizes are shown by their
+    leading digits; smaller ones stay exact, so the repr rebuilds the bracket."""
+    big = bounds.adaptive_dispersion_bracket(0.5, 1e4, budget=0)
+    text = repr(big)
+    assert text.count("<int about 8.80682e+4342>") == 3 and str(big) == text
+    small = bounds.adaptive_dispersion_bracket(0.5, 10.0)
+    namespace = {"Bracket": bounds.Bracket, "LevelRow": bounds.LevelRow}
+    assert eval(repr(small), namespace) == small
+    row = bounds.LevelRow((1.0,), (3,))
+    assert eval(repr(row), namespace) == row
 
 
 @pytest.mark.theorem("T6")

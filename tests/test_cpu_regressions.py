@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ pytest.importorskip("numba")
 
 from softmaxtheory import reference
 from softmaxtheory.accelerated import cpu
-from softmaxtheory.spec import Constant, LogLength
+from softmaxtheory.spec import Constant, LogLength, Schedule
 from softmaxtheory.testing import assert_attention_close
 
 INF = np.inf
@@ -1034,3 +1035,107 @@ def test_torch_imported_after_the_kernels_runs_on_its_own_openmp():
         pytest.skip("this torch ships no libgomp of its own")
     loaded = {os.path.realpath(p) for p in eval(_python(_OPENMP_SCRIPT).stdout)}
     assert loaded & set(ours), f"torch's {ours} not loaded; the process holds {loaded}"
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("n", [8, 65, cpu.CHUNK + 3])
+@pytest.mark.parametrize("func", [cpu.softmax, cpu.adaptive_softmax])
+def test_an_output_just_after_its_input_gets_the_same_bits(func, n, dtype):
+    """LLVM runs the vectorised loop (store to `out`, load from `x`) only when `out` starts
+    at least a vector footprint (256 bytes here) after `x`; closer, the scalar copy ran and
+    its sums came out in another order: an output 64 bytes after its input gave an adaptive
+    softmax up to 65 ulps from the usual bits, and ``out=None`` did so at random, wherever
+    numpy placed the result. Such outputs now take a buffer apart from the input."""
+    rng = np.random.default_rng(n)
+    x0 = (rng.standard_normal((2, n)) * 4).astype(dtype)
+    x0[0, :3] = [9.0, 8.5, 8.0]  # β ≠ 1 on this row (a few dominant items), β = 1 below
+    want = func(x0.copy())
+    size, step = x0.size, max(1, 24 // x0.itemsize)
+    for gap in range(size, size + 320 // x0.itemsize, step):
+        buf = np.zeros(gap + size, dtype=dtype)
+        x = buf[:size].reshape(x0.shape)
+        x[...] = x0
+        out = buf[gap:].reshape(x0.shape)
+        np.testing.assert_array_equal(func(x, out=out), want)
+        assert func(x, out=out) is out
+
+
+def test_a_fresh_output_is_taken_apart_from_its_input(monkeypatch):
+    """``out=None``: where numpy's allocator puts the result just after the input (as its
+    cache of small blocks does), another buffer is taken, so the bits do not depend on it."""
+    x0 = AUDIT_ROW.reshape(1, -1)
+    want = cpu.adaptive_softmax(x0)
+    buf = np.zeros(64)
+    x = buf[:6].reshape(1, 6)
+    x[...] = x0
+    empty_like = np.empty_like
+    made = []
+
+    def adjacent(a, *args, **kwargs):
+        if a.__array_interface__["data"][0] == x.__array_interface__["data"][0]:
+            made.append(1)
+            return buf[8:14].reshape(a.shape)  # 64 bytes after the input row
+        return empty_like(a, *args, **kwargs)
+
+    monkeypatch.setattr(np, "empty_like", adjacent)
+    np.testing.assert_array_equal(cpu.adaptive_softmax(x), want)
+    assert made  # the allocation was offered the adjacent block
+
+
+class _Returns(Schedule):
+    """A user's schedule whose ``beta_float`` returns `value` (a function of the rows)."""
+
+    needs_entropy = True
+
+    def __init__(self, value):
+        self.value = value
+
+    def beta_float(self, entropy, n_eff):
+        return self.value(np.broadcast(np.asarray(entropy), np.asarray(n_eff)).shape)
+
+    def __repr__(self) -> str:
+        return "_Returns()"
+
+
+_BAD_BETAS = {
+    "negative": (lambda shape: np.full(shape, -1.0), ValueError, "beta = -1.0; beta must be"),
+    "-inf": (lambda shape: np.full(shape, -np.inf), ValueError, "beta must be positive"),
+    "complex": (lambda shape: np.ones(shape, complex), TypeError, "not real numbers"),
+    "shape": (lambda shape: np.ones(7), ValueError, r"returned shape \(7,\) for rows"),
+    "object": (lambda shape: object(), TypeError, "not real numbers"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_BETAS))
+def test_a_user_schedules_bad_beta_is_refused_by_every_cpu_path(case):
+    """A user's β ≤ 0 made the output silently uniform (not the softmax of β x), and a
+    Python float, a list, an integer array or the wrong length failed deep inside a
+    kernel (IndexError, "cannot convert float NaN to integer", Numba's lowering error).
+    Each path now refuses with the schedule's name; good values still run."""
+    value, exc, match = _BAD_BETAS[case]
+    sched = _Returns(value)
+    x = np.array([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
+    q = np.ones((1, 2, 3))
+    calls = [
+        lambda: cpu.adaptive_softmax(x, schedule=sched),
+        lambda: cpu.beta(x, schedule=sched),
+        lambda: cpu.adaptive_softmax(np.zeros(cpu.CHUNK + 1), schedule=sched),
+        lambda: cpu.adaptive_attention(q, q, q, schedule=sched),
+        lambda: cpu.StreamingSoftmax(sched).update(x[0]).beta(),
+    ]
+    for call in calls:
+        with pytest.raises(exc, match=rf"_Returns\(\)\.beta_float .*{match}"):
+            call()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [lambda shape: 2.0, lambda shape: [2.0] * math.prod(shape), lambda shape: np.full(shape, 2)],
+    ids=["float", "list", "int array"],
+)
+def test_a_user_schedules_scalar_list_or_integers_are_read_as_beta(value):
+    """A Python float is broadcast over the rows, a list or an integer array read as float64
+    (they failed inside the kernels); each gives the softmax of 2x."""
+    x = np.array([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
+    want = cpu.softmax(2 * x)
+    np.testing.assert_allclose(cpu.adaptive_softmax(x, schedule=_Returns(value)), want, rtol=1e-15)

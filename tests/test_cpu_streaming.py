@@ -225,6 +225,22 @@ def test_merge_refuses_equal_states_computed_separately() -> None:
         a + b
 
 
+@pytest.mark.parametrize("feed", [[], [np.zeros(0)], [np.zeros(0), np.zeros(0)]])
+def test_copies_of_an_empty_state_merge_in_pass_two(feed) -> None:
+    """A state fed no items has no lineage to tell copies by: copies of it, each in pass
+    2, were refused as "equal but computed separately", against the copy-and-merge
+    recipe. Any two such states are copies of the empty row."""
+    s = cpu.StreamingSoftmax()
+    for chunk in feed:
+        s.update(chunk)
+    a, b = copy.deepcopy(s), copy.copy(s)
+    a.update_tempered(np.zeros(0))
+    b.update_tempered(np.zeros(0))
+    merged = a + b
+    assert merged.count == 0 and merged.entropy() == 0.0
+    assert merged.normalize(np.zeros(0)).shape == (0,)
+
+
 @st.composite
 def parallel_pass_two(draw):
     """A row, its chunking and merge order, and pass 2 spread over 1 to 4 copies."""

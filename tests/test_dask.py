@@ -26,7 +26,7 @@ from softmaxtheory import reference, testing  # noqa: E402
 from softmaxtheory.accelerated import cpu  # noqa: E402
 from softmaxtheory.accelerated import dask as dsm  # noqa: E402
 from softmaxtheory.accelerated._dask_exact import ExactState  # noqa: E402
-from softmaxtheory.spec import Constant, LogLength, Polynomial  # noqa: E402
+from softmaxtheory.spec import Constant, LogLength, Polynomial, Schedule  # noqa: E402
 
 RNG = np.random.default_rng(20261201)
 
@@ -119,6 +119,23 @@ def test_other_schedules(schedule):
     np.testing.assert_array_equal(
         dsm.beta(dx, schedule=schedule).compute(), cpu.beta(x, schedule=schedule)
     )
+
+
+def test_a_user_schedules_negative_beta_is_refused():
+    """A user's β < 0 gave every row a silently uniform output, as on the CPU."""
+
+    class Negative(Schedule):
+        needs_entropy = True
+
+        def beta_float(self, entropy, n_eff):
+            return -np.ones(np.broadcast(np.asarray(entropy), np.asarray(n_eff)).shape)
+
+        def __repr__(self) -> str:
+            return "Negative()"
+
+    dx = da.from_array(_rows()[:2], chunks=(1, UNEVEN))
+    with pytest.raises(ValueError, match=r"Negative\(\)\.beta_float returned beta = -1\.0"):
+        dsm.adaptive_softmax(dx, schedule=Negative()).compute()
 
 
 # ---------------------------------------------------------------------------

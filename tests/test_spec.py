@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -68,6 +69,39 @@ def test_float_beta_of_each_schedule_and_special_values():
         0.0,
         0.5 * np.log(4),
     ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # s rounding to 0 formed 0 * log 0 = NaN, warned
+        assert LogLength("1e-400").beta_float(0.0, np.array([0, 4])).tolist() == [1.0, 0.0]
+
+
+def test_checked_beta_reads_a_users_values_and_refuses_bad_ones():
+    """What the float backends call: a scalar or a list broadcast and read as float64, a
+    negative β or another shape refused with the schedule's name; NaN and 0 are kept."""
+
+    class Given(Constant):
+        def __init__(self, value):
+            super().__init__(1)
+            object.__setattr__(self, "given", value)
+
+        def beta_float(self, entropy, n_eff):
+            return self.given
+
+        def __repr__(self) -> str:
+            return "Given()"
+
+    h, n = np.array([0.5, 1.0]), np.array([3, 4])
+    for value, want in [(2, [2.0, 2.0]), ([1.5, np.nan], [1.5, np.nan]), (0.0, [0.0, 0.0])]:
+        got = Given(value).checked_beta(h, n)
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, want)
+    for value, exc, match in [
+        (np.array([1.0, -2.0]), ValueError, r"Given\(\)\.beta_float returned beta = -2\.0"),
+        ([1.0, 2.0, 3.0], ValueError, r"returned shape \(3,\) for rows of shape \(2,\)"),
+        ("2", TypeError, "dtype <U1, not real numbers"),
+        (np.array([1j, 1]), TypeError, "complex128, not real numbers"),
+    ]:
+        with pytest.raises(exc, match=match):
+            Given(value).checked_beta(h, n)
 
 
 def test_float_beta_is_one_on_rows_without_items():

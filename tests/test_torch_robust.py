@@ -704,6 +704,24 @@ class _HalfEntropy(Schedule):
         return np.broadcast_to(1.0 + 0.5 * np.nan_to_num(h), shape).copy()
 
 
+def test_a_user_schedules_negative_beta_is_refused():
+    """A user's β < 0 made the output silently uniform on every path, as on the CPU."""
+
+    class Negative(_HalfEntropy):
+        def beta_float(self, entropy, n_eff):
+            return -super().beta_float(entropy, n_eff)
+
+        def __repr__(self) -> str:
+            return "Negative()"
+
+    x = torch.tensor([[0.0, 1.0, 2.0]])
+    with pytest.raises(ValueError, match=r"Negative\(\)\.beta_float returned beta = -1\.\d+"):
+        adaptive_softmax(x, schedule=Negative(), detach_beta=True)
+    for backend in BACKENDS:
+        with pytest.raises(ValueError, match=r"beta must be positive"):
+            adaptive_attention(x, x, x, schedule=Negative(), detach_beta=True, backend=backend)
+
+
 class _ByLength(Schedule):
     """A user's schedule that reads the unmasked count alone: β = 1 + n / 10."""
 
