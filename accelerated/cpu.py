@@ -103,6 +103,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import os
 from collections.abc import Callable
 from typing import Any
@@ -161,7 +162,16 @@ def set_num_threads(n: int) -> None:
     """Set the number of threads the kernels use (``numba.set_num_threads``).
 
     Calls with less work than :data:`GRAIN` use one thread whatever this says.
+
+    Raises
+    ------
+    TypeError
+        If `n` is not an integer (``2.7`` became 2).
+    ValueError
+        If `n` is not between 1 and ``numba.config.NUMBA_NUM_THREADS`` (Numba's own).
     """
+    if isinstance(n, bool | np.bool_) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"n must be an int, got {n!r}")
     numba.set_num_threads(int(n))
 
 
@@ -956,7 +966,8 @@ class StreamingSoftmax:
         Default :class:`~softmaxtheory.spec.PaperPolynomial`; ``Constant(1)``
         gives the plain softmax (always two passes).
     dtype : numpy dtype, default float64
-        float32 or float64: chunks are converted to it, results returned in it.
+        float32 or float64: chunks are converted to it, results returned in it (a
+        finite value beyond its range is refused with a ValueError).
 
     Notes
     -----
@@ -1065,7 +1076,18 @@ class StreamingSoftmax:
         arr = as_logits(chunk, "chunk")
         if arr.ndim != 1:
             raise ValueError(f"chunk must be 1-d, got shape {arr.shape}")
-        arr = np.ascontiguousarray(arr, dtype=self.dtype)
+        given = arr
+        with np.errstate(over="ignore"):
+            arr = np.ascontiguousarray(arr, dtype=self.dtype)
+        if arr is not given and arr.size and not np.isfinite(arr).all():
+            beyond = np.isinf(arr) & np.isfinite(given)
+            if beyond.any():
+                # rounded to infinity, the item made the row NaN (as +inf) or masked it
+                value = given[int(np.argmax(beyond))].item()
+                raise ValueError(
+                    f"chunk holds {value!r}, beyond the range of this {self.dtype.name} "
+                    "state (it would round to infinity); make a float64 state"
+                )
         # the kernels are compiled for writeable arrays only (a read-only memory map is copied)
         return arr if arr.flags.writeable else arr.copy()
 

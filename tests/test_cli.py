@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -96,6 +97,9 @@ def test_parse_schedule_forms():
     assert parse_schedule("constant:2.5") == Constant("2.5")
     assert parse_schedule("loglength:0.4") == LogLength("0.4")
     assert parse_schedule("poly:1,2,3@0.75") == Polynomial(("1", "2", "3"), "0.75")
+    assert parse_schedule("poly:1,2") == Polynomial(("1", "2"), "0.5")
+    with pytest.raises(argparse.ArgumentTypeError, match="threshold after '@' is missing"):
+        parse_schedule("poly:1,2@")  # was the default threshold, silently
 
 
 def test_schedule_option_changes_beta(capsys):

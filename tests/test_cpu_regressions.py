@@ -1139,3 +1139,19 @@ def test_a_user_schedules_scalar_list_or_integers_are_read_as_beta(value):
     x = np.array([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
     want = cpu.softmax(2 * x)
     np.testing.assert_allclose(cpu.adaptive_softmax(x, schedule=_Returns(value)), want, rtol=1e-15)
+
+
+def test_set_num_threads_takes_integers_only():
+    """``set_num_threads(2.7)`` set 2 threads without a word; a bool set 1."""
+    import numba
+
+    before = numba.get_num_threads()
+    for bad in (2.7, True, "2"):
+        with pytest.raises(TypeError, match="n must be an int"):
+            cpu.set_num_threads(bad)
+    assert numba.get_num_threads() == before
+    cpu.set_num_threads(np.int64(1))
+    try:
+        assert numba.get_num_threads() == 1
+    finally:
+        cpu.set_num_threads(before)

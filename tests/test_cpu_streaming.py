@@ -241,6 +241,19 @@ def test_copies_of_an_empty_state_merge_in_pass_two(feed) -> None:
     assert merged.normalize(np.zeros(0)).shape == (0,)
 
 
+def test_a_float32_state_refuses_finite_values_beyond_its_range() -> None:
+    """A float64 chunk holding 1e39, converted to a float32 state, became +inf and the row
+    NaN (numpy's overflow warning aside); it is refused, by every method that takes a
+    chunk, and infinities given as such keep their meaning."""
+    s = cpu.StreamingSoftmax(dtype=np.float32).update(np.array([1.0, 2.0]))
+    for method in (s.update, s.normalize):
+        with pytest.raises(ValueError, match=r"chunk holds -1e\+39, beyond the range"):
+            method(np.array([1.0, -1e39]))
+    assert s.count == 2 and s.entropy() == pytest.approx(0.5822031, rel=1e-6)
+    t = cpu.StreamingSoftmax(dtype=np.float32).update(np.array([1.0, -np.inf, 3e38]))
+    assert t.count == 3 and t.entropy() == 0.0
+
+
 @st.composite
 def parallel_pass_two(draw):
     """A row, its chunking and merge order, and pass 2 spread over 1 to 4 copies."""

@@ -74,7 +74,9 @@ def parse_schedule(text: str) -> Schedule:
         if name == "loglength" and arg:
             return LogLength(arg)
         if name == "poly" and arg:
-            coeffs, _, threshold = arg.partition("@")
+            coeffs, at, threshold = arg.partition("@")
+            if at and not threshold.strip():
+                raise ValueError("the threshold after '@' is missing")
             parts = tuple(c.strip() for c in coeffs.split(","))
             return Polynomial(parts, threshold.strip() or "0.5")
     except (TypeError, ValueError) as exc:
