@@ -453,9 +453,27 @@ def _row_h_beta(row: np.ndarray, schedule: Schedule, entropy_eps: float) -> str:
     return f"row: n = {r.shape[-1]}, H = {H!r} nats, beta = {b!r} ({schedule!r})"
 
 
+def _refuse_narrower_result(got_dtype: str, given: Any, in_dtype: str) -> None:
+    """Fail a result in a narrower format than its floating input, given no ``dtype=``.
+
+    The tolerance comes from the result's format: a float32 softmax rounded to float16
+    passed at half an ulp of float16, whatever its float32 error had been.
+    """
+    floating = given.is_floating_point() if is_torch(given) else np.asarray(given).dtype.kind == "f"
+    if floating and format_named(got_dtype).precision < format_named(in_dtype).precision:
+        raise KernelMismatch(
+            f"dtype mismatch: the kernel returned {got_dtype} for {in_dtype} input, a "
+            f"narrower format: checked at {got_dtype}'s precision, any error below it would "
+            f"pass. Pass dtype={got_dtype!r} if a {got_dtype} result is the kernel's contract",
+            ErrorReport("dtype", got_dtype, math.inf, math.inf, math.inf, (), 0, False),
+        )
+
+
 def _prepare_rowwise(actual: Any, logits: Any, dtype: Any, vector: bool) -> tuple:
     got, got_dtype = to_numpy(actual, "actual")
     x, in_dtype = to_numpy(logits, "logits")
+    if dtype is None:
+        _refuse_narrower_result(got_dtype, logits, in_dtype)
     fmt = format_named(dtype if dtype is not None else got_dtype)
     if x.ndim == 0:
         raise ValueError("logits must have at least one axis (shape (..., n))")
@@ -516,7 +534,9 @@ def assert_softmax_close(
         The kernel's input :math:`x` (its exact values are used).
     dtype : str, optional
         The kernel's format (default: the dtype of `actual`); ``"bfloat16"``
-        for bfloat16 results given as float32.
+        for bfloat16 results given as float32. A result in a narrower format than
+        its floating input (float16 for float32 logits) fails unless `dtype` names
+        that format: checked at its precision, any error below it would pass.
     mode : {"auto", "bound", "baseline", "ulps"}
         Acceptance rule (see the module documentation).
     max_ulps : float, optional
@@ -960,6 +980,8 @@ def assert_attention_close(
     grouped = (k, v) if enable_gqa else None
     if enable_gqa:
         k, v = expand_kv_heads(q, k, v)
+    if dtype is None:
+        _refuse_narrower_result(got_dtype, logits_or_qkv[0], in_dtype)
     fmt = format_named(dtype if dtype is not None else got_dtype)
     ref = np.asarray(
         reference.adaptive_attention(

@@ -10,6 +10,7 @@ import pytest
 
 from softmaxtheory import conformance as conf
 from softmaxtheory import strategies as strat
+from softmaxtheory._check import properties as conf_properties
 from softmaxtheory._check.runner import run_given
 from softmaxtheory.spec import Constant
 from tests.support import broken_kernels as bk
@@ -171,7 +172,8 @@ def test_a_kernel_that_refuses_float_masks_passes_with_a_note():
     # a kernel that takes schedule= is also called with the suite's other schedules, on
     # the boolean key padding and the (5, 7) bias
     sched = conf.run_property("attention_masks", conf.Target(bk.attention, kind="attention"))
-    assert sched.status == "pass" and sched.checks == full.checks + 8 and not sched.notes
+    n_other = 2 * len(conf_properties.OTHER_SCHEDULES)  # (10: five schedules, two cases)
+    assert sched.status == "pass" and sched.checks == full.checks + n_other and not sched.notes
 
 
 def _promised(snippet):
@@ -196,6 +198,32 @@ def test_repro_snippet_reproduces_the_counterexample(case, framework, capsys):
     exec(compile(snippet, "<repro>", "exec"), {})
     promised = _promised(snippet)
     assert capsys.readouterr().out.split() == promised
+
+
+def float32_last_item_off(x):
+    """Right in float64; in float32 the last item of rows of 5 or more is 1e-5 too large."""
+    x = np.asarray(x)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    out = (e / e.sum(axis=-1, keepdims=True)).astype(x.dtype)
+    if x.dtype == np.float32 and x.shape[-1] >= 5:
+        out[..., -1] *= np.float32(1 + 1e-5)
+    return out
+
+
+def test_many_rows_repro_casts_the_whole_planted_batch(capsys):
+    """The planted batches' source is a sum (``a + b``): ``.astype`` cast its last term only,
+    so the snippet's x stayed float64 and printed the right value where the report said
+    the kernel's was wrong."""
+    target = conf.Target(float32_last_item_off,
+                         "tests.test_conformance_broken:float32_last_item_off",
+                         dtype="float32")  # fmt: skip
+    res = conf.run_property("many_rows", target)
+    assert res.status == "fail"
+    snippet = res.message.split("repro:\n", 1)[1]
+    exec(compile(snippet, "<repro>", "exec"), {})
+    promised = _promised(snippet)
+    assert capsys.readouterr().out.split() == promised
+    assert len(promised) == 2 and promised[0] != promised[1]
 
 
 @pytest.mark.parametrize(
@@ -255,6 +283,36 @@ def test_torch_repro_snippet_runs(capsys):
     exec("import numpy as np\n" + target.repro, ns)
     got = ns["kernel"](x.float().numpy())
     assert got.dtype.name == "float64" and abs(got.sum() - 1) < 1e-2
+
+
+def torch_constant_beta_off(x, schedule=None):
+    """A torch adaptive softmax that takes ``schedule=`` and applies a Constant's β + 0.01."""
+    import torch
+
+    from softmaxtheory.accelerated.torch import adaptive_softmax
+    from softmaxtheory.spec import Constant
+
+    if isinstance(schedule, Constant):
+        out = torch.softmax((float(schedule.exact_beta) + 0.01) * x.double(), -1)
+        return torch.nan_to_num(out, nan=0.0).to(x.dtype)
+    return adaptive_softmax(x, schedule=schedule)
+
+
+def test_torch_repro_passes_the_schedule(capsys):
+    """The torch snippet's wrapper was ``kernel(*arrays)``, and the schedules property's
+    snippet calls it with ``schedule=``: it raised a TypeError instead of reproducing."""
+    pytest.importorskip("torch")
+    target = conf.Target(torch_constant_beta_off,
+                         "tests.test_conformance_broken:torch_constant_beta_off",
+                         framework="torch", kind="adaptive_softmax", dtype="float32")  # fmt: skip
+    res = conf.run_property("schedules", target)
+    assert res.status == "fail"
+    snippet = res.message.split("repro:\n", 1)[1]
+    assert "schedule=" in snippet
+    exec(compile(snippet, "<repro>", "exec"), {})
+    promised = _promised(snippet)
+    assert capsys.readouterr().out.split() == promised
+    assert len(promised) == 2 and promised[0] != promised[1]
 
 
 # -- contracts in the suite (issue 15, section 3) ------------------------------------------

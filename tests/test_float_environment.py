@@ -146,6 +146,37 @@ def test_every_certification_is_right_in_a_thread_rounding_upward():
     assert got == want
 
 
+_COMPILED_UPWARD = """
+import ctypes, ctypes.util, platform, sys
+libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+assert libm.fesetround(int(sys.argv[1])) == 0
+import softmaxtheory._certify.environment as env  # compiled now, rounding upward
+libm.fesetround(0)
+from softmaxtheory import reference
+assert env.ieee_defaults()
+print(reference.softmax([0.0, 1.0]).tolist())
+"""
+
+
+def test_the_environment_probes_hold_when_compiled_rounding_upward(tmp_path):
+    """The probes of the rounding mode were folded by CPython at compile time: compiled
+    while the CPU rounded upward, ``1.0 + 2.0**-52`` held 1 + 2**-51 (``2.0**-52`` came out
+    a little above), in the module and in its cached bytecode, and every certified call
+    raised FloatEnvironmentError ever after. They are written in hexadecimal now."""
+    if environment._fenv() is None:
+        pytest.skip("fesetenv is used on Linux x86-64 and AArch64 only")
+    import os
+    import platform
+
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path)}  # a fresh compilation
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILED_UPWARD, str(_FE_UPWARD[platform.machine().lower()])],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == str(reference.softmax([0.0, 1.0]).tolist())
+
+
 #: 256 rows with subnormal coefficients in float64 and in float32, enough for every thread
 #: to take some: half were computed by the calling thread (flushed) and half by Numba's
 #: workers (not).
@@ -278,6 +309,42 @@ def test_the_flush_to_zero_repro_reproduces():
         [sys.executable, "-c", repro], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     assert out.split() == ["1e-323", "0.0"]
+
+
+def softmax_leaving_rounding_upward(x):
+    """A right softmax that leaves the thread rounding upward (fesetround, not restored)."""
+    import ctypes
+    import ctypes.util
+    import platform
+
+    x = np.asarray(x, dtype=np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    out = e / e.sum(axis=-1, keepdims=True)
+    libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    libm.fesetround(_FE_UPWARD[platform.machine().lower()])
+    return out
+
+
+def test_a_kernel_that_leaves_a_directed_rounding_mode_fails():
+    """The check caught flush-to-zero left on but not a rounding mode left upward, which
+    harms the caller alike (every later operation of the thread rounds up); it conformed.
+    The oracle sets rounding to nearest again, and the repro shows the change."""
+    if environment._fenv() is None:
+        pytest.skip("fesetround is reached on Linux x86-64 and AArch64 only")
+    from softmaxtheory import conformance as conf
+
+    target = conf.Target(
+        softmax_leaving_rounding_upward,
+        "tests.test_float_environment:softmax_leaving_rounding_upward",
+    )
+    res = conf.run_property("values", target)
+    assert environment.rounds_to_nearest(), "the oracle set rounding to nearest again"
+    assert res.status == "fail" and "rounding mode to a directed one" in res.message
+    repro = res.message.split("repro:\n", 1)[1]
+    out = subprocess.run(
+        [sys.executable, "-c", repro], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    assert out.split() == ["True", "False"]
 
 
 #: A row with a subnormal logit: gradual underflow in the reference's float bounds.

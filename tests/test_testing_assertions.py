@@ -692,10 +692,28 @@ def test_an_attention_output_outside_the_values_range_never_passes(out):
 def test_a_naive_overflow_grants_the_floor_not_everything(mode):
     """The naive float32 softmax of [1e39, 0] overflows (NaN): its error was infinite, and so
     was the baseline's allowance; [0.5, 0.5] passed for [1, 0]."""
-    x = np.array([[1e39, 0.0]])
-    with pytest.raises(KernelMismatch):
-        assert_softmax_close(np.array([[0.5, 0.5]], np.float32), x, mode=mode)
-    assert_softmax_close(np.array([[1.0, 0.0]], np.float32), x, mode=mode)
+    x = np.array([[1e39, 0.0]])  # (float64: 1e39 is beyond float32, the kernel's format)
+    with pytest.raises(KernelMismatch, match="outside the error model"):
+        assert_softmax_close(np.array([[0.5, 0.5]], np.float32), x, mode=mode, dtype="float32")
+    assert_softmax_close(np.array([[1.0, 0.0]], np.float32), x, mode=mode, dtype="float32")
+
+
+def test_a_result_narrower_than_its_input_needs_its_dtype_named():
+    """The tolerance comes from the result's format: a float32 softmax rounded to float16,
+    or a float64 one to bfloat16, passed at half an ulp of the narrower format whatever
+    its error had been. Without ``dtype=`` such a result now fails; naming the format
+    checks it there, and a wider result, or integer logits, need nothing."""
+    x = np.random.default_rng(5).normal(0.0, 2.0, (3, 9)).astype(np.float32)
+    p16 = reference.softmax(x, dtype=np.float16)
+    with pytest.raises(KernelMismatch, match="returned float16 for float32 input, a narrower"):
+        assert_softmax_close(p16, x)
+    assert_softmax_close(p16, x, dtype="float16")
+    assert_softmax_close(reference.softmax(x.astype(np.float16)).astype(np.float64),
+                         x.astype(np.float16), dtype="float16")  # fmt: skip
+    assert_softmax_close(reference.softmax(np.arange(6.0)).astype(np.float32), np.arange(6))
+    q = x[:, None, :4]
+    with pytest.raises(KernelMismatch, match="returned float16 for float32 input"):
+        assert_attention_close(np.zeros((3, 1, 4), np.float16), (q, q, q))
 
 
 def test_integers_float64_cannot_hold_are_refused():

@@ -51,6 +51,8 @@ __all__ = [
     "ieee_defaults",
     "ieee_kernels",
     "restore_gradual_underflow",
+    "restore_rounding_to_nearest",
+    "rounds_to_nearest",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -61,9 +63,14 @@ _LEAST_SUBNORMAL: float = struct.unpack("<d", struct.pack("<Q", 1))[0]
 
 #: Probes of the rounding mode (module globals: CPython folds no expression that reads
 #: one): 1 + 2**-60 rounds to 1 only downward, to zero or to nearest; 1 + (2**-53 + 2**-60),
-#: above half an ulp, rounds up only upward or to nearest.
-_ONE, _BELOW_HALF, _ABOVE_HALF = 1.0, 2.0**-60, 2.0**-53 + 2.0**-60
-_ONE_UP = 1.0 + 2.0**-52
+#: above half an ulp, rounds up only upward or to nearest. Written in hexadecimal, which is
+#: read exactly in any rounding mode: as ``1.0 + 2.0**-52`` the module compiled while the
+#: CPU rounded upward (and its cached bytecode after) held 1 + 2**-51 (``2.0**-52`` came
+#: out a little above), and every certified call then raised FloatEnvironmentError.
+_ONE = float.fromhex("0x1p+0")
+_BELOW_HALF = float.fromhex("0x1p-60")
+_ABOVE_HALF = float.fromhex("0x1.02p-53")
+_ONE_UP = float.fromhex("0x1.0000000000001p+0")
 
 
 class FloatEnvironmentError(RuntimeError):
@@ -89,10 +96,31 @@ def flushes_subnormals() -> bool:
     return _LEAST_SUBNORMAL + _LEAST_SUBNORMAL == 0.0
 
 
+def rounds_to_nearest() -> bool:
+    """Whether this thread rounds to nearest (not upward, downward or toward zero).
+
+    Examples
+    --------
+    >>> rounds_to_nearest()
+    True
+    """
+    return _ONE + _BELOW_HALF == _ONE and _ONE + _ABOVE_HALF == _ONE_UP
+
+
 def ieee_defaults() -> bool:
     """Whether this thread has gradual underflow and rounds to nearest."""
-    nearest = _ONE + _BELOW_HALF == _ONE and _ONE + _ABOVE_HALF == _ONE_UP
-    return nearest and not flushes_subnormals()
+    return rounds_to_nearest() and not flushes_subnormals()
+
+
+def restore_rounding_to_nearest() -> bool:
+    """Set rounding to nearest (``fesetround``, Linux x86-64 and AArch64); whether it rounds so.
+
+    Python and numpy have no call that sets the rounding mode; elsewhere it stays as it is.
+    """
+    if not rounds_to_nearest() and _fenv() is not None:
+        libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        libm.fesetround(0)  # FE_TONEAREST on both
+    return rounds_to_nearest()
 
 
 @functools.cache

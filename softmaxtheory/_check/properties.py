@@ -67,7 +67,27 @@ def _qkv(
 def _src_cast(src: str, dtype: str) -> str:
     if dtype == "bfloat16":
         return f"softmaxtheory.strategies.cast({src}, 'bfloat16')"
-    return f"{src}.astype(np.{dtype})"
+    # a source with an operator at its top level (the planted batches: ``a + b``) is
+    # parenthesised, or ``.astype`` cast its last term alone and the snippet's x stayed
+    # float64
+    return f"{src if _one_term(src) else f'({src})'}.astype(np.{dtype})"
+
+
+def _one_term(src: str) -> bool:
+    """Whether `src` has no space or operator outside brackets and strings (``.astype`` binds)."""
+    depth, quote = 0, ""
+    for ch in src:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and (ch.isspace() or ch in "+-*/@%<>=&|^~"):
+            return False
+    return True
 
 
 # ---------------------------------------------------------------------------
@@ -856,6 +876,10 @@ OTHER_SCHEDULES: tuple[Schedule, ...] = (
     # beta jumps from 1 to 1.5 at H = 1, and P(H) = 2 - H/2 falls below 1 beyond H = 2,
     # where max(P, 1) binds: a kernel that leaves out the clamp scales by P there
     Polynomial(("-0.5", "2"), threshold="1"),
+    # a cubic with a threshold other than 1 (beta 1.47 at H = 0.9, 1 below 0.7): a kernel
+    # that hard-codes the threshold 1, reads it in bits (0.7 log2 e = 1.01) or evaluates
+    # the polynomial from its last two coefficients conformed with the schedule above alone
+    Polynomial(("0.1", "-0.5", "1", "0.9"), threshold="0.7"),
 )
 
 #: Rows of ``schedules`` with one unmasked item, or none: ``LogLength`` gives beta = 0
@@ -879,7 +903,9 @@ def _p_schedules(t: Target, run: Run) -> None:
     if not t.takes_schedule:
         raise Skip("the kernel takes no schedule= keyword")
     rows, src = _branch_rows(t.dtype)
-    hs = [0.3, 0.9, 1.5, 2.5]
+    # (H = 1.2: above the threshold 1 of the first polynomial, below the same threshold
+    # read in bits, 1.44)
+    hs = [0.3, 0.9, 1.2, 1.5, 2.5]
     small = np.stack([strat.cast(strat.row_with_entropy(h, 16, 1), t.dtype) for h in hs])
     small_src = _src_cast(
         f"np.stack([softmaxtheory.strategies.row_with_entropy(h, 16, 1) for h in {hs!r}])",
@@ -1748,6 +1774,15 @@ def _p_attention_batch(t: Target, run: Run) -> None:
         if parts:
             what = f"enable_gqa=True with {' and '.join(parts)}"
             _attention_compare(run, {**grouped, **extra}, what, source=source)
+        if t.mask_keyword is not None:
+            # a mask of its own for each query head: a kernel that reads it at the key
+            # head's index (h // 3) is right on the key-padding mask above, shared by all
+            head_src = (
+                "(np.random.default_rng(34).random((2, 6, 5, 7)) < 0.5) | (np.arange(7) == 0)"
+            )
+            per_head = {**grouped, "mask": eval(head_src, {"np": np})}
+            _attention_compare(run, per_head, "enable_gqa=True with a mask per query head",
+                               source={**source, "mask": head_src})  # fmt: skip
 
 
 #: The key-padding mask of the 67 slices (numpy source): slice b keeps its first

@@ -21,7 +21,12 @@ from typing import Any
 import numpy as np
 
 from .. import strategies as strat
-from .._certify.environment import flushes_subnormals, restore_gradual_underflow
+from .._certify.environment import (
+    flushes_subnormals,
+    restore_gradual_underflow,
+    restore_rounding_to_nearest,
+    rounds_to_nearest,
+)
 from .._formats import DTYPES, FRAMEWORKS, KINDS, default_dtype
 from ..spec import Constant, PaperPolynomial, Schedule, resolve_schedule
 from .errors import Failed
@@ -534,6 +539,7 @@ class Target:
         else:
             before = {name: snapshot(a) for name, a in args.items()}
         flushing = flushes_subnormals()
+        nearest = rounds_to_nearest()
         state = _torch_state() if self.framework == "torch" else None
         out = call()
         if state is not None and (after := _torch_state()) != state:
@@ -550,6 +556,18 @@ class Target:
             )
             if literal is not None:
                 text += f"\nrepro:\n{self._flush_repro(literal, grad_mode, call_text)}"
+            raise Failed(text)
+        if nearest and not rounds_to_nearest():
+            restored = restore_rounding_to_nearest()
+            text = (
+                "the kernel switched the rounding mode to a directed one (upward, downward or "
+                "toward zero: fesetround) and left it so: every later float operation of its "
+                "thread, its caller's included, rounds that way. A kernel must leave the "
+                "floating-point environment as it found it"
+                + ("" if restored else "; the oracle could not set rounding to nearest again")
+            )
+            if literal is not None:
+                text += f"\nrepro:\n{self._rounding_repro(literal, grad_mode, call_text)}"
             raise Failed(text)
         for name, a in args.items():
             change = changed(before[name], snapshot(a, copy=False))
@@ -608,6 +626,20 @@ class Target:
             "print(tiny + tiny)  # 1e-323",
             *grad_call_lines(grad_mode, call_text, _float_operands(operands)),
             "print(tiny + tiny)  # 0.0: the kernel left flush-to-zero on",
+        ]
+        return "\n".join(lines)
+
+    def _rounding_repro(
+        self, operands: dict[str, np.ndarray], grad_mode: str | None, call_text: str
+    ) -> str:
+        """A snippet that makes the call and shows the rounding mode changed after it."""
+        probe = "1.0 + below == 1.0 and 1.0 + above > 1.0"
+        lines = [
+            *self.operand_lines(operands, call_text),
+            "below, above = 2.0**-60, 2.0**-53 + 2.0**-60  # under and over half an ulp of 1",
+            f"print({probe})  # True",
+            *grad_call_lines(grad_mode, call_text, _float_operands(operands)),
+            f"print({probe})  # False: the kernel left a directed rounding mode on",
         ]
         return "\n".join(lines)
 
@@ -783,10 +815,11 @@ class Target:
             grad = ".requires_grad_()" if _requires_grad(grad_mode) else ""
             lines = (
                 f"import torch\n{lines}\n"
-                f"_kernel = kernel\n\n\ndef kernel(*arrays):  # numpy in, numpy out, via torch\n"
+                f"_kernel = kernel\n\n\n"
+                "def kernel(*arrays, **kw):  # numpy in, numpy out, via torch\n"
                 f"    ts = [torch.from_numpy(np.asarray(a, dtype={src}))"
                 f".to(torch.{self.dtype}).to({self.device!r}){grad} for a in arrays]\n"
-                + _grad_return("_kernel(*ts)", grad_mode)
+                + _grad_return("_kernel(*ts, **kw)", grad_mode)
             )
         return lines
 
