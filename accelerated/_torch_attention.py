@@ -399,6 +399,8 @@ def prepare(
     # key under it still makes the logit NaN (the reference's IEEE rule); a boolean False
     # or a causal mask removes the key before any arithmetic
     bad = _bad_rows(q4, k4, None if add is not None else keep, add, is_causal, group, qk_finite)
+    if bad is not None and add is not None:
+        add = _finite_mask(add)
     # A non-finite entry makes its rows NaN (bad) when its key is unmasked; where the key
     # is masked it must not reach the fused kernels at all (NaN + -inf is NaN there), so
     # the kernels see 0 in its place and the bad rows are overwritten afterwards.
@@ -420,6 +422,25 @@ def prepare(
     return Prepared(q4, k4, v4, lead, scale, is_causal, keep, add, bias, n_eff, bad,
                     group, False, lb, lq, v_ok, _log2(vmax[0]) if vmax and v_ok else math.nan,
                     pass1, transformed(q, k, v, attn_mask), _log2(kmax))  # fmt: skip
+
+
+def _finite_mask(add: torch.Tensor) -> torch.Tensor:
+    """The additive mask with its NaN and ``+inf`` entries 0 (their rows are NaN anyway).
+
+    Those rows are overwritten with NaN after the kernels (:func:`_bad_rows`), which
+    stops their gradient; but inside the kernels their NaN weights met every key and
+    value in the backward's sums (0 * NaN), and one NaN entry made every key's and
+    value's gradient NaN. A ``-inf`` entry (a masked key) stays. Read and written once
+    per distinct slice (:func:`_unbroadcast`); `add` itself when it holds none.
+    """
+    with torch.no_grad():
+        base = _unbroadcast(add)
+        wrong = torch.isnan(base) | (base == torch.inf)
+        if not bool(unwrapped(wrong).any()):
+            return add
+    return torch.where(wrong, torch.zeros((), dtype=base.dtype, device=base.device), base).expand(
+        add.shape
+    )
 
 
 def _bad_rows(

@@ -810,6 +810,32 @@ def test_autocast_casts_every_floating_operand_but_float64_as_sdpa_does():
     assert torch.equal(h, attention_entropy(*cast[:2])[0])
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_nan_mask_entry_leaves_the_other_rows_gradients_finite(backend, bad):
+    """A NaN or +inf additive-mask entry makes its row NaN; a loss on the other rows got NaN
+    for every key's and value's gradient (and, +inf on the hybrid, the queries'): the
+    entry's NaN weights met every key and value in the backward's sums. The entries are 0
+    inside the kernels now, the row is NaN as before, and the other rows' gradients are
+    those of the same mask with a 0 there, bit for bit."""
+    g = torch.Generator().manual_seed(21)
+    q, k, v = (torch.randn(1, 1, n, d, generator=g) for n, d in ((4, 8), (6, 8), (6, 3)))
+    mask = torch.zeros(4, 6)
+    mask[1, 1] = -math.inf
+    zero = mask.clone()
+    mask[3, 2] = bad
+    grads = []
+    for m in (mask, zero):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = adaptive_attention(*leaves, attn_mask=m, backend=backend)
+        if m is mask:
+            assert torch.isnan(out[..., 3, :]).all()
+        grads.append(torch.autograd.grad(out[..., :3, :].sum(), leaves))
+    for got, want in zip(*grads, strict=True):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("backend", ["auto", "chunked", "composition", "hybrid"])
 @pytest.mark.parametrize(
     ("q", "k", "scale", "dtype"),
