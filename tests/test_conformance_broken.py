@@ -414,3 +414,40 @@ def test_a_cache_keyed_by_shape_alone_is_caught_and_its_repro_calls_the_other_dt
     kernel_value, reference_value = capsys.readouterr().out.split()
     assert float(kernel_value) == float(got) != float(reference_value)
     bk._VARIANTS.clear()
+
+
+def test_a_long_rows_nan_convention_note_is_short():
+    """The note of a special row answered with NaN at the +inf items and 0 elsewhere wrote
+    every item: 4099 of them, 20 kB on one line. A long row is given by where its NaNs are
+    and what the rest holds; a short one is written out as before."""
+    from softmaxtheory._check.properties import _nan_text
+
+    assert _nan_text(np.array([0.0, np.nan, 0.0])) == "NaN at 1 of 3 items ([0.0, nan, 0.0])"
+    row = np.zeros(4099)
+    row[[7, 100]] = np.nan
+    assert _nan_text(row) == "NaN at 2 of 4099 items (at 7, 100; the others 0.0)"
+    assert _nan_text(np.full(4099, np.nan)) == "NaN"
+
+
+def padded_keys_off(q, k, v, mask=None, is_causal=False):
+    """Right but with a key-padding mask over 20 keys: then its last output is 0.1 % off."""
+    out = bk.attention(q, k, v, mask=mask, is_causal=is_causal)
+    if mask is not None and np.shape(mask)[-1] == 20 and out.size:
+        out = out.copy()
+        out.flat[-1] *= 1.001
+    return out
+
+
+def test_the_model_shapes_masked_repro_writes_its_mask(capsys):
+    """At the shapes of real models, the masked case's repro wrote
+    ``mask = np.asarray(<your mask>)``: the mask's source was not passed along."""
+    target = conf.Target(padded_keys_off, "tests.test_conformance_broken:padded_keys_off",
+                         kind="attention")  # fmt: skip
+    res = conf.run_property("attention_values", target)
+    assert res.status == "fail" and "the last 7 keys masked" in res.message
+    snippet = res.message.split("repro:\n", 1)[1].split("\n\n=== ", 1)[0]
+    assert "<your" not in snippet
+    exec(compile(snippet, "<repro>", "exec"), {})
+    promised = _promised(snippet)
+    assert capsys.readouterr().out.split() == promised
+    assert len(promised) == 2 and promised[0] != promised[1]

@@ -748,8 +748,16 @@ def _nan_text(got: np.ndarray) -> str:
     nans = int(np.isnan(flat).sum())
     if nans == flat.size:
         return "NaN"
-    values = ", ".join("nan" if np.isnan(v) else repr(float(v)) for v in flat)
-    return f"NaN at {nans} of {flat.size} items ([{values}])"
+    if flat.size <= 12:
+        values = ", ".join("nan" if np.isnan(v) else repr(float(v)) for v in flat)
+        return f"NaN at {nans} of {flat.size} items ([{values}])"
+    # a long row by where its NaNs are and what the rest holds (all of a row of 4099
+    # items wrote 20 kB of note)
+    at = np.flatnonzero(np.isnan(flat))
+    where = ", ".join(map(str, at[:6].tolist())) + (", ..." if at.size > 6 else "")
+    rest = np.unique(flat[~np.isnan(flat)])
+    others = ", ".join(repr(float(v)) for v in rest[:4]) + (", ..." if rest.size > 4 else "")
+    return f"NaN at {nans} of {flat.size} items (at {where}; the others {others})"
 
 
 def _table_value(t: Target, label: str) -> str:
@@ -1165,9 +1173,12 @@ def _model_shapes(t: Target, run: Run) -> None:
         base = {**ops, "mask": None, "is_causal": False}
         _attention_compare(run, base, label, source=source)
         if t.mask_keyword is not None:
-            padding = np.tile(np.arange(S) < S - 7, (L, 1))
+            # (the mask's source too: its repro wrote ``np.asarray(<your mask>)``)
+            pad_src = f"np.tile(np.arange({S}) < {S - 7}, ({L}, 1))"
+            padding = eval(pad_src, {"np": np})
             _attention_compare(run, {**base, "mask": padding},
-                               f"{label}, the last 7 keys masked", source=source)  # fmt: skip
+                               f"{label}, the last 7 keys masked",
+                               source={**source, "mask": pad_src})  # fmt: skip
         if t.takes_causal:
             _attention_compare(run, {**base, "is_causal": True}, f"{label}, causal",
                                source=source)  # fmt: skip
