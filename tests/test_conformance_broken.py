@@ -451,3 +451,28 @@ def test_the_model_shapes_masked_repro_writes_its_mask(capsys):
     promised = _promised(snippet)
     assert capsys.readouterr().out.split() == promised
     assert len(promised) == 2 and promised[0] != promised[1]
+
+
+def one_row_for_none(x):
+    """Right, but a batch of no rows gets one row of zeros."""
+    x = np.asarray(x)
+    if x.ndim >= 2 and x.shape[0] == 0:
+        return np.zeros((1, x.shape[-1]), x.dtype)
+    return bk.softmax(x)
+
+
+def test_a_batch_of_no_rows_is_checked():
+    """``special_values`` sent rows of no items but never a batch of no rows: a kernel that
+    answered one row of zeros there conformed. A kernel that raises there gets a note."""
+    res = conf.run_property(
+        "special_values", conf.Target(one_row_for_none, "m:one_row_for_none")
+    )
+    assert res.status == "fail" and "returned shape (1, 5), expected (0, 5)" in res.message
+
+    def refuses(x):
+        if np.asarray(x).shape[0] == 0:
+            raise ValueError("no rows")
+        return bk.softmax(x)
+
+    res = conf.run_property("special_values", conf.Target(refuses, "m:refuses"))
+    assert res.status == "pass" and "a batch of 0 rows refused with ValueError" in res.notes
