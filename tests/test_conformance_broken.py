@@ -464,9 +464,7 @@ def one_row_for_none(x):
 def test_a_batch_of_no_rows_is_checked():
     """``special_values`` sent rows of no items but never a batch of no rows: a kernel that
     answered one row of zeros there conformed. A kernel that raises there gets a note."""
-    res = conf.run_property(
-        "special_values", conf.Target(one_row_for_none, "m:one_row_for_none")
-    )
+    res = conf.run_property("special_values", conf.Target(one_row_for_none, "m:one_row_for_none"))
     assert res.status == "fail" and "returned shape (1, 5), expected (0, 5)" in res.message
 
     def refuses(x):
