@@ -46,6 +46,7 @@ import enum
 import functools
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -161,7 +162,10 @@ def exact_value(value: Number, name: str) -> Fraction:
 class Schedule(abc.ABC):
     """Base class of temperature schedules (values, interpreted by each backend).
 
-    Subclasses define :attr:`needs_entropy` and :meth:`beta_float`.
+    Subclasses define :attr:`needs_entropy` and :meth:`beta_float`. The three built-in
+    schedules compare (and hash) by the exact values they compute, not by their text:
+    ``Constant("2.0") == Constant(2)``, and ``PaperPolynomial()`` equals
+    ``Polynomial(PAPER_COEFFICIENTS)`` (streaming states made with either merge).
     """
 
     #: Whether β depends on the row's entropy (so the entropy pass is needed).
@@ -233,6 +237,21 @@ class Schedule(abc.ABC):
         return beta
 
 
+def _same_value(a: Schedule, other: object, value: Callable[[Any], tuple]) -> Any:
+    """``a == other`` by what they compute (`value`), for two schedules of one kind."""
+    if not isinstance(other, Schedule):
+        return NotImplemented
+    return _kind(a) is _kind(other) and value(a) == value(other)
+
+
+def _kind(schedule: Schedule) -> type:
+    """The class a schedule compares under (PaperPolynomial is a Polynomial).
+
+    A user's subclass, which may compute something else, is its own.
+    """
+    return Polynomial if type(schedule) is PaperPolynomial else type(schedule)
+
+
 @dataclass(frozen=True)
 class Polynomial(Schedule):
     r"""Entropy-driven polynomial schedule.
@@ -287,6 +306,19 @@ class Polynomial(Schedule):
     def exact_threshold(self) -> Fraction:
         """The threshold as an exact rational."""
         return exact_value(self.threshold, "threshold")
+
+    def _value(self) -> tuple:
+        # the exact coefficients without leading zeros, and the threshold: ("1.0", "2") is
+        # ("1", "2.00"), and PaperPolynomial() is Polynomial(PAPER_COEFFICIENTS)
+        c = self.exact_coefficients
+        lead = next((i for i, v in enumerate(c) if v != 0), len(c) - 1)
+        return c[lead:], self.exact_threshold
+
+    def __eq__(self, other: object) -> Any:
+        return _same_value(self, other, Polynomial._value)
+
+    def __hash__(self) -> int:
+        return hash((_kind(self), self._value()))
 
     def polynomial_exact(self, h: Fraction) -> Fraction:
         """Evaluate :math:`P` exactly at a rational point (Horner)."""
@@ -397,6 +429,12 @@ class Constant(Schedule):
         """β as an exact rational."""
         return exact_value(self.beta, "beta")
 
+    def __eq__(self, other: object) -> Any:
+        return _same_value(self, other, lambda c: (c.exact_beta,))
+
+    def __hash__(self) -> int:
+        return hash((_kind(self), self.exact_beta))
+
     def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
         n = np.asarray(n_eff)
         shape = np.broadcast(np.asarray(entropy), n).shape
@@ -429,6 +467,12 @@ class LogLength(Schedule):
     def exact_s(self) -> Fraction:
         """The scale :math:`s` as an exact rational."""
         return exact_value(self.s, "s")
+
+    def __eq__(self, other: object) -> Any:
+        return _same_value(self, other, lambda c: (c.exact_s,))
+
+    def __hash__(self) -> int:
+        return hash((_kind(self), self.exact_s))
 
     def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
         n = np.asarray(n_eff, dtype=np.float64)

@@ -280,3 +280,45 @@ def test_a_float8_tensor_is_named_and_given_a_way_in() -> None:
         sttorch.adaptive_softmax(x)
     with pytest.raises(TypeError, match=want("logits")):
         testing.assert_softmax_close(torch.ones(2, 3), x)
+
+
+def test_schedules_compare_by_the_values_they_compute():
+    """``PaperPolynomial()`` and ``Polynomial(PAPER_COEFFICIENTS)`` were unequal (the
+    dataclass compared classes and texts), so streaming states made with one and the
+    other refused to merge as "different schedules"; ``Constant(2)`` and
+    ``Constant("2.0")`` were unequal too. Equal values now compare and hash equal; other
+    kinds, other values and a user's subclass do not."""
+    same = [
+        (PaperPolynomial(), Polynomial(PAPER_COEFFICIENTS, "0.5")),
+        (Polynomial(("1.0", "2")), Polynomial(("1", "2.00"))),
+        (Polynomial(("0", "1", "2"), "0.25"), Polynomial((1, 2), 0.25)),
+        (Constant(2), Constant("2.0")),
+        (LogLength("0.5"), LogLength(0.5)),
+    ]
+    for a, b in same:
+        assert a == b and b == a and hash(a) == hash(b)
+        assert len({a, b}) == 1
+
+    class Mine(Polynomial):
+        def beta_float(self, entropy, n_eff):  # another rule on the same coefficients
+            return 2 * super().beta_float(entropy, n_eff)
+
+    different = [
+        (Polynomial(("1", "2"), "0.5"), Polynomial(("1", "2"), "0.6")),
+        (Constant(2), LogLength(2)),
+        (Polynomial(("2",)), Constant(2)),
+        (Mine(("1", "2")), Polynomial(("1", "2"))),
+    ]
+    for a, b in different:
+        assert a != b and b != a
+    assert Constant(2) != 2
+
+
+def test_streaming_states_of_equal_schedules_merge():
+    pytest.importorskip("numba")
+    from softmaxtheory.accelerated import cpu
+
+    x = np.linspace(-3.0, 3.0, 10)
+    a = cpu.StreamingSoftmax(PaperPolynomial()).update(x[:4])
+    b = cpu.StreamingSoftmax(Polynomial(PAPER_COEFFICIENTS)).update(x[4:])
+    assert (a + b).entropy() == cpu.StreamingSoftmax().update(x).entropy()
