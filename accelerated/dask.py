@@ -312,10 +312,7 @@ def _beta_info(info: np.ndarray, schedule: Schedule) -> np.ndarray:
     flat = out.reshape(-1)
     regular = flat["kind"] == ROW_REGULAR
     if regular.any():
-        b = np.asarray(
-            schedule.checked_beta(flat["h"][regular], flat["n"][regular]), dtype=np.float64
-        )
-        flat["beta"][regular] = b
+        flat["beta"][regular] = schedule.checked_beta(flat["h"][regular], flat["n"][regular])
     return out
 
 

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -546,29 +546,30 @@ class Target:
             self._state_changed(state, after, literal, grad_mode, call_text)
         if not flushing and flushes_subnormals():
             restored = restore_gradual_underflow()
-            text = (
+            self._environment_left(
                 "the kernel switched on flush-to-zero (the FTZ/DAZ floating-point modes) and "
                 "left it on: every later float operation of its thread (and of the threads "
                 "that thread starts), its caller's included, reads and returns subnormals as "
                 "0. A kernel must leave the floating-point environment as it found it (torch: "
                 "no torch.set_flush_denormal(True) left on)"
-                + ("" if restored else "; the oracle could not switch it off again")
-            )
-            if literal is not None:
-                text += f"\nrepro:\n{self._flush_repro(literal, grad_mode, call_text)}"
-            raise Failed(text)
+                + ("" if restored else "; the oracle could not switch it off again"),
+                ("tiny = 5e-324  # the least subnormal", "tiny + tiny", "1e-323",
+                 "0.0: the kernel left flush-to-zero on"),
+                literal, grad_mode, call_text,
+            )  # fmt: skip
         if nearest and not rounds_to_nearest():
             restored = restore_rounding_to_nearest()
-            text = (
+            self._environment_left(
                 "the kernel switched the rounding mode to a directed one (upward, downward or "
                 "toward zero: fesetround) and left it so: every later float operation of its "
                 "thread, its caller's included, rounds that way. A kernel must leave the "
                 "floating-point environment as it found it"
-                + ("" if restored else "; the oracle could not set rounding to nearest again")
-            )
-            if literal is not None:
-                text += f"\nrepro:\n{self._rounding_repro(literal, grad_mode, call_text)}"
-            raise Failed(text)
+                + ("" if restored else "; the oracle could not set rounding to nearest again"),
+                ("below, above = 2.0**-60, 2.0**-53 + 2.0**-60  # under and over half an ulp of 1",
+                 "1.0 + below == 1.0 and 1.0 + above > 1.0", "True",
+                 "False: the kernel left a directed rounding mode on"),
+                literal, grad_mode, call_text,
+            )  # fmt: skip
         for name, a in args.items():
             change = changed(before[name], snapshot(a, copy=False))
             if change is None:
@@ -616,32 +617,30 @@ class Target:
             text += "\nrepro:\n" + "\n".join(lines)
         raise Failed(text)
 
-    def _flush_repro(
-        self, operands: dict[str, np.ndarray], grad_mode: str | None, call_text: str
-    ) -> str:
-        """A snippet that makes the call and shows a subnormal sum flushed after it."""
-        lines = [
-            *self.operand_lines(operands, call_text),
-            "tiny = 5e-324  # the least subnormal",
-            "print(tiny + tiny)  # 1e-323",
-            *grad_call_lines(grad_mode, call_text, _float_operands(operands)),
-            "print(tiny + tiny)  # 0.0: the kernel left flush-to-zero on",
-        ]
-        return "\n".join(lines)
+    def _environment_left(
+        self,
+        text: str,
+        probe: tuple[str, str, str, str],
+        literal: dict[str, np.ndarray] | None,
+        grad_mode: str | None,
+        call_text: str,
+    ) -> NoReturn:
+        """Fail a call that left the floating-point environment changed, with a repro.
 
-    def _rounding_repro(
-        self, operands: dict[str, np.ndarray], grad_mode: str | None, call_text: str
-    ) -> str:
-        """A snippet that makes the call and shows the rounding mode changed after it."""
-        probe = "1.0 + below == 1.0 and 1.0 + above > 1.0"
-        lines = [
-            *self.operand_lines(operands, call_text),
-            "below, above = 2.0**-60, 2.0**-53 + 2.0**-60  # under and over half an ulp of 1",
-            f"print({probe})  # True",
-            *grad_call_lines(grad_mode, call_text, _float_operands(operands)),
-            f"print({probe})  # False: the kernel left a directed rounding mode on",
-        ]
-        return "\n".join(lines)
+        `probe` is ``(setup, expression, before, after)``: the snippet makes the call
+        between two prints of the expression, whose values before and after it are those.
+        """
+        if literal is not None:
+            setup, expr, before, after = probe
+            lines = [
+                *self.operand_lines(literal, call_text),
+                setup,
+                f"print({expr})  # {before}",
+                *grad_call_lines(grad_mode, call_text, _float_operands(literal)),
+                f"print({expr})  # {after}",
+            ]
+            text += "\nrepro:\n" + "\n".join(lines)
+        raise Failed(text)
 
     def repro_lines(self, x: np.ndarray) -> list[str]:
         """Import lines, the kernel as ``kernel`` and the logits `x` in its framework."""
