@@ -308,6 +308,7 @@ def shifted_logits(
     log2_unit: int = 0,
     reuse: bool = False,
     own: bool = False,
+    invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Overflow-safe shifted logits :math:`z = x - \max x` of rows along the last axis.
 
@@ -325,6 +326,9 @@ def shifted_logits(
     Both ``where`` branches are finite, so no NaN reaches a gradient. With
     `reuse` (:func:`may_reuse`) one tensor of x's size is formed and written over; `own`
     (`x` is the caller's scratch, dead once shifted) writes the shifted logits over `x`.
+    `invariant` (the caller's result does not change when a row is shifted) takes
+    :math:`m` without a gradient: its exact gradient is :math:`-\sum_j \bar z_j = 0`,
+    which in floats can be ``inf - inf`` (a huge β times the weights' gradients).
 
     Returns
     -------
@@ -332,7 +336,7 @@ def shifted_logits(
         ``(z, m)``: the shifted logits (masked entries 0) and the row maxima
         (keepdim, ``-inf`` for fully masked rows).
     """
-    m = torch.amax(x, dim=-1, keepdim=True)
+    m = torch.amax(x.detach() if invariant else x, dim=-1, keepdim=True)
     m_safe = torch.where(m == -torch.inf, torch.zeros_like(m), m)
     d = torch.sub(x, m_safe, **into(reuse and own, x))
     d = fill_where(d, masked, 0.0, reuse)  # a scalar branch: no tensor of x's size

@@ -90,7 +90,8 @@ def adaptive_softmax_lastdim(
             n_eff = n_eff - masked.tail.sum(-1)
     tiny = _beta_may_be_tiny(schedule, sd)  # (then x and z are read again below)
     own = scratch is not None and x.dtype == sd and not tiny  # (x.to(sd) is x itself)
-    z, m = shifted_logits(x.to(sd), masked, log2_unit, reuse, own)  # (a copy lives for the shift)
+    # (a copy lives for the shift; the result is shift-invariant, so m needs no gradient)
+    z, m = shifted_logits(x.to(sd), masked, log2_unit, reuse, own, invariant=True)
     entropy = None
     spare = None  # with `reuse`, a dead tensor of x's size and dtype
     if schedule.needs_entropy and entropy_eps == 0.0:

@@ -659,6 +659,20 @@ def test_beta_above_the_float_maximum_is_not_nan(schedule):
         np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("detach_beta", [False, True])
+def test_a_gradient_past_the_float_range_overflows_to_signed_infinities(detach_beta):
+    """Tied logits under β = 1e300 in float32: the exact gradient of a weight is
+    β p (e_0 - p), far beyond float32's range, so its float is ±inf, and 0 where p is 0.
+    The row maximum's gradient, exactly 0 (softmax is shift-invariant), was formed as
+    inf - inf and made every entry NaN."""
+    x = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, -1.0]], requires_grad=True)
+    y = adaptive_softmax(x, schedule=Constant("1e300"), detach_beta=detach_beta)
+    y[:, 0].sum().backward()
+    inf = math.inf
+    want = torch.tensor([[inf, -inf, -inf], [inf, -inf, 0.0]])
+    assert torch.equal(x.grad, want), x.grad
+
+
 # ---------------------------------------------------------------- meta tensors
 
 
