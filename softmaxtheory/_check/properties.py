@@ -693,10 +693,11 @@ def _p_special_values(t: Target, run: Run) -> None:
             raise Failed(f"{label}: the kernel raised {type(exc).__name__}: {exc}") from exc
         got, _ = run.output(out, label)
         if label.startswith(("fully masked row", "row with +inf")):
-            # conventions differ (torch and scipy give NaN for a fully masked row, and a
-            # NaN at the +inf item): by default a softmax may answer NaN there, never a
-            # silent number; strict (and every kind but softmax for a fully masked row)
-            # demands the table
+            # conventions differ (torch.softmax and scipy.special.softmax answer NaN
+            # everywhere for a fully masked row and for a row with +inf; a kernel that
+            # guards its shifts may answer NaN at the +inf items and 0 beside them): by
+            # default a softmax may answer NaN there, never a silent number; strict (and
+            # every kind but softmax for a fully masked row) demands the table
             bad = got[0] if got.ndim else got
             ok_table = _matches_table(t, x, got)
             fully = label.startswith("fully")
