@@ -13,7 +13,8 @@ maximum make exact dyadic means, and a far key moves them off a midpoint by
 
 So beyond :data:`FLOAT_BOUND_PRECISION` bits an attention row is evaluated again in
 mpmath's interval arithmetic (:class:`mpmath.ctx_iv.MPIntervalContext`, outward
-rounding, unbounded exponents): the entropy, β, every weight
+rounding, unbounded exponents; its exponential and logarithm widened, see
+:func:`_exp`): the entropy, β, every weight
 :math:`e^{\beta z_g}` of a group of tied keys, and each output
 :math:`\sum_g e^{\beta z_g} S_g / \sum_g n_g e^{\beta z_g}`. An output is accepted
 only when both ends of its interval round to the same float (rounding to nearest is
@@ -40,6 +41,7 @@ from mpmath.libmp import (
     mpf_sub,
 )
 
+from softmaxtheory._certify.interval import iv_exp, iv_log
 from softmaxtheory.spec import Constant, LogLength, Polynomial, Schedule
 
 from ._api import MAX_PRECISION
@@ -57,18 +59,38 @@ def _rational(ctx: MPIntervalContext, value: Fraction) -> Any:
     return ctx.mpf(value.numerator) / ctx.mpf(value.denominator)
 
 
+def _exp(ctx: MPIntervalContext, x: Any) -> Any:
+    r"""An enclosure of :math:`e^x`: mpmath's own interval exponential is not one.
+
+    ``ctx.exp`` rounds its own working approximation outward, and one that its precision
+    represents exactly stays as it is: at 1520 bits the point :math:`-2^{-1074}` maps to
+    the point :math:`1 - 2^{-1074}`, which excludes
+    :math:`e^{-2^{-1074}} = 1 - 2^{-1074} + 2^{-2149} - \dots`, and an output was
+    rounded to the wrong side of a midpoint from it.
+    :func:`~softmaxtheory._certify.interval.iv_exp` widens by 16 units in the last place.
+    """
+    lo, hi = iv_exp(x._mpi_, ctx.prec)
+    return ctx.mpf([mp.make_mpf(lo), mp.make_mpf(hi)])
+
+
+def _log(ctx: MPIntervalContext, x: Any) -> Any:
+    r"""An enclosure of :math:`\log x` (as :func:`_exp`)."""
+    lo, hi = iv_log(x._mpi_, ctx.prec)
+    return ctx.mpf([mp.make_mpf(lo), mp.make_mpf(hi)])
+
+
 def _entropy(ctx: MPIntervalContext, z: list, counts: list[int], entropy_eps: float) -> Any:
     r"""The row's entropy: :math:`\log s - t/s`, or :math:`-\sum p \log(p + \varepsilon)`."""
-    e = [ctx.exp(zg) for zg in z]
+    e = [_exp(ctx, zg) for zg in z]
     s = sum((n * eg for n, eg in zip(counts, e, strict=True)), ctx.mpf(0))
     if entropy_eps == 0.0:
         t = sum((n * eg * zg for n, eg, zg in zip(counts, e, z, strict=True)), ctx.mpf(0))
-        return ctx.log(s) - t / s
+        return _log(ctx, s) - t / s
     eps = ctx.mpf(entropy_eps)
     h = ctx.mpf(0)
     for n, eg in zip(counts, e, strict=True):
         pg = eg / s
-        h -= n * pg * ctx.log(pg + eps)
+        h -= n * pg * _log(ctx, pg + eps)
     return h
 
 
@@ -81,7 +103,7 @@ def _beta(
     if isinstance(schedule, LogLength):
         if n_eff == 1:
             return ctx.mpf(0)
-        return _rational(ctx, schedule.exact_s) * ctx.log(ctx.mpf(n_eff))
+        return _rational(ctx, schedule.exact_s) * _log(ctx, ctx.mpf(n_eff))
     if not isinstance(schedule, Polynomial):
         return None
     t_lo, t_hi = _rational(ctx, schedule.exact_threshold)._mpi_
@@ -150,7 +172,7 @@ def interval_outputs(
     beta = _beta(ctx, schedule, h, n_eff, entropy_eps)
     if beta is None:
         return None
-    w = [ctx.exp(beta * zg) for zg in zi]
+    w = [_exp(ctx, beta * zg) for zg in zi]
     s = sum((n * wg for n, wg in zip(counts, w, strict=True)), ctx.mpf(0))
     out = []
     for c in range(len(sums[0]) if sums else 0):

@@ -40,7 +40,9 @@ whose terms are each within a few :math:`s \max_j |d_j|` when :math:`q|N| = 1`
 
 **Rigour.** Everything is evaluated in mpmath's interval arithmetic
 (:mod:`mpmath.libmp.libmpi`: outward rounding, unbounded exponents, no item dropped
-as negligible), as the attention outputs beyond 960 bits are
+as negligible; its exponential and logarithm widened by 16 units in the last place,
+:func:`~softmaxtheory._certify.interval.iv_exp`, since mpmath rounds its own working
+approximation outward, not the exact value), as the attention outputs beyond 960 bits are
 (:mod:`._attention_interval`). :math:`g` is monotone on each side of 0, so :math:`g`
 over an interval of :math:`d` is bounded by its values at the ends, each evaluated at
 a point: with :math:`\log(1 + d)` from the exact :math:`1 + d` at enough extra bits to
@@ -81,7 +83,9 @@ from mpmath.libmp import (
     round_nearest,
     to_float,
 )
-from mpmath.libmp.libmpi import mpi_add, mpi_div, mpi_exp, mpi_log, mpi_mul, mpi_neg, mpi_sub
+from mpmath.libmp.libmpi import mpi_add, mpi_div, mpi_mul, mpi_neg, mpi_sub
+
+from softmaxtheory._certify.interval import iv_exp, iv_log
 
 from ._engine import Ball, PreparedRow
 
@@ -113,7 +117,7 @@ def _expm1(z: tuple, prec: int) -> Interval:
     if z == fzero:
         return _ZERO
     wide = prec + max(0, -_mag(z)) + 8
-    return mpi_sub(mpi_exp((z, z), wide), _ONE, wide)
+    return mpi_sub(iv_exp((z, z), wide), _ONE, wide)
 
 
 def _g_at(d: tuple, q: Interval, prec: int) -> Interval | None:
@@ -136,7 +140,7 @@ def _g_at(d: tuple, q: Interval, prec: int) -> Interval | None:
     # log(1 + d) to a relative 2**-(prec + 8) of d, so that d - log(1 + d) ~ d**2 / 2 keeps it
     wide = prec + max(0, -_mag(d)) + 8
     point = (d, d)
-    lg = mpi_log((one_plus, one_plus), wide)
+    lg = iv_log((one_plus, one_plus), wide)
     return mpi_sub(mpi_mul(q, mpi_sub(point, lg, wide), wide), mpi_mul(point, lg, wide), wide)
 
 
@@ -193,7 +197,7 @@ def guarded_entropy_ball(row: PreparedRow, p: int, eps: float) -> Ball | None:
             m.append(_expm1(z, prec))
             W = mpi_add(W, m[-1], prec)
         else:
-            e.append(mpi_exp((z, z), prec))
+            e.append(iv_exp((z, z), prec))
             W = mpi_add(W, e[-1], prec)
     groups = [(mk, 1) for mk in m]
     far = [(ek, 1) for ek in e]
@@ -214,7 +218,7 @@ def guarded_entropy_ball(row: PreparedRow, p: int, eps: float) -> Ball | None:
     eps_i = _rational(Fraction(eps), prec)
     for ek, count in far:
         pk = mpi_div(ek, s, prec)
-        hk = mpi_mul(pk, mpi_sub(q, mpi_log(mpi_add(pk, eps_i, prec), prec), prec), prec)
+        hk = mpi_mul(pk, mpi_sub(q, iv_log(mpi_add(pk, eps_i, prec), prec), prec), prec)
         total = mpi_add(total, mpi_mul(hk, _count(count), prec), prec)
     return _ball(total, prec)
 

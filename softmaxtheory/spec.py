@@ -936,18 +936,17 @@ def _above_guarded_floor(theta: Fraction, eps: float) -> bool:
         return True
     if theta <= -Fraction(eps):  # -eps < -log(1 + eps)
         return False
-    from mpmath.ctx_iv import MPIntervalContext  # outward-rounded intervals, a private context
+    from softmaxtheory._certify.interval import iv_exp, iv_fraction, to_fraction
 
     # theta in (-eps, 0): compare e^(-theta) with 1 + eps in intervals until they separate,
-    # which they do (e^(-theta) is irrational for a rational theta != 0)
-    ctx = MPIntervalContext()
+    # which they do (e^(-theta) is irrational for a rational theta != 0); iv_exp widens
+    # mpmath's exponential, whose outward rounding is of its own approximation
     one_eps = Fraction(1) + Fraction(eps)
-    ctx.prec = 64
+    prec = 64
     while True:
-        e = ctx.exp(ctx.mpf(-theta.numerator) / theta.denominator)
-        bound = ctx.mpf(one_eps.numerator) / one_eps.denominator
-        if e.b < bound.a:
+        lo, hi = (to_fraction(end) for end in iv_exp(iv_fraction(-theta, prec), prec))
+        if hi < one_eps:
             return True
-        if e.a > bound.b:
+        if lo > one_eps:
             return False
-        ctx.prec *= 2
+        prec *= 2

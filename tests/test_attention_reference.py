@@ -282,6 +282,36 @@ def test_a_far_key_next_to_a_tied_midpoint(gap, ulps, w, schedule):
     assert got == float(want)
 
 
+@pytest.mark.parametrize(
+    ("k1", "v", "want"),
+    [
+        # 1.5 tanh(d/2) = 0.75 d - d**3/16 + ...: 0.75 d is a midpoint, the value just below
+        (-(2**52 + 1) * 2.0**-852, 1.5, 1.1247726104217234e-241),
+        # 2**-1075 - 5e-972: below half the least subnormal, so +0.0 (and -0.0 mirrored)
+        (-5e-324, 1.0, 0.0),
+        (5e-324, 1.0, -0.0),
+    ],
+)
+@pytest.mark.parametrize("schedule", [Constant(1), PaperPolynomial()], ids=repr)
+def test_an_output_a_thousand_bits_off_a_midpoint_needs_a_rigorous_exponential(
+    k1, v, want, schedule
+):
+    """Keys 0 and a logit gap below 2**-760, values +-v: deciding the output takes more than
+    960 bits, so it comes from interval arithmetic, whose exponential came from mpmath's
+    interval context. That rounds its own approximation outward: at 1520 bits the point
+    -2**-1074 maps to the point 1 - 2**-1074, which misses e**(-2**-1074), and the output
+    was rounded to the far side of the midpoint (one ulp off; 5e-324 for +0.0). The
+    exponential and logarithm are now widened. The values were checked with mpmath at 8000
+    bits (the series in the first comment)."""
+    q = np.array([[1.0]])
+    k = np.array([[0.0], [k1]])
+    got = adaptive_attention(q, k, np.array([[v], [-v]]), scale=1.0, schedule=schedule)[0, 0]
+    assert got == want and math.copysign(1.0, got) == math.copysign(1.0, want), repr(got)
+    with mpmath.workprec(8000):  # the exact output: v tanh(-k1 / 2)
+        exact = mpmath.mpf(v) * mpmath.tanh(-mpmath.mpf(k1) / 2)
+        assert float(exact) == want
+
+
 @pytest.mark.parametrize("gap", [5000.0, 1e6, 1e300])
 @pytest.mark.parametrize("ulps", [0, 1, 12345])
 def test_a_key_too_far_for_any_precision_still_decides_a_tied_midpoint(gap, ulps):
