@@ -642,9 +642,10 @@ def adaptive_beta_max(schedule: Schedule | None = None) -> float:
     Returns
     -------
     float
-        :math:`\sup_H \beta(H)` rounded upward (the smallest float64 at least
-        as large; ``Constant("0.3")`` gives 0.30000000000000004, since 0.3 is
-        below 3/10); ``inf`` when unbounded.
+        :math:`\sup_{H \ge 0} \beta(H)` rounded upward (the smallest float64 at
+        least as large; ``Constant("0.3")`` gives 0.30000000000000004, since 0.3 is
+        below 3/10); ``inf`` when unbounded. Only the entropies a row can have
+        count: a threshold below 0 lets no row reach :math:`P` there.
 
     Examples
     --------
@@ -667,7 +668,11 @@ def _float_up(value: Fraction) -> float:
 
 @certifying("a bound")
 def adaptive_beta_argmax(schedule: Schedule | None = None) -> float:
-    r"""The entropy :math:`H^\ast` at which the schedule's β is largest.
+    r"""The entropy :math:`H^\ast \ge 0` at which the schedule's β is largest.
+
+    Over the entropies a row can have, as :func:`adaptive_beta_max`: where
+    :math:`P` is largest at a threshold below 0, :math:`H^\ast` is 0 (the
+    supremum approached from the right of a threshold at 0).
 
     Parameters
     ----------
@@ -886,7 +891,7 @@ def _level_value(
     spread: float, sf: pr.Poly, root: tuple[Fraction, Fraction]
 ) -> Callable[[int], ivl.Interval] | None:
     r"""As :func:`_switch_off_value` for the level `h`, the root of `sf` isolated in `root`."""
-    if root[1] <= 0:
+    if not adp.root_above(sf, list(root), Fraction(0)):
         return None  # h <= 0: every entropy is at least h
 
     def enclose(prec: int) -> ivl.Interval:
@@ -1281,6 +1286,8 @@ def _min_entropy_off_value(spread: float, schedule: Polynomial) -> Any:
     if found is None:
         return None
     sf, root = found
+    if not adp.root_above(sf, list(root), Fraction(0)):
+        return None  # H_off <= 0: every entropy is at least H_off, so beta is 1 from n = 1
 
     def enclose(prec: int) -> ivl.Interval:
         h = _root_interval(sf, root, prec)

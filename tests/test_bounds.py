@@ -984,6 +984,41 @@ def test_adaptive_beta_max_is_rounded_upward_and_decides_exact_peaks():
     assert bounds.adaptive_beta_max(decreasing) == math.nextafter(2.3, 3.0)
 
 
+@pytest.mark.theorem("T6")
+@pytest.mark.parametrize(
+    ("schedule", "beta_max", "argmax", "sizes"),
+    [
+        # beta = max(-H - 1, 1) > 1 only for H in (-5, -2): no row gets it (min-entropy: -19044)
+        (Polynomial(("-1", "-1"), threshold="-5"), 1.0, math.nan, (1, 1, 1)),
+        # P = 3 - H peaks at the threshold -1 (4); rows reach at most P(0) = 3
+        (Polynomial(("-1", "3"), threshold="-1"), 3.0, 0.0, None),
+        # H_off = 0 exactly (P = 1 - H): beta is 1 from one item on
+        (Polynomial(("-1", "1"), threshold="-1"), 1.0, math.nan, (1, 1, 1)),
+    ],
+)
+def test_a_threshold_below_zero_counts_only_entropies_a_row_can_have(
+    schedule, beta_max, argmax, sizes
+):
+    """Entropies are at least 0. beta_max was the supremum over every H above the
+    threshold (4.0 where rows get at most 3), and the min-entropy switch-off size,
+    (e**H_off - 1) e**spread + 2 floored, went negative for H_off < 0 (-19044)."""
+    assert bounds.adaptive_beta_max(schedule) == beta_max
+    got = bounds.adaptive_beta_argmax(schedule)
+    assert got == argmax or (math.isnan(got) and math.isnan(argmax))
+    with mpmath.workprec(200):  # beta_max is reached (or approached) by rows: a uniform row's
+        hs = [mpmath.log(n) for n in range(1, 60)]  # entropy is log n
+        poly = [mpmath.mpf(c.numerator) / c.denominator for c in schedule.exact_coefficients]
+        reached = max(max(mpmath.polyval(poly, h), 1) for h in hs)
+        assert reached <= beta_max
+    for spread in (1.0, 3.0, 10.0):
+        n_min = bounds.min_entropy_switch_off_size(spread, schedule)
+        assert n_min >= bounds.adaptive_switch_off_size(spread, schedule) >= 1
+        text = bounds.min_entropy_switch_off_size(spread, schedule, digits=3)
+        assert text == bounds.size_text(n_min, 3)
+    if sizes is not None:
+        assert tuple(bounds.min_entropy_switch_off_size(d, schedule) for d in (1, 3, 10)) == sizes
+
+
 def test_window_ends_are_rounded_outward():
     """beta = 1 at every float entropy outside the window, also for user polynomials."""
     # -H^2 + 4H - 2 = 1 at exactly 1 and 3 (floats): kept

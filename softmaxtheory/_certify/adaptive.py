@@ -43,6 +43,7 @@ __all__ = [
     "log_bounds",
     "peak",
     "polynomial_schedule",
+    "reachable",
     "root_above",
     "round_root",
     "window_exact",
@@ -162,14 +163,28 @@ def _unbounded(schedule: Polynomial) -> bool:
     return bool(segments) and segments[-1][1] == math.inf and len(p) > 1 and p[0] > 0
 
 
+def reachable(schedule: Polynomial) -> Polynomial:
+    r"""`schedule` as a row's entropy meets it: a threshold below 0 raised to 0.
+
+    Entropies are at least 0, so β's supremum over them is over :math:`H \ge
+    \max(\theta, 0)`; :math:`P` is continuous, so that over :math:`H > 0`
+    is the same (approached from the right). A schedule with ``threshold="-1"``
+    whose :math:`P` peaks at :math:`H = -1` does not give that peak to any row.
+    """
+    if schedule.exact_threshold >= 0:
+        return schedule
+    return Polynomial(schedule.exact_coefficients, threshold=Fraction(0))
+
+
 @lru_cache(maxsize=64)
 def peak(schedule: Polynomial) -> tuple[float, float]:
-    r"""(argmax, max) of β over entropies above the threshold, correctly rounded.
+    r"""(argmax, max) of β over the entropies a row can have, correctly rounded.
 
-    The supremum of :math:`\max(P, 1)` over :math:`H > \theta` is 1, or
-    :math:`P(\theta)` (approached from the right), or :math:`P` at a critical
-    point above :math:`\theta`, or infinite.
+    The supremum of :math:`\max(P, 1)` over :math:`H > \theta \ge 0`
+    (:func:`reachable`) is 1, or :math:`P(\theta)` (approached from the right),
+    or :math:`P` at a critical point above :math:`\theta`, or infinite.
     """
+    schedule = reachable(schedule)
     if _unbounded(schedule):
         return math.inf, math.inf
     dsf, candidates = _peak_candidates(schedule)
@@ -222,6 +237,7 @@ def beta_max_up(poly: Polynomial) -> float:
     top = peak(poly)[1]
     if not math.isfinite(top) or top == 1.0:
         return top  # unbounded, or no window: beta = 1 exactly
+    poly = reachable(poly)
     dsf, candidates = _peak_candidates(poly)
     p = poly.exact_coefficients
     exact = Fraction(top)
