@@ -167,8 +167,32 @@ def as_float_tensor(x: object, name: str) -> torch.Tensor:
     if x.dtype in _FLOAT_DTYPES:
         return x
     if not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool:
-        return x.to(torch.float64)
+        out = x.to(torch.float64)
+        if x.dtype.itemsize >= 8 and x.numel() and not (is_compiling() or transformed(x)):
+            _refuse_rounded_integers(x, out, name)
+        return out
     raise refuse_dtype(name, x.dtype, "tensor")
+
+
+def _refuse_rounded_integers(x: torch.Tensor, out: torch.Tensor, name: str) -> None:
+    """Refuse a 64-bit integer tensor holding a value float64 does not (beyond 2**53).
+
+    As :func:`softmaxtheory.spec.exact_float64` does for arrays: rounded,
+    ``[2**53, 2**53 + 1]`` gave 0.5 each. One read of the tensor and a host
+    synchronisation, for integer input only; under ``torch.compile`` and
+    ``torch.func`` transforms (which cannot branch on values) it is promoted unchecked.
+    """
+    limit = 2.0**63 if x.dtype == torch.int64 else 2.0**64
+    fits = (out < limit) & (out >= -limit)
+    back = torch.where(fits, out, torch.zeros_like(out)).to(x.dtype)
+    bad = ~fits | (back != x)
+    if bool(bad.any()):
+        value = x.reshape(-1)[int(bad.reshape(-1).to(torch.uint8).argmax())].item()
+        raise ValueError(
+            f"{name} holds the integer {value}, which float64 cannot hold exactly "
+            f"(beyond 2**53): the answer would be for another input; convert it "
+            f"({name}.double()) to accept the nearest floats"
+        )
 
 
 def as_flag(value: object, name: str) -> bool:

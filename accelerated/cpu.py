@@ -2,7 +2,8 @@ r"""Numba CPU kernels: softmax, entropy, adaptive softmax and attention, streami
 
 The functions compute the specification of :mod:`softmaxtheory.spec` in
 floating point along any axis of float32 or float64 arrays (integers are
-promoted to float64; float16 is computed in float32 and returned as float16;
+promoted to float64, and one beyond 2**53 that float64 does not hold is refused, as
+the reference refuses it; float16 is computed in float32 and returned as float16;
 a big-endian array is read in the machine's byte order, and so is the result).
 Every special value of the spec's table is handled: ``-inf`` entries are
 masked, a fully masked row gives zeros (entropy 0, β = 1), a row with NaN or
@@ -121,6 +122,7 @@ from ..spec import (
     as_logits,
     attention_layout,
     check_entropy_eps,
+    exact_float64,
     numpy_array,
     refuse_dtype,
     refuse_masked,
@@ -250,7 +252,7 @@ class _threads_for:  # noqa: N801 (used as a function: ``with _threads_for(...)`
 
 
 def _prepare(x: Any, axis: int) -> tuple[np.ndarray, np.dtype, int]:
-    arr = as_logits(x, "x")
+    arr = as_logits(x, "x", exact=True)  # (an integer float64 cannot hold is refused)
     if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
         raise TypeError(f"axis must be an int, got {axis!r}")
     if not -arr.ndim <= axis < arr.ndim:
@@ -681,7 +683,7 @@ def _attn_array(a: Any, name: str) -> np.ndarray:
     refuse_masked(a, name, "operand")
     arr = numpy_array(a, name)
     if arr.dtype.kind in "iu":
-        arr = arr.astype(np.float64)
+        arr = exact_float64(arr, name)
     elif arr.dtype.name not in NUMPY_DTYPES:
         raise refuse_dtype(name, arr.dtype)
     arr = _native(arr)
@@ -1073,7 +1075,7 @@ class StreamingSoftmax:
 
     # -- pass 1 ------------------------------------------------------------
     def _chunk(self, chunk: Any) -> np.ndarray:
-        arr = as_logits(chunk, "chunk")
+        arr = as_logits(chunk, "chunk", exact=True)
         if arr.ndim != 1:
             raise ValueError(f"chunk must be 1-d, got shape {arr.shape}")
         given = arr

@@ -6,7 +6,9 @@ softmax axis included — and return dask arrays (lazy; nothing runs until
 :mod:`softmaxtheory.spec` and its special-value table, like every backend:
 ``-inf`` entries are masked, a fully masked or empty row gives zeros
 (entropy 0, β = 1), a row with NaN or ``+inf`` gives NaN. Integer input is
-promoted to float64; float16 is computed in float32 and returned as float16.
+promoted to float64 (a block holding an integer float64 does not hold, beyond
+2**53, raises a ValueError when computed); float16 is computed in float32 and
+returned as float16.
 
 How it computes
 ---------------
@@ -74,6 +76,7 @@ True
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import dask.array as da
@@ -82,7 +85,7 @@ from dask.graph_manipulation import clone
 
 from .._certify.environment import ieee_kernels
 from .._formats import ROW_REGULAR
-from ..spec import Schedule, as_logits, check_entropy_eps, resolve_schedule
+from ..spec import Schedule, as_logits, check_entropy_eps, exact_float64, resolve_schedule
 from . import _dask_blocks as _b
 
 #: every task that computes runs in IEEE's default floating-point environment, whatever
@@ -128,6 +131,10 @@ def _prepare(x: Any, axis: Any) -> tuple[da.Array, np.dtype, np.dtype, int]:
     axis = int(axis) % x.ndim
     if not x.dtype.isnative:  # a big-endian store, say: the same values in native order
         x = x.astype(in_dtype)
+    if x.dtype.kind in "iu" and x.dtype.itemsize >= 8:
+        # each block refuses (at compute) an integer float64 cannot hold, as the reference
+        # and every backend do: rounded, [2**53, 2**53 + 1] gave 0.5 each (certified too)
+        x = x.map_blocks(partial(exact_float64, name="x"), dtype=np.float64)
     work = np.dtype(np.float32) if in_dtype == np.float16 else in_dtype
     xm = x if axis == x.ndim - 1 else da.moveaxis(x, axis, -1)
     if any(math.isnan(c) for c in xm.shape):

@@ -56,7 +56,9 @@ def adaptive_softmax(
     ----------
     x : torch.Tensor
         Logits (float16, bfloat16, float32, float64; integers are promoted
-        to float64). ``-inf`` entries are masked.
+        to float64, and one that float64 does not hold, beyond 2**53, is a
+        ValueError outside ``torch.compile`` and ``torch.func``). ``-inf``
+        entries are masked.
     dim : int, default -1
         The axis to normalise along.
     schedule : Schedule, optional

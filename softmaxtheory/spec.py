@@ -595,7 +595,8 @@ def exact_float64(arr: np.ndarray, name: str) -> np.ndarray:
     """An integer array as float64, refused where float64 does not hold a value.
 
     Rounded, ``[2**53 + 1, 2**53]`` became ``[2**53, 2**53]``: softmax 0.5 each,
-    for a row whose coefficients are 0.731 and 0.269.
+    for a row whose coefficients are 0.731 and 0.269. The reference, the CPU kernels,
+    the streaming softmax, dask and the torch functions all refuse such input.
 
     Raises
     ------
@@ -611,7 +612,8 @@ def exact_float64(arr: np.ndarray, name: str) -> np.ndarray:
             value = int(arr[np.unravel_index(int(np.argmax(bad)), arr.shape)])
             raise ValueError(
                 f"{name} holds the integer {value}, which float64 cannot hold exactly "
-                "(beyond 2**53), and its exact value is used"
+                "(beyond 2**53): the answer would be for another input; convert it "
+                f"({name}.astype(numpy.float64)) to accept the nearest floats"
             )
     return out
 
@@ -670,8 +672,9 @@ def refuse_dtype(name: str, dtype: Any, container: str = "array") -> TypeError:
 def as_logits(x: Any, name: str = "x", *, exact: bool = False) -> np.ndarray:
     """Validate and convert logits to a floating array with a last axis.
 
-    Integer input is promoted to float64; float16, float32 and float64 are
-    kept, in the machine's byte order (a big-endian array is converted,
+    Integer input is promoted to float64 (with `exact`, which every backend
+    passes, an integer that float64 does not hold is refused); float16, float32 and
+    float64 are kept, in the machine's byte order (a big-endian array is converted,
     exactly). Anything else (bool, complex, object, strings, 0-d) is refused.
 
     Parameters

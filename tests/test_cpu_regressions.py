@@ -1155,3 +1155,32 @@ def test_set_num_threads_takes_integers_only():
         assert numba.get_num_threads() == 1
     finally:
         cpu.set_num_threads(before)
+
+
+BIG = np.array([[2**53, 2**53 + 1]], dtype=np.int64)  # float64 rounds 2**53 + 1 to 2**53
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: cpu.softmax(x),
+        lambda x: cpu.entropy(x),
+        lambda x: cpu.adaptive_softmax(x),
+        lambda x: cpu.beta(x),
+        lambda x: cpu.StreamingSoftmax().update(x[0]),
+        lambda x: cpu.adaptive_attention(np.ones((1, 1)), x.T, np.ones((2, 1))),
+        lambda x: cpu.adaptive_attention(np.ones((1, 1)), np.ones((2, 1)), x.T),
+    ],
+    ids=["softmax", "entropy", "adaptive_softmax", "beta", "streaming", "keys", "values"],
+)
+def test_an_integer_float64_cannot_hold_is_refused_as_the_reference_refuses_it(call):
+    """Rounded, [2**53, 2**53 + 1] became [2**53, 2**53]: softmax 0.5 each for a row whose
+    coefficients are 0.269 and 0.731, a silent wrong number; the reference refuses it. So
+    does every CPU entry point now, naming the argument; integers float64 holds (2**60 and
+    its neighbours 256 apart) are taken as they are."""
+    with pytest.raises(ValueError, match=r"9007199254740993, which float64 cannot hold"):
+        reference.softmax(BIG)
+    with pytest.raises(ValueError, match=r"9007199254740993, which float64 cannot hold"):
+        call(BIG)
+    held = np.array([[2**60, 2**60 + 256]], dtype=np.int64)
+    np.testing.assert_array_equal(cpu.softmax(held), reference.softmax(held))

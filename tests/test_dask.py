@@ -614,3 +614,17 @@ def test_the_backend_conforms_through_the_documented_wrapper(func, kind, dtype):
     failed = [r for r in results if r.status == "fail"]
     assert not failed, "\n\n".join(f"{r.name}: {r.message}" for r in failed)
     assert sum(r.status == "pass" for r in results) >= 9
+
+
+@pytest.mark.parametrize("certified", [False, True])
+def test_an_integer_float64_cannot_hold_is_refused_at_compute(certified):
+    """[2**53, 2**53 + 1] in two chunks gave 0.5 each, also with certified=True, which
+    promises the reference's bits where the reference refuses the input: each block now
+    refuses it when computed, naming x."""
+    x = np.array([2**53, 2**53 + 1], dtype=np.int64)
+    for f in (dsm.softmax, dsm.entropy, dsm.adaptive_softmax):
+        with pytest.raises(ValueError, match=r"x holds the integer 9007199254740993"):
+            f(da.from_array(x, chunks=1), certified=certified).compute()
+    held = np.array([2**60, 2**60 + 256], dtype=np.int64)
+    got = dsm.softmax(da.from_array(held, chunks=1), certified=certified).compute()
+    np.testing.assert_array_equal(got, reference.softmax(held))

@@ -1086,3 +1086,19 @@ def test_operand_scan_is_the_largest_magnitude(dtype):
     assert math.isnan(A._scan([t]).item())  # a NaN of either sign wins over an infinity
     peak = base.abs().amax().item()
     assert A._scan([base, torch.empty(0, 4, dtype=dtype), -base]).tolist() == [peak, 0.0, peak]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint64])
+def test_an_integer_float64_cannot_hold_is_refused(dtype):
+    """Integer tensors are promoted to float64; 2**53 + 1 (and 2**64 - 1) were rounded,
+    and [2**53, 2**53 + 1] gave 0.5 each where the reference refuses the row. Refused now,
+    naming the argument; integers float64 holds are promoted as before."""
+    top = 2**53 + 1 if dtype == torch.int64 else 2**64 - 1
+    x = torch.tensor([2**53, top], dtype=dtype)
+    with pytest.raises(ValueError, match=rf"x holds the integer {top}, which float64"):
+        adaptive_softmax(x)
+    with pytest.raises(ValueError, match=rf"k holds the integer {top}, which float64"):
+        adaptive_attention(torch.ones(1, 1, dtype=dtype), x[:, None], torch.ones(2, 1))
+    held = torch.tensor([2**60, 2**60 + 256], dtype=dtype)
+    want = R.adaptive_softmax(np.array([2**60, 2**60 + 256], dtype=np.uint64))
+    np.testing.assert_allclose(adaptive_softmax(held).numpy(), want, rtol=1e-15, atol=0)
