@@ -729,6 +729,10 @@ def _additive(p: Prepared) -> torch.Tensor | None:
     src = _unbroadcast(p.keep if p.add is None else p.add)
     S = src.shape[-1]
     padded = -(-S // _BIAS_ALIGN) * _BIAS_ALIGN
+    if p.transformed:  # (vmap cannot copy a batched mask into a plain buffer: out of place)
+        vals = src if p.add is not None else torch.where(src, 0.0, -torch.inf)
+        out = torch.nn.functional.pad(vals.to(p.q.dtype), (0, padded - S))[..., :S]
+        return out.expand(p.keep.shape)
     buf = torch.empty((*src.shape[:-1], padded), dtype=p.q.dtype, device=p.q.device)
     out = buf[..., :S]
     if p.add is not None:
@@ -1024,7 +1028,7 @@ def _tile_logits(
     if post is not None:  # (the scale after the products: see _scaled_operands)
         x = torch.mul(x, post, **into(scratch is not None, x))
     # the product is this call's own tensor: the masks go over it unless a graph records it
-    own = may_reuse(x)
+    own = _reuse(p, x)
     if p.add is not None:
         add = p.add[..., i0:i1, :].to(x.dtype)
         if unit:
@@ -1073,10 +1077,20 @@ class _Scratch:
 def _scratch(p: Prepared, t: _Tiles) -> _Scratch | None:
     """A :class:`_Scratch` for the tiles of `t`, where nothing records them; else None."""
     qs, kt, _ = t.scaled
-    if t.plain is not None or not (may_reuse(qs) and may_reuse(kt)):
+    if t.plain is not None or not (_reuse(p, qs) and _reuse(p, kt)):
         return None  # (two parts of a tile live at once, or a graph or transform records)
     B, H = p.q.shape[:2]
     return _Scratch(B * H * t.block * p.k.shape[-2], t.wd, qs.device)
+
+
+def _reuse(p: Prepared, x: torch.Tensor) -> bool:
+    """:func:`may_reuse` for a tile of `p`: never under a transform of any operand.
+
+    A tile formed from plain queries and keys is itself plain, but a mask (or value)
+    that ``vmap`` batches would then be written into it in place, which vmap refuses
+    ("inplace arithmetic ... is not possible"; SDPA takes such a mask).
+    """
+    return not p.transformed and may_reuse(x)
 
 
 def _visible_keys(p: Prepared, i1: int) -> int:
@@ -1257,7 +1271,7 @@ def entropy_lse(p: Prepared, safe: bool = False) -> tuple[torch.Tensor, torch.Te
     scratch = _scratch(p, t)
 
     def stats(x: torch.Tensor, unit: int, i0: int, i1: int) -> tuple[torch.Tensor, torch.Tensor]:
-        reuse = may_reuse(x)  # (without a graph, a tile's intermediates are written over)
+        reuse = _reuse(p, x)  # (without a graph, a tile's intermediates are written over)
         masked = _causal_tail(p, i0, i1, x.shape[-1], x.device) if known else x == -torch.inf
         # x is this function's own tile: the shifted logits go over it, the weights into
         # the scratch tensor of every block's weights
@@ -1333,7 +1347,7 @@ def entropy_lse_backward(
             # every row finite, and no -inf but the causal mask's: the general branch's steps
             # give these bits, with its selects reduced to the fills of that mask (each step
             # written over its spent operand where nothing records them)
-            reuse = may_reuse(x)
+            reuse = _reuse(p, x)
             tail = _causal_tail(p, i0, i1, n, x.device)
             m = x.amax(-1, keepdim=True).detach()
             z = torch.sub(x, m, **into(reuse, x))

@@ -237,6 +237,48 @@ def test_vmap_is_the_loop_over_slices(backend, mask_name):
     torch.testing.assert_close(torch.func.vmap(fe)(q, k), _per_slice(fe, q, k), rtol=0, atol=0)
 
 
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["bool", "bias", "0/-inf"])
+def test_vmap_over_the_mask_alone_is_the_loop_over_slices(backend, kind):
+    """vmap over a stack of masks with plain q, k, v (SDPA takes it): the tiles formed
+    from plain q and k are plain, and the batched mask was written into them in place
+    ("vmap: inplace arithmetic ... is not possible"), or added with ``out=`` ("Batching
+    rule not implemented for aten::add.out"), on every backend and in attention_entropy."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, n, 3, dtype=torch.float64, generator=g) for n in (4, 5, 5))
+    keep = torch.rand(3, 4, 5, generator=g) > 0.3
+    keep[..., 0] = True
+    masks = {
+        "bool": keep,
+        "bias": torch.where(
+            keep, torch.randn(3, 4, 5, dtype=torch.float64, generator=g), -math.inf
+        ),
+        "0/-inf": torch.where(keep, 0.0, -math.inf).double(),
+    }[kind]
+
+    def f(m):
+        return adaptive_attention(q, k, v, attn_mask=m, backend=backend)
+
+    def fe(m):
+        return torch.stack(attention_entropy(q, k, attn_mask=m))
+
+    torch.testing.assert_close(
+        torch.func.vmap(f)(masks), _per_slice(f, masks), rtol=1e-12, atol=1e-14
+    )
+    torch.testing.assert_close(
+        torch.func.vmap(fe)(masks), _per_slice(fe, masks), rtol=1e-12, atol=0
+    )
+    ks = torch.randn(3, 1, 5, 3, dtype=torch.float64, generator=g)  # keys and masks batched
+
+    def fk(kk, m):
+        return adaptive_attention(q, kk, v, attn_mask=m, backend=backend)
+
+    torch.testing.assert_close(
+        torch.func.vmap(fk)(ks, masks), _per_slice(fk, ks, masks), rtol=1e-12, atol=1e-14
+    )
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mask_name", MASKS)
 def test_forward_mode_equals_reverse_mode(backend, mask_name):
