@@ -34,8 +34,23 @@ def test_numpy_entropy_and_adaptive_conform(dtype):
 
 
 def test_paper_listing_conforms_with_its_guard_in_float64():
+    """The listing with its 1e-9 guard, scaling the shifted logits, conforms."""
     res = _verdict(bk.adaptive_softmax_listing, kind="adaptive_softmax", entropy_eps=1e-9)
     assert res["schedules"].status == "skip"
+
+
+def test_the_listing_as_printed_fails_only_where_beta_x_overflows():
+    """softmax(beta * x) scales before the softmax subtracts the maximum: rows of tied
+    logits at 0.5 and 0.9 of the largest float (entropy log 100, beta 2.41) overflow to
+    inf - inf = NaN. Nothing else tells it from the shifted form: no drawn row pairs such
+    magnitudes with an entropy in the window, and it conformed before those rows."""
+    target = conf.Target(
+        bk.listing_scaling_first, "tests.support.broken_kernels:listing_scaling_first",
+        kind="adaptive_softmax", entropy_eps=1e-9,
+    )  # fmt: skip
+    failed = [r for r in conf.run_conformance(target) if r.status == "fail"]
+    assert [r.name for r in failed] == ["branch_points"]
+    assert "100 tied items at 0.5 and 0.9 of the largest float" in failed[0].message
 
 
 def test_guarded_entropy_in_float16_conforms():

@@ -105,14 +105,33 @@ MASKED_FAR_ROWS = (
 )
 
 
-def _p_values(t: Target, run: Run) -> None:
-    """Masked rows far from zero, then random batches from every row family, against the reference.
+def _deep_row_source(dtype: str) -> str:
+    r"""A row of 257 items from 0 down to one below the log of the least subnormal of `dtype`.
 
-    The masked rows are :data:`MASKED_FAR_ROWS`, checked whatever Hypothesis draws.
+    Its coefficients fill the whole range of `dtype`, subnormal ones included, at steps of
+    :math:`e^{-2.9}` in float64: a kernel that drops the terms below a cutoff (
+    :math:`e^{-100}` as an optimisation, float32's :math:`e^{-87.3}` reused in a float64
+    kernel) returns 0 for normal numbers such as :math:`3.7 \cdot 10^{-44}`, and rows drawn
+    at random reach below :math:`e^{-100}` in float64 only with ``--thorough``.
+    """
+    depth = math.ceil(-FORMATS[dtype].qmin * math.log(2.0)) + 1
+    return f"np.linspace(0.0, {-float(depth)!r}, 257)[None, :]"
+
+
+def _p_values(t: Target, run: Run) -> None:
+    """Masked rows far from zero, a row down to the least subnormal weight, then random batches.
+
+    The masked rows are :data:`MASKED_FAR_ROWS` and the deep row :func:`_deep_row_source`,
+    checked whatever Hypothesis draws; the batches come from every row family, against
+    the reference.
     """
     for src in MASKED_FAR_ROWS:
         x = strat.cast(eval(src, {"np": np}), t.dtype)
         run.compare(run.call(x), x, source=_src_cast(src, t.dtype), what="masked row far from 0")
+    src = _deep_row_source(t.dtype)
+    x = strat.cast(eval(src, {"np": np}), t.dtype)
+    what = "a row whose weights reach the least subnormal"
+    run.compare(run.call(x), x, source=_src_cast(src, t.dtype), what=what)
     strategy = strat.logit_batches(
         strat.shapes(max_dims=2, max_side=3), min_size=1, max_size=48, dtype=t.dtype
     )
@@ -139,12 +158,18 @@ PADDINGS = (
 )
 
 
-#: Lengths between those ``values`` draws (at most 48) and the long ones: on each side of
-#: 64, 128, 256 and 512, where a kernel switches paths (a row per warp up to 128 items, a
-#: row per block beyond) or ends a block. A "warp per row" path that loads the normaliser
-#: under ``col < 64`` for ``col < n`` sums half of a 100-item row, and no other length
-#: the suite sent lay between 49 and 129.
-MID_LENGTHS = (64, 65, 100, 128, 129, 257, 513)
+#: Lengths between those ``values`` draws (at most 48) and the long ones: at and on each
+#: side of 64, 128, 256, 512, 1024 and 2048, where a kernel switches paths (a row per warp
+#: up to 128 items, a row per block beyond) or ends a block, and lengths between them. A
+#: "warp per row" path that loads the normaliser under ``col < 64`` for ``col < n`` sums
+#: half of a 100-item row, and no other length the suite sent lay between 49 and 129; a
+#: kernel wrong at exactly 256, 512, 1024 or 2048 items (a ``<`` for ``<=`` at a path
+#: switch), or for every length from 2048 to 4095, conformed when only 257, 513 and
+#: 2047 were sent.
+MID_LENGTHS = (
+    *(50, 63, 64, 65, 100, 127, 128, 129, 255, 256, 257, 511, 512, 513),
+    *(700, 1023, 1024, 1025, 2048, 2049, 3000),
+)
 
 
 #: Runs of ``-inf`` in a row of ``16384 + 27`` items: padding over whole blocks of up to
@@ -229,10 +254,21 @@ def _p_million_row(t: Target, run: Run) -> None:
     run.compare(run.call(x), x, source=src, what=what)
 
 
+#: Distances inside the window from H_on and H_off at which :func:`_branch_entropies`
+#: puts rows (beside those at 1e-4 on each side): β exceeds 1 by about 2e-7 to 6e-2
+#: there (:math:`P'(H_{\mathrm{on}}) \approx 2`). A kernel that takes β = 1 while
+#: :math:`P(H) < 1 + 10^{-4}` (skipping the second exponential) is off by 5e-4 relative
+#: within 5e-5 of H_on, and one that sharpens by 1.001 for H in (5.90, H_off) is off
+#: nowhere else; both conformed with rows at H_on and H_off +- 1e-4 only.
+KINK_OFFSETS = (1e-7, 1e-6, 1e-5, 1e-3, 1e-2, 3e-2)
+
+
 def _branch_entropies() -> list[float]:
     pts = strat.branch_points()
     centres = [0.3, pts["threshold"], 0.7, pts["H_on"], 2.0, pts["H_star"], 5.0, pts["H_off"]]
-    return [h + d for h in [*centres, 6.5, 7.5] for d in (-1e-4, 0.0, 1e-4)]
+    hs = [h + d for h in [*centres, 6.5, 7.5] for d in (-1e-4, 0.0, 1e-4)]
+    hs += [pts["H_on"] + d for d in KINK_OFFSETS] + [pts["H_off"] - d for d in KINK_OFFSETS]
+    return hs
 
 
 def _branch_rows(dtype: str) -> tuple[np.ndarray, str]:
@@ -243,6 +279,24 @@ def _branch_rows(dtype: str) -> tuple[np.ndarray, str]:
         dtype,
     )
     return rows, src
+
+
+def _tied_huge_rows(dtype: str) -> tuple[np.ndarray, str]:
+    r"""100 tied items at 0.5 and at 0.9 of the largest float of `dtype`, and 3 items at 0.
+
+    The entropy is :math:`\log 100 \approx 4.6`, inside the window (β = 2.41), so the
+    scaled logits :math:`\beta x` overflow: a kernel that forms them before subtracting
+    the maximum (the paper's listing, ``softmax(beta * x)`` with β x rounded to the input
+    dtype) answers NaN. Translated rows stop at 0.4 of the largest float, where β x
+    stays finite, and rows as large as these have spreads that put H near 0 (β = 1).
+    """
+    top = FORMATS[dtype].max_finite
+    src = (
+        f"np.concatenate([np.full((2, 100), [[{0.5 * top!r}], [{0.9 * top!r}]]), "
+        "np.zeros((2, 3))], axis=1)"
+    )
+    src = _src_cast(src, dtype)
+    return eval(src, {"np": np, "softmaxtheory": softmaxtheory}), src
 
 
 def _far_block_rows(dtype: str, masked: bool = False) -> tuple[np.ndarray, str]:
@@ -326,6 +380,7 @@ def _p_branch_points(t: Target, run: Run) -> None:
     long, long_src = _padded_array(52, ODD_TAIL, 0.1, "i >= 250", t.dtype, fill=tail)
     cases = [
         (*_branch_rows(t.dtype), "branch-point rows"),
+        (*_tied_huge_rows(t.dtype), "100 tied items at 0.5 and 0.9 of the largest float"),
         (*_far_block_rows(t.dtype), "rows with a far block, H near H_off"),
         (*_far_block_rows(t.dtype, masked=True), "rows with a far block, 10 items masked"),
         (long, long_src, f"{ODD_TAIL} items, 250 near 0 and the rest near 18 below (H near 5.5)"),

@@ -128,9 +128,15 @@ class Run:
             raise Failed(f"the kernel returned {type(out).__name__}, not a torch tensor ({x_desc})")
         if t.framework == "numpy" and not isinstance(out, (np.ndarray, np.generic)):
             # a list or None has no dtype to keep; a tensor is another framework's result
+            hint = (
+                ": a torch kernel is checked with --framework torch (framework='torch'), "
+                "which passes it tensors"
+                if is_torch(out)
+                else ""
+            )
             raise Failed(
                 f"the kernel returned {_type_name(out)}, not a numpy array (framework numpy; "
-                f"{x_desc})"
+                f"{x_desc}){hint}"
             )
         if t.framework == "torch" and out.device.type != t.device.split(":")[0]:
             raise Failed(

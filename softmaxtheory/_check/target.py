@@ -292,6 +292,10 @@ def check_options(
             raise ConformanceUsageError(f"device {device} is not available")
 
 
+def _ignore_numpy_error(kind: str, flag: int) -> None:
+    """The callback of numpy's error handling around a kernel call: errors pass, as ignored."""
+
+
 @dataclass
 class Target:
     """A kernel under test and how to call it.
@@ -541,7 +545,15 @@ class Target:
         flushing = flushes_subnormals()
         nearest = rounds_to_nearest()
         state = _torch_state() if self.framework == "torch" else None
-        out = call()
+        # numpy's error handling set to "call" (a callback that does nothing: errors pass
+        # as under "ignore") is a state no kernel sets by itself: one that calls
+        # numpy.seterr and leaves it, even to "ignore", is seen
+        with np.errstate(all="call", call=_ignore_numpy_error):
+            errors = np.geterr()
+            out = call()
+            left = np.geterr()
+        if left != errors:
+            self._numpy_errors_left(errors, left, literal, grad_mode, call_text)
         if state is not None and (after := _torch_state()) != state:
             self._state_changed(state, after, literal, grad_mode, call_text)
         if not flushing and flushes_subnormals():
@@ -617,6 +629,35 @@ class Target:
             text += "\nrepro:\n" + "\n".join(lines)
         raise Failed(text)
 
+    def _numpy_errors_left(
+        self,
+        before: dict[str, str],
+        after: dict[str, str],
+        literal: dict[str, np.ndarray] | None,
+        grad_mode: str | None,
+        call_text: str,
+    ) -> NoReturn:
+        """Fail a call that left numpy's floating-point error handling changed.
+
+        (The settings themselves were restored on leaving the kernel's ``errstate``.)
+
+        A ``numpy.seterr`` left behind makes later numpy code of the caller raise where it
+        did not (``all="raise"``: the oracle's own strategies then met a
+        FloatingPointError, reported as the child process exiting) or stay silent where it
+        warned (``all="ignore"``).
+        """
+        which = ", ".join(f"{k}={after[k]!r}" for k in before if before[k] != after[k])
+        self._environment_left(
+            f"the kernel set numpy's floating-point error handling (numpy.seterr: {which}) "
+            "and left it so: every later numpy operation of its thread, its caller's "
+            "included, raises, warns or stays silent on overflow, underflow, division by "
+            "zero and invalid operations accordingly. A kernel must leave it as it found it "
+            "(numpy.errstate, a context manager, not numpy.seterr)",
+            ("", "np.geterr()", "numpy's settings before the call",
+             f"{which}: the kernel left these"),
+            literal, grad_mode, call_text,
+        )  # fmt: skip
+
     def _environment_left(
         self,
         text: str,
@@ -634,7 +675,7 @@ class Target:
             setup, expr, before, after = probe
             lines = [
                 *self.operand_lines(literal, call_text),
-                setup,
+                *([setup] if setup else []),
                 f"print({expr})  # {before}",
                 *grad_call_lines(grad_mode, call_text, _float_operands(literal)),
                 f"print({expr})  # {after}",

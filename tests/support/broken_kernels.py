@@ -96,13 +96,37 @@ def adaptive_softmax(x, *, schedule=None, entropy_eps=0.0, _count_masked=False):
 
 
 def adaptive_softmax_listing(x):
-    """The paper's listing, softmax(beta * x), with its 1e-9 guard (correct with eps=1e-9)."""
+    """The paper's listing, softmax(beta * x), with its 1e-9 guard, the maximum subtracted first.
+
+    Correct with ``entropy_eps=1e-9``: scaling the shifted logits, ``beta * (x - m)``,
+    keeps them finite; the listing as printed, which scales ``x`` itself, is
+    :func:`listing_scaling_first` (NaN once ``|x| > max / beta``).
+    """
     x = np.asarray(x)
     w = _work(x)
     H = _entropy(w, PAPER_ENTROPY_EPS)
     P = np.polyval(PAPER.astype(w.dtype), H)
     b = np.where(H > 0.5, np.maximum(P, 1), 1).astype(w.dtype)
-    return _softmax(b[..., None] * w).astype(x.dtype)
+    with np.errstate(invalid="ignore"):
+        m = np.max(w, axis=-1, keepdims=True, initial=-np.inf)
+        z = w - np.where(m == -np.inf, 0, m)
+    return _softmax(b[..., None] * z).astype(x.dtype)
+
+
+def listing_scaling_first(x):
+    """Defect: the paper's listing as printed, softmax(beta * x): beta * x overflows.
+
+    The softmax subtracts the maximum of the scaled logits, but ``beta * x`` is
+    formed first: past ``max / beta`` (7.4e307 in float64 at beta = 2.42) it is
+    ``inf``, and ``inf - inf`` makes the row NaN where every logit is finite.
+    """
+    x = np.asarray(x)
+    w = _work(x)
+    H = _entropy(w, PAPER_ENTROPY_EPS)
+    P = np.polyval(PAPER.astype(w.dtype), H)
+    b = np.where(H > 0.5, np.maximum(P, 1), 1).astype(w.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _softmax(b[..., None] * w).astype(x.dtype)
 
 
 def _apply_mask(logits, mask, is_causal):
@@ -239,6 +263,54 @@ def adaptive_log2_entropy(x):
         return np.where(Hb > 0.5, np.maximum(P, 1), 1)
 
     return _adaptive_with_beta(x, beta)
+
+
+def beta_one_near_the_kinks(x):
+    """Defect: β taken as 1 while P(H) < 1 + 1e-4, a "fast path" skipping the rescaling.
+
+    Off by about 5e-4 relative for entropies within 5e-5 of H_on and of H_off, and
+    right everywhere else.
+    """
+
+    def beta(H, w):
+        P = np.polyval(PAPER, H)
+        return np.where((H > 0.5) & (P >= 1 + 1e-4), np.maximum(P, 1), 1)
+
+    return _adaptive_with_beta(x, beta)
+
+
+def sharper_just_below_h_off(x):
+    """Defect: β 0.1 % too large for entropies in (5.90, 5.944), just below H_off = 5.9445."""
+
+    def beta(H, w):
+        P = np.polyval(PAPER, H)
+        b = np.where(H > 0.5, np.maximum(P, 1), 1)
+        return np.where((H > 5.90) & (H < 5.944), b * 1.001, b)
+
+    return _adaptive_with_beta(x, beta)
+
+
+def terms_below_e100_dropped(x):
+    """Defect: the exponentials of shifts below -100 taken as 0 (weights of 3.7e-44 and less)."""
+    x = np.asarray(x)
+    w = _work(x)
+    with np.errstate(invalid="ignore", under="ignore"):
+        m = np.max(w, axis=-1, keepdims=True, initial=-np.inf)
+        z = w - np.where(m == -np.inf, 0, m)
+        e = np.where(z < -100, 0, np.exp(z))
+        s = np.sum(e, axis=-1, keepdims=True)
+        return np.where(s == 0, 0, e / np.where(s == 0, 1, s)).astype(x.dtype)
+
+
+def wrong_at_powers_of_two(x):
+    """Defect: rows of exactly 256, 512, 1024 or 2048 items take a path whose last item is
+    scaled by 1.5 (a ``<`` written for ``<=`` where the kernel switches block sizes)."""
+    x = np.asarray(x)
+    out = _softmax(_work(x))
+    if x.shape[-1] in (256, 512, 1024, 2048):
+        out = out.copy()
+        out[..., -1] *= 1.5
+    return out.astype(x.dtype)
 
 
 def online_without_rescaling(x):
@@ -391,22 +463,37 @@ def horner_float16(x):
     return _softmax(b.astype(np.float32)[..., None] * z).astype(x.dtype)
 
 
-def listing_native_16bit(x):
-    """Correct under the default 16-bit contract: beta in float32, beta * x rounded once to 16 bits.
+def listing_native_16bit(x, *, shift=True):
+    """Correct under the default 16-bit contract: beta in float32, beta (x - m) rounded once.
 
-    The paper's listing run natively in float16: the softmax of the once-rounded
-    scaled logits (backward stable at float16's precision); strict rejects it.
+    The paper's listing run natively in float16, the maximum subtracted first: the
+    softmax of the once-rounded scaled logits (backward stable at float16's precision);
+    strict rejects it. Without `shift` (:func:`listing_native_16bit_unshifted`) it
+    rounds ``beta * x`` itself, which overflows float16 once ``|x| > 65504 / beta``.
     """
     x = np.asarray(x)
     w = _work(x)
     b = _beta32(_entropy(w.astype(np.float32)))
     with np.errstate(invalid="ignore", over="ignore"):
-        scaled = (b[..., None] * w.astype(np.float32)).astype(x.dtype)  # the one rounding
+        w = w.astype(np.float32)
+        if shift:
+            m = np.max(w, axis=-1, keepdims=True, initial=-np.inf)
+            w = w - np.where(m == -np.inf, 0, m)
+        scaled = (b[..., None] * w).astype(x.dtype)  # the one rounding
     return _softmax(scaled.astype(np.float32)).astype(x.dtype)
 
 
-def torch_listing_native_16bit(x):
-    """The same in torch: beta in float32, beta * x rounded once to the input dtype."""
+def listing_native_16bit_unshifted(x):
+    """Defect: the listing natively in float16, beta * x rounded to float16: it overflows.
+
+    100 tied logits at 0.5 of float16's largest value (entropy log 100, beta 2.41)
+    scale to 79,000: ``inf`` in float16, and the row is NaN.
+    """
+    return listing_native_16bit(x, shift=False)
+
+
+def torch_listing_native_16bit(x, *, shift=True):
+    """The same in torch: beta in float32, beta (x - m) rounded once to the input dtype."""
     import torch
 
     xf = x.float()
@@ -416,9 +503,17 @@ def torch_listing_native_16bit(x):
     for c in PAPER:
         P = P * H + float(c)
     beta = torch.where(H > 0.5, torch.clamp(P, min=1.0), torch.ones_like(H))
+    if shift:
+        m = xf.amax(-1, keepdim=True)
+        xf = xf - torch.where(m == -torch.inf, 0.0, m)
     scaled = (beta * xf).to(x.dtype)  # the one rounding
     out = torch.softmax(scaled.float(), dim=-1)
-    return torch.where(torch.isneginf(xf).all(-1, keepdim=True), 0.0, out).to(x.dtype)
+    return torch.where(torch.isneginf(x.float()).all(-1, keepdim=True), 0.0, out).to(x.dtype)
+
+
+def torch_listing_native_16bit_unshifted(x):
+    """Defect: the listing natively in bfloat16 (torch), beta * x rounded: it overflows."""
+    return torch_listing_native_16bit(x, shift=False)
 
 
 def torch_horner_bfloat16(x):
@@ -860,6 +955,21 @@ def torch_flush_to_zero(x):
 
     torch.set_flush_denormal(True)
     return torch.softmax(x, dim=-1)
+
+
+def numpy_errors_raised_and_left(x):
+    """Defect: a debugging ``numpy.seterr(all="raise")`` left in the kernel: the caller's
+    numpy code then raises on every underflow (the oracle's own strategies met it, and
+    the report blamed an exit of the child process)."""
+    np.seterr(all="raise")
+    return softmax(x)
+
+
+def numpy_errors_silenced_and_left(x):
+    """Defect: ``numpy.seterr(all="ignore")`` left in the kernel, silencing the caller's
+    overflow and invalid-operation warnings (conformed: the suite runs with errors ignored)."""
+    np.seterr(all="ignore")
+    return softmax(x)
 
 
 def torch_softmax_in_place_under_no_grad(x):
@@ -1734,6 +1844,18 @@ CATALOGUE = {
         torch_horner_bfloat16, {**_A, "dtype": "bfloat16", "framework": "torch"}, "values"),
     "Horner's rule in float16": (
         horner_float16, {**_A, "dtype": "float16"}, "branch_points"),
+    "beta = 1 while P(H) < 1 + 1e-4 (a fast path near the kinks)": (
+        beta_one_near_the_kinks, _A, "branch_points"),
+    "beta 0.1 % too large just below H_off": (sharper_just_below_h_off, _A, "branch_points"),
+    "terms below e**-100 dropped in float64": (terms_below_e100_dropped, {}, "values"),
+    "wrong at exactly 256, 512, 1024 and 2048 items": (wrong_at_powers_of_two, {}, "long_rows"),
+    "the paper's listing as printed (beta * x overflows past max / beta)": (
+        listing_scaling_first, {**_A, "entropy_eps": 1e-9}, "branch_points"),
+    "the listing natively in float16, beta * x rounded (overflows past 27,000)": (
+        listing_native_16bit_unshifted, {**_A, "dtype": "float16"}, "branch_points"),
+    "the listing natively in bfloat16 (torch), beta * x rounded (overflows)": (
+        torch_listing_native_16bit_unshifted,
+        {**_A, "dtype": "bfloat16", "framework": "torch"}, "branch_points"),
     "logits clamped at +-50": (clamped_logits, {"dtype": "float32"}, "values"),
     "float64 path computed in float32": (float32_internal, {}, "values"),
     "float64 path accumulating in float32": (float32_accumulation, {}, "long_rows"),
@@ -1969,6 +2091,8 @@ CATALOGUE = {
     # kernels whose values are right but which change the process around them
     "flush-to-zero switched on and left on": (
         torch_flush_to_zero, {"framework": "torch", "dtype": "float32"}, "values"),
+    "numpy.seterr(all='raise') left set": (numpy_errors_raised_and_left, {}, "values"),
+    "numpy.seterr(all='ignore') left set": (numpy_errors_silenced_and_left, {}, "values"),
     # round eight: the shapes production kernels pick their fast paths on
     "a fused path without the maximum, for evenly divided batches": (
         softmax_fused_without_max, {"dtype": "float32"}, "many_rows"),
@@ -2011,9 +2135,9 @@ CORRECT = {
     "docs/examples my_softmax.entropy, float64": ("my_softmax", "entropy", {"kind": "entropy"}),
     "docs/examples torch_adaptive.adaptive_softmax, bfloat16": (
         "torch_adaptive", "adaptive_softmax", {**_A, "dtype": "bfloat16", "framework": "torch"}),
-    "the paper's listing natively in float16": (
+    "the paper's listing natively in float16, the maximum subtracted first": (
         "tests.support.broken_kernels", "listing_native_16bit", {**_A, "dtype": "float16"}),
-    "the paper's listing natively in bfloat16 (torch)": (
+    "the paper's listing natively in bfloat16 (torch), the maximum subtracted first": (
         "tests.support.broken_kernels", "torch_listing_native_16bit",
         {**_A, "dtype": "bfloat16", "framework": "torch"}),
 }  # fmt: skip
