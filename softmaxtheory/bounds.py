@@ -108,6 +108,9 @@ def _shown(value: Any) -> str:
 def _number(value: Any, name: str) -> float:
     if isinstance(value, bool | np.bool_):
         raise TypeError(f"{name} must be a real number, got a bool")
+    if isinstance(value, str | bytes | np.str_ | np.bytes_):
+        # (float("0.1") would take the nearest float, another argument: as for a Decimal)
+        raise TypeError(f"{name} must be a real number, got the text {_shown(value)}")
     try:
         out = float(value)
     except OverflowError:  # an int or a Fraction beyond the float range
@@ -429,6 +432,18 @@ def least_entropy(n: Any, spread: Any, beta: Any = 1.0) -> Any:
 
 
 # --------------------------------------------------------------------------- T2
+
+
+def _exponent_factor(schedule: Polynomial) -> float:
+    r"""The factor of the spread in the exponents of the adaptive sizes: :math:`\beta_{\max}`.
+
+    At least 2.5 (the paper's :math:`\beta_{\max} = 2.42`); a user polynomial whose β
+    reaches :math:`2 \cdot 10^6` makes sizes of millions of digits at spread 1, and
+    ``Polynomial(("1e300",))`` failed to converge instead of being refused as
+    ``Constant("1e300")`` is. An unbounded β is refused by the sizes themselves.
+    """
+    top = adp.beta_max_up(schedule)
+    return max(2.5, top) if math.isfinite(top) else 2.5
 
 
 def _check_exponent(value: float, what: str, factor: float = 1.0) -> None:
@@ -1585,10 +1600,10 @@ class LevelRow:
         return np.repeat(np.array(self.levels, dtype=np.float64), self.counts)
 
     def __str__(self) -> str:
+        # the counts exactly: 295893620344 written 2.95894e+11 was another, longer row,
+        # which need not reach the level the witness reaches
         parts = [
-            f"{size_text(c, 6) if c else 0} at {lv!r}"
-            for lv, c in zip(self.levels, self.counts, strict=True)
-            if c
+            f"{_int_repr(c)} at {lv!r}" for lv, c in zip(self.levels, self.counts, strict=True) if c
         ]
         return ", ".join(parts)
 
@@ -1813,7 +1828,7 @@ def adaptive_max_coefficient_bracket(
     if spread == 0.0:
         raise ValueError("spread must be > 0: at spread 0 every coefficient is 1/n")
     sched = adp.polynomial_schedule(schedule)
-    _check_exponent(spread, "spread", 2.5)
+    _check_exponent(spread, "spread", _exponent_factor(sched))
     return _max_coefficient_bracket(n, spread, sched)
 
 
@@ -1953,7 +1968,7 @@ def adaptive_dispersion_bracket(
     sched = adp.polynomial_schedule(schedule)
     if isinstance(budget, bool) or not isinstance(budget, int | np.integer) or budget < 0:
         raise ValueError(f"budget must be an integer >= 0, got {budget!r}")
-    _check_exponent(spread, "spread", 2.5)
+    _check_exponent(spread, "spread", _exponent_factor(sched))
     upper = _adaptive_upper_size(eps, spread, sched)
     row = _dispersion_witness(eps, spread, sched, upper)
     if row is None:  # no longer row found that reaches eps: one item does (its coefficient is 1)
@@ -2026,7 +2041,7 @@ def adaptive_dispersion_size(eps: Any, spread: Any, schedule: Schedule | None = 
         poly = adp.polynomial_schedule(sched)
         if spread == 0.0:
             return _dispersion_size(eps, 0.0, 1.0)
-        _check_exponent(spread, "spread", 2.5)
+        _check_exponent(spread, "spread", _exponent_factor(poly))
         return _adaptive_upper_size(eps, spread, poly)
 
     return _elementwise(

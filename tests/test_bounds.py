@@ -1523,3 +1523,35 @@ def test_arguments_beyond_the_float_range_are_named(call, message):
 
 def test_a_whole_fraction_is_a_size_of_any_magnitude():
     assert bounds.max_coefficient(Fraction(10**400), 1.0) == bounds.max_coefficient(10**400, 1.0)
+
+
+def test_text_inside_an_object_array_is_refused_as_a_scalar_text_is():
+    """'0.1' in an object array went through float() to the nearest float, another argument
+    (a Decimal('0.1') is refused for that reason), and was answered for it."""
+    with pytest.raises(TypeError, match=r"spread must be a real number, got the text '0\.1'"):
+        bounds.max_coefficient(8, np.array(["0.1"], dtype=object))
+    with pytest.raises(TypeError, match=r"eps must be a real number, got the text '0\.5'"):
+        bounds.dispersion_size(np.array(["0.5"], dtype=object), 5.69)
+
+
+def test_a_witness_prints_its_counts_exactly():
+    """str() wrote 295893620344 as 2.95894e+11: a row of 295894000000 items, another row,
+    which need not reach the level the witness reaches."""
+    assert str(bounds.LevelRow((1.0, 0.0), (1, 1234567))) == "1 at 1.0, 1234567 at 0.0"
+    w = bounds.adaptive_dispersion_bracket(1e-9, 5.69).witness
+    assert str(w) == ", ".join(
+        f"{c} at {lv!r}" for lv, c in zip(w.levels, w.counts, strict=True) if c
+    )
+
+
+@pytest.mark.parametrize("top", ["1e300", "2000000"])
+def test_adaptive_sizes_refuse_a_polynomial_whose_beta_makes_them_too_long(top):
+    """The spread's limit took beta_max = 2.5: Polynomial(("1e300",)) at spread 1 failed to
+    converge (CertificationError) and Polynomial(("2000000",)) ran 515 s for a size of
+    870,000 digits, where Constant of the same beta is refused at once."""
+    schedule = Polynomial((top,))
+    for f in (bounds.adaptive_dispersion_size, bounds.adaptive_dispersion_bracket):
+        with pytest.raises(ValueError, match=r"spread = 1.0 is too large"):
+            f(0.5, 1.0, schedule)
+    with pytest.raises(ValueError, match=r"spread = 1.0 is too large"):
+        bounds.adaptive_max_coefficient_bracket(10, 1.0, schedule)

@@ -445,3 +445,48 @@ def test_json_writes_sizes_beyond_the_int_to_str_limit_as_digits():
     assert digits == doc["a"] == doc["c"][0] and len(digits) == 4341
     assert digits.startswith("70000") and digits.endswith("00001")
     assert doc["b"]["upper"] == 5 and doc["c"][1] is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "used", "size"),
+    [
+        # log 20 = 2.99573227355399099...: the decimal typed lies above it, its nearest
+        # float below it; at the nearest float 21 items sufficed, for the decimal 22 are needed
+        (["--spread", "2.995732273553991"], "spread", 2.9957322735539913, 22),
+        # eps 0.1 lies below float(0.1): the size is the one for the float below it
+        (["--spread", "5.69", "--eps", "0.1"], "eps", 0.09999999999999999, None),
+    ],
+)
+def test_a_decimal_is_rounded_to_the_float_that_keeps_every_limit_true(
+    capsys, argv, flag, used, size
+):
+    """The arguments were read as their nearest floats, and a size printed for the float of
+    --spread 2.995732273553991 (21) is one short for the decimal typed: rows of 21 items of
+    that spread have a coefficient of 0.50000000000000000164 (mpmath). Spread and beta are
+    now rounded up and eps down when the nearest float lies on the other side, with a note
+    on stderr; a decimal whose nearest float is on the safe side is read as before."""
+    code = main(["bounds", *argv, "--sizes", "21", "--budget", "0", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    doc = json.loads(out)
+    assert doc[flag] == used
+    assert f"--{flag} {argv[argv.index('--' + flag) + 1]}: its nearest float64" in err
+    if size is not None:
+        assert doc["dispersion_size"] == size
+        with mpmath.workdps(60):
+            delta = mpmath.mpf("2.995732273553991")  # the decimal, exactly enough
+            assert 1 / (1 + 20 * mpmath.exp(-delta)) > mpmath.mpf("0.5")  # 21 items reach it
+    main(["bounds", "--spread", "5.69", "--beta", "2", "--sizes", "21", "--budget", "0"])
+    assert "note" not in capsys.readouterr().err  # (exact floats, or on the safe side)
+
+
+def test_the_least_entropy_footnote_says_which_entropy_it_is(capsys):
+    """The column is the least entropy of the softmax at --beta; the footnote called it
+    "the one beta is read from", which is the entropy at beta = 1 (at --beta 1e-300 and
+    n = 2: 0.6931 shown, the schedule reads about 0.022)."""
+    _, out, _ = run(capsys, "bounds", "--spread", "5.69", "--sizes", "2", "--budget", "0")
+    assert "the one beta is read from" in out
+    _, out, _ = run(capsys, "bounds", "--spread", "5.69", "--beta", "2", "--sizes", "2",
+                    "--budget", "0")  # fmt: skip
+    assert "the one beta is read from" not in out
+    assert "of the softmax at this beta" in out

@@ -6,12 +6,14 @@ import argparse
 import json
 import math
 import sys
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from softmaxtheory._certify.adaptive import beta_sup
 from softmaxtheory._certify.enclosures import certified_text, decimal_up, max_coefficient_up
+from softmaxtheory._certify.interval import float_directed
 
 from ..spec import PaperPolynomial
 from . import check_output_file, load_npy, parse_float, plural
@@ -64,7 +66,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         ),
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--spread", type=parse_float, metavar="DELTA", help="the logit spread")
+    src.add_argument("--spread", type=_outward(+1), metavar="DELTA", help="the logit spread")
     src.add_argument("--npy", metavar="FILE", help="a .npy of logits (..., n) to measure")
     p.add_argument(
         "--statistic",
@@ -72,8 +74,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         help="with --npy: which row spread to use (default max, the worst case)",
     )
-    p.add_argument("--eps", type=parse_float, default=0.5, help="coefficient level (default 0.5)")
-    p.add_argument("--beta", type=parse_float, default=1.0, help="inverse temperature (default 1)")
+    p.add_argument("--eps", type=_outward(-1), default=0.5, help="coefficient level (default 0.5)")
+    p.add_argument("--beta", type=_outward(+1), default=1.0, help="inverse temperature (default 1)")
     p.add_argument(
         "--sizes",
         type=_parse_sizes,
@@ -280,6 +282,55 @@ def _witness_text(witness: Any, digits: int, exact: bool) -> str:
     return text if rest is None else f"{text}; --exact-digits prints the counts"
 
 
+class _Rounded(float):
+    """A float argument that is not the decimal typed: `typed`, rounded outward to it."""
+
+    typed: str
+    direction: str
+
+
+def _outward(direction: int) -> Any:
+    """An argparse type: the float next to the decimal typed, in `direction` (+1 up, -1 down).
+
+    ``--spread 2.995732273553991`` rounded to nearest is a float just below the decimal
+    (and below log 20), and the size printed for it, 21, is one short for the decimal.
+    Rounded up, every line of the table holds for the value typed: a larger spread or β
+    and a smaller level only loosen each bound (a maximum coefficient up, a minimum and
+    the entropies down, the sizes up).
+    """
+
+    def parse(text: str) -> float:
+        value = parse_float(text)
+        if not math.isfinite(value):
+            return value  # (refused by the checks, with the text)
+        try:
+            exact = Fraction(text.strip())
+        except ValueError:  # a spelling Fraction does not read ("1_000", say)
+            return value
+        if (Fraction(value) - exact) * direction >= 0:
+            return value  # the nearest float already lies on the side that keeps them true
+        out = _Rounded(float_directed(exact, direction))
+        out.typed, out.direction = text.strip(), "above" if direction > 0 else "below"
+        return out
+
+    return parse
+
+
+def _rounding_notes(args: argparse.Namespace) -> list[str]:
+    """One line per argument that was rounded outward (:func:`_outward`)."""
+    notes = []
+    for flag in ("spread", "eps", "beta"):
+        value = getattr(args, flag)
+        if isinstance(value, _Rounded):
+            notes.append(
+                f"--{flag} {value.typed}: its nearest float64 lies on the wrong side of it, so "
+                f"the limits are computed for the float just {value.direction} it, "
+                f"{float(value)!r}; they hold for {value.typed} too, but for the adaptive "
+                "bracket's lower end and its witness row, which are that float's"
+            )
+    return notes
+
+
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if not 0.0 < args.eps < 1.0:
         parser.error(f"--eps must lie strictly between 0 and 1, got {args.eps!r}")
@@ -409,10 +460,18 @@ def _print_table(doc: dict[str, Any], measured: dict[str, Any] | None) -> None:
             t["entropy_lower_bound"],
         )
         out.write("  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)) + "\n")
-    out.write(
-        "(least entropy: the smallest entropy, in nats, of a row of n logits of this spread,\n"
-        " the one beta is read from; T3 floor: -log max coef, the least min-entropy)\n"
-    )
+    if beta == 1.0:
+        out.write(
+            "(least entropy: the smallest entropy, in nats, of a row of n logits of this "
+            "spread,\n the one beta is read from; T3 floor: -log max coef, the least "
+            "min-entropy)\n"
+        )
+    else:  # the columns are the softmax's at --beta; the schedule reads the logits as given
+        out.write(
+            "(least entropy: the smallest entropy, in nats, of the softmax at this beta of a "
+            "row of n logits\n of this spread, not the one the adaptive beta is read from "
+            "(at beta = 1); T3 floor: -log max coef,\n the least min-entropy)\n"
+        )
     if beta != 1.0:
         out.write("(the adaptive column applies the schedule to the logits as given, beta = 1)\n")
 
@@ -484,6 +543,8 @@ def _figure(doc: dict[str, Any]) -> Any:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Compute the limits and print them; return the exit status."""
     _check(args, parser)
+    for note in _rounding_notes(args):
+        print(f"softmaxtheory bounds: note: {note}", file=sys.stderr)
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
