@@ -519,6 +519,18 @@ def resolve_schedule(schedule: Schedule | None) -> Schedule:
             "schedule must be a softmaxtheory.spec.Schedule (PaperPolynomial(), "
             f"Constant(beta), LogLength(s) or Polynomial(...)), got {schedule!r}"
         )
+    for base in (Polynomial, Constant, LogLength):
+        if isinstance(schedule, base) and type(schedule).beta_float is not base.beta_float:
+            # the backends evaluate a built-in schedule from its exact parameters (the
+            # kernels inside, the reference exactly): an override was honoured by some
+            # paths and not others, so adaptive_softmax(x) != softmax(beta(x) * x)
+            raise TypeError(
+                f"schedule {type(schedule).__name__} overrides {base.__name__}.beta_float, "
+                f"which the backends do not call for a {base.__name__} (they evaluate its "
+                "exact parameters): a schedule of your own subclasses "
+                "softmaxtheory.spec.Schedule (its beta_float may call "
+                f"{base.__name__}'s)"
+            )
     return schedule
 
 

@@ -322,3 +322,42 @@ def test_streaming_states_of_equal_schedules_merge():
     a = cpu.StreamingSoftmax(PaperPolynomial()).update(x[:4])
     b = cpu.StreamingSoftmax(Polynomial(PAPER_COEFFICIENTS)).update(x[4:])
     assert (a + b).entropy() == cpu.StreamingSoftmax().update(x).entropy()
+
+
+def test_a_built_in_schedule_with_its_own_beta_float_is_refused_by_name():
+    """A PaperPolynomial subclass capping beta_float at 1.2: cpu.adaptive_softmax and the
+    reference evaluated the polynomial's exact coefficients (beta 1.43), cpu.beta, the
+    streaming softmax, dask and CPU attention called the override (1.2), so that
+    adaptive_softmax(x) != softmax(beta(x) * x) within one backend. Refused now, with the
+    way out: a Schedule subclass, which every backend calls."""
+    import numpy as np
+
+    from softmaxtheory import reference
+    from softmaxtheory.spec import PaperPolynomial, Schedule, resolve_schedule
+
+    class Capped(PaperPolynomial):
+        def beta_float(self, entropy, n_eff):
+            return np.minimum(super().beta_float(entropy, n_eff), 1.2)
+
+    with pytest.raises(TypeError, match=r"Capped overrides Polynomial\.beta_float"):
+        resolve_schedule(Capped())
+    x = np.random.default_rng(0).normal(0.0, 1.0, (2, 50))
+    with pytest.raises(TypeError, match=r"subclasses softmaxtheory\.spec\.Schedule"):
+        reference.adaptive_softmax(x, schedule=Capped())
+
+    class Mine(Schedule):  # the way out
+        needs_entropy = True
+
+        def beta_float(self, entropy, n_eff):
+            return np.minimum(PaperPolynomial().beta_float(entropy, n_eff), 1.2)
+
+    assert resolve_schedule(Mine()).beta_float(np.array([4.0]), np.array([50]))[0] == 1.2
+
+    class Renamed(PaperPolynomial):  # a subclass that computes the same is taken
+        pass
+
+    same = Renamed()
+    assert resolve_schedule(same) is same
+    np.testing.assert_array_equal(
+        reference.adaptive_softmax(x, schedule=same), reference.adaptive_softmax(x)
+    )
