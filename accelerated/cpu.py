@@ -102,6 +102,7 @@ True
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import numbers
@@ -1179,6 +1180,12 @@ class StreamingSoftmax:
             raise TypeError(f"can only merge with a StreamingSoftmax, got {type(other).__name__}")
         if other.schedule != self.schedule or other.dtype != self.dtype:
             raise ValueError("cannot merge states with different schedules or dtypes")
+        if self._normalized or other._normalized:
+            raise RuntimeError(
+                "merge() after normalize(): the row of a normalised state is complete (the "
+                "values written from it are of that row, and a merged row makes them sum "
+                "with the rest to more than 1); merge first, then normalise"
+            )
         if self._in_pass2 or other._in_pass2:
             # (a state fed no items has no lineage: any two are copies of the empty row)
             copies = self._lineage is not None or self._count == 0
@@ -1244,6 +1251,17 @@ class StreamingSoftmax:
         )
 
     __add__ = merge
+
+    def __radd__(self, other: object) -> StreamingSoftmax:
+        """``0 + state``: a copy of the state, so that ``sum(states)`` merges them all.
+
+        The states are the parts' pass-1 states, or pass-2 copies of one merged state.
+        """
+        if isinstance(other, int) and not isinstance(other, bool) and other == 0:
+            if self._normalized:
+                return self.merge(self)  # (the RuntimeError of a merge after normalize())
+            return copy.copy(self)
+        return NotImplemented
 
     @property
     def count(self) -> int:

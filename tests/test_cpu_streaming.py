@@ -340,3 +340,26 @@ def test_pass_one_merges_of_copies_are_the_monoid() -> None:
     np.testing.assert_allclose(p, reference.adaptive_softmax(np.r_[X1, X2]), rtol=1e-12)
     with pytest.raises(RuntimeError, match="after the tempered pass started"):
         idle.update(X1)
+
+
+def test_sum_merges_states_and_a_normalised_state_is_not_merged() -> None:
+    """``sum(states)`` failed (0 + state had no meaning), for the parts' pass-1 states and
+    for pass-2 copies alike; and a state merged after normalize() gave a row whose values
+    did not match those already written (they summed to 1, the merged row's to 0.5)."""
+    x = np.random.default_rng(4).normal(0.0, 2.0, 1000)
+    parts = np.array_split(x, 4)
+    merged = sum(cpu.StreamingSoftmax().update(p) for p in parts)
+    assert merged.count == 1000
+    assert merged.entropy() == pytest.approx(cpu.entropy(x), rel=1e-13)
+    copies = [copy.deepcopy(merged) for _ in parts]
+    for c, p in zip(copies, parts, strict=True):
+        c.update_tempered(p)
+    final = sum(copies)
+    got = np.concatenate([final.normalize(p) for p in parts])
+    np.testing.assert_allclose(got, cpu.adaptive_softmax(x), rtol=1e-13, atol=0)
+    plain = cpu.StreamingSoftmax(Constant(1)).update(parts[1])  # (beta = 1: one pass)
+    done = cpu.StreamingSoftmax(Constant(1)).update(parts[0])
+    done.normalize(parts[0])
+    for attempt in (lambda: done + plain, lambda: plain + done, lambda: sum([done])):
+        with pytest.raises(RuntimeError, match=r"merge\(\) after normalize\(\)"):
+            attempt()
