@@ -124,6 +124,7 @@ from ..spec import (
     attention_layout,
     check_entropy_eps,
     exact_float64,
+    expand_kv_heads,
     numpy_array,
     refuse_dtype,
     refuse_masked,
@@ -702,6 +703,42 @@ def _attn_array(a: Any, name: str) -> np.ndarray:
     return arr
 
 
+def _grouped(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any, int | None]:
+    """Grouped-query operands as ordinary ones: ``(q, k, v, mask, Hq)``.
+
+    With :math:`g = H_q / H_k` query heads per key head, `q` is viewed as
+    ``(..., Hk, g, L, d)`` and `k`, `v` as ``(..., Hk, 1, S, d)`` (a view: the kernels
+    read a broadcast slice once, not g times), the mask's head axis split likewise;
+    the caller folds the result's two head axes back into ``Hq`` (returned). Where
+    `k` and `v` have different head counts they are repeated
+    (:func:`~softmaxtheory.spec.expand_kv_heads`), and ``Hq`` is None.
+    """
+    if min(q.ndim, k.ndim, v.ndim) < 3 or q.shape[-3] == 0:
+        return q, *expand_kv_heads(q, k, v), mask, None  # (its errors, or no heads at all)
+    hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+    if hk == 0 or hv == 0 or hq % hk or hq % hv:
+        expand_kv_heads(q[..., :0, :], k[..., :0, :], v[..., :0, :])  # (its error: no data)
+    if hk != hv:
+        return q, *expand_kv_heads(q, k, v), mask, None
+    g = hq // hk
+    if g == 1:
+        return q, k, v, mask, None
+    qg = q.reshape(*q.shape[:-3], hk, g, *q.shape[-2:])
+    kg, vg = k[..., :, None, :, :], v[..., :, None, :, :]
+    if mask is not None:
+        refuse_masked(mask, "mask", "mask")
+        m = numpy_array(mask, "mask")
+        if m.ndim >= 3 and m.shape[-3] == hq:
+            mask = m.reshape(*m.shape[:-3], hk, g, *m.shape[-2:])
+        elif m.ndim >= 3 and m.shape[-3] == 1:
+            mask = m[..., None, :, :]
+        else:
+            mask = m  # (no head axis: it broadcasts; another head count is refused below)
+    return qg, kg, vg, mask, hq
+
+
 def _attn_mask(
     mask: Any, lead: tuple[int, ...], L: int, S: int
 ) -> tuple[np.ndarray | None, np.ndarray | None, tuple[int, ...]]:
@@ -746,6 +783,7 @@ def adaptive_attention(
     is_causal: bool = False,
     schedule: Schedule | None = None,
     entropy_eps: float = 0.0,
+    enable_gqa: bool = False,
 ) -> np.ndarray:
     r"""Adaptive attention, streaming over key blocks (two passes, never the n×n matrix).
 
@@ -790,6 +828,11 @@ def adaptive_attention(
         Default :class:`~softmaxtheory.spec.PaperPolynomial`.
     entropy_eps : float, default 0.0
         The entropy mode.
+    enable_gqa : bool, default False
+        Grouped-query attention: `k` and `v` may have fewer heads (axis -3) than `q`,
+        each a divisor of its count; query head :math:`h` reads key head
+        :math:`\lfloor h / (H_q / H_k) \rfloor` (SDPA's ``enable_gqa``). Where `k` and
+        `v` have as many heads, they are read in place, not repeated.
 
     Returns
     -------
@@ -809,6 +852,13 @@ def adaptive_attention(
         For shapes that do not match or broadcast, `mask` together with `is_causal`.
     """
     qa, ka, va = _attn_array(q, "q"), _attn_array(k, "k"), _attn_array(v, "v")
+    if not isinstance(enable_gqa, bool | np.bool_):
+        raise TypeError(f"enable_gqa must be a bool, got {enable_gqa!r}")
+    if enable_gqa:
+        qg, kg, vg, mg, heads = _grouped(qa, ka, va, mask)
+        out = adaptive_attention(qg, kg, vg, mg, scale, is_causal=is_causal,
+                                 schedule=schedule, entropy_eps=entropy_eps)  # fmt: skip
+        return out if heads is None else out.reshape(*out.shape[:-4], heads, *out.shape[-2:])
     if not isinstance(is_causal, bool | np.bool_):
         raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
     causal = bool(is_causal)

@@ -1198,3 +1198,27 @@ def test_a_high_degree_schedule_skips_the_exact_shortcut_and_stays_right():
     assert 0.1 < cpu._beta_one_below(low) < 0.5
     x = rng.normal(0.0, 1.0, (4, 2000))
     testing.assert_adaptive_softmax_close(cpu.adaptive_softmax(x, schedule=high), x, schedule=high)
+
+
+@pytest.mark.parametrize("mask_shape", [None, (2, 6, 5, 7), (1, 1, 5, 7), (6, 5, 7), (5, 7)])
+@pytest.mark.parametrize("v_heads", [2, 3])
+def test_grouped_query_attention_matches_the_reference(mask_shape, v_heads):
+    """cpu.adaptive_attention had no enable_gqa (the reference, the torch functions and the
+    assertion helpers take it): keys with fewer heads failed to broadcast. Keys and values
+    of as many heads are read in place (q viewed as (..., Hk, g, L, d)); others repeated."""
+    rng = np.random.default_rng(8)
+    q, k = rng.normal(0.0, 1.0, (2, 6, 5, 4)), rng.normal(0.0, 1.0, (2, 2, 7, 4))
+    v = rng.normal(0.0, 1.0, (2, v_heads, 7, 3))
+    mask = None
+    if mask_shape is not None:
+        mask = rng.random(mask_shape) > 0.3
+        mask[..., 0] = True
+    got = cpu.adaptive_attention(q, k, v, mask, enable_gqa=True)
+    assert got.shape == (2, 6, 5, 3)
+    assert_attention_close(got, (q, k, v), mask=mask, enable_gqa=True)
+    causal = cpu.adaptive_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert_attention_close(causal, (q, k, v), is_causal=True, enable_gqa=True)
+    with pytest.raises(ValueError, match=r"query heads \(6\) must be a multiple of k's \(4\)"):
+        cpu.adaptive_attention(q, np.ones((2, 4, 7, 4)), np.ones((2, 4, 7, 3)), enable_gqa=True)
+    with pytest.raises(TypeError, match="enable_gqa must be a bool"):
+        cpu.adaptive_attention(q, k, v, enable_gqa=1)
