@@ -498,6 +498,25 @@ class LogLength(Schedule):
         return np.broadcast_to(np.where(n == 0, 1.0, beta), shape).copy()
 
 
+def _constructed_eagerly(*classes: type) -> None:
+    """Have ``torch.compile`` run the constructors of `classes` as Python, not trace them.
+
+    Dynamo traced a schedule built inside a compiled function (``schedule=Constant(2.0)``
+    in the call) and handed the functions that read its exact parameters an object
+    whose ``__post_init__`` had not run ("'Constant' object has no attribute 'beta'").
+    The attribute set here is the one ``torch.compiler.disable`` sets (checked by
+    ``tests/test_torch_robust.py``), without importing torch: Dynamo breaks the graph
+    at the construction, runs it, and goes on with the schedule it made.
+    """
+    for cls in classes:
+        for name in ("__init__", "__post_init__"):
+            fn = cls.__dict__.get(name)
+            if fn is not None:
+                fn._torchdynamo_disable = True
+
+
+_constructed_eagerly(Polynomial, PaperPolynomial, Constant, LogLength)
+
 #: The default schedule, one shared instance (schedules are immutable), made at import:
 #: built inside a function traced by ``torch.compile``, its construction was traced too,
 #: and Dynamo failed on it (an AttributeError inside Dynamo).

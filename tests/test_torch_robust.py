@@ -18,7 +18,7 @@ from softmaxtheory.accelerated.torch import (  # noqa: E402
     adaptive_softmax,
     attention_entropy,
 )
-from softmaxtheory.spec import Constant, LogLength, Polynomial, Schedule  # noqa: E402
+from softmaxtheory.spec import Constant, LogLength, PaperPolynomial, Polynomial, Schedule  # noqa: E402
 from softmaxtheory.testing import assert_attention_close  # noqa: E402
 
 BACKENDS = ["auto", "hybrid", "composition", "chunked"]
@@ -432,6 +432,35 @@ def test_constants_are_marked_as_torchs_decorator_marks_them():
     assert vars(theirs) == vars(ours) == {"_dynamo_marked_constant": True}
     for fn in (_torch_common.poly_floats, _torch_common.beta_bound):
         assert fn._dynamo_marked_constant is True
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: Constant(2.0), lambda: PaperPolynomial(), lambda: LogLength("0.3"),
+     lambda: Polynomial(("1", "2"), "0.5")],
+    ids=["Constant", "PaperPolynomial", "LogLength", "Polynomial"],
+)  # fmt: skip
+def test_a_schedule_built_inside_a_compiled_function(make):
+    """``torch.compile(lambda x: adaptive_softmax(x, schedule=Constant(2.0)))`` raised
+    InternalTorchDynamoError ("'Constant' object has no attribute 'beta'"): Dynamo traced
+    the construction and passed the host-side helpers an object whose __post_init__ had
+    not run. Constructors are now marked as torch.compiler.disable marks a function (the
+    attribute checked below): the graph breaks there, and the values are eager's."""
+
+    def theirs():
+        return 1
+
+    torch.compiler.disable(theirs, recursive=False)
+    assert torch.compiler.disable(theirs, recursive=False)._torchdynamo_disable is True
+    torch._dynamo.reset()
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(4))
+
+    def f(t):
+        return adaptive_softmax(t, schedule=make())
+
+    torch.testing.assert_close(torch.compile(f, backend="eager")(x), f(x), rtol=0, atol=0)
+    module = torch.compile(lambda t: AdaptiveSoftmax(schedule=make())(t), backend="eager")
+    torch.testing.assert_close(module(x), f(x), rtol=0, atol=0)
 
 
 def test_import_and_first_calls_leave_dynamo_unloaded():
