@@ -343,10 +343,11 @@ def test_one_rounding_of_the_scaled_logits_passes_by_default_and_fails_strict(n,
     """beta exact, beta * x rounded once to float16, a correct softmax: backward stable.
 
     The default contract accepts it; strict (float32-grade output) rejects it and
-    says that the default contract passes it.
+    says that the default contract passes it. (These logits are far below the
+    range where beta * x overflows float16.)
     """
     x = _window_row(n, h, seed, np.float16)
-    out = bk.listing_native_16bit(x)
+    out = bk.listing_native_16bit_unshifted(x)
     rep = assert_adaptive_softmax_close(out, x)
     assert rep.passed and rep.contract == "default" and rep.other_contract_passed is False
     with pytest.raises(KernelMismatch, match="passes under the default 16-bit contract") as info:
@@ -805,3 +806,69 @@ def test_an_integer_mask_is_refused_as_every_backend_refuses_it():
     with pytest.raises(TypeError, match="mask"):
         reference.adaptive_attention(q, k, v, mask=keep)
     assert assert_attention_close(out, (q, k, v), mask=keep.astype(bool)).passed
+
+
+def test_the_flushing_allowance_is_toward_zero_and_float32s_for_float16():
+    """Every element was granted float16's smallest normal (6.1e-5) either way: an all-zero
+    float16 row of 40,000 items passed (strict too), and so did 6e-5 for coefficients of
+    6e-6 to 1e-7. A flush lowers a coefficient: the allowance is granted toward zero, and
+    for float16 it is float32's (no float16 kernel flushes). A float32 kernel that flushes
+    its subnormal results still passes."""
+    x = np.zeros((1, 40000), np.float16)
+    x[0, ::2] = 0.5
+    for strict in (False, True):
+        with pytest.raises(AssertionError, match="outside the error model"):
+            testing.assert_softmax_close(np.zeros_like(x), x, strict=strict)
+    right = reference.softmax(x, dtype=np.float16)
+    assert testing.assert_softmax_close(right, x).passed
+    small = np.array([[0.0, -12.0, -14.0, -16.0]], np.float16)
+    with pytest.raises(AssertionError, match="outside the error model"):
+        testing.assert_softmax_close(np.array([[1.0, 6e-5, 6e-5, 6e-5]], np.float16), small)
+    x32 = np.array([[0.0, -90.0, -95.0, -100.0]], np.float32)
+    exact = reference.softmax(x32, dtype=np.float64)
+    flushed = np.where(exact < np.finfo(np.float32).tiny, 0.0, exact).astype(np.float32)
+    assert testing.assert_softmax_close(flushed, x32).passed
+    above = np.where(exact < np.finfo(np.float32).tiny, 1e-38, exact).astype(np.float32)
+    with pytest.raises(AssertionError, match="outside the error model"):
+        testing.assert_softmax_close(above, x32)  # (away from zero: no flush does that)
+
+
+def test_strict_demands_the_shifted_form_of_the_adaptive_softmax_in_every_dtype():
+    """Logits near 1e10 in float32: scaling x before the shift may move each scaled logit
+    by beta (|x| + |m|) u, about 2000, so the default contract passes any coefficients (a
+    one-hot row for a uniform one). strict, which changed nothing for float32 and float64,
+    drops that allowance: the shifted form loses nothing there."""
+    x = np.full((1, 8), 1e10, np.float32)
+    one_hot = np.zeros((1, 8), np.float32)
+    one_hot[0, 3] = 1.0
+    assert testing.assert_adaptive_softmax_close(one_hot, x).passed  # (backward stable)
+    with pytest.raises(AssertionError, match="outside the error model"):
+        testing.assert_adaptive_softmax_close(one_hot, x, strict=True)
+    right = reference.adaptive_softmax(x, dtype=np.float32)
+    assert testing.assert_adaptive_softmax_close(right, x, strict=True).passed
+
+
+def test_given_logits_with_minus_inf_and_is_causal_are_checked(capsys):
+    """Given logits with a -inf entry and is_causal=True raised "pass either mask or
+    is_causal=True, not both": the -inf entries make a mask the caller never passed. The
+    causal triangle now joins that mask; a non-causal result fails, and its repro calls
+    the kernel with is_causal=True and the reference with both masks in one."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(0.0, 1.0, (4, 4))
+    x[3, 2] = -np.inf
+    v = rng.normal(0.0, 1.0, (4, 2))
+    keep = np.tril(np.ones((4, 4), dtype=bool)) & (x > -np.inf)
+    q = np.where(keep, x, 0.0)
+    right = reference.adaptive_attention(q, np.eye(4), v, mask=keep, scale=1.0)
+    assert testing.assert_attention_close(right, (x, v), is_causal=True).passed
+    wrong = reference.adaptive_attention(q, np.eye(4), v, mask=x > -np.inf, scale=1.0)
+    with pytest.raises(AssertionError) as info:
+        testing.assert_attention_close(wrong, (x, v), is_causal=True)
+    message = str(info.value)
+    assert "kernel(x, v, is_causal=True)" in message
+    assert "keep = ~np.isneginf(x) & np.tril(" in message
+    snippet = message[message.index("repro:\n") + 7 :]
+    # with the right result in the kernel's place, the snippet's two lines print one number
+    exec(snippet, {"np": np, "kernel": lambda x, v, is_causal: right, "reference": reference})
+    got, exact = capsys.readouterr().out.split()
+    assert float(got) == float(exact)

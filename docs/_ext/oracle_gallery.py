@@ -371,7 +371,8 @@ def _defects_rst(data: dict[str, Any]) -> list[str]:
     for d in defects:
         verdict = _literal(d["property"]) if d["status"] == "caught" else d["status"]
         out += [
-            f"   * - :ref:`{_title(d['name'])} <{_anchor(d['name'])}>`",
+            # (a "<" in the title would end it: docutils reads "title <target>")
+            f"   * - :ref:`{_title(d['name']).replace('<', chr(92) + '<')} <{_anchor(d['name'])}>`",
             f"     - {verdict}",
             f"     - {d['kind']}, {d['dtype']}, {d['framework']}",
         ]

@@ -396,13 +396,16 @@ def adaptive_rel_error(
     beta: np.ndarray,
     dbeta: np.ndarray,
     u: float,
+    scale_first: bool = True,
 ) -> np.ndarray:
     r"""Relative error bound of each adaptive-softmax element.
 
-    The softmax bound at the row's β (scaling first allowed) plus
-    :math:`|z_i - \bar z_q|\,\delta\beta` with :math:`\bar z_q = \sum_j q_j z_j`.
+    The softmax bound at the row's β (with `scale_first`, the allowance of a kernel
+    that forms :math:`\beta x` before subtracting :math:`\beta m`: the ``strict``
+    contract drops it) plus :math:`|z_i - \bar z_q|\,\delta\beta` with
+    :math:`\bar z_q = \sum_j q_j z_j`.
     """
-    r = softmax_rel_error(cond, beta, u, scale_first=True)
+    r = softmax_rel_error(cond, beta, u, scale_first=scale_first)
     q = _softmax_beta(cond, np.asarray(beta)[..., None])
     zbar = _weighted(q, cond.z)
     with np.errstate(over="ignore", invalid="ignore"):

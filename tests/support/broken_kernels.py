@@ -266,7 +266,7 @@ def adaptive_log2_entropy(x):
 
 
 def beta_one_near_the_kinks(x):
-    """Defect: β taken as 1 while P(H) < 1 + 1e-4, a "fast path" skipping the rescaling.
+    """Defect: beta taken as 1 while P(H) < 1 + 1e-4, a "fast path" skipping the rescaling.
 
     Off by about 5e-4 relative for entropies within 5e-5 of H_on and of H_off, and
     right everywhere else.
@@ -280,7 +280,7 @@ def beta_one_near_the_kinks(x):
 
 
 def sharper_just_below_h_off(x):
-    """Defect: β 0.1 % too large for entropies in (5.90, 5.944), just below H_off = 5.9445."""
+    """Defect: beta 0.1 % too large for entropies in (5.90, 5.944), just below H_off = 5.9445."""
 
     def beta(H, w):
         P = np.polyval(PAPER, H)
@@ -1844,7 +1844,7 @@ CATALOGUE = {
         torch_horner_bfloat16, {**_A, "dtype": "bfloat16", "framework": "torch"}, "values"),
     "Horner's rule in float16": (
         horner_float16, {**_A, "dtype": "float16"}, "branch_points"),
-    "beta = 1 while P(H) < 1 + 1e-4 (a fast path near the kinks)": (
+    "beta = 1 while P(H) is below 1 + 1e-4 (a fast path near the kinks)": (
         beta_one_near_the_kinks, _A, "branch_points"),
     "beta 0.1 % too large just below H_off": (sharper_just_below_h_off, _A, "branch_points"),
     "terms below e**-100 dropped in float64": (terms_below_e100_dropped, {}, "values"),
