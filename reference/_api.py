@@ -13,6 +13,9 @@ from softmaxtheory._certify.environment import certifying
 from softmaxtheory._certify.loop import CertificationError, certify
 from softmaxtheory._formats import Quantity
 from softmaxtheory.spec import (
+    Constant,
+    LogLength,
+    Polynomial,
     RowKind,
     Schedule,
     as_logits,
@@ -39,6 +42,7 @@ __all__ = [
     "entropy_mp",
     "evaluate_row",
     "float_acceptor",
+    "known_schedule",
     "softmax",
     "softmax_mp",
 ]
@@ -59,6 +63,25 @@ class PrecisionError(CertificationError):
     that equals the threshold of a user schedule with a jump. The reference
     says so rather than guess.
     """
+
+
+def known_schedule(schedule: Schedule | None, want: str = "beta") -> Schedule:
+    """`schedule` resolved, refused up front where the reference cannot compute it.
+
+    The reference evaluates the built-in schedules from their exact parameters; a user
+    subclass of :class:`~softmaxtheory.spec.Schedule` has only its float ``beta_float``.
+    It was refused at the first regular row, deep in the engine, while empty, fully
+    masked and NaN rows answered without a word. The entropy and softmax take no
+    schedule (`want` ``"softmax"`` or ``"entropy"``: any is let through).
+    """
+    schedule = resolve_schedule(schedule)
+    if want in ("softmax", "entropy") or isinstance(schedule, Polynomial | Constant | LogLength):
+        return schedule
+    raise TypeError(
+        f"the reference computes the built-in schedules exactly (PaperPolynomial, "
+        f"Polynomial, Constant, LogLength), not {schedule!r}: a user schedule's beta_float "
+        "is float arithmetic, which the float backends call and nothing can certify"
+    )
 
 
 def float_acceptor(fmt: BinaryFormat) -> Acceptor:
@@ -321,7 +344,7 @@ def _evaluate(
 ) -> np.ndarray:
     arr = as_logits(x, "x", exact=True)
     fmt = format_for(dtype)
-    schedule = resolve_schedule(schedule)
+    schedule = known_schedule(schedule, want)
     entropy_eps = check_entropy_eps(entropy_eps)
     vector = want in ("softmax", "adaptive_softmax")
     out = np.zeros(arr.shape if vector else arr.shape[:-1], dtype=fmt.dtype)
@@ -516,7 +539,7 @@ def _evaluate_mp(
     if arr.ndim != 1:
         raise ValueError(f"x must be one row (1-d) for the mp functions, got shape {arr.shape}")
     check_mp_prec(prec)
-    schedule = resolve_schedule(schedule)
+    schedule = known_schedule(schedule, want)
     entropy_eps = check_entropy_eps(entropy_eps)
     vector = want in ("softmax", "adaptive_softmax")
     kind = classify_rows(arr)[()]

@@ -53,13 +53,12 @@ from softmaxtheory.spec import (
     numpy_array,
     refuse_dtype,
     refuse_masked,
-    resolve_schedule,
     split_mask,
 )
 
 from . import _engine as eng
 from . import _fast_attention
-from ._api import PrecisionError
+from ._api import PrecisionError, known_schedule
 from ._attention_interval import FLOAT_BOUND_PRECISION, interval_outputs
 from ._rational import loglength_weights
 from ._rounding import BinaryFormat, format_for, round_ball, round_exact, round_fraction
@@ -608,7 +607,7 @@ def adaptive_attention(
         ka, va = expand_kv_heads(qa, ka, va)
     lead, L, S, scale = attention_layout(qa, ka, va, scale)
     fmt = format_for(dtype)
-    schedule = resolve_schedule(schedule)
+    schedule = known_schedule(schedule)
     entropy_eps = check_entropy_eps(entropy_eps)
     d = qa.shape[-1]
     dv = va.shape[-1]

@@ -34,10 +34,10 @@ from mpmath.libmp import from_float, fzero, mpf_add, mpf_sub
 from softmaxtheory._certify.environment import certifying
 from softmaxtheory._certify.loop import certify
 from softmaxtheory._formats import Quantity
-from softmaxtheory.spec import Schedule, as_logits, check_entropy_eps, resolve_schedule
+from softmaxtheory.spec import Schedule, as_logits, check_entropy_eps
 
 from . import _engine as eng
-from ._api import MAX_PRECISION, PrecisionError, certify_row, check_mp_prec
+from ._api import MAX_PRECISION, PrecisionError, certify_row, check_mp_prec, known_schedule
 from ._rounding import format_for
 
 __all__ = ["StreamState"]
@@ -133,7 +133,17 @@ class StreamState:
                 terms[mpf_add(d, shift, 0) if shift != fzero else d] += c
         return StreamState._make(M, terms, False)
 
-    __add__ = merge
+    def __add__(self, other: object) -> StreamState:
+        """``self ⊕ other`` (:meth:`merge`); another type is not added to a state."""
+        if not isinstance(other, StreamState):
+            return NotImplemented
+        return self.merge(other)
+
+    def __radd__(self, other: object) -> StreamState:
+        """``0 + state``: the state, so that ``sum(states)`` merges them all (0 is ⊕'s identity)."""
+        if isinstance(other, int) and not isinstance(other, bool) and other == 0:
+            return self
+        return NotImplemented
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StreamState):
@@ -236,7 +246,7 @@ class StreamState:
     ) -> Any:
         """Validate the options, then the certified reading (cached) or its special value."""
         fmt = format_for(dtype)
-        schedule = resolve_schedule(schedule)
+        schedule = known_schedule(schedule, want)
         entropy_eps = check_entropy_eps(entropy_eps)
         if self._invalid:
             return math.nan

@@ -46,6 +46,7 @@ import enum
 import functools
 import math
 import numbers
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -115,6 +116,26 @@ def _plain_number(value: Any) -> Any:
     return value
 
 
+#: The largest decimal exponent (of either sign) of a parameter given as text: the float
+#: range ends near 1e308 and its subnormals near 1e-324, and reading "1e-9999999" exactly
+#: takes seconds (Fraction forms 10**9999999), "1e99999999" minutes.
+_MAX_DECIMAL_EXPONENT = 4000
+
+
+def _check_decimal_exponent(text: str, name: str) -> None:
+    """Refuse decimal text whose exponent is beyond :data:`_MAX_DECIMAL_EXPONENT`, at once."""
+    try:
+        d = Decimal(text.strip().replace("_", ""))
+    except ArithmeticError:  # (not a decimal: Fraction's own error follows)
+        return
+    if d.is_finite() and d != 0 and abs(d.adjusted()) > _MAX_DECIMAL_EXPONENT:
+        raise ValueError(
+            f"{name}={text[:30]!r}{'...' if len(text) > 30 else ''} has a decimal exponent "
+            f"beyond +-{_MAX_DECIMAL_EXPONENT} (the float64 range ends near 1e308, its "
+            "subnormals near 1e-324); pass a Fraction for an exact value that small"
+        )
+
+
 def exact_value(value: Number, name: str) -> Fraction:
     """Return the exact rational value of a schedule parameter.
 
@@ -145,6 +166,8 @@ def exact_value(value: Number, name: str) -> Fraction:
         raise TypeError(f"{name} must be a decimal string or a real number, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}")
+    if isinstance(value, str):
+        _check_decimal_exponent(value, name)
     try:
         exact = Fraction(value)
     except (ValueError, ZeroDivisionError) as exc:
@@ -287,7 +310,9 @@ class Polynomial(Schedule):
 
     def __post_init__(self) -> None:
         raw = self.coefficients
-        if isinstance(raw, str | bytes) or not hasattr(raw, "__iter__"):
+        # (a set or a dict has no order: another polynomial in each process)
+        unordered = isinstance(raw, Set | Mapping)
+        if isinstance(raw, str | bytes) or unordered or not hasattr(raw, "__iter__"):
             raise TypeError(
                 "coefficients must be a sequence of decimal strings or numbers (highest degree "
                 f"first), got {raw!r}"
@@ -430,7 +455,7 @@ class Constant(Schedule):
         if exact_value(self.beta, "beta") <= 0:
             raise ValueError(f"beta must be > 0, got {self.beta!r}")
 
-    @property
+    @functools.cached_property
     def exact_beta(self) -> Fraction:
         """β as an exact rational."""
         return exact_value(self.beta, "beta")
@@ -448,7 +473,7 @@ class Constant(Schedule):
     def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
         n = np.asarray(n_eff)
         shape = np.broadcast(np.asarray(entropy), n).shape
-        beta = float(exact_value(self.beta, "beta"))
+        beta = float(self.exact_beta)
         return np.broadcast_to(np.where(n == 0, 1.0, beta), shape).copy()
 
 
@@ -473,7 +498,7 @@ class LogLength(Schedule):
         if exact_value(self.s, "s") <= 0:
             raise ValueError(f"s must be > 0, got {self.s!r}")
 
-    @property
+    @functools.cached_property
     def exact_s(self) -> Fraction:
         """The scale :math:`s` as an exact rational."""
         return exact_value(self.s, "s")
@@ -494,7 +519,7 @@ class LogLength(Schedule):
         # an overflow rounds to inf; n = 0 (log 0 = -inf, and 0 * -inf when s rounds to 0)
         # is replaced by 1 below
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            beta = float(exact_value(self.s, "s")) * np.log(n)
+            beta = float(self.exact_s) * np.log(n)
         return np.broadcast_to(np.where(n == 0, 1.0, beta), shape).copy()
 
 
@@ -649,6 +674,26 @@ def exact_float64(arr: np.ndarray, name: str) -> np.ndarray:
     return out
 
 
+def _refuse_rounded_list_ints(x: list | tuple, name: str) -> None:
+    """Refuse a Python int float64 does not hold in a (nested) list that also holds floats.
+
+    ``numpy.asarray([2**53 + 1, 2.0**53])`` is a float64 array, rounded before any check
+    sees it: softmax 0.5 each where the row's are 0.731 and 0.269 (all-int lists are
+    refused by :func:`exact_float64`).
+    """
+    stack = [x]
+    while stack:
+        for v in stack.pop():
+            if isinstance(v, list | tuple):
+                stack.append(v)
+            elif isinstance(v, int) and not isinstance(v, bool) and int(float(v)) != v:
+                raise ValueError(
+                    f"{name} holds the integer {v}, which float64 cannot hold exactly "
+                    "(beyond 2**53): the answer would be for another input; convert it "
+                    f"(float({v})) to accept the nearest float"
+                )
+
+
 def numpy_array(x: Any, name: str) -> np.ndarray:
     """``numpy.asarray(x)``, with a :class:`TypeError` naming `name` for a bfloat16 tensor.
 
@@ -738,6 +783,8 @@ def as_logits(x: Any, name: str = "x", *, exact: bool = False) -> np.ndarray:
         arr = numpy_array(x, name)
     except ValueError as exc:  # ragged nested sequences
         raise ValueError(f"{name} must be a rectangular array of shape (..., n): {exc}") from exc
+    if exact and arr.dtype.kind == "f" and isinstance(x, list | tuple):
+        _refuse_rounded_list_ints(x, name)  # (numpy rounded them, mixed with floats)
     if arr.dtype.kind in "iu":
         arr = exact_float64(arr, name) if exact else arr.astype(np.float64)
     elif arr.dtype.type not in _FLOAT_KINDS:

@@ -348,3 +348,19 @@ def test_schedule_help_says_the_coefficients_order(capsys, command):
     assert parse_schedule("poly:1,2") == Polynomial(["1", "2"])
     beta = float(reference.beta([0.0, 0.0], schedule=parse_schedule("poly:1,2@0")))
     assert beta == pytest.approx(np.log(2) + 2, rel=1e-15)  # 1·H + 2, H = log 2
+
+
+def test_numbers_beyond_the_float_range_or_rounding_to_zero_are_refused(capsys):
+    """`reference -- 1e400 0` read 1e400 as inf, a row holding +inf (NaN everywhere) where
+    the softmax is [1, 0]; --entropy-eps 1e-400 became 0.0, the exact-entropy mode."""
+    from softmaxtheory.cli import main
+
+    for argv in (["reference", "--", "1e400", "0"],
+                 ["reference", "--entropy-eps", "1e-400", "1", "2"],
+                 ["bounds", "--spread", "1e999"]):  # fmt: skip
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert "beyond the float64 range" in err or "rounds to 0 in float64" in err
+    assert main(["reference", "--", "-inf", "0", "inf"]) == 0  # (spelled inf: taken)

@@ -492,3 +492,49 @@ def test_a_bfloat16_tensor_is_refused_naming_the_argument():
         with pytest.raises(TypeError, match=r"mask is a bfloat16 tensor"):
             attention(f, f, f, mask=torch.zeros(2, 2, dtype=torch.bfloat16))
     assert np.allclose(reference.softmax(x.float()), 1 / 3)
+
+
+def test_a_list_mixing_floats_with_an_int_float64_cannot_hold_is_refused() -> None:
+    """numpy rounds [2**53 + 1, 2.0**53] to float64 before any check sees it: softmax 0.5
+    each, where the row's are 0.731 and 0.269 (an all-int list was refused)."""
+    from softmaxtheory.accelerated import cpu
+
+    for f in (reference.softmax, cpu.softmax):
+        with pytest.raises(ValueError, match="9007199254740993, which float64 cannot hold"):
+            f([2**53 + 1, 2.0**53])
+        with pytest.raises(ValueError, match="9007199254740993, which float64 cannot hold"):
+            f([[0.5, 1.5], (2.0, 2**53 + 1)])
+    np.testing.assert_array_equal(reference.softmax([2**60, 1.5]), [1.0, 0.0])  # (held)
+
+
+def test_a_user_schedule_is_refused_by_the_reference_up_front() -> None:
+    """The reference computes the built-in schedules exactly; a user Schedule was refused
+    deep in the engine at the first regular row, while empty, fully masked and NaN rows
+    answered 1 or NaN without a word. Refused at once now, by every reference function
+    that reads beta; the softmax and the entropy take any."""
+    from softmaxtheory.spec import Schedule
+
+    class Mine(Schedule):
+        def beta_float(self, entropy, n_eff):
+            return np.full(np.broadcast(entropy, n_eff).shape, 2.0)
+
+    calls = [
+        lambda: reference.beta([-np.inf, -np.inf], schedule=Mine()),
+        lambda: reference.beta([], schedule=Mine()),
+        lambda: reference.adaptive_softmax([np.nan, 1.0], schedule=Mine()),
+        lambda: reference.adaptive_attention(
+            np.ones((1, 2)), np.ones((2, 2)), np.ones((2, 1)), schedule=Mine()
+        ),
+        lambda: StreamState().update([1.0]).beta(schedule=Mine()),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match="computes the built-in schedules exactly"):
+            call()
+
+
+def test_stream_states_sum_and_refuse_other_operands() -> None:
+    x = np.random.default_rng(3).normal(0.0, 1.0, 100)
+    states = [StreamState().update(c) for c in np.array_split(x, 4)]
+    assert sum(states) == StreamState().update(x)  # (0 + state had no meaning)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        states[0] + 1  # (merge raised its own TypeError, not NotImplemented)

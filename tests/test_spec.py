@@ -361,3 +361,34 @@ def test_a_built_in_schedule_with_its_own_beta_float_is_refused_by_name():
     np.testing.assert_array_equal(
         reference.adaptive_softmax(x, schedule=same), reference.adaptive_softmax(x)
     )
+
+
+def test_decimal_text_with_a_huge_exponent_is_refused_at_once():
+    """Fraction("1e-9999999") forms 10**9999999: Constant of it took 8.4 s and was accepted
+    (and every beta_float call re-read it: 0.2 s a call for "1e-999999"); "1e99999999" ran
+    for minutes before its range error. Exponents beyond +-4000 are refused by reading the
+    text as a Decimal first; a Fraction still gives any exact value, and 1e-400 is taken."""
+    import time
+
+    from softmaxtheory.spec import Constant, LogLength, Polynomial
+
+    start = time.perf_counter()
+    for make in (Constant, LogLength, lambda t: Polynomial((t, "1"))):
+        for text in ("1e99999999", "1e-9999999", "-1e-5000"):
+            with pytest.raises(ValueError, match=r"decimal exponent beyond \+-4000"):
+                make(text)
+    assert time.perf_counter() - start < 5.0  # (each refusal reads no power of ten)
+    tiny = LogLength("1e-400")
+    assert tiny.exact_s == Fraction(1, 10**400)
+    assert tiny.exact_s is tiny.exact_s  # read once, kept
+    assert Constant(Fraction(1, 10**5000)).exact_beta == Fraction(1, 10**5000)
+
+
+@pytest.mark.parametrize("coefficients", [{"2", "-1"}, {"2": 1, "-1": 0}, frozenset({"1"})])
+def test_coefficients_in_an_unordered_container_are_refused(coefficients):
+    """A set gave another polynomial in each process (its order follows the hash seed), and
+    a dict gave its keys."""
+    from softmaxtheory.spec import Polynomial
+
+    with pytest.raises(TypeError, match="coefficients must be a sequence"):
+        Polynomial(coefficients)

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import re
 import sys
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 
 from .. import __version__
@@ -41,6 +43,7 @@ __all__ = [
     "load_npy",
     "main",
     "parse_float",
+    "parse_nonzero_float",
     "parse_schedule",
     "plural",
 ]
@@ -88,11 +91,39 @@ def parse_schedule(text: str) -> Schedule:
 
 
 def parse_float(text: str) -> float:
-    """Parse a float for argparse, with a clear message for bad text."""
+    """Parse a float for argparse, with a clear message for bad text.
+
+    A finite decimal beyond the float64 range is refused: read as ``inf`` it became
+    another input (``reference -- 1e400 0``, a row whose softmax is ``[1, 0]``, answered
+    NaN as a row holding ``+inf``). ``inf`` itself, spelled so, is taken.
+    """
     try:
-        return float(text)
+        value = float(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
+    if math.isinf(value) and text.strip().lstrip("+-").lower() not in ("inf", "infinity"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} lies beyond the float64 range (its largest value is about 1.8e308)"
+        )
+    return value
+
+
+def parse_nonzero_float(text: str) -> float:
+    """:func:`parse_float`, refusing a nonzero decimal that rounds to 0 (it changes a mode).
+
+    ``--entropy-eps 1e-400`` became 0.0: the exact entropy, not the guarded one asked for.
+    """
+    value = parse_float(text)
+    if value == 0.0:
+        try:
+            zero = Decimal(text.strip()) == 0
+        except ArithmeticError:
+            zero = True
+        if not zero:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} rounds to 0 in float64 (below about 5e-324), which means another mode"
+            )
+    return value
 
 
 def _is_number(word: str) -> bool:

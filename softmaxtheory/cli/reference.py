@@ -13,7 +13,7 @@ import numpy as np
 from softmaxtheory._formats import NUMPY_DTYPES
 
 from ..spec import PaperPolynomial
-from . import load_npy, parse_float, parse_schedule
+from . import load_npy, parse_float, parse_nonzero_float, parse_schedule
 
 __all__ = ["add_parser", "run"]
 
@@ -45,7 +45,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     ref.add_argument(
         "--entropy-eps",
-        type=parse_float,
+        type=parse_nonzero_float,
         default=0.0,
         metavar="E",
         help="entropy: 0 (default) the exact one; E > 0 the paper's -sum p log(p + E)",
@@ -54,8 +54,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--dtype",
         choices=NUMPY_DTYPES,
         default="float64",
-        help="the format the results are correctly rounded to (the logits are taken "
-        "exactly as given, not rounded to it first)",
+        help="the format the results are correctly rounded to (the logits are read as "
+        "float64, each decimal rounded to the nearest, and taken exactly from there, not "
+        "rounded to this format first)",
     )
     ref.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ref.add_argument("--max-items", type=int, default=20, metavar="N", help="items shown per row")
