@@ -591,7 +591,8 @@ def check_entropy_eps(entropy_eps: float) -> float:
     ValueError
         If it is negative, NaN or infinite.
     """
-    if isinstance(entropy_eps, bool) or not isinstance(entropy_eps, int | float | np.floating):
+    numeric = int | float | np.integer | np.floating  # (np.int64(1) as the int 1 is taken)
+    if isinstance(entropy_eps, bool | np.bool_) or not isinstance(entropy_eps, numeric):
         raise TypeError(f"entropy_eps must be a float, got {entropy_eps!r}")
     eps = float(entropy_eps)
     # (eps - eps == 0 is isfinite(eps); it also holds for the symbolic float that

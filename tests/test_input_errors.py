@@ -206,6 +206,8 @@ EPS_FUNCS = {
         ("1e-9", TypeError),
         (None, TypeError),
         (True, TypeError),
+        (np.True_, TypeError),
+        (np.int64(-1), ValueError),
         (1e-9j, TypeError),
         ([1e-9], TypeError),
     ],
@@ -216,7 +218,10 @@ def test_bad_entropy_eps(func, eps, exc) -> None:
             EPS_FUNCS[func](x, entropy_eps=eps)
 
 
-@pytest.mark.parametrize("eps", [0, 0.0, 1e-9, np.float32(1e-9), np.float64(0.25), 1])
+# (np.int64(1) was refused where the int 1 is taken)
+@pytest.mark.parametrize(
+    "eps", [0, 0.0, 1e-9, np.float32(1e-9), np.float64(0.25), 1, np.int64(1), np.uint8(0)]
+)
 def test_valid_entropy_eps_spellings(eps) -> None:
     h = reference.entropy([0.0, 1.0], entropy_eps=eps)
     assert np.isfinite(h)
