@@ -259,12 +259,23 @@ class Schedule(abc.ABC):
         return beta
 
 
-def _same_value(a: Schedule, other: object) -> Any:
-    """``a == other`` for a built-in schedule `a`: the same kind, the same exact values."""
-    if not isinstance(other, Schedule):
-        return NotImplemented
-    key = getattr(other, "_key", None)
-    return a is other or (key is not None and a._key[0] == key[0])  # type: ignore[attr-defined]
+class _ByValue(Schedule):
+    """A built-in schedule: equal to, and hashed as, the schedules of the same exact values.
+
+    Subclasses define ``_key`` (:func:`_value_key`) and are dataclasses with ``eq=False``
+    (a generated ``__eq__`` and ``__hash__`` would compare the fields' text).
+    """
+
+    _key: tuple[tuple, tuple]
+
+    def __eq__(self, other: object) -> Any:
+        if not isinstance(other, Schedule):
+            return NotImplemented
+        key = getattr(other, "_key", None)
+        return self is other or (key is not None and self._key[0] == key[0])
+
+    def __hash__(self) -> int:
+        return hash(self._key[1])
 
 
 def _value_key(schedule: Schedule, exact: tuple) -> tuple[tuple, tuple]:
@@ -280,8 +291,8 @@ def _value_key(schedule: Schedule, exact: tuple) -> tuple[tuple, tuple]:
     return (kind, *exact), (kind, *floats)
 
 
-@dataclass(frozen=True)
-class Polynomial(Schedule):
+@dataclass(frozen=True, eq=False)
+class Polynomial(_ByValue):
     r"""Entropy-driven polynomial schedule.
 
     .. math::
@@ -321,11 +332,12 @@ class Polynomial(Schedule):
         if not coefficients:
             raise ValueError("coefficients must hold at least one value")
         coefficients = tuple(_plain_number(c) for c in coefficients)
-        for i, c in enumerate(coefficients):
-            exact_value(c, f"coefficients[{i}]")
-        exact_value(self.threshold, "threshold")
+        exact = tuple(exact_value(c, f"coefficients[{i}]") for i, c in enumerate(coefficients))
         object.__setattr__(self, "coefficients", coefficients)
         object.__setattr__(self, "threshold", _plain_number(self.threshold))
+        # read once, here (their errors at construction): the cached properties' values
+        object.__setattr__(self, "exact_coefficients", exact)
+        object.__setattr__(self, "exact_threshold", exact_value(self.threshold, "threshold"))
 
     @functools.cached_property
     def exact_coefficients(self) -> tuple[Fraction, ...]:
@@ -344,12 +356,6 @@ class Polynomial(Schedule):
         c = self.exact_coefficients
         lead = next((i for i, v in enumerate(c) if v != 0), len(c) - 1)
         return _value_key(self, (c[lead:], self.exact_threshold))
-
-    def __eq__(self, other: object) -> Any:
-        return _same_value(self, other)
-
-    def __hash__(self) -> int:
-        return hash(self._key[1])
 
     def polynomial_exact(self, h: Fraction) -> Fraction:
         """Evaluate :math:`P` exactly at a rational point (Horner)."""
@@ -436,8 +442,8 @@ class PaperPolynomial(Polynomial):
         return "PaperPolynomial()"
 
 
-@dataclass(frozen=True)
-class Constant(Schedule):
+@dataclass(frozen=True, eq=False)
+class Constant(_ByValue):
     r"""A fixed inverse temperature :math:`\beta > 0` (``Constant(1)`` is plain softmax).
 
     Parameters
@@ -452,7 +458,7 @@ class Constant(Schedule):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "beta", _plain_number(self.beta))
-        if exact_value(self.beta, "beta") <= 0:
+        if self.exact_beta <= 0:
             raise ValueError(f"beta must be > 0, got {self.beta!r}")
 
     @functools.cached_property
@@ -464,12 +470,6 @@ class Constant(Schedule):
     def _key(self) -> tuple[tuple, tuple]:
         return _value_key(self, (self.exact_beta,))
 
-    def __eq__(self, other: object) -> Any:
-        return _same_value(self, other)
-
-    def __hash__(self) -> int:
-        return hash(self._key[1])
-
     def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
         n = np.asarray(n_eff)
         shape = np.broadcast(np.asarray(entropy), n).shape
@@ -477,8 +477,8 @@ class Constant(Schedule):
         return np.broadcast_to(np.where(n == 0, 1.0, beta), shape).copy()
 
 
-@dataclass(frozen=True)
-class LogLength(Schedule):
+@dataclass(frozen=True, eq=False)
+class LogLength(_ByValue):
     r"""Scalable-Softmax: :math:`\beta = s \log n_{\mathrm{eff}}`.
 
     :math:`n_{\mathrm{eff}}` is the number of unmasked items in the row.
@@ -495,7 +495,7 @@ class LogLength(Schedule):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "s", _plain_number(self.s))
-        if exact_value(self.s, "s") <= 0:
+        if self.exact_s <= 0:
             raise ValueError(f"s must be > 0, got {self.s!r}")
 
     @functools.cached_property
@@ -506,12 +506,6 @@ class LogLength(Schedule):
     @functools.cached_property
     def _key(self) -> tuple[tuple, tuple]:
         return _value_key(self, (self.exact_s,))
-
-    def __eq__(self, other: object) -> Any:
-        return _same_value(self, other)
-
-    def __hash__(self) -> int:
-        return hash(self._key[1])
 
     def beta_float(self, entropy: Any, n_eff: Any) -> np.ndarray:  # noqa: D102
         n = np.asarray(n_eff, dtype=np.float64)
@@ -648,6 +642,15 @@ def refuse_masked(x: Any, name: str, role: str = "logits") -> None:
     )
 
 
+def _rounded_integer(name: str, value: int, convert: str) -> ValueError:
+    """The error for an integer `value` of `name` that float64 does not hold."""
+    return ValueError(
+        f"{name} holds the integer {value}, which float64 cannot hold exactly (beyond "
+        f"2**53): the answer would be for another input; convert it ({convert}) to accept "
+        "the nearest floats"
+    )
+
+
 def exact_float64(arr: np.ndarray, name: str) -> np.ndarray:
     """An integer array as float64, refused where float64 does not hold a value.
 
@@ -667,11 +670,7 @@ def exact_float64(arr: np.ndarray, name: str) -> np.ndarray:
         bad = ~fits | (np.where(fits, out, 0.0).astype(arr.dtype) != arr)
         if np.any(bad):
             value = int(arr[np.unravel_index(int(np.argmax(bad)), arr.shape)])
-            raise ValueError(
-                f"{name} holds the integer {value}, which float64 cannot hold exactly "
-                "(beyond 2**53): the answer would be for another input; convert it "
-                f"({name}.astype(numpy.float64)) to accept the nearest floats"
-            )
+            raise _rounded_integer(name, value, f"{name}.astype(numpy.float64)")
     return out
 
 
@@ -688,11 +687,7 @@ def _refuse_rounded_list_ints(x: list | tuple, name: str) -> None:
             if isinstance(v, list | tuple):
                 stack.append(v)
             elif isinstance(v, int) and not isinstance(v, bool) and int(float(v)) != v:
-                raise ValueError(
-                    f"{name} holds the integer {v}, which float64 cannot hold exactly "
-                    "(beyond 2**53): the answer would be for another input; convert it "
-                    f"(float({v})) to accept the nearest float"
-                )
+                raise _rounded_integer(name, v, f"float({v})")
 
 
 def numpy_array(x: Any, name: str) -> np.ndarray:
