@@ -450,7 +450,6 @@ def test_a_schedule_built_inside_a_compiled_function(make):
     def theirs():
         return 1
 
-    torch.compiler.disable(theirs, recursive=False)
     assert torch.compiler.disable(theirs, recursive=False)._torchdynamo_disable is True
     torch._dynamo.reset()
     x = torch.randn(3, 6, generator=torch.Generator().manual_seed(4))
