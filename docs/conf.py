@@ -203,3 +203,18 @@ html_sidebars = {
     for page in ("index", "testing", "gallery", "error_model", "reference", "torch", "performance")
 }
 html_last_updated_fmt = None
+
+
+# -- private bases ---------------------------------------------------------------------
+def _public_bases(app, name, obj, options, bases):
+    """Show a class's public bases: a private one (``spec._ByValue``) by its own bases."""
+    i = 0
+    while i < len(bases):
+        if bases[i].__name__.startswith("_"):
+            bases[i : i + 1] = list(bases[i].__bases__)
+        else:
+            i += 1
+
+
+def setup(app):
+    app.connect("autodoc-process-bases", _public_bases)
