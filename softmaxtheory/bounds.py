@@ -1418,10 +1418,13 @@ def adaptive_max_coefficient(n: Any, spread: Any, schedule: Schedule | None = No
     Returns
     -------
     float or numpy.ndarray
-        The bound, correctly rounded *upward* to float64: the least float at
-        least the bound, so that it holds of the exact coefficients (the
-        nearest float lies below the bound about half the time, and a row of
-        :math:`10^{400}` items would get 0.0).
+        T1 at :math:`\bar\beta(n)` rounded up to a float, correctly rounded
+        *upward* to float64: the least float at least T1 at that β, so that
+        it holds of the exact coefficients (the nearest float lies below the
+        bound about half the time, and a row of :math:`10^{400}` items would
+        get 0.0). Where :math:`\bar\beta(n) > 1` is not itself a float, the
+        result may lie some ulps (growing with :math:`\delta`) above the
+        least float at least the bound at the exact :math:`\bar\beta(n)`.
 
     Examples
     --------
@@ -1798,7 +1801,7 @@ def adaptive_max_coefficient_bracket(
     4,096 items and spread 5.69 the bracket is exact to the float (0.0674),
     where :func:`adaptive_max_coefficient` gives 0.961; the search stops after
     10,000 boxes (about 0.5 s), so near the adaptive dispersion size it can stay
-    wider (at 1,252 items: [0.5007, 0.5050]).
+    wider (at 1,252 items: [0.5006, 0.5051], rounded outward).
 
     Parameters
     ----------
@@ -1820,6 +1823,8 @@ def adaptive_max_coefficient_bracket(
     >>> b = bounds.adaptive_max_coefficient_bracket(1252, 5.69)
     >>> b.lower >= 0.5, b.witness.n
     (True, 1252)
+    >>> 0.5006 <= b.lower and b.upper <= 0.5051
+    True
     """
     n = _size(n)
     if n < 2:
