@@ -222,6 +222,34 @@ def test_device_timer_reports_device_and_host_time(monkeypatch) -> None:
     assert 0.002 <= host < 0.5
 
 
+def test_device_breakdown_counts_a_kernel_once() -> None:
+    """On CUDA an op that launched a kernel has that kernel's time as its own device time;
+    the kernel's event has it too. The rows are the device's events only: 150 us of
+    kernels (one under an aten op, one Triton launch under none) were 250 us before."""
+    pytest.importorskip("torch")
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import EventList, FunctionEvent
+
+    from softmaxtheory.bench.torch import self_time_rows
+
+    def event(i, name, device_type, start, end):
+        return FunctionEvent(
+            id=i, name=name, thread=0, start_us=start, end_us=end, input_shapes=[], stack=[],
+            use_device="cuda", device_type=device_type,
+        )  # fmt: skip
+
+    op = event(1, "aten::_flash_attention_forward", DeviceType.CPU, 0, 10)
+    kernel = event(2, "flash_fwd_kernel", DeviceType.CUDA, 5, 105)
+    op.append_kernel(kernel.name, 0, 100)  # as torch's parser links a kernel to its op
+    triton = event(3, "_entropy_kernel", DeviceType.CUDA, 110, 160)
+    events = EventList([op, kernel, triton], use_device="cuda")
+    events._build_tree()
+    rows = self_time_rows(events.key_averages(), device=True)
+    assert rows == [["flash_fwd_kernel", 100.0, 1], ["_entropy_kernel", 50.0, 1]]
+    host = self_time_rows(events.key_averages(), device=False)
+    assert [r[0] for r in host] == ["aten::_flash_attention_forward"]
+
+
 def test_breakdown_lists_a_calls_ops_by_time() -> None:
     """The profile of one call that the GPU benchmark stores per adaptive case (kernels by
     device time there); on CPU the same function lists ops by host time."""

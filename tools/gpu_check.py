@@ -44,14 +44,17 @@ leaving half a minute of the 7 for start-up and installing the project):
     passed (every one skipped: no CUDA device seen) fails.
 ``conformance``
     ``softmaxtheory check`` on CUDA for ``adaptive_softmax`` and ``adaptive_attention`` in
-    float16, bfloat16 and float32: six runs with a reduced example budget, started at once
-    (their time is the certified reference on the CPU cores; one run took 90 s on a loaded
-    2-core machine).
+    float16, bfloat16 and float32 with a reduced example budget, all started at once:
+    ``adaptive_softmax`` one run per dtype; ``adaptive_attention`` one run per dtype
+    and property (:data:`ATTENTION_PROPERTIES`), so that its Triton compilations run on
+    every core (the reference's time, on the CPU too, took 90 s for one run on a loaded
+    2-core machine). A stop at the limit sends SIGTERM first: ``check`` then kills the
+    process running the kernel, which has a session of its own.
 ``docs`` (with ``--write-docs``)
     Copies ``OUT/bench_cuda.json`` to ``docs/performance/bench_cuda_h200.json``, the file
     ``docs/performance.rst`` reads (also after a bench step stopped at its limit).
 
-Each step's output is written to ``OUT/<step>.log`` (the six conformance runs one after
+Each step's output is written to ``OUT/<step>.log`` (the conformance runs one after
 another in ``conformance.log``), and the end of a failing step's log is printed; a summary
 (step, exit status, seconds) to ``OUT/summary.json``, rewritten after every step. The exit
 status is 0 only if every step that ran passed. A step that exceeds its limit is stopped,
@@ -79,6 +82,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Total wall-clock budget of the script (s): the sum of the step limits (with ``docs``).
 BUDGET_S = 390
+
+#: Packages whose versions the env step prints (an absent one explains an empty step:
+#: the tests need pytest and Hypothesis, pytest-xdist runs them in processes).
+VERSIONS = ("triton", "numpy", "mpmath", "pytest", "hypothesis", "pytest-xdist", "numba")
+
+#: The attention kind's properties, each checked by a process of its own. On CUDA the
+#: attention kernel's examples need about 77 Triton compilations per dtype (shapes,
+#: flags and the integer arguments Triton specializes on, counted under the
+#: interpreter), a few seconds of one core each; one process per dtype compiled them one
+#: after another, several times the step's limit. Apart, they compile on every core.
+ATTENTION_PROPERTIES = (
+    "attention_values", "attention_batch", "attention_masks", "attention_causal",
+    "attention_layouts", "attention_special_values", "fresh_results",
+)  # fmt: skip
 
 #: Lines of a failing step's log printed at its end.
 TAIL_LINES = 30
@@ -133,8 +150,10 @@ def build_steps(out: Path, write_docs: bool) -> list[Step]:
     probe = (
         "import torch, importlib.metadata as m; "
         "print('torch', torch.__version__, 'cuda', torch.version.cuda, "
-        "'device', torch.cuda.get_device_name() if torch.cuda.is_available() else None); "
-        "print('triton', m.version('triton'))"
+        "'device', torch.cuda.get_device_name() if torch.cuda.is_available() else None)\n"
+        f"for name in {VERSIONS!r}:\n"
+        "    try: print(name, m.version(name))\n"
+        "    except m.PackageNotFoundError: print(name, 'absent')"
     )
     env = Step("env", 15, [["nvidia-smi"], [sys.executable, "-c", probe]])
     tests = Step(
@@ -144,14 +163,17 @@ def build_steps(out: Path, write_docs: bool) -> list[Step]:
           "-p", "no:cacheprovider", "--durations=10", *_workers()]],
     )  # fmt: skip
     conformance = Step("conformance", 70, parallel=True)
-    for kernel, kind in (("adaptive_softmax", "adaptive_softmax"), ("adaptive_attention",
-                                                                       "attention")):  # fmt: skip
-        for dtype in ("float16", "bfloat16", "float32"):
+    for dtype in ("float16", "bfloat16", "float32"):
+        for kernel, kind, only in (
+            ("adaptive_softmax", "adaptive_softmax", ()),
+            *(("adaptive_attention", "attention", ("--only", name))
+              for name in ATTENTION_PROPERTIES),
+        ):  # fmt: skip
             conformance.commands.append(
                 _softmaxtheory(
                     "check", f"softmaxtheory.accelerated.torch:{kernel}", "--kind", kind,
                     "--framework", "torch", "--device", "cuda", "--dtype", dtype,
-                    "--examples", "20",
+                    "--examples", "20", *only,
                 )
             )  # fmt: skip
     bench_json = out / "bench_cuda.json"
@@ -182,12 +204,24 @@ def _start(cmd: list[str], log: Any, capture: bool = False) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Kill `proc`'s process group: pytest-xdist workers outlived their parent otherwise."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
+def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """Stop `proc`'s process group: SIGTERM, then SIGKILL after `grace_s` seconds.
+
+    The group, because pytest-xdist workers outlived their parent otherwise; SIGTERM
+    first, because ``softmaxtheory check`` runs each kernel in a session of its own
+    and kills it on SIGTERM, which SIGKILL gives it no chance to do (a kernel holding
+    the GIL, a CUDA call or a Triton compilation, then outlives the step).
+    """
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            proc.send_signal(sig)
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
     proc.wait()
 
 

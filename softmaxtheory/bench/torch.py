@@ -42,6 +42,7 @@ __all__ = [
     "measure",
     "plan_cases",
     "run_device",
+    "self_time_rows",
 ]
 
 #: (B, H, L, S, D) cases, bfloat16 (D = 128 at 8192 included).
@@ -118,15 +119,28 @@ def breakdown(fn: Any, torch: Any, device_type: str = "cuda", top: int = 12) -> 
         fn()
         if cuda:
             torch.cuda.synchronize()
-    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
-    rows = sorted(
-        ([e.key, float(getattr(e, attr)), int(e.count)] for e in prof.key_averages()
-         if getattr(e, attr) > 0),
-        key=lambda r: -r[1],
-    )  # fmt: skip
+    rows = self_time_rows(prof.key_averages(), cuda)
     total = sum(r[1] for r in rows)
     kept = rows[:top]
     return {"total_us": total, "entries": kept, "other_us": total - sum(r[1] for r in kept)}
+
+
+def self_time_rows(averages: Any, device: bool) -> list[list[Any]]:
+    """``[name, microseconds, count]`` of each profiled event with self time, largest first.
+
+    With `device`, the device's own events (kernels, copies) by device time: a host op
+    that launched a kernel carries that kernel's time as its own device time too, so
+    counting the host ops as well listed an SDPA call's kernel twice (once under the
+    ``aten::`` name) while a Triton launch, under no op, counted once.
+    """
+    from torch.autograd import DeviceType
+
+    attr = "self_device_time_total" if device else "self_cpu_time_total"
+    rows = [
+        [e.key, float(getattr(e, attr)), int(e.count)] for e in averages
+        if getattr(e, attr) > 0 and (not device or e.device_type != DeviceType.CPU)
+    ]  # fmt: skip
+    return sorted(rows, key=lambda r: -r[1])
 
 
 def key_padding_mask(torch: Any, B: int, S: int, device: Any) -> Any:

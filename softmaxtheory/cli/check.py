@@ -225,10 +225,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         timeout = args.timeout or (10 * DEFAULT_TIMEOUT if args.thorough else DEFAULT_TIMEOUT)
         width = name_width(args.kind)  # the name column of the kind's report
         try:
-            outcome = run_isolated(
-                _child_argv(args, dtype), names, timeout,
-                progress=lambda res: write_line(res.line(width)), loaded=header,
-            )  # fmt: skip
+            with _terminate_as_exit():
+                outcome = run_isolated(
+                    _child_argv(args, dtype), names, timeout,
+                    progress=lambda res: write_line(res.line(width)), loaded=header,
+                )  # fmt: skip
         except KeyboardInterrupt:
             print("softmaxtheory check: interrupted", file=sys.stderr)
             return 130
@@ -383,6 +384,30 @@ def _child(args: argparse.Namespace, dtype: str, names: list[str]) -> int:
     if getattr(sys.stdout, "closed", False):  # by the kernel: nothing of this child's is in it
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
     return 0
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Any:
+    """Turn SIGTERM into ``SystemExit(143)`` here, so that the child is killed on the way out.
+
+    The child runs in a session of its own and ends by itself when this process's end
+    closes its stdin, unless the kernel holds the GIL (a long C call) and the thread
+    that watches stdin never runs: a ``timeout`` or a CI job's stop would then leave it
+    running (on a GPU too). Where signals cannot be set (not the main thread, not
+    POSIX) nothing changes.
+    """
+    if os.name != "posix" or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _exit_when_orphaned() -> None:
