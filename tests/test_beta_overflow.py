@@ -26,7 +26,6 @@ from softmaxtheory.spec import Constant, LogLength, Polynomial
 FUZZ_COEFFICIENT = 9.810617056046503e307
 
 
-
 def _cpu():
     """The Numba backend, or None without the ``cpu`` extra (``pytest -m cuda`` collects)."""
     try:
