@@ -520,6 +520,24 @@ def _grad_logits(x, lse2, a, b, MASKED: tl.constexpr):
     return tl.exp2(z) * (a[:, None] - b[:, None] * z)
 
 
+@triton.jit
+def _grad_dot(dx, other, PRECISION: tl.constexpr, ACC: tl.constexpr):
+    r"""``dx @ other`` for the pass-1 backward: the logits' gradients times keys or queries.
+
+    The gradient of a logit, :math:`\bar x_{ij} = p_{ij}(\overline{\mathrm{LSE}}_i +
+    \dots)`, is rounded to the operands' dtype for the tensor cores. bfloat16 has the
+    range of float32; float16 has not (:math:`6\cdot10^{-8}` to 65504), and a gradient of
+    :math:`10^6` on the log-sum-exp (a loss scaler's :math:`2^{16}` on a peaked row) made
+    :math:`\bar x` infinite, or :math:`2^{-16}` on a long row made it 0, where
+    :math:`\bar q` and :math:`\bar k` are ordinary float16 numbers. float16 operands are
+    therefore widened and multiplied in TF32, whose 10-bit significand is float16's and
+    whose exponent is float32's: the same rounding of :math:`\bar x`, without its range.
+    """
+    if other.dtype == tl.float16:
+        return tl.dot(dx, other.to(tl.float32), input_precision="tf32", out_dtype=ACC)
+    return tl.dot(dx.to(other.dtype), other, input_precision=PRECISION, out_dtype=ACC)
+
+
 @triton.jit(do_not_specialize=_GROUP)
 def _entropy_bwd_dq_kernel(
     Q,
@@ -595,7 +613,7 @@ def _entropy_bwd_dq_kernel(
             MASK_ROWS,
         )  # fmt: skip
         dx = _grad_logits(x, lse2, a, b, MASK_KIND != 0)
-        acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
+        acc += _grad_dot(dx, k, PRECISION, ACC)
     for start_n in range(inner, hi, BLOCK_N):
         x, k = _logits(
             q, K, Mask, start_n, offs_m, offs_n, offs_d, k_base, mask_base,
@@ -604,7 +622,7 @@ def _entropy_bwd_dq_kernel(
             MASK_ROWS,
         )  # fmt: skip
         dx = _grad_logits(x, lse2, a, b, True)
-        acc += tl.dot(dx.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
+        acc += _grad_dot(dx, k, PRECISION, ACC)
     dq_ptrs = DQ + pid_bh.to(tl.int64) * L * D + offs_m[:, None].to(tl.int64) * D + offs_d[None, :]
     dq = (acc * scale).to(DQ.dtype.element_ty)  # the input dtype: rounded once, here
     tl.store(dq_ptrs, dq, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D))
@@ -677,7 +695,7 @@ def _dk_tile(
         MASK_KIND, CAUSAL, PRECISION, ACC, EDGE, True, MASK_ROWS,
     )  # fmt: skip
     dx = _grad_logits(x, lse2, a, b, EDGE or MASK_KIND != 0)
-    return tl.dot(tl.trans(dx.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC)
+    return _grad_dot(tl.trans(dx), q, PRECISION, ACC)
 
 
 @triton.jit

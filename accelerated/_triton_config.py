@@ -65,8 +65,13 @@ _CUDA_BWD_TILES = (
 #: Largest max(BLOCK_M, BLOCK_N) * BLOCK_D of a backward candidate (accumulator registers).
 _BWD_MAX_ACC = 64 * 128
 
-#: Configurations Triton refused in this process: (kernel name, config items).
-_REFUSED: set[tuple[str, tuple]] = set()
+#: Configurations Triton refused in this process: (kernel name, device, tensor dtypes,
+#: config items, compile-time arguments). The device and dtypes are part of it: a tile
+#: refused for a float32 bias (or on a smaller GPU of the process) may fit a bfloat16 one.
+_REFUSED: set[tuple[Any, ...]] = set()
+
+#: Elements of Triton's largest block (``triton.language.TRITON_MAX_TENSOR_NUMEL``).
+MAX_TILE = int(getattr(triton.language, "TRITON_MAX_TENSOR_NUMEL", 2**20))
 
 
 class NoConfig(RuntimeError):
@@ -141,10 +146,21 @@ def configs(
         ``num_warps`` and ``num_stages``. Never empty: the smallest
         candidate is kept even if the estimate exceeds the budget (Triton
         then decides).
+
+    Raises
+    ------
+    NoConfig
+        If even a block of 16 rows of the head dim exceeds Triton's largest
+        block (:data:`MAX_TILE` elements: head dims above 65,536).
     """
     bd = max(16, triton.next_power_of_2(max(head_dim, 1)))
     bdv = max(16, triton.next_power_of_2(max(value_dim, 1))) if value_dim else 0
     dims = {"BLOCK_D": bd, **({"BLOCK_DV": bdv} if value_dim else {})}
+    if 16 * max(bd, bdv) > MAX_TILE:
+        raise NoConfig(
+            f"head dim {head_dim} (values {value_dim}) needs blocks of 16 x {max(bd, bdv)} "
+            f"elements, beyond Triton's largest block ({MAX_TILE})"
+        )
     if device.type != "cuda":
         return [{"BLOCK_M": 16, "BLOCK_N": 16, **dims}]
     if budget is None:
@@ -155,6 +171,8 @@ def configs(
         if smem_estimate(block_m, block_n, stages, bd, bdv, elem, mask_elem) > budget:
             continue
         if backward and max(block_m, block_n) * bd > _BWD_MAX_ACC and block_m > 16:
+            continue
+        if max(block_m, block_n) * max(bd, bdv) > MAX_TILE:
             continue
         warps = 8 if block_m >= 128 and max(bd, bdv) > 64 else 4
         out.append(
@@ -261,9 +279,12 @@ def launch(
         lower it for the device (:func:`_lowering_failed`).
     """
     name = getattr(kernel, "__name__", repr(kernel))
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    where = (str(tensors[0].device) if tensors else "", tuple(str(a.dtype) for a in tensors))
     last: Exception | None = None
     for cfg in candidates:
-        key = (name, tuple(sorted(cfg.items())), tuple(sorted(map(str, constexprs.items()))))
+        key = (name, *where, tuple(sorted(cfg.items())),
+               tuple(sorted(map(str, constexprs.items()))))  # fmt: skip
         if key in _REFUSED:
             continue
         try:

@@ -176,6 +176,52 @@ def test_launch_falls_back_to_a_smaller_configuration():
     assert again == used and len(kernel.calls) == 1  # refused configurations are skipped
 
 
+def test_a_refusal_is_remembered_for_its_dtypes_and_device_only():
+    """A tile refused with a float32 bias (more shared memory per tile) is tried again for a
+    bfloat16 one; the memo's key held only the kernel, the tile and the compile-time
+    arguments, so one refusal blocked that tile for every dtype and device of the process."""
+    cands = triton_config.configs(torch.device("cuda"), 64, 0, torch.bfloat16, 4, budget=1 << 30)
+    wide, narrow = torch.zeros(1, dtype=torch.float32), torch.zeros(1, dtype=torch.bfloat16)
+    refuse = {"n": 1}
+
+    class _OnceTooBig(_FakeKernel):
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                self.calls.append(kw["BLOCK_M"])
+                if refuse["n"]:
+                    refuse["n"] -= 1
+                    raise OutOfResources(232448, 101376, "shared memory")
+
+            return run
+
+    kernel = _OnceTooBig(0)
+    first = triton_config.launch(kernel, lambda c: (1,), (wide,), {"Y": 1}, cands)
+    assert first == cands[1]  # the largest was refused for the float32 bias
+    kernel.calls.clear()
+    assert triton_config.launch(kernel, lambda c: (1,), (narrow,), {"Y": 1}, cands) == cands[0]
+    kernel.calls.clear()
+    assert triton_config.launch(kernel, lambda c: (1,), (wide,), {"Y": 1}, cands) == cands[1]
+    assert kernel.calls == [cands[1]["BLOCK_M"]]  # remembered for float32
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_head_dim_beyond_tritons_largest_block_has_no_config(device):
+    """Head dims above 65,536: a block of 16 rows exceeds 2^20 elements, which Triton refuses
+    (a ValueError under the interpreter, not OutOfResources); NoConfig sends the caller to
+    the composition. Below, no CUDA candidate exceeds the largest block either."""
+    assert triton_config.MAX_TILE == 2**20
+    for dims in ((65537, 0), (64, 65537)):
+        with pytest.raises(triton_config.NoConfig, match="largest block"):
+            triton_config.configs(torch.device(device), *dims, torch.bfloat16, 0, budget=1 << 40)
+    for head_dim in (1024, 8192, 65536):
+        cands = triton_config.configs(
+            torch.device(device), head_dim, head_dim, torch.bfloat16, 0, budget=1 << 40
+        )
+        assert cands and all(
+            max(c["BLOCK_M"], c["BLOCK_N"]) * c["BLOCK_D"] <= 2**20 for c in cands
+        )
+
+
 def test_launch_raises_no_config_when_nothing_fits():
     cands = triton_config.configs(torch.device("cuda"), 64, 0, torch.float16, 0, budget=1 << 30)
     with pytest.raises(triton_config.NoConfig, match="no launch configuration"):

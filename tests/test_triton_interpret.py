@@ -309,8 +309,53 @@ def _child(out_dir: Path, part: str) -> None:
         _child_gradcheck(out_dir)
         _child_memory(out_dir)
         _child_edges(out_dir)
+        _child_half_gradient_range(out_dir)
     else:
         raise SystemExit(f"unknown part {part!r}")
+
+
+#: (name, S, key offset, the log-sum-exps' upstream gradient) of the float16 backward
+#: cases whose logit gradients leave float16's range while dq and dk stay in it
+HALF_GRADIENT_CASES = [("large", 6, 0.0, 1e6), ("small", 1024, 60.0, 2.0**-16)]
+
+
+def _half_gradient_inputs(S_: int, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(1, 1, 4, 16, generator=g, dtype=torch.float64) * 0.1
+    k = torch.randn(1, 1, S_, 16, generator=g, dtype=torch.float64) * 0.1 + offset
+    return q.to(torch.float16), k.to(torch.float16)
+
+
+def _child_half_gradient_range(out_dir: Path) -> None:
+    """float16 pass-1 gradients through the kernels, upstream gradients of 1e6 and 2^-16."""
+    from softmaxtheory.accelerated import _triton_attention as tri
+    from softmaxtheory.accelerated.torch import adaptive_attention as adaptive_attention_
+    from softmaxtheory.accelerated.torch import attention_entropy
+
+    for name, S_, offset, upstream in HALF_GRADIENT_CASES:
+        q, k = (t.requires_grad_() for t in _half_gradient_inputs(S_, offset))
+        launched = []
+        real = tri.launch
+
+        def spy(kernel, *args, real=real, launched=launched):
+            launched.append(kernel.__name__)
+            return real(kernel, *args)
+
+        tri.launch = spy
+        try:
+            _, lse = attention_entropy(q, k)
+            (lse.float() * upstream).sum().backward()
+        finally:
+            tri.launch = real
+        assert "_entropy_bwd_dq_kernel" in launched and "_entropy_bwd_dk_kernel" in launched
+        np.savez(out_dir / f"half-grad-{name}.npz", dq=q.grad.double().numpy(),
+                 dk=k.grad.double().numpy())  # fmt: skip
+    # a head dim whose 16-row block exceeds Triton's largest block: the composition runs
+    q, k = torch.zeros(1, 1, 2, 65537), torch.zeros(1, 1, 3, 65537)
+    v = torch.ones(1, 1, 3, 2)
+    h, lse = attention_entropy(q, k)
+    out = adaptive_attention_(q, k, v, backend="auto")
+    np.savez(out_dir / "huge-head-dim.npz", h=h.numpy(), lse=lse.numpy(), out=out.numpy())
 
 
 def _child_kernels(out_dir: Path) -> None:
@@ -768,6 +813,33 @@ def test_pass_one_backward_kernels_match_the_torch_twin(child_outputs, case):
         scale = max(float(np.abs(r[ref]).max()), 1e-30)
         rtol = 1e-4 if case[1] == "float32" else 2e-2
         assert float(np.abs(r[got] - r[ref]).max()) <= rtol * scale, got
+
+
+@pytest.mark.parametrize("case", HALF_GRADIENT_CASES, ids=[c[0] for c in HALF_GRADIENT_CASES])
+def test_pass_one_backward_keeps_float16_logit_gradients_in_range(child_outputs, case):
+    """float16 dq and dk are the float64 gradients rounded, where the logits' gradients are not
+    float16 numbers: they overflowed to inf (an upstream 1e6) or flushed to 0 (2^-16 over
+    1024 keys) when rounded to float16 for the tensor-core product."""
+    name, S_, offset, upstream = case
+    r = np.load(child_outputs / f"half-grad-{name}.npz")
+    q, k = (t.double().requires_grad_() for t in _half_gradient_inputs(S_, offset))
+    x = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    (torch.logsumexp(x, -1) * upstream).sum().backward()
+    assert np.abs(q.grad.numpy()).max() > 2.0**-14  # dq: normal float16 numbers
+    for got, want in ((r["dq"], q.grad.numpy()), (r["dk"], k.grad.numpy())):
+        assert np.isfinite(got).all()
+        if np.abs(want).max() > 2.0**-14:  # (dk of "small" is below float16's normal range)
+            # a few float16 roundings of each term (float16's u is 2^-11)
+            assert np.abs(got - want).max() <= 2.0**-8 * np.abs(want).max()
+
+
+def test_a_head_dim_beyond_triton_blocks_takes_the_composition(child_outputs):
+    """Head dim 65,537: a 16-row block of 2^17 elements exceeds Triton's largest (2^20). The
+    interpreter raised its ValueError through attention_entropy and adaptive_attention."""
+    r = np.load(child_outputs / "huge-head-dim.npz")
+    np.testing.assert_allclose(r["h"], math.log(3), rtol=1e-6)
+    np.testing.assert_allclose(r["lse"], math.log(3), rtol=1e-6)
+    np.testing.assert_array_equal(r["out"], np.ones((1, 1, 2, 2)))
 
 
 @pytest.mark.parametrize("case", DEAD_ROW_CASES)
