@@ -217,9 +217,7 @@ def test_a_head_dim_beyond_tritons_largest_block_has_no_config(device):
         cands = triton_config.configs(
             torch.device(device), head_dim, head_dim, torch.bfloat16, 0, budget=1 << 40
         )
-        assert cands and all(
-            max(c["BLOCK_M"], c["BLOCK_N"]) * c["BLOCK_D"] <= 2**20 for c in cands
-        )
+        assert cands and all(max(c["BLOCK_M"], c["BLOCK_N"]) * c["BLOCK_D"] <= 2**20 for c in cands)
 
 
 def test_launch_raises_no_config_when_nothing_fits():
