@@ -53,6 +53,7 @@ from ._torch_common import (
     stats_dtype,
     transformed,
     unwrapped,
+    valueless,
 )
 from ._torch_softmax import READ, adaptive_softmax_lastdim
 
@@ -340,6 +341,12 @@ def prepare(
             raise ValueError(f"attn_mask must be on {q.device}, got {attn_mask.device}")
         if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
             raise TypeError(f"attn_mask must be boolean or floating, got dtype {attn_mask.dtype}")
+        if attn_mask.dtype.is_floating_point and attn_mask.dtype.itemsize < 2:
+            raise TypeError(
+                f"attn_mask of dtype {attn_mask.dtype} is not supported (torch has no "
+                "arithmetic for it): pass a boolean mask, or a float16, bfloat16, float32 or "
+                "float64 one"
+            )
         if attn_mask.requires_grad and torch.is_grad_enabled():
             raise ValueError("attn_mask requires grad: gradients to the mask are not supported")
         try:
@@ -353,7 +360,12 @@ def prepare(
                 f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
                 f"(..., {L}, {S}) (queries, keys)"
             )
-        lead = full[:-2]
+        if tuple(full[:-2]) != tuple(lead):
+            raise ValueError(
+                f"attn_mask of shape {tuple(attn_mask.shape)} would widen the leading "
+                f"dimensions {tuple(lead)} of q, k and v to {tuple(full[:-2])}: the output "
+                "follows q, k and v (as SDPA's does), so the mask may only broadcast to them"
+            )
         mask = attn_mask.expand(*attn_mask.shape[:-2], L, S)  # a (..., L, 1) mask covers S
     # the reductions start now; their values are read after the views below are made
     read = _start_read(_scan([q, k] if v is None else [q, k, v]))
@@ -362,9 +374,9 @@ def prepare(
     v4 = None if v is None else _to4(v, lead, kv_heads)
     keep = add = None
     bias = False
-    # meta tensors (shape inference, a model built on the meta device) have no values to
-    # read: like an empty problem, they get results of the right shape, computed from none
-    empty = q4.shape[0] * q4.shape[1] == 0 or L == 0 or S == 0 or q.device.type == "meta"
+    # meta and fake tensors (shape inference, a model built on the meta device) have no
+    # values to read: like an empty problem, they get results of the right shape
+    empty = q4.shape[0] * q4.shape[1] == 0 or L == 0 or S == 0 or valueless(q)
     if empty:
         n_eff = torch.zeros((*q4.shape[:2], L), dtype=torch.int64, device=q.device)
         return Prepared(q4, k4, v4, lead, scale, is_causal, None, None, False, n_eff, None,

@@ -58,6 +58,7 @@ __all__ = [
     "stats_dtype",
     "transformed",
     "unwrapped",
+    "valueless",
 ]
 
 #: Input dtypes whose statistics are kept in float32 (those whose working format is float32).
@@ -68,6 +69,23 @@ _FLOAT_DTYPES = tuple(getattr(torch, n) for n in DTYPES)
 
 #: torch.compiler.is_compiling (torch 2.3 and later)
 is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
+
+def valueless(t: torch.Tensor) -> bool:
+    """Whether `t` has a shape but no values: a meta tensor, or a fake one.
+
+    Shape inference runs a model on the ``meta`` device or under ``FakeTensorMode``
+    (memory estimators, sharding planners); SDPA gives results of the right shape
+    there, and the host reads of the attention functions could not: a fake tensor's
+    device is a real one's, so ``tolist()`` raised ``DataDependentOutputException``.
+    False while :func:`torch.compile` traces, whose graph breaks at those reads instead.
+    """
+    if t.device.type == "meta":
+        return True
+    if is_compiling():
+        return False
+    fake = getattr(getattr(torch, "_subclasses", None), "FakeTensor", None)
+    return fake is not None and isinstance(t, fake)
 
 
 def transformed(*tensors: torch.Tensor | None) -> bool:
@@ -629,8 +647,8 @@ def beta_from_entropy(
             "forward-mode AD; use Polynomial, Constant or LogLength there, or call it outside "
             "the transform"
         )
-    if n_eff.device.type == "meta":
-        # meta tensors (shape inference, a model built on the meta device) have no values
+    if valueless(n_eff):
+        # meta or fake tensors (shape inference, a model built on the meta device) have no values
         # to copy to the host: β of the rows' shape, as the built-in schedules give there
         shape = n_eff.shape if entropy is None else broadcast_shapes(entropy.shape, n_eff.shape)
         return torch.empty(shape, dtype=torch.float64, device=n_eff.device)

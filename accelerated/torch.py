@@ -198,11 +198,15 @@ def adaptive_attention(
     v : torch.Tensor, shape (..., S, Dv)
         Values. Leading dimensions broadcast; `q`, `k`, `v` share a dtype.
     attn_mask : torch.Tensor, optional
-        Broadcastable to ``(..., L, S)``. Boolean: ``True`` takes part in
-        attention. Floating: added to the logits (``-inf`` masks); the whole
-        logit, mask included, is multiplied by :math:`\beta_i` (the spec).
+        Broadcastable to ``(..., L, S)``, the leading dimensions of `q`, `k`
+        and `v` (it may not add any, as in SDPA). Boolean: ``True`` takes part
+        in attention. Floating (16 bits or more): added to the logits (``-inf``
+        masks); the whole logit, mask included, is multiplied by
+        :math:`\beta_i` (the spec).
     is_causal : bool, default False
         Mask keys ``j > i`` (top-left aligned); not together with `attn_mask`.
+        SDPA's fifth argument is ``dropout_p``, which this function does not
+        take (no dropout): pass `is_causal` by keyword when porting a call.
     scale : float, optional
         Logit scale, default :math:`1/\sqrt{D}`.
     enable_gqa : bool, default False

@@ -701,6 +701,47 @@ def test_a_gradient_past_the_float_range_overflows_to_signed_infinities(detach_b
     assert torch.equal(x.grad, want), x.grad
 
 
+# ---------------------------------------------------------------- masks SDPA refuses
+
+
+@pytest.mark.parametrize(
+    ("q_shape", "mask_shape"),
+    [((2, 3, 5, 4), (4, 2, 3, 5, 7)), ((5, 4), (3, 5, 7)), ((5, 4), (1, 1, 5, 7))],
+)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_mask_may_not_widen_the_leading_dimensions(q_shape, mask_shape, backend):
+    """SDPA's output follows q, k and v, and it refuses a mask with leading dimensions they
+    lack; the mask's broadcast used to set the output's, so a (4, B, H, L, S) mask made four
+    copies of the output and a (1, 1, L, S) one gave 2-D queries a 4-D result."""
+    import torch.nn.functional as F  # noqa: N812
+
+    q = torch.randn(q_shape)
+    k = torch.randn((*q_shape[:-2], 7, 4))
+    v = torch.randn((*q_shape[:-2], 7, 6))
+    mask = torch.ones(mask_shape, dtype=torch.bool)
+    with pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    for m in (mask, torch.zeros(mask_shape)):
+        with pytest.raises(ValueError, match="would widen the leading dimensions"):
+            adaptive_attention(q, k, v, m, backend=backend)
+    with pytest.raises(ValueError, match="would widen the leading dimensions"):
+        attention_entropy(q, k, mask)
+    # broadcasting over the leading dimensions they have is still fine, as in SDPA
+    ok = torch.ones((*(1,) * (len(q_shape) - 2), 5, 7), dtype=torch.bool)
+    assert adaptive_attention(q, k, v, ok, backend=backend).shape == (*q_shape[:-1], 6)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_a_float8_mask_is_refused_by_name(dtype):
+    """A float8 additive mask passed the floating check and then failed inside torch
+    (``"isfinite" not implemented``): a TypeError that names the dtypes to use instead."""
+    dtype = getattr(torch, dtype, None) or pytest.skip("torch without float8")
+    q = torch.randn(2, 5, 4)
+    mask = torch.zeros(5, 5).to(dtype)
+    with pytest.raises(TypeError, match="float16, bfloat16, float32 or float64"):
+        adaptive_attention(q, q, q, mask)
+
+
 # ---------------------------------------------------------------- meta tensors
 
 
@@ -733,6 +774,32 @@ def test_meta_tensors_give_the_shapes_and_dtypes_of_real_ones(shapes, kwargs, dt
         assert (got.shape, got.dtype, got.requires_grad) == (want.shape, want.dtype, True)
         got.sum().backward()
         assert meta[0].grad.shape == meta[0].shape and meta[0].grad.device.type == "meta"
+
+
+@pytest.mark.parametrize(
+    ("shapes", "kwargs"),
+    [
+        (((2, 8, 5, 4), (2, 2, 7, 4), (2, 2, 7, 3)), {"enable_gqa": True}),
+        (((5, 4), (7, 4), (7, 6)), {"is_causal": True}),
+    ],
+)
+def test_fake_tensors_give_the_shapes_of_real_ones(shapes, kwargs):
+    """Under ``FakeTensorMode`` (memory estimators, sharding planners), whose tensors report a
+    real device, the host reads raised ``DataDependentOutputException``; SDPA answers there,
+    and so do these now, as on the meta device."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    real = [torch.randn(s) for s in shapes]
+    want = (adaptive_attention(*real, **kwargs), attention_entropy(*real[:2], **kwargs)[0],
+            adaptive_softmax(real[0], schedule=_HalfEntropy(), detach_beta=True))  # fmt: skip
+    with FakeTensorMode():
+        fake = [torch.randn(s).requires_grad_() for s in shapes]
+        got = (adaptive_attention(*fake, **kwargs), attention_entropy(*fake[:2], **kwargs)[0],
+               adaptive_softmax(fake[0], schedule=_HalfEntropy(), detach_beta=True))  # fmt: skip
+        for g, w in zip(got, want, strict=True):
+            assert isinstance(g, FakeTensor) and (g.shape, g.dtype) == (w.shape, w.dtype)
+        got[0].sum().backward()
+        assert fake[0].grad.shape == fake[0].shape
 
 
 class _HalfEntropy(Schedule):
