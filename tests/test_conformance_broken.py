@@ -167,9 +167,9 @@ def test_a_kernel_that_refuses_float_masks_passes_with_a_note():
         return bk.attention(q, k, v, mask=mask, is_causal=is_causal)
 
     full = conf.run_property("attention_masks", conf.Target(both, kind="attention"))
-    # the additive cases: a (5, 7) bias, key padding, a bias over 300 keys, the far keys
-    # and the masked queries
-    assert full.status == "pass" and full.checks == res.checks + 5 and not full.notes
+    # the additive cases: a (5, 7) bias, key padding, a bias over 300 keys, the far keys,
+    # the masked queries and the queries at the lowest float
+    assert full.status == "pass" and full.checks == res.checks + 6 and not full.notes
     # a kernel that takes schedule= is also called with the suite's other schedules, on
     # the boolean key padding and the (5, 7) bias
     sched = conf.run_property("attention_masks", conf.Target(bk.attention, kind="attention"))

@@ -118,16 +118,33 @@ def _deep_row_source(dtype: str) -> str:
     return f"np.linspace(0.0, {-float(depth)!r}, 257)[None, :]"
 
 
-def _p_values(t: Target, run: Run) -> None:
-    """Masked rows far from zero, a row down to the least subnormal weight, then random batches.
+def _lowest_rows_source(dtype: str) -> str:
+    r"""Rows of tied items at the lowest finite float of `dtype` and at 0.6 of it.
 
-    The masked rows are :data:`MASKED_FAR_ROWS` and the deep row :func:`_deep_row_source`,
-    checked whatever Hypothesis draws; the batches come from every row family, against
-    the reference.
+    Finite numbers are values, however low: each row is uniform. A kernel (or a wrapper)
+    that reads the lowest float as a mask, as Hugging Face's additive masks write one,
+    or everything below half of it, answers zeros or NaN there; no other row of the
+    suite has its maximum that low.
+    """
+    low = -FORMATS[dtype].max_finite
+    return f"np.array([[{low!r}] * 3, [{0.6 * low!r}] * 3])"
+
+
+def _p_values(t: Target, run: Run) -> None:
+    """Masked rows far from zero, rows at the bottom of the range, a deep row, random batches.
+
+    The masked rows are :data:`MASKED_FAR_ROWS`, the rows of tied items at the lowest
+    float :func:`_lowest_rows_source` and the deep row :func:`_deep_row_source`, checked
+    whatever Hypothesis draws; the batches come from every row family, against the
+    reference.
     """
     for src in MASKED_FAR_ROWS:
         x = strat.cast(eval(src, {"np": np}), t.dtype)
         run.compare(run.call(x), x, source=_src_cast(src, t.dtype), what="masked row far from 0")
+    src = _lowest_rows_source(t.dtype)
+    x = strat.cast(eval(src, {"np": np}), t.dtype)
+    what = "tied items at the lowest finite float and at 0.6 of it (values, not masks)"
+    run.compare(run.call(x), x, source=_src_cast(src, t.dtype), what=what)
     src = _deep_row_source(t.dtype)
     x = strat.cast(eval(src, {"np": np}), t.dtype)
     what = "a row whose weights reach the least subnormal"
@@ -531,6 +548,9 @@ GRID_ROWS = "np.random.default_rng(44).normal(0.0, 2.0, (7, 4))[np.arange(65537)
 def _p_dtype_shape(t: Target, run: Run) -> None:
     """Output dtype equals the input dtype; shapes (n,), (1, n), (2, 3, n), views.
 
+    The views: transposed, batch slices and swapped batch axes, a slice inside its
+    buffer, a row broadcast along a batch axis of stride 0, and in numpy negative strides.
+
     Then a new shape after a call in another dtype (:func:`_after_another_dtype`). A
     torch kernel is also called with inputs that require grad, under ``no_grad`` and
     under ``inference_mode`` (see :func:`_grad_modes`).
@@ -571,6 +591,25 @@ def _p_dtype_shape(t: Target, run: Run) -> None:
         ("x[1:, 1:] of a (5, n + 1) array (it starts inside its buffer)", big[0],
          lambda a: a[1:, 1:], big[0, 1:, 1:], f"({big_src})[0, 1:, 1:]"),
     ]  # fmt: skip
+    # a batch axis of stride 0 (one row broadcast to four, read-only in numpy), and in
+    # numpy negative strides (rows, then items, reversed): a kernel that refused such a
+    # view, or took the row stride as unsigned and returned the rows in the other order,
+    # conformed
+    if t.framework == "numpy":
+        rows4 = lambda a: np.broadcast_to(a[:1], (4, a.shape[-1]))  # noqa: E731
+        views += [
+            ("x[::-1], the rows reversed (a negative row stride)", big[0],
+             lambda a: a[::-1], big[0, ::-1], f"({big_src})[0, ::-1]"),
+            ("x[:, ::-1], the items reversed (a negative item stride)", big[0],
+             lambda a: a[:, ::-1], big[0, :, ::-1], f"({big_src})[0, :, ::-1]"),
+        ]  # fmt: skip
+    else:
+        rows4 = lambda a: a[:1].expand(4, a.shape[-1])  # noqa: E731
+    views.append(
+        ("one row broadcast to four (a batch stride of 0)", big[0], rows4,
+         np.broadcast_to(big[0, :1], (4, 7)),
+         f"np.broadcast_to(({big_src})[0, :1], (4, 7))"),
+    )  # fmt: skip
     for label, data, view, shown, src in views:
         run.compare(run.call(data, view=view), np.ascontiguousarray(shown), what=label,
                     source=src)  # fmt: skip
@@ -1500,6 +1539,33 @@ def _additive_masks(
     # query whose every key is masked the mean of the values
     _masked_far_keys(run, additive=True)
     _fully_masked_queries(run, additive=True)
+    _lowest_float_masks(run)
+
+
+def _lowest_float_masks(run: Run) -> None:
+    r"""Float masks whose entries for some queries are all the lowest finite float (or 0.6 of it).
+
+    Hugging Face writes masked keys as the lowest float; it is a value, not ``-inf``: a
+    query whose every key carries it attends them all (its logits, rounded, are about
+    equal: nearly the mean of the values, which lie near 3), where a kernel that reads the
+    lowest float (or everything below half of it) as a mask answers 0 or NaN. The other
+    queries keep some keys at 0.
+    """
+    t = run.target
+    ops, source = _qkv(t, ((57, (2, 4, 4)), (58, (2, 6, 4)), (59, (2, 6, 3))))
+    # values near 3: the rounded logits' allowance spans the values, and 0 lies outside
+    v_src = "np.random.default_rng(59).normal(3.0, 0.5, (2, 6, 3))"
+    ops["v"], source["v"] = strat.cast(eval(v_src, {"np": np}), t.dtype), _src_cast(v_src, t.dtype)
+    low = -FORMATS[t.dtype].max_finite
+    mask_src = (
+        f"np.where(np.arange(4)[:, None] < 2, np.array([{low!r}, {0.6 * low!r}, 0.0, 0.0])"
+        "[:, None], np.where((np.random.default_rng(60).random((2, 4, 6)) < 0.5) & "
+        f"(np.arange(6) > 0), {low!r}, 0.0))"
+    )
+    mask = strat.cast(eval(mask_src, {"np": np}), t.dtype)
+    inputs = {**ops, "mask": mask, "is_causal": False}
+    what = "masked, queries whose every key carries the lowest finite float (0.6 of it)"
+    _attention_compare(run, inputs, what, source={**source, "mask": _src_cast(mask_src, t.dtype)})
 
 
 def _p_attention_causal(t: Target, run: Run) -> None:

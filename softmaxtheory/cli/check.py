@@ -378,6 +378,14 @@ def _child(args: argparse.Namespace, dtype: str, names: list[str]) -> int:
             res = conf.run_property(name, target)
         except KeyboardInterrupt:  # the parent runs this child in its own session: the kernel
             res = conf.PropertyResult(name, "fail", message="the kernel raised KeyboardInterrupt")
+        except Exception as exc:  # the check's own error, not the kernel's exit status 1
+            import traceback
+
+            res = conf.PropertyResult(name, "fail", message=(
+                f"the check itself raised {type(exc).__name__}: {exc}, an error of "
+                "softmaxtheory's, not a verdict on the kernel (please report it):\n"
+                + "".join(traceback.format_exception(exc)).rstrip()
+            ))  # fmt: skip
         emit(event="result", result=asdict(res))
     emit(event="done")
     channel.close()

@@ -385,6 +385,38 @@ def clamped_logits(x):
     return _softmax(w).astype(x.dtype)
 
 
+def lowest_float_as_mask(x):
+    """Defect: the lowest finite float read as a mask (-inf), as Hugging Face-style
+    additive masks write one: a row of tied items there answers NaN, not uniform."""
+    x = np.asarray(x)
+    return softmax(np.where(x == np.finfo(x.dtype).min, -np.inf, x))
+
+
+def below_half_the_lowest_float_as_mask(x):
+    """Defect: every item at or below half the lowest finite float read as a mask."""
+    x = np.asarray(x)
+    return softmax(np.where(x <= np.finfo(x.dtype).min / 2, -np.inf, x))
+
+
+def refuses_negative_and_zero_strides(x):
+    """Defect: a kernel (a C extension's wrapper) that refuses views of negative or zero
+    strides, which numpy hands it for ``x[::-1]`` and ``np.broadcast_to``."""
+    x = np.asarray(x)
+    if any(st <= 0 for st, n in zip(x.strides, x.shape, strict=True) if n > 1):
+        raise ValueError("negative or zero strides are not supported")
+    return softmax(x)
+
+
+def rows_reversed_under_a_negative_stride(x):
+    """Defect: the row stride taken as unsigned: rows of ``x[::-1]`` come back in the order
+    of the buffer (the reverse of the view's)."""
+    x = np.asarray(x)
+    out = softmax(np.ascontiguousarray(x))
+    if x.ndim >= 2 and x.strides[-2] < 0:
+        out = out[..., ::-1, :].copy()
+    return out
+
+
 def mask_as_minus_1e4(x):
     """Defect: -inf replaced by -1e4 (a "finite mask"), then a correct softmax."""
     x = np.asarray(x)
@@ -1220,6 +1252,18 @@ def attention_additive_mask_clamped(q, k, v, mask=None, is_causal=False):
     return attention(q, k, v, mask=mask, is_causal=is_causal)
 
 
+def attention_lowest_float_mask_dropped(q, k, v, mask=None, is_causal=False):
+    """Defect: float mask entries at or below half the lowest finite float read as -inf (a
+    wrapper turning Hugging Face masks into boolean ones), in plain attention: a query
+    whose every key carries the lowest float gets 0 where the values' mean is right. (For
+    an adaptive kernel the allowance of logits rounded at the edge of the range, with β
+    anywhere up to beta_max there, spans 0 too.)"""
+    if mask is not None and np.asarray(mask).dtype != bool:
+        m = np.asarray(mask)
+        mask = np.where(m <= np.finfo(m.dtype).min / 2, -np.inf, m).astype(m.dtype)
+    return softmax_attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
 def attention_no_keys_unwritten(q, k, v, mask=None, is_causal=False):
     """Defect: a flash-style loop whose output is written after the last key block: with
     no keys there is no block and the buffer is returned as allocated (0.5 here, standing
@@ -1869,6 +1913,15 @@ CATALOGUE = {
         torch_masked_entropy_rounded_bfloat16,
         {**_A, "dtype": "bfloat16", "framework": "torch"}, "branch_points"),
     "-inf replaced by -1e4": (mask_as_minus_1e4, {"dtype": "float32"}, "values"),
+    "the lowest finite float read as a mask": (lowest_float_as_mask, {}, "values"),
+    "items below half the lowest float read as masked": (
+        below_half_the_lowest_float_as_mask, {"dtype": "float16"}, "values"),
+    "negative and zero strides refused": (refuses_negative_and_zero_strides, {}, "dtype_shape"),
+    "rows of a negative-stride view returned reversed": (
+        rows_reversed_under_a_negative_stride, {"dtype": "float32"}, "dtype_shape"),
+    "float mask entries below half the lowest float read as -inf": (
+        attention_lowest_float_mask_dropped, {"kind": "attention", "schedule": Constant(1)},
+        "attention_masks"),
     # classic mistakes
     "one entropy for the whole batch": (batch_global_entropy, _A, "batch_independence"),
     "beta below 1 (no max(P, 1))": (beta_below_one, _A, "temperature_cap"),
