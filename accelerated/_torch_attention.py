@@ -855,8 +855,37 @@ def _aligned_rows(t: torch.Tensor) -> torch.Tensor:
     return t if _rows_aligned(t, 8) else t.clone(memory_format=torch.contiguous_format)
 
 
-#: False once cuDNN's attention refused a call in this process (then flash is used).
-_CUDNN_OK = True
+#: The calls cuDNN's attention refused in this process, by (device, dtype, L, S, D, Dv,
+#: causal): those take the flash kernel. One refusal used to turn cuDNN off for every
+#: later call of the process, whatever its shape (about half the speed on an H200).
+_CUDNN_REFUSED: set[tuple[object, ...]] = set()
+
+
+def _cudnn_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """cuDNN's fused attention and its log-sum-exp, or None where cuDNN refuses the call.
+
+    Its refusals depend on the cuDNN version and the shape, and are remembered for the
+    call's signature (:data:`_CUDNN_REFUSED`); running out of memory is not a refusal,
+    and is raised. A log-sum-exp of another size than the rows' counts as a refusal.
+    """
+    op = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", None)
+    key = (str(q.device), q.dtype, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1],
+           is_causal)  # fmt: skip
+    if op is None or key in _CUDNN_REFUSED:
+        return None
+    lead = q.shape[:-1]
+    try:
+        res = op(q, k, v, None, True, 0.0, is_causal, False, scale=scale)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except (RuntimeError, NotImplementedError):
+        res = None
+    if res is None or res[1].numel() != math.prod(lead):
+        _CUDNN_REFUSED.add(key)
+        return None
+    return res[0], res[1].reshape(lead)
 
 
 def _lse_primitive(
@@ -873,7 +902,6 @@ def _lse_primitive(
     masked query gives ``out = 0``. ``lse`` is None when no fused kernel is
     available here (the caller then uses the chunked path).
     """
-    global _CUDNN_OK
     aten = torch.ops.aten
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     q, scale = _positive_scale(q, scale)
@@ -896,23 +924,15 @@ def _lse_primitive(
         # top-left, which the memory-efficient kernel implements.
         top_left_ok = not is_causal or L == k.shape[-2]
         if add is None and q.dtype in HALF_DTYPES and d_ok and top_left_ok:
-            lead = q.shape[:-1]
-            cudnn = _CUDNN_OK and hasattr(aten, "_scaled_dot_product_cudnn_attention")
-            if cudnn and not torch.compiler.is_compiling():
+            if not torch.compiler.is_compiling():
                 # cuDNN's fused attention is what SDPA itself picks on recent GPUs (on one
                 # H200 it ran about twice as fast as the flash kernel below); it returns the
-                # log-sum-exp on request. Its refusals depend on the cuDNN version and are
-                # caught here; a compiled graph would raise them past this ``try``, so
-                # compiled code takes the flash kernel, whose limits d_ok states.
-                try:
-                    res = aten._scaled_dot_product_cudnn_attention(
-                        q, k, v, None, True, 0.0, is_causal, False, scale=scale
-                    )
-                    if res[1].numel() == math.prod(lead):
-                        return res[0], res[1].reshape(lead)
-                except (RuntimeError, NotImplementedError):
-                    pass
-                _CUDNN_OK = False
+                # log-sum-exp on request. Its refusals are caught (:func:`_cudnn_lse`); a
+                # compiled graph would raise them past the ``try``, so compiled code takes
+                # the flash kernel, whose limits d_ok states.
+                res = _cudnn_lse(q, k, v, is_causal, scale)
+                if res is not None:
+                    return res
             res = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, scale=scale)
             return res[0], res[1][..., :L]
         res = aten._scaled_dot_product_efficient_attention(

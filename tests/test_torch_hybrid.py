@@ -443,3 +443,35 @@ def test_pass2_gets_a_shared_mask_at_its_own_size(monkeypatch, mask_shape):
     got = adaptive_attention(q, k, v, attn_mask=keep, backend="hybrid")
     assert seen == [(1, 1, 6, 7) if len(mask_shape) == 2 else (2, 1, 1, 7)]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_cudnn_refusal_is_remembered_for_its_signature_only(monkeypatch):
+    """cuDNN's attention refusing one call turned it off for the whole process (every later
+    call took the flash kernel, about half the speed on an H200); now the refused signature
+    alone is remembered, and running out of memory is raised, not taken for a refusal."""
+    calls = []
+
+    def cudnn(q, k, v, *args, **kwargs):
+        calls.append(q.shape[-1])
+        if q.shape[-1] == 96:
+            raise RuntimeError("cuDNN Frontend error: No valid execution plans built.")
+        if q.shape[-1] == 32:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+        lse = torch.logsumexp(q @ k.transpose(-1, -2), -1)
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v, lse
+
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", cudnn)
+    monkeypatch.setattr(A, "_CUDNN_REFUSED", set())
+
+    def qkv(d):
+        return (torch.randn(1, 2, 5, d) for _ in range(3))
+
+    assert A._cudnn_lse(*qkv(96), False, 1.0) is None
+    assert A._cudnn_lse(*qkv(96), False, 1.0) is None and calls == [96]  # not asked again
+    out, lse = A._cudnn_lse(*qkv(64), False, 1.0)  # another head dim: cuDNN again
+    assert calls == [96, 64] and out.shape == (1, 2, 5, 64) and lse.shape == (1, 2, 5)
+    assert A._cudnn_lse(*qkv(96), True, 1.0) is None and calls == [96, 64, 96]  # causal: new
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        A._cudnn_lse(*qkv(32), False, 1.0)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        A._cudnn_lse(*qkv(32), False, 1.0)  # (not remembered as a refusal)
