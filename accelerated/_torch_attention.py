@@ -864,7 +864,7 @@ _CUDNN_REFUSED: set[tuple[object, ...]] = set()
 def _cudnn_lse(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """cuDNN's fused attention and its log-sum-exp, or None where cuDNN refuses the call.
+    """The fused attention of cuDNN and its log-sum-exp, or None where cuDNN refuses the call.
 
     Its refusals depend on the cuDNN version and the shape, and are remembered for the
     call's signature (:data:`_CUDNN_REFUSED`); running out of memory is not a refusal,
