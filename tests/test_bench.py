@@ -481,6 +481,7 @@ def test_device_run_records_every_case_and_each_failure_alone(monkeypatch, tmp_p
     assert json.loads(path.read_text()) == doc
     assert doc["complete"] and doc["device"] == "stand-in" and doc["repeat"] == 2
     assert doc["softmaxtheory"] and doc["statistic"] == "median"
+    assert doc["warmup_seconds"] == 0.0  # (CUDA only)
     assert [(r["shape"], r["causal"]) for r in doc["rows"]] == [
         ([1, 2, 40, 24, 16], False), ([1, 2, 40, 24, 16], True)]  # fmt: skip
     assert [(r["shape"], r["causal"]) for r in doc["backward_rows"]] == [

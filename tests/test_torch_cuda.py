@@ -555,3 +555,11 @@ def test_cuda_compiled_composition_takes_no_kernel_that_refuses(dtype, case):
     tol = attention_tolerance(qd, kd, vd, ref, dtype, keep=keep, add=add)
     err = np.abs(out - ref)
     assert np.all(err <= tol), f"max err/tol {np.max(err / tol)}"
+
+
+def test_cuda_warm_up_before_timing():
+    """The benchmark keeps the device busy for a while before its first case (clocks)."""
+    from softmaxtheory.bench.torch import warm_device
+
+    spent = warm_device(torch, DEVICE, 0.2)
+    assert spent >= 0.2 if DEVICE == "cuda" else spent == 0.0

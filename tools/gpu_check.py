@@ -23,7 +23,7 @@ leaving half a minute of the 7 for start-up and installing the project):
     S, D) = (8, 16, 4096, 4096, 64), (4, 16, 8192, 8192, 128), (2, 16, 16384, 16384, 64),
     and forward + backward (``auto`` with beta attached and with ``detach_beta=True``,
     against SDPA's) at (4, 16, 4096, 4096, 64) and the two larger shapes, causal and not,
-    bfloat16; median of 50
+    bfloat16, after a second of dense products (clocks); median of 50
     timed calls after a warm-up call, peak memory and host time of one call, and the
     kernels of one profiled call of ``auto``; then the tile sweep, every launch
     configuration of the pass-1 kernels and its backward timed once (median of 10), for

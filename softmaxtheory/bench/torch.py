@@ -6,7 +6,8 @@ the all-Triton kernel) and :func:`~softmaxtheory.accelerated.torch.attention_ent
 against :func:`torch.nn.functional.scaled_dot_product_attention` at the same
 shape, causal and not, forward and forward + backward (β attached, and
 ``detach_beta=True``); then, at the first shape of each pass, with a boolean
-key-padding mask (:func:`key_padding_mask`, SDPA given the same mask). Each case:
+key-padding mask (:func:`key_padding_mask`, SDPA given the same mask). First the
+device is kept busy for a second (:func:`warm_device`: clocks). Each case:
 one warm-up call (compiles the kernels), one call for the peak memory
 (``torch.cuda.max_memory_allocated`` growth), then `repeat` timed calls (CUDA
 events); the median is ``seconds`` and the best ``best_seconds``. ``host_seconds``
@@ -36,6 +37,7 @@ __all__ = [
     "MASK_KIND",
     "QUICK_SHAPES",
     "SHAPES",
+    "WARMUP_SECONDS",
     "breakdown",
     "format_run",
     "key_padding_mask",
@@ -43,6 +45,7 @@ __all__ = [
     "plan_cases",
     "run_device",
     "self_time_rows",
+    "warm_device",
 ]
 
 #: (B, H, L, S, D) cases, bfloat16 (D = 128 at 8192 included).
@@ -326,6 +329,7 @@ def measure(
     have_triton = _have_triton()
     rows: list[dict[str, Any]] = []
     sweep: dict[str, Any] = {}
+    warmed = warm_device(torch, device)
 
     def document(complete: bool) -> dict[str, Any]:
         return {
@@ -333,6 +337,7 @@ def measure(
             "triton": _version("triton"), "cuda": torch.version.cuda,
             "softmaxtheory": _version("softmaxtheory"), "repeat": repeat,
             "statistic": "median", "date": _utc_now(), "complete": complete,
+            "warmup_seconds": warmed,
             "rows": [r for r in rows if r["pass"] == "forward" and "mask" not in r],
             "backward_rows": [r for r in rows if r["pass"] != "forward" and "mask" not in r],
             "masked_rows": [r for r in rows if "mask" in r],
@@ -373,6 +378,31 @@ def measure(
     if output:
         save_json(doc, output)
     return doc
+
+
+#: Seconds of dense bfloat16 products run on a CUDA device before the first timed case.
+WARMUP_SECONDS = 1.0
+
+
+def warm_device(torch: Any, device: str, seconds: float = WARMUP_SECONDS) -> float:
+    """Keep a CUDA device busy for about `seconds` before timing; return the seconds spent.
+
+    The first case of a run is SDPA's, right after the process started: a GPU still
+    raising its clocks would make it look slower, and every ratio of its row better.
+    Products of two 4096 x 4096 bfloat16 matrices, queued in groups of 8, until
+    `seconds` have passed. Nothing (0.0) on another device.
+    """
+    if torch.device(device).type != "cuda":
+        return 0.0
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(8):
+            a = torch.mm(a, a).clamp_(-1.0, 1.0)
+        torch.cuda.synchronize()
+    del a
+    torch.cuda.empty_cache()
+    return round(time.perf_counter() - start, 3)
 
 
 def _measure_row(torch: Any, device: str, res: dict, repeat: int, have_triton: bool) -> None:
