@@ -344,6 +344,28 @@ def _ol_small_beta_like(arr):
     return lambda arr: _SMALL_BETA64
 
 
+def careful_beta(beta, arr):  # pragma: no cover - replaced by the overload in jitted code
+    r"""Whether a tempered pass over `arr` with `beta` takes the careful float64 path.
+
+    Below :func:`small_beta_like`, and for a float32 row above its largest finite value:
+    there the vectorised passes form :math:`\beta\,(x - m)` with β clamped to 3.4e38,
+    which is exact only where :math:`|x - m|` is not itself tiny. A float32 row with
+    items :math:`10^{-44}` apart under ``Constant("1e300")`` came out near uniform where
+    the exact weights are one-hot (:math:`\beta\,(x_0 - x_1) = 10^{256}`); the careful
+    path forms the product with the float64 β. (A float64 β that overflowed enters as
+    the largest float64: exact wherever :math:`1.8 \cdot 10^{308}\,|x - m|` and the exact
+    product both exceed 745, that is, unless the gap is subnormal.)
+    """
+    raise NotImplementedError
+
+
+@overload(careful_beta)
+def _ol_careful_beta(beta, arr):
+    if arr.dtype == types.float32:
+        return lambda beta, arr: beta < _SMALL_BETA32 or beta > _F32_MAX
+    return lambda beta, arr: beta < _SMALL_BETA64
+
+
 @njit(cache=True)
 def tempered_exponent(x, m, beta):
     r""":math:`\beta\,(x - m)` in float64 for an item `x` of a row of finite maximum `m`.
@@ -734,8 +756,8 @@ def pass_tempered(x, lo, hi, m, beta, out, store):
 
     A β below :func:`small_beta_like` takes :func:`tempered_small`.
     """
-    if beta < small_beta_like(x):
-        return 0, tempered_small(x, lo, hi, m, beta, out, store)
+    if careful_beta(beta, x):
+        return 0, tempered_small(x, lo, hi, m, min(beta, _F64_MAX), out, store)
     if hi - lo <= BLOCK:
         return 0, _block_tempered(x, lo, hi, m, beta, out, store)
     s = 0.0
@@ -1087,8 +1109,8 @@ def _short_row_second(x, out, i, beta_out, m_buf):
     if beta == beta and beta != 1.0:
         xs = x[i]
         os = out[i]
-        if beta < small_beta_like(xs):  # 0 * -inf, overflowed shifts: see small_beta_like
-            s2 = tempered_small(xs, 0, xs.size, m_buf[i], beta, os, True)
+        if careful_beta(beta, xs):  # 0 * -inf, overflowed shifts: see small_beta_like
+            s2 = tempered_small(xs, 0, xs.size, m_buf[i], min(beta, _F64_MAX), os, True)
         else:
             s2 = _short_tempered(xs, m_buf[i], beta_like(beta, like_array(0.0, xs)), os)
         _short_scale(os, like_array(1.0 / s2, xs))
@@ -1271,11 +1293,12 @@ def chunks_tempered(x, chunk, m, beta, out, store, c_out, r_out):
 def chunks_write(x, chunk, m, beta, inv, out, nchunk):
     """``out = e^(β(x-m)) * inv`` chunk by chunk (:func:`write_small` for a tiny β)."""
     n = x.size
-    small = beta < small_beta_like(x)
+    small = careful_beta(beta, x)
+    b64 = min(beta, _F64_MAX)
     for k in prange(nchunk):
         lo = k * chunk
         if small:
-            write_small(x, lo, min(lo + chunk, n), m, beta, inv, out)
+            write_small(x, lo, min(lo + chunk, n), m, b64, inv, out)
         else:
             pass_write(x, lo, min(lo + chunk, n), m, beta, inv, out)
 
@@ -1710,7 +1733,7 @@ def attention_apply(
                 if kind[n, i0 + a] == ROW_REGULAR:
                     ba = beta[n, i0 + a]
                     b64 = min(ba, _F64_MAX)
-                    if b64 < small_beta_like(buf):
+                    if careful_beta(b64, buf):
                         totals[a] += tempered_small(buf[a], 0, nk, m[n, i0 + a], b64, w[a], True)
                     else:
                         M = like_array(m[n, i0 + a], buf)

@@ -21,14 +21,17 @@ A row of :math:`n` items takes two passes when β = 1 and three when β ≠ 1:
    one-hot rows;
 2. β from the schedule; if β = 1 the stored exponentials are scaled by
    :math:`1/s` (one exponential per item), else :math:`e^{\beta(x_i-m)}` is
-   written, summed, and scaled. A β past the row's format (a float64 β that
-   overflowed, a float32 row's β above 3.4e38) enters the product clamped to the
-   format's largest finite value: 0 at the maximum, not ``inf * 0``; the
-   returned β stays ``inf``. A β that is 0 or nearly so (below :math:`2^{-1010}`,
-   :math:`2^{-120}` for a float32 row: a ``Constant("1e-400")`` that rounded to 0)
-   takes a slower path with each exponent in float64: a masked item keeps weight
-   0 (not ``0 * -inf``) and a finite item whose shift :math:`x_i - m` overflows
-   (``-1e308`` against ``1e308``) gets :math:`\beta x_i - \beta m`, not weight 0.
+   written, summed, and scaled. A β that is 0 or nearly so (below
+   :math:`2^{-1010}`, :math:`2^{-120}` for a float32 row: a ``Constant("1e-400")``
+   that rounded to 0) takes a slower path with each exponent in float64: a masked
+   item keeps weight 0 (not ``0 * -inf``) and a finite item whose shift
+   :math:`x_i - m` overflows (``-1e308`` against ``1e308``) gets
+   :math:`\beta x_i - \beta m`, not weight 0. A float32 row's β above 3.4e38 takes
+   that path too, its products formed with the float64 β (clamped to 3.4e38, items
+   :math:`10^{-44}` apart were weighted nearly alike where the exact weights are
+   one-hot). A float64 β that overflowed enters the product as the largest float64:
+   0 at the maximum, not ``inf * 0``, and exact unless an item lies a subnormal gap
+   below the maximum; the returned β stays ``inf``.
 
 Rows are processed in parallel (``numba.prange``). A row longer than
 :data:`CHUNK` items is split into fixed chunks whose states are merged by

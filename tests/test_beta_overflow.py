@@ -117,6 +117,35 @@ def test_cpu_and_dask_give_the_reference_hard_maximum(schedule, dtype, row) -> N
     np.testing.assert_array_equal(got.compute(), want)
 
 
+@pytest.mark.parametrize(
+    "row",
+    [[1e-44, 0.0], [1e-37, 0.0, -1e-38], [3e-45] * 2 + [0.0] * 5000],
+    ids=["subnormal gap", "normal gaps", "5002 items"],
+)
+def test_a_float32_beta_beyond_its_range_keeps_tiny_gaps(row) -> None:
+    """Under ``Constant("1e300")`` a float32 row's β was clamped to 3.4e38, so items 1e-44
+    apart (β times the gap: 1e256) were weighted nearly alike, [0.50000083, 0.49999917],
+    where the exact weights are one-hot; the products now use the float64 β."""
+    cpu = _cpu() or pytest.skip("numba (the cpu extra) is not installed")
+    schedule = Constant("1e300")
+    x = np.array(row, dtype=np.float32)
+    want = reference.adaptive_softmax(x, schedule=schedule)
+    assert want.max() >= 0.5 and np.count_nonzero(want) <= 2  # the top items only
+    np.testing.assert_array_equal(cpu.adaptive_softmax(x, schedule=schedule), want)
+    np.testing.assert_array_equal(cpu.adaptive_softmax(np.stack([x, x]), schedule=schedule)[1],
+                                  want)  # fmt: skip
+    state = cpu.StreamingSoftmax(schedule=schedule, dtype=np.float32).update(x)
+    state.update_tempered(x)
+    np.testing.assert_array_equal(state.normalize(x), want)
+    q = np.array([[1e-22]], np.float32)
+    k = np.array([[1e-22], [0.0]], np.float32)
+    v = np.array([[1.0], [0.0]], np.float32)
+    out = cpu.adaptive_attention(q, k, v, scale=1.0, schedule=schedule)
+    np.testing.assert_array_equal(out, reference.adaptive_attention(q, k, v, scale=1.0,
+                                                                    schedule=schedule))  # fmt: skip
+    assert out.item() == 1.0
+
+
 @pytest.mark.parametrize("schedule", HUGE, ids=repr)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_torch_gives_the_reference_hard_maximum(schedule, dtype) -> None:
