@@ -228,7 +228,12 @@ def as_index(value: object, name: str) -> int:
 
 
 def as_real(value: object, name: str) -> float:
-    """A real argument (Python's or numpy's int or float, not a bool), as a float."""
+    """A real argument as a float: Python's or numpy's int or float, not a bool, or a 0-d
+    real tensor (as SDPA takes ``scale=torch.tensor(0.5)``; its value is read on the host)."""
+    if isinstance(value, torch.Tensor) and value.ndim == 0:
+        if value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"{name} must be a float, got a tensor of dtype {value.dtype}")
+        return float(value.item())
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float, got {value!r}")
     return float(value)

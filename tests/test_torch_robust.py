@@ -731,6 +731,21 @@ def test_a_mask_may_not_widen_the_leading_dimensions(q_shape, mask_shape, backen
     assert adaptive_attention(q, k, v, ok, backend=backend).shape == (*q_shape[:-1], 6)
 
 
+def test_a_zero_dimensional_tensor_scale_is_taken_as_sdpa_takes_it():
+    """``scale=torch.tensor(0.5)`` (a learned temperature, say) runs SDPA; it raised a
+    TypeError here. Booleans and tensors of other shapes are still refused."""
+    import torch.nn.functional as F  # noqa: N812
+
+    q, k, v = (torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    want = F.scaled_dot_product_attention(q, k, v, scale=0.5)
+    for scale in (torch.tensor(0.5), torch.tensor(0.5, dtype=torch.float64), np.float32(0.5)):
+        got = adaptive_attention(q, k, v, scale=scale, schedule=Constant(1))
+        torch.testing.assert_close(got, want)
+    for bad in (torch.tensor(True), torch.tensor([0.5]), True):
+        with pytest.raises(TypeError, match="scale must be a float"):
+            adaptive_attention(q, k, v, scale=bad)
+
+
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
 def test_a_float8_mask_is_refused_by_name(dtype):
     """A float8 additive mask passed the floating check and then failed inside torch
