@@ -228,8 +228,11 @@ def as_index(value: object, name: str) -> int:
 
 
 def as_real(value: object, name: str) -> float:
-    """A real argument as a float: Python's or numpy's int or float, not a bool, or a 0-d
-    real tensor (as SDPA takes ``scale=torch.tensor(0.5)``; its value is read on the host)."""
+    """A real argument as a float.
+
+    Python's or numpy's int or float, not a bool; or a 0-d real tensor, as SDPA takes
+    ``scale=torch.tensor(0.5)`` (its value is read on the host).
+    """
     if isinstance(value, torch.Tensor) and value.ndim == 0:
         if value.dtype == torch.bool or value.is_complex():
             raise TypeError(f"{name} must be a float, got a tensor of dtype {value.dtype}")
