@@ -125,7 +125,7 @@ def run_conformance(
 def _pytest_check(name: str, config: Any) -> None:
     import pytest
 
-    from .pytest_plugin import conformance_result, missing_kernel, stashed_target
+    from .pytest_plugin import conformance_result, missing_kernel
 
     __tracebackhide__ = True
     kind = config.getoption("--softmax-kind")
@@ -133,9 +133,7 @@ def _pytest_check(name: str, config: Any) -> None:
         missing_kernel()
     if kind not in PROPERTIES[name][1]:
         pytest.skip(f"{name} is not a property of kind {kind}")
-    res = conformance_result(config, name)  # from the child process
-    if res is None:  # --softmax-in-process
-        res = run_property(name, stashed_target(config))
+    res = conformance_result(config, name)  # from a child process, or --softmax-in-process
     if res.status == "skip":
         pytest.skip(res.message)
     if res.status == "fail":

@@ -16,18 +16,30 @@ pass ``--softmax-kernel`` is left exactly as it was.
 The options are checked at the start of the session: a bad option value is one
 usage error (exit status 4), not an error per test. As with ``softmaxtheory
 check``, the kernel is imported, from the current folder first (as ``python -m``
-does), and the selected properties run in one child process (a fresh
-interpreter) with a time limit for the import and for each property
-(``--softmax-timeout``): a kernel whose module exits, aborts or hangs on import
-fails every test, one that does so while a property runs fails that property's
-test, and a bad kernel path ends the session as a usage error (exit status 4).
-The pytest process never imports the kernel. ``--softmax-in-process`` imports it
-and runs the properties in the pytest process instead (for ``--pdb``), where a
-kernel calling ``sys.exit`` still fails its test.
+does) and with the pytest process's ``sys.path`` (``pythonpath`` of the pytest
+configuration, entries a ``conftest.py`` added), and the selected properties run
+in a child process (a fresh interpreter) with a time limit for the import and for
+each property (``--softmax-timeout``): a kernel whose module exits, aborts or
+hangs on import fails every test, one that does so while a property runs fails
+that property's test, and a bad kernel path ends the session as a usage error
+(exit status 4). One child runs every selected property, the suite's tests
+imported into another test module included; under pytest-xdist a worker runs
+only the properties of the tests it is given, in a child per unit that
+``--dist`` hands out (the test, its file or its group), so each property runs
+once. The pytest process never imports the kernel.
+``--softmax-in-process`` imports it and runs the properties in the pytest process
+instead (for ``--pdb``), where a kernel calling ``sys.exit`` still fails its
+test, and so does one raising another ``BaseException`` (``pytest.skip`` inside
+the kernel does not skip the property).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -121,7 +133,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         _STRICT,
         action="store_true",
         default=False,
-        help="a property that cannot run on the kernel fails instead of being skipped",
+        help="the strict contract: a property that cannot run on the kernel fails instead of "
+        "being skipped, 16-bit kernels are held to float32-grade statistics and output, and a "
+        "fully masked row must give zeros, not NaN",
     )
     group.addoption(
         _TIMEOUT,
@@ -137,6 +151,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the kernel in the pytest process (no time limit, no protection against a "
         "kernel that exits, aborts or hangs)",
     )
+
+
+#: The options of ``softmaxtheory check`` that the messages of the shared validation name.
+_CLI_OPTION = re.compile(
+    r"(?<![\w-])--(kind|framework|device|dtype|entropy-eps|schedule|thorough|examples|kwarg"
+    r"|strict|timeout|in-process)(?![\w-])"
+)
+
+
+def _plugin_words(message: str) -> str:
+    """`message` with the options of ``softmaxtheory check`` named as the plugin's.
+
+    Examples
+    --------
+    >>> _plugin_words("--kwarg takes NAME=VALUE, got 'foo'")
+    "--softmax-kwarg takes NAME=VALUE, got 'foo'"
+    """
+    return _CLI_OPTION.sub(r"--softmax-\1", message)
 
 
 def _dtype(config: pytest.Config) -> str:
@@ -182,7 +214,12 @@ def softmax_testing() -> Any:
 
 _TARGET = pytest.StashKey[Any]()
 _RESULTS = pytest.StashKey[dict[str, Any]]()
-_SELECTED = pytest.StashKey[list[str]]()
+_SELECTED = pytest.StashKey[dict[str, list[str]]]()
+_BROKEN = pytest.StashKey[str]()
+
+#: After this many properties timed out, the session runs no more (as one child's run,
+#: :func:`softmaxtheory.cli.check.run_isolated`, does): they are skipped.
+_MAX_TIMEOUTS = 2
 
 
 def _timeout(cfg: pytest.Config) -> float:
@@ -206,7 +243,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     try:
         _target(cfg, load=bool(cfg.getoption(_IN_PROCESS)))
     except Exception as exc:  # usage errors: one clear message, no traceback
-        raise pytest.UsageError(f"softmaxtheory conformance: {exc}") from None
+        raise pytest.UsageError(f"softmaxtheory conformance: {_plugin_words(str(exc))}") from None
 
 
 def _target(cfg: pytest.Config, load: bool) -> Any:
@@ -243,16 +280,116 @@ def _target(cfg: pytest.Config, load: bool) -> Any:
     return target
 
 
+def _property_of(item: pytest.Item) -> str | None:
+    """The conformance property that `item` runs, or None.
+
+    An item runs one when its function is a test of :mod:`softmaxtheory.conformance`,
+    collected there or imported into another test module (under any name).
+    """
+    conf = sys.modules.get("softmaxtheory.conformance")  # loaded if it holds a collected test
+    function = getattr(item, "function", None)
+    name = getattr(function, "__name__", "")
+    if conf is None or not name.startswith("test_") or getattr(conf, name, None) is not function:
+        return None
+    return str(name.removeprefix("test_"))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Note which conformance properties were selected (they run together in one child)."""
+    """Note which conformance properties were selected, with the node ids of their tests."""
     if not session.config.getoption(_KERNEL):
         return
-    names = []
+    selected: dict[str, list[str]] = {}
     for item in session.items:
-        module = getattr(getattr(item, "module", None), "__name__", "")
-        if module == "softmaxtheory.conformance" and item.name.startswith("test_"):
-            names.append(item.name.removeprefix("test_"))
-    session.config.stash[_SELECTED] = names
+        name = _property_of(item)
+        if name is not None:
+            selected.setdefault(name, []).append(item.nodeid)
+    session.config.stash[_SELECTED] = selected
+
+
+#: The key of pytest-xdist's ``workerinput`` that tells a worker the ``--dist`` mode.
+_DIST = "softmaxtheory_dist"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist: tell a worker how the tests are split (its own ``--dist`` reads ``no``)."""
+    if node.config.getoption(_KERNEL):
+        node.workerinput[_DIST] = str(node.config.getoption("dist", "load"))
+
+
+def _xdist_split(config: pytest.Config) -> str | None:
+    """How pytest-xdist splits the tests among workers (``--dist``), or None: not at all.
+
+    None outside xdist, with one worker or with ``--dist each``: this process runs
+    every selected test.
+    """
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or int(workerinput.get("workercount", 1)) <= 1:
+        return None
+    dist = str(workerinput.get(_DIST, "load"))
+    return None if dist == "each" else dist
+
+
+def _scope(dist: str, nodeid: str) -> str:
+    """The unit in which pytest-xdist's `dist` mode hands out the test `nodeid`.
+
+    As ``xdist.scheduler``'s ``_split_scope``: ``loadscope`` the module or class,
+    ``loadfile`` the file, ``loadgroup`` the ``xdist_group``; otherwise (``load``,
+    ``worksteal``) the test itself.
+    """
+    if dist == "loadscope":
+        return nodeid.rsplit("::", 1)[0]
+    if dist == "loadfile":
+        return nodeid.split("::", 1)[0]
+    if dist == "loadgroup" and nodeid.rfind("@") > nodeid.rfind("]"):  # not in a parameter
+        return nodeid.split("@")[-1]
+    return nodeid
+
+
+def _batch(config: pytest.Config, name: str) -> list[str]:
+    """The properties the next child runs: `name`, and those this process runs with it.
+
+    Every selected property not run yet, unless this is one of several pytest-xdist
+    workers: then those whose tests share a scope (:func:`_scope`) with `name`'s, which
+    this worker runs too (most often `name` alone), so that no two workers run one.
+    """
+    from softmaxtheory.conformance import properties_for
+
+    selected = config.stash.get(_SELECTED, {})
+    dist = _xdist_split(config)
+    if dist is None:
+        wanted = {name, *selected}
+    else:
+        mine = {_scope(dist, nodeid) for nodeid in selected.get(name, [])}
+        wanted = {name} | {
+            other
+            for other, nodeids in selected.items()
+            if any(_scope(dist, nodeid) in mine for nodeid in nodeids)
+        }
+    done = config.stash.get(_RESULTS, {})
+    # the kind's properties only: the others' tests skip before asking for a result
+    return [n for n in properties_for(config.getoption(_KIND)) if n in wanted and n not in done]
+
+
+@contextlib.contextmanager
+def _child_sys_path() -> Iterator[None]:
+    """Hand this process's ``sys.path`` to the children started inside (``PYTHONPATH``).
+
+    pytest's ``pythonpath`` setting, the folders of test modules (``prepend`` import
+    mode) and a ``conftest.py`` change ``sys.path`` after the interpreter started: the
+    child imports the kernel as this process would. ``PYTHONPATH`` is restored after.
+    """
+    entries = (os.path.abspath(p) for p in sys.path if isinstance(p, str))
+    path = os.pathsep.join(dict.fromkeys(p for p in entries if os.pathsep not in p))
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def _child_argv(cfg: pytest.Config) -> list[str]:
@@ -280,35 +417,65 @@ def _child_argv(cfg: pytest.Config) -> list[str]:
 
 
 def conformance_result(config: pytest.Config, name: str) -> Any:
-    """The result of property `name` from the child process, or None to run it in-process.
+    """The :class:`~softmaxtheory.conformance.PropertyResult` of property `name`.
 
-    The first call runs every selected property of the target's kind in one
-    child (``softmaxtheory check ... --in-process``), so the kernel is imported
-    and compiled once; later calls read the results.
+    With ``--softmax-in-process`` the property runs here (:func:`_run_here`);
+    otherwise in a child process (``softmaxtheory check ... --in-process``). The
+    first call runs every selected property in one child (:func:`_batch`; under
+    pytest-xdist, those of this worker's tests), so the kernel is imported and
+    compiled once; later calls read the results, or start a child for a property
+    not run yet. None only without ``--softmax-kernel``.
     """
-    if config.getoption(_IN_PROCESS) or not config.getoption(_KERNEL):
+    if not config.getoption(_KERNEL):
         return None
-    if _RESULTS not in config.stash:
-        import os
+    if config.getoption(_IN_PROCESS):
+        return _run_here(config, name)
+    from softmaxtheory.conformance import PropertyResult
 
-        from softmaxtheory.cli import check
-        from softmaxtheory.conformance import properties_for
+    results = config.stash.setdefault(_RESULTS, {})
+    if name in results:
+        return results[name]
+    if _BROKEN in config.stash:  # the kernel could not be loaded: not again per property
+        return PropertyResult(name, "fail", message=config.stash[_BROKEN])
+    if _timeouts(results) >= _MAX_TIMEOUTS:
+        return PropertyResult(name, "skip", message="not run: two properties timed out")
+    from softmaxtheory.cli import check
 
-        selected = set(config.stash.get(_SELECTED, [name])) | {name}
-        names = [n for n in properties_for(config.getoption(_KIND)) if n in selected]
+    names = _batch(config, name)
+    with _child_sys_path():
         outcome = check.run_isolated(
             _child_argv(config), names, _timeout(config), cwd=os.getcwd(), timeout_option=_TIMEOUT
         )
-        if outcome.usage is not None:  # a bad kernel path, found by the child's import
-            pytest.exit(f"softmaxtheory conformance: {outcome.usage}", returncode=4)
-        results = {r.name: r for r in outcome.results}
-        why = outcome.broken
-        if why is not None:  # every selected property fails with it
-            from softmaxtheory.conformance import PropertyResult
+    if outcome.usage is not None:  # a bad kernel path, found by the child's import
+        pytest.exit(f"softmaxtheory conformance: {_plugin_words(outcome.usage)}", returncode=4)
+    if outcome.broken is not None:  # every property fails with it
+        config.stash[_BROKEN] = outcome.broken
+        return PropertyResult(name, "fail", message=outcome.broken)
+    results.update((r.name, r) for r in outcome.results)
+    # run_isolated reports every property it was asked for: none missing but by a bug here
+    return results.get(name) or PropertyResult(name, "fail", message="the child sent no result")
 
-            results = {n: PropertyResult(n, "fail", message=why) for n in names}
-        config.stash[_RESULTS] = results
-    return config.stash[_RESULTS].get(name)
+
+def _timeouts(results: dict[str, Any]) -> int:
+    """How many of `results` timed out in a child."""
+    from softmaxtheory._check.report import STOPPED
+
+    return sum(
+        r.status == "fail" and r.message.startswith(f"{STOPPED}timed out") for r in results.values()
+    )
+
+
+def _run_here(config: pytest.Config, name: str) -> Any:
+    """Run property `name` in this process (``--softmax-in-process``).
+
+    :func:`~softmaxtheory.conformance.run_property` turns what the kernel raises into
+    a verdict, a ``BaseException`` that is not an ``Exception`` included: pytest's
+    ``Skipped`` (``pytest.skip`` inside the kernel) used to end the test as a skip, a
+    false pass. ``KeyboardInterrupt`` stops the session.
+    """
+    from softmaxtheory.conformance import run_property
+
+    return run_property(name, stashed_target(config))
 
 
 def missing_kernel() -> None:

@@ -269,7 +269,8 @@ def _type_name(obj: Any) -> str:
 def run_check(name: str, check: Callable[[Target, Run], None], target: Target) -> PropertyResult:
     """Run property `name` (the function `check`) on `target` and return its verdict.
 
-    Never raises for a kernel defect: a kernel that raises ``SystemExit``
+    Never raises for a kernel defect: a kernel that raises ``SystemExit``, or any
+    ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt`` aside),
     fails the property; :class:`Skip` skips it (fails it under ``strict``);
     :class:`Failed` and :class:`~softmaxtheory.testing.KernelMismatch` fail it,
     and so does a thread whose floating-point environment is not IEEE's default
@@ -285,6 +286,8 @@ def run_check(name: str, check: Callable[[Target, Run], None], target: Target) -
             check(target, run)
     except SystemExit as exc:
         return run.result(name, "fail", _exit_text(exc))
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
     except Skip as exc:
         if target.strict:
             return run.result(name, "fail", f"skipped, a failure under strict: {exc}")
@@ -295,6 +298,14 @@ def run_check(name: str, check: Callable[[Target, Run], None], target: Target) -
         return run.result(name, "fail", f"{exc}; nothing the kernel returns can be checked here")
     except tst.KernelMismatch as exc:
         return run.result(name, "fail", mismatch_text(exc, target.dtype))
+    except Exception:
+        raise  # the check's own error (a kernel's exceptions are the properties' to report)
+    except BaseException as exc:  # from the kernel where no call of the target wrapped it
+        return run.result(name, "fail", (
+            f"the kernel raised {type(exc).__module__}.{type(exc).__qualname__}: {exc} (a "
+            "BaseException that is not an Exception, as pytest.skip() or asyncio's "
+            "CancelledError raise); a kernel must return its result"
+        ))  # fmt: skip
     return run.result(name, "pass", f"note: {'; '.join(run.notes)}" if run.notes else "")
 
 
