@@ -419,9 +419,9 @@ def _child_argv(cfg: pytest.Config) -> list[str]:
 def conformance_result(config: pytest.Config, name: str) -> Any:
     """The :class:`~softmaxtheory.conformance.PropertyResult` of property `name`.
 
-    With ``--softmax-in-process`` the property runs here (:func:`_run_here`);
+    With ``--softmax-in-process`` the property runs here (``_run_here``);
     otherwise in a child process (``softmaxtheory check ... --in-process``). The
-    first call runs every selected property in one child (:func:`_batch`; under
+    first call runs every selected property in one child (``_batch``; under
     pytest-xdist, those of this worker's tests), so the kernel is imported and
     compiled once; later calls read the results, or start a child for a property
     not run yet. None only without ``--softmax-kernel``.
