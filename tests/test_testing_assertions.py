@@ -872,3 +872,29 @@ def test_given_logits_with_minus_inf_and_is_causal_are_checked(capsys):
     exec(snippet, {"np": np, "kernel": lambda x, v, is_causal: right, "reference": reference})
     got, exact = capsys.readouterr().out.split()
     assert float(got) == float(exact)
+
+
+def test_queries_at_the_lowest_float_must_attend_their_keys():
+    """Every key of a query at the lowest finite float (a Hugging Face mask value): the
+    weights are about uniform. The baseline, the paper's listing, scales first and its β x
+    overflows to -inf; it counted that row as masked (zeros), which allowed a kernel that
+    reads the lowest float as a mask to answer 0 for the paper's schedule, under strict too.
+    The listing's answer there is NaN, no allowance."""
+    from softmaxtheory._check import error_model as model
+    from softmaxtheory._formats import FORMATS
+
+    low = np.finfo(np.float64).min
+    rows = np.array([[low, low, low], [-np.inf, -np.inf, -np.inf]])
+    naive = model.naive_softmax(rows, FORMATS["float64"], beta=np.array([2.0, 2.0]))
+    assert np.isnan(naive[0]).all() and (naive[1] == 0).all()  # overflowed, masked
+    g = np.random.default_rng(3)
+    q, k = g.normal(size=(1, 2, 4)), g.normal(size=(1, 6, 4))
+    v = 100.0 + 0.1 * g.normal(size=(1, 6, 3))
+    mask = np.zeros((2, 6))
+    mask[0] = low
+    dropped = bk.attention(q, k, v, mask=np.where(mask == low, -np.inf, mask))
+    assert (dropped[0, 0] == 0).all()
+    for strict in (False, True):
+        with pytest.raises(testing.KernelMismatch, match="attention output is outside"):
+            testing.assert_attention_close(dropped, (q, k, v), mask=mask, strict=strict)
+    testing.assert_attention_close(bk.attention(q, k, v, mask=mask), (q, k, v), mask=mask)

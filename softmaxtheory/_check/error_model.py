@@ -586,16 +586,23 @@ def _work(x: np.ndarray, fmt: Format) -> np.ndarray:
 
 
 def naive_softmax(x: np.ndarray, fmt: Format, beta: np.ndarray | None = None) -> np.ndarray:
-    """Textbook softmax in the working precision: scale, subtract the max, exp, sequential sum."""
+    """Textbook softmax in the working precision: scale, subtract the max, exp, sequential sum.
+
+    A row whose items are all masked (``-inf`` before scaling) gives zeros, as the table
+    says; one whose finite logits all overflow to ``-inf`` when scaled (β x below the
+    lowest float) gives NaN, as the listing does, and so no allowance: its zeros had let
+    a kernel answer 0 for tied logits at the lowest float, whose weights are uniform.
+    """
     w = _work(x, fmt)
     with np.errstate(all="ignore"):
+        masked = np.all(w == -np.inf, -1, keepdims=True)
         if beta is not None:
             w = w * np.asarray(beta, dtype=w.dtype)[..., None]
         m = np.max(w, axis=-1, keepdims=True, initial=-np.inf)
         e = np.exp(w - m)
         s = np.cumsum(e, axis=-1)[..., -1:] if w.shape[-1] else np.zeros_like(m)
         y = e / s
-        y = np.where(np.isnan(y) & np.all(w == -np.inf, -1, keepdims=True), 0.0, y)
+        y = np.where(np.isnan(y) & masked, 0.0, y)
     return round_to_format(y, fmt)
 
 

@@ -1255,9 +1255,7 @@ def attention_additive_mask_clamped(q, k, v, mask=None, is_causal=False):
 def attention_lowest_float_mask_dropped(q, k, v, mask=None, is_causal=False):
     """Defect: float mask entries at or below half the lowest finite float read as -inf (a
     wrapper turning Hugging Face masks into boolean ones), in plain attention: a query
-    whose every key carries the lowest float gets 0 where the values' mean is right. (For
-    an adaptive kernel the allowance of logits rounded at the edge of the range, with β
-    anywhere up to beta_max there, spans 0 too.)"""
+    whose every key carries the lowest float gets 0 where the values' mean is right."""
     if mask is not None and np.asarray(mask).dtype != bool:
         m = np.asarray(mask)
         mask = np.where(m <= np.finfo(m.dtype).min / 2, -np.inf, m).astype(m.dtype)
