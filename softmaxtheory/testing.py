@@ -855,7 +855,9 @@ def _check_adaptive(
     def rel_of(c: model.RowConditioning, b: np.ndarray, db: np.ndarray, strict: bool) -> np.ndarray:
         # strict demands the shifted form in every dtype: scaling x first loses
         # beta (|x| + |m|) u, all of a float32 row near 3e6 (any coefficients passed)
-        rel = model.adaptive_rel_error(c, b, db, ui, scale_first=not tol.strict)
+        rel = model.adaptive_rel_error(
+            c, b, db, ui, scale_first=not tol.strict, fmax=fmt.internal.max_finite
+        )
         if not strict:
             rel = rel + model.logit_rounding_rel_error(c, b, db, fmt)
         return rel

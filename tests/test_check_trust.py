@@ -89,7 +89,7 @@ _calls = [0]
 
 
 def sometimes_reversed(x):  # right, except that every seventh call reverses its rows
-    _calls[0] += 1  # (the first call's timing and the values property's 4 fixed rows come first)
+    _calls[0] += 1  # (the first call's timing and the values property's 3 fixed rows come first)
     y = softmax(x)
     return y[..., ::-1].copy() if _calls[0] % 7 == 0 else y
 

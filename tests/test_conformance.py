@@ -42,15 +42,19 @@ def test_paper_listing_conforms_with_its_guard_in_float64():
 def test_the_listing_as_printed_fails_only_where_beta_x_overflows():
     """softmax(beta * x) scales before the softmax subtracts the maximum: rows of tied
     logits at 0.5 and 0.9 of the largest float (entropy log 100, beta 2.41) overflow to
-    inf - inf = NaN. Nothing else tells it from the shifted form: no drawn row pairs such
-    magnitudes with an entropy in the window, and it conformed before those rows."""
+    inf - inf = NaN, and tied logits at the lowest float and 0.6 of it (beta 1.42) to
+    -inf everywhere, zeros where the weights are uniform (the allowance of scaling first
+    covers one rounding of beta x, not its overflow). Nothing else tells it from the
+    shifted form: no drawn row pairs such magnitudes with an entropy in the window."""
     target = conf.Target(
         bk.listing_scaling_first, "tests.support.broken_kernels:listing_scaling_first",
         kind="adaptive_softmax", entropy_eps=1e-9,
     )  # fmt: skip
     failed = [r for r in conf.run_conformance(target) if r.status == "fail"]
-    assert [r.name for r in failed] == ["branch_points"]
-    assert "100 tied items at 0.5 and 0.9 of the largest float" in failed[0].message
+    assert [r.name for r in failed] == ["values", "branch_points"]
+    assert "tied items at the lowest finite float and at 0.6 of it" in failed[0].message
+    assert "got      0.0" in failed[0].message
+    assert "100 tied items at 0.5 and 0.9 of the largest float" in failed[1].message
 
 
 def test_guarded_entropy_in_float16_conforms():

@@ -172,7 +172,7 @@ def row_conditioning(x: np.ndarray, entropy_eps: float = 0.0) -> RowConditioning
 
 
 def softmax_rel_error(
-    cond: RowConditioning, beta: np.ndarray, u: float, scale_first: bool
+    cond: RowConditioning, beta: np.ndarray, u: float, scale_first: bool, fmax: float = math.inf
 ) -> np.ndarray:
     r"""Relative error bound (in units of 1) of :math:`\operatorname{softmax}(\beta x)_i`, β exact.
 
@@ -181,13 +181,17 @@ def softmax_rel_error(
         r_i = u\,\bigl(a_i + \textstyle\sum_j q_j a_j + 2C_{\exp} + \sigma(n) + 2\bigr),
         \qquad a_i = 2\beta|z_i| \;(+\,2\beta(|x_i| + |m|) \text{ if scaled first})
 
-    where :math:`q = \operatorname{softmax}(\beta x)`.
+    where :math:`q = \operatorname{softmax}(\beta x)`. Scaling first is allowed for a
+    row only where :math:`\beta \max_j |x_j| \le` `fmax`: beyond, :math:`\beta x`
+    overflows, which is no rounding (the listing gives NaN, or zeros at the bottom of
+    the range, where the weights of tied logits are uniform).
     """
     b = np.asarray(beta, dtype=np.float64)[..., None]
     with np.errstate(over="ignore", invalid="ignore"):
         a = 2.0 * b * np.abs(cond.z)
         if scale_first:
-            a = a + 2.0 * b * (cond.absx + cond.absm[..., None])
+            fits = _scaled_fits(cond, b, fmax)
+            a = a + np.where(fits, 2.0 * b * (cond.absx + cond.absm[..., None]), 0.0)
         q = _softmax_beta(cond, b)
         mean_a = _weighted(q, a)
         sigma = summation_factor(cond.n_eff)[..., None]
@@ -196,6 +200,13 @@ def softmax_rel_error(
         top = _moved_logits(cond, b, d, 4.0 * u)
         shift = perturbed_logits_rel_error(cond, b, q, d, u * (a + mean_a), top)
     return shift + u * (2.0 * C_EXP + sigma + 2.0)
+
+
+def _scaled_fits(cond: RowConditioning, b: np.ndarray, fmax: float) -> np.ndarray:
+    r"""Whether :math:`\beta x_j` stays within `fmax` for every live item (shape ``(..., 1)``)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        top = np.max(np.where(cond.live, cond.absx, 0.0), axis=-1, keepdims=True, initial=0.0)
+        return b * top <= fmax
 
 
 def _weighted(q: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -397,15 +408,16 @@ def adaptive_rel_error(
     dbeta: np.ndarray,
     u: float,
     scale_first: bool = True,
+    fmax: float = math.inf,
 ) -> np.ndarray:
     r"""Relative error bound of each adaptive-softmax element.
 
     The softmax bound at the row's β (with `scale_first`, the allowance of a kernel
-    that forms :math:`\beta x` before subtracting :math:`\beta m`: the ``strict``
-    contract drops it) plus :math:`|z_i - \bar z_q|\,\delta\beta` with
-    :math:`\bar z_q = \sum_j q_j z_j`.
+    that forms :math:`\beta x` before subtracting :math:`\beta m`, where that stays
+    within `fmax`: the ``strict`` contract drops it) plus
+    :math:`|z_i - \bar z_q|\,\delta\beta` with :math:`\bar z_q = \sum_j q_j z_j`.
     """
-    r = softmax_rel_error(cond, beta, u, scale_first=scale_first)
+    r = softmax_rel_error(cond, beta, u, scale_first=scale_first, fmax=fmax)
     q = _softmax_beta(cond, np.asarray(beta)[..., None])
     zbar = _weighted(q, cond.z)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -455,7 +467,9 @@ def logit_rounding_rel_error(
         shifted = wz + _weighted(q, wz)
         wx = b * cond.absx
         unshifted = wx + _weighted(q, wx)
+    # (the unshifted form only where beta x does not overflow the format: no rounding there)
     scaled = ((np.asarray(beta) != 1.0) | (np.asarray(dbeta) > 0))[..., None]
+    scaled = scaled & _scaled_fits(cond, b, fmt.max_finite)
     worst = np.where(scaled, np.maximum(shifted, unshifted), shifted)
     eta = math.ldexp(1.0, fmt.qmin - 1)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -541,7 +555,7 @@ def attention_bound(
     cond, ex, dH = attention_entropy_error(logits, logit_err, entropy_eps, ui)
     emax = np.max(ex, axis=-1, initial=0.0)
     beta, dbeta = beta_error(schedule, cond, dH, ui)
-    r = adaptive_rel_error(cond, beta, dbeta, ui)
+    r = adaptive_rel_error(cond, beta, dbeta, ui, fmax=fmt.internal.max_finite)
     r = SLACK * (r + 2.0 * beta[..., None] * (ex + emax[..., None]) + fmt.u)
     b = np.asarray(beta)[..., None]
     a = _softmax_beta(cond, b)
