@@ -84,7 +84,7 @@ def _signature(
     kernel: scalar loads and, at D = 64, 184 registers for pass 1 where the launched one
     has 124. Adds the unit strides to `constexprs`; returns the signature and attributes.
     """
-    elem = "*fp32" if dtype == "float32" else "*bf16"
+    elem = {"float32": "*fp32", "float16": "*fp16"}.get(dtype, "*bf16")
     ints = _model_ints(kernel, d, dv, mask_kind)
     sig, attrs = {}, {}
     for i, (name, param) in enumerate(zip(kernel.arg_names, kernel.params, strict=True)):
