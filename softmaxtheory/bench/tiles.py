@@ -160,7 +160,9 @@ def sweep(
     cands : dict
         Kernel name to its configurations, the launched one first (:func:`candidates`).
     on_kernel : callable, optional
-        Called with the rows so far after each kernel (the benchmark saves its JSON).
+        Called with the rows so far after each configuration (the benchmark saves its
+        JSON: a run stopped at its time limit keeps every configuration timed, not only
+        the kernels finished).
 
     Returns
     -------
@@ -182,8 +184,8 @@ def sweep(
             except NoConfig as exc:
                 row["error"] = f"refused: {exc}"
             rows.append(row)
-        if on_kernel is not None:
-            on_kernel(rows)
+            if on_kernel is not None:
+                on_kernel(rows)
     return rows
 
 
