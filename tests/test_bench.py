@@ -412,7 +412,7 @@ for name, (shape, run) in launch.items():
 rows = tiles.sweep(lambda fn: (fn(), 1.0)[1], launch, {k: cfgs for k in launch})
 out["rows"] = len(rows)
 out["seen"] = seen
-# the benchmark's step: the sweep of every kernel, saved after each
+# the benchmark's step: the sweep of every kernel, saved after each configuration
 from softmaxtheory.bench import torch as bt
 tiles.candidates = lambda kernel, d, dtype: cfgs
 bt._time = lambda fn, repeat, torch: (fn(), 0.5, 0, 0.5, 0.1)[1:]
@@ -428,7 +428,7 @@ print(json.dumps(out))
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out.pop("rows") == 6
-    assert out.pop("step") == [10, [0.5] * 6, [2, 4, 6, 6]]
+    assert out.pop("step") == [10, [0.5] * 6, [1, 2, 3, 4, 5, 6, 6]]
     # each kernel got the swept tile alone; in the backward, the other kernel its default
     seen = [(name, tuple(blocks)) for name, blocks in out.pop("seen")]
     assert seen[:2] == [("_entropy_kernel", (16,)), ("_entropy_kernel", (32,))]
