@@ -362,8 +362,8 @@ def careful_beta(beta, arr):  # pragma: no cover - replaced by the overload in j
 @overload(careful_beta)
 def _ol_careful_beta(beta, arr):
     if arr.dtype == types.float32:
-        return lambda beta, arr: beta < _SMALL_BETA32 or beta > _F32_MAX
-    return lambda beta, arr: beta < _SMALL_BETA64
+        return lambda beta, arr: beta < small_beta_like(arr) or beta > _F32_MAX
+    return lambda beta, arr: beta < small_beta_like(arr)
 
 
 @njit(cache=True)
@@ -387,12 +387,13 @@ def tempered_exponent(x, m, beta):
 
 @njit(cache=True)
 def tempered_small(x, lo, hi, m, beta, out, store):
-    r""":math:`\sum e^{\beta(x-m)}` over ``x[lo:hi]`` for β below :func:`small_beta_like`.
+    r""":math:`\sum e^{\beta(x-m)}` over ``x[lo:hi]`` for a β of :func:`careful_beta`.
 
     Every exponent from :func:`tempered_exponent`, the float64 β (not rounded to a
     float32 row's format) and the exponential in float64, summed with Neumaier's
     compensation; stored in `out` (in its dtype) if asked. A slow path: only a β that
-    is 0 or nearly so (a rounded-to-0 ``Constant``) takes it.
+    is 0 or nearly so (a rounded-to-0 ``Constant``), or beyond a float32 row's range,
+    takes it.
     """
     m64 = np.float64(m)
     s = 0.0
@@ -407,7 +408,7 @@ def tempered_small(x, lo, hi, m, beta, out, store):
 
 @njit(cache=True)
 def write_small(x, lo, hi, m, beta, inv, out):
-    r"""``out = e^(β(x-m)) * inv`` over ``[lo, hi)`` for β below :func:`small_beta_like`.
+    r"""``out = e^(β(x-m)) * inv`` over ``[lo, hi)`` for a β of :func:`careful_beta`.
 
     The exponents of :func:`tempered_small`; each product formed in float64 and
     rounded once to the dtype of `out`.
@@ -754,7 +755,7 @@ def _block_tempered(x, lo, hi, m, beta, out, store):
 def pass_tempered(x, lo, hi, m, beta, out, store):
     """Return (0, s): s sums the tempered exponentials e^(β(x-m)) (stored in `out` if asked).
 
-    A β below :func:`small_beta_like` takes :func:`tempered_small`.
+    A β of :func:`careful_beta` takes :func:`tempered_small`.
     """
     if careful_beta(beta, x):
         return 0, tempered_small(x, lo, hi, m, min(beta, _F64_MAX), out, store)

@@ -189,8 +189,7 @@ def test_a_terminated_check_takes_its_child_along(folder):
         child = int(pid_file.read_text())
         time.sleep(0.5)  # in the regular expression
         proc.send_signal(signal.SIGTERM)
-        status = proc.wait(timeout=60)
-        time.sleep(1.0)
+        status = proc.wait(timeout=60)  # (check waits for the child it killed: reaped)
         with pytest.raises(ProcessLookupError):
             os.kill(child, 0)
         assert status == 128 + signal.SIGTERM

@@ -533,10 +533,6 @@ class Target:
         Raises
         ------
         Failed
-            If the kernel raised a ``BaseException`` that is not an ``Exception``
-            (``SystemExit`` and ``KeyboardInterrupt`` aside): pytest's ``skip()``
-            inside a kernel skipped the property in the plugin, and asyncio's
-            ``CancelledError`` ended the check.
             If an element of one of `args` changed (bits compared: see
             :mod:`~softmaxtheory._check.memory`), or the kernel left flush-to-zero on,
             or (torch) left torch's grad mode, inference mode or default dtype changed
@@ -554,16 +550,7 @@ class Target:
         # numpy.seterr and leaves it, even to "ignore", is seen
         with np.errstate(all="call", call=_ignore_numpy_error):
             errors = np.geterr()
-            try:
-                out = call()
-            except (Exception, SystemExit, KeyboardInterrupt, GeneratorExit):
-                raise
-            except BaseException as exc:  # no property would see it: it is a failure here
-                raise Failed(
-                    f"the kernel raised {type(exc).__module__}.{type(exc).__qualname__}: "
-                    f"{exc} (a BaseException that is not an Exception, as pytest.skip() or "
-                    "asyncio's CancelledError raise); a kernel must return its result"
-                ) from exc
+            out = call()
             left = np.geterr()
         if left != errors:
             self._numpy_errors_left(errors, left, literal, grad_mode, call_text)
